@@ -1,0 +1,280 @@
+"""What an agent is: a registered class with schemas, ``run`` and ``aggregate``.
+
+An agent never touches the database and never calls another agent. ``run(ctx, task)``
+returns a :class:`Result` (the answer, which then passes policies and the judge), a
+:class:`Delegate` (child specs: the runtime inserts the children and parks the task in
+``waiting`` until all of them finish), or :class:`Fail` / :class:`Escalate`.
+``aggregate(ctx, task, children)`` turns the finished children into the task's result,
+or sends some of them back with :class:`RetryChildren` (optionally to another agent).
+
+Example::
+
+    class Summarizer(Agent):
+        name = "summarizer"
+        types = ("summary",)
+        input_model = SummaryIn
+        output_model = SummaryOut
+
+        def run(self, ctx, task):
+            reply = ctx.llm.complete(ctx.prompt("summarizer", text=task.input.text),
+                                     schema=SummaryOut)
+            return Result(reply.data)
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from agents.context import AgentContext
+
+
+class GoalInput(BaseModel):
+    """The default input: a free-text goal plus optional context."""
+
+    model_config = ConfigDict(extra="allow")
+
+    goal: str
+    context: dict[str, Any] | None = None
+
+
+class TextOutput(BaseModel):
+    """The default output: a text answer."""
+
+    model_config = ConfigDict(extra="allow")
+
+    text: str
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """What an agent (and a policy) sees of a task: no database handle, no lease."""
+
+    id: uuid.UUID
+    root_id: uuid.UUID
+    parent_id: uuid.UUID | None
+    agent: str
+    type: str
+    payload: dict[str, Any]
+    depth: int
+    priority: int
+    budget_tokens: int
+    budget_seconds: int
+    budget_usd: Decimal
+    spent_tokens: int = 0
+    spent_usd: Decimal = Decimal(0)
+    own_tokens: int = 0
+    own_usd: Decimal = Decimal(0)
+    phase: str = "run"
+    attempt: int = 1
+    from_agent: str | None = None
+    success_criteria: dict[str, Any] | None = None
+    kill_criteria: dict[str, Any] | None = None
+    result: Any = None
+    input: Any = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any], input_value: Any = None) -> TaskView:
+        """Build a view from a ``tasks`` row."""
+        return cls(
+            id=row["id"],
+            root_id=row["root_id"],
+            parent_id=row.get("parent_id"),
+            agent=row["to_agent"],
+            type=row["type"],
+            payload=row["payload"] if isinstance(row["payload"], dict) else {},
+            depth=int(row.get("depth") or 0),
+            priority=int(row["priority"] if row.get("priority") is not None else 5),
+            budget_tokens=int(row["budget_tokens"] if row.get("budget_tokens") is not None
+                              else 50_000),
+            budget_seconds=int(row["budget_seconds"] if row.get("budget_seconds") is not None
+                               else 300),
+            budget_usd=Decimal(row["budget_usd"] if row.get("budget_usd") is not None else 1),
+            spent_tokens=int(row.get("spent_tokens") or 0),
+            spent_usd=Decimal(row.get("spent_usd") or 0),
+            own_tokens=int(row.get("own_tokens") or 0),
+            own_usd=Decimal(row.get("own_usd") or 0),
+            phase=row.get("phase") or "run",
+            attempt=int(row.get("delivery_count") or 1),
+            from_agent=row.get("from_agent"),
+            success_criteria=row.get("success_criteria"),
+            kill_criteria=row.get("kill_criteria"),
+            result=row.get("result"),
+            input=input_value,
+        )
+
+
+@dataclass(frozen=True)
+class ChildView:
+    """A finished child, as ``aggregate`` sees it."""
+
+    id: uuid.UUID
+    agent: str
+    type: str
+    key: str | None
+    status: str
+    payload: dict[str, Any]
+    result: Any
+    error: str | None
+    verdict: dict[str, Any] | None
+    spent_tokens: int
+    spent_usd: Decimal
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> ChildView:
+        """Build a view from a ``tasks`` row."""
+        return cls(
+            id=row["id"], agent=row["to_agent"], type=row["type"],
+            key=row.get("idempotency_key"), status=row["status"],
+            payload=row["payload"] if isinstance(row["payload"], dict) else {},
+            result=row.get("result"), error=row.get("error"), verdict=row.get("verdict"),
+            spent_tokens=int(row.get("spent_tokens") or 0),
+            spent_usd=Decimal(row.get("spent_usd") or 0),
+        )
+
+    @property
+    def ok(self) -> bool:
+        """True when the child ended ``done``."""
+        return self.status == "done"
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """One child to delegate to.
+
+    ``key`` makes the child unique under its parent: a parent that runs again (after a
+    crash or a retry) never creates the same child twice. Budgets left as None are
+    carved evenly from what the parent has left.
+    """
+
+    agent: str
+    payload: dict[str, Any]
+    key: str
+    type: str = "task"
+    priority: int | None = None
+    budget_tokens: int | None = None
+    budget_seconds: int | None = None
+    budget_usd: Decimal | None = None
+    success_criteria: dict[str, Any] | None = None
+    kill_criteria: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Result:
+    """The task's answer; validated against the agent's ``output_model``."""
+
+    output: Any
+
+
+@dataclass(frozen=True)
+class Delegate:
+    """Fan out to children; the task waits until all of them are terminal."""
+
+    children: list[ChildSpec]
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The agent gives up: the task ends ``failed`` (not retried automatically)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Escalate:
+    """The agent asks a person (or a higher agent) to decide: the task ends ``escalated``."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class RetryChildren:
+    """From ``aggregate``: send failed or escalated children back, optionally reassigned."""
+
+    child_ids: list[uuid.UUID]
+    reassign_to: str | None = None
+    note: str | None = None
+
+
+RunOutput = Result | Delegate | Fail | Escalate
+AggregateOutput = Result | Fail | Escalate | RetryChildren
+
+
+class AgentError(Exception):
+    """An agent-level failure: the task ends ``failed`` with this message."""
+
+
+class Agent:
+    """Base class of every agent. Subclasses are registered by name when defined.
+
+    Class attributes:
+        name: unique agent name (the ``to_agent`` of its tasks).
+        types: task types it handles (the first is the default for new tasks).
+        input_model / output_model: pydantic models; their JSON schemas are the contract.
+        delegates_to: agents it may delegate to (the org chart's edges).
+        prompt_name: prompt file in ``prompts/`` (defaults to ``name``).
+        register: set False on an abstract intermediate class.
+    """
+
+    name: ClassVar[str] = ""
+    types: ClassVar[tuple[str, ...]] = ("task",)
+    description: ClassVar[str] = ""
+    input_model: ClassVar[type[BaseModel]] = GoalInput
+    output_model: ClassVar[type[BaseModel]] = TextOutput
+    delegates_to: ClassVar[tuple[str, ...]] = ()
+    prompt_name: ClassVar[str | None] = None
+    register: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("register", True) and cls.__dict__.get("name"):
+            from agents.registry import registry
+
+            registry.add(cls)
+
+    def run(self, ctx: AgentContext, task: TaskView) -> RunOutput:
+        """Do the task: return a Result, a Delegate, a Fail or an Escalate."""
+        raise NotImplementedError(f"agent {self.name!r} does not implement run()")
+
+    def aggregate(self, ctx: AgentContext, task: TaskView,
+                  children: list[ChildView]) -> AggregateOutput:
+        """Turn finished children into this task's result.
+
+        The default escalates when any child did not end ``done`` and otherwise
+        collects the children's results by key.
+        """
+        bad = [c for c in children if not c.ok]
+        if bad:
+            detail = "; ".join(f"{c.agent} {c.status}: {c.error or 'no error'}" for c in bad)
+            return Escalate(f"{len(bad)} of {len(children)} children did not succeed: {detail}")
+        return Result({"children": {c.key or str(c.id): c.result for c in children}})
+
+
+class LogLike(Protocol):
+    """The logger an agent gets."""
+
+    def info(self, msg: str, *args: Any, **kwargs: Any) -> None: ...  # noqa: D102
+    def warning(self, msg: str, *args: Any, **kwargs: Any) -> None: ...  # noqa: D102
+
+
+@dataclass
+class Budget:
+    """What a task may still spend (its own budget minus its own spend and reservations)."""
+
+    tokens: int
+    usd: Decimal
+    seconds: float
+    reserved_tokens: int = 0
+    reserved_usd: Decimal = field(default_factory=lambda: Decimal(0))
+
+
+def agent_logger(name: str) -> logging.Logger:
+    """The logger agents write to: ``orgchart.agents.<name>``."""
+    return logging.getLogger(f"orgchart.agents.{name}")

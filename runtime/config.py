@@ -1,0 +1,291 @@
+"""Configuration: ``orgchart.toml`` validated by pydantic, overridable from the environment.
+
+The file is ``./orgchart.toml``, or the one named by ``orgchart --config PATH`` or
+``ORGCHART_CONFIG``. Any key can be overridden by ``ORGCHART_<SECTION>__<KEY>``
+(``ORGCHART_OLLAMA__URL=http://gpu-box:11434``); list values in the environment are
+comma-separated. An unknown section or key, or a bad value, raises :class:`ConfigError`
+naming it and suggesting the closest valid key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from collections.abc import Mapping
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+CONFIG_ENV = "ORGCHART_CONFIG"
+ENV_PREFIX = "ORGCHART_"
+DEFAULT_CONFIG_FILE = "orgchart.toml"
+
+#: Defaults for forbidden output patterns: private keys, API-key shapes, e-mail addresses.
+DEFAULT_FORBIDDEN_PATTERNS: tuple[str, ...] = (
+    r"-----BEGIN (?:RSA |EC |OPENSSH |DSA )?PRIVATE KEY-----",
+    r"\b(?:sk|pk|rk)-[A-Za-z0-9_-]{20,}\b",
+    r"\bAKIA[0-9A-Z]{16}\b",
+    r"\bgh[pousr]_[A-Za-z0-9]{30,}\b",
+    r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b",
+)
+
+
+class ConfigError(ValueError):
+    """A configuration file or override that cannot be used; the message names the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RetrySettings(_Section):
+    """``[retry]``: transient-error retries and the poison-task cap (seed 001)."""
+
+    max_retry: int = Field(3, ge=0, le=20)
+    max_delivery: int = Field(3, ge=1, le=100)
+
+
+class RoutingSettings(_Section):
+    """``[routing]``: when a model call goes to the cloud route instead of the local one."""
+
+    prompt_threshold: int = Field(100, ge=0)
+    pending_threshold: int = Field(5, ge=0)
+
+
+class ModelsSettings(_Section):
+    """``[models]``: the model name used on each route."""
+
+    local: str = "llama3.2:latest"
+    cloud: str = "qwen3:14b"
+
+
+class CostSettings(_Section):
+    """``[cost]``: USD per token on each route, with optional per-model prices.
+
+    ``prices`` maps a model name to its per-token price and wins over the route's rate.
+    A route rate set to an empty string means "unknown": calls to a model without a
+    price are a policy violation, never a silent zero cost.
+    """
+
+    local_per_token: Decimal | None = Decimal("0.00001")
+    cloud_per_token: Decimal | None = Decimal("0.0001")
+    prices: dict[str, Decimal] = Field(default_factory=dict)
+
+    @field_validator("local_per_token", "cloud_per_token", mode="before")
+    @classmethod
+    def _empty_is_unknown(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    @field_validator("local_per_token", "cloud_per_token")
+    @classmethod
+    def _not_negative(cls, value: Decimal | None) -> Decimal | None:
+        if value is not None and value < 0:
+            raise ValueError("a price cannot be negative")
+        return value
+
+    def price_for(self, route: str, model: str) -> Decimal | None:
+        """Return the per-token price for ``model`` on ``route``, or None when unknown."""
+        if model in self.prices:
+            return self.prices[model]
+        return self.local_per_token if route == "local" else self.cloud_per_token
+
+
+class OllamaSettings(_Section):
+    """``[ollama]``: where the Ollama server is and how long to wait for it."""
+
+    url: str = "http://localhost:11434"
+    timeout_seconds: float = Field(60.0, gt=0)
+    cloud_url: str | None = None
+    num_predict: int = Field(1024, ge=1)
+
+
+class DatabaseSettings(_Section):
+    """``[database]``: the server (else embedded PostgreSQL) and pool size."""
+
+    url: str | None = None
+    pool_size: int = Field(10, ge=1, le=200)
+    statement_timeout_ms: int = Field(0, ge=0)
+
+
+class LLMSettings(_Section):
+    """``[llm]``: which backend serves model calls."""
+
+    backend: Literal["auto", "ollama", "offline", "replay"] = "auto"
+    replay_file: str | None = None
+    record: bool = True
+
+
+class AgentsSettings(_Section):
+    """``[agents]``: modules to import for user-defined agents."""
+
+    modules: list[str] = Field(default_factory=list)
+
+    @field_validator("modules", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        return _split_list(value)
+
+
+class PoliciesSettings(_Section):
+    """``[policies]``: limits and rules applied to every task."""
+
+    max_depth: int = Field(5, ge=0, le=100)
+    max_children: int = Field(50, ge=1, le=100_000)
+    max_payload_bytes: int = Field(262_144, ge=64)
+    delegation_edges: bool = True
+    forbidden_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_FORBIDDEN_PATTERNS))
+    output_schema: bool = True
+    modules: list[str] = Field(default_factory=list)
+    disabled: list[str] = Field(default_factory=list)
+
+    @field_validator("modules", "disabled", "forbidden_patterns", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        return _split_list(value)
+
+
+class OrchestratorSettings(_Section):
+    """``[orchestrator]``: caps for one fire of the decider (seed 000)."""
+
+    max_workers: int = Field(2, ge=1, le=64)
+    task_cap: int = Field(200, ge=1)
+    wall_clock_seconds: float = Field(600.0, gt=0)
+    daily_cap: int = Field(6, ge=1)
+    expected_interval_seconds: float = Field(8 * 3600.0, gt=0)
+    escalation_max_age_seconds: float = Field(24 * 3600.0, gt=0)
+    decider: str = "runtime.decider:RuleBasedDecider"
+
+
+class WorkerSettings(_Section):
+    """``[worker]``: leases, batching and polling for ``orgchart worker``."""
+
+    lease_seconds: float = Field(30.0, gt=0)
+    concurrency: int = Field(4, ge=1, le=256)
+    batch_size: int = Field(50, ge=1, le=1000)
+    poll_interval_seconds: float = Field(1.0, gt=0)
+    maintenance_interval_seconds: float = Field(1.0, gt=0)
+
+
+class Settings(_Section):
+    """The whole validated configuration."""
+
+    retry: RetrySettings = RetrySettings()
+    routing: RoutingSettings = RoutingSettings()
+    models: ModelsSettings = ModelsSettings()
+    cost: CostSettings = CostSettings()
+    ollama: OllamaSettings = OllamaSettings()
+    database: DatabaseSettings = DatabaseSettings()
+    llm: LLMSettings = LLMSettings()
+    agents: AgentsSettings = AgentsSettings()
+    policies: PoliciesSettings = PoliciesSettings()
+    orchestrator: OrchestratorSettings = OrchestratorSettings()
+    worker: WorkerSettings = WorkerSettings()
+    source: str | None = Field(None, exclude=True)
+
+
+def _split_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def _suggest(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else f" (valid: {', '.join(sorted(choices))})"
+
+
+def _sections() -> dict[str, type[_Section]]:
+    return {
+        name: field.annotation  # type: ignore[misc]
+        for name, field in Settings.model_fields.items()
+        if name != "source"
+    }
+
+
+def _check_keys(raw: Mapping[str, Any], where: str) -> None:
+    sections = _sections()
+    for section, body in raw.items():
+        if section not in sections:
+            raise ConfigError(f"{where}: unknown section [{section}]{_suggest(section, list(sections))}")
+        if not isinstance(body, Mapping):
+            raise ConfigError(f"{where}: [{section}] must be a table of keys")
+        keys = list(sections[section].model_fields)
+        for key in body:
+            if key not in keys:
+                raise ConfigError(
+                    f"{where}: unknown key '{section}.{key}'{_suggest(key, keys)}"
+                )
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    sections = _sections()
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        section, _, key = name[len(ENV_PREFIX) :].lower().partition("__")
+        if section not in sections:
+            raise ConfigError(
+                f"environment variable {name}: unknown section [{section}]"
+                f"{_suggest(section, list(sections))}"
+            )
+        keys = list(sections[section].model_fields)
+        if key not in keys:
+            raise ConfigError(
+                f"environment variable {name}: unknown key '{section}.{key}'{_suggest(key, keys)}"
+            )
+        out.setdefault(section, {})[key] = value
+    return out
+
+
+def config_path(explicit: str | os.PathLike[str] | None = None,
+                env: Mapping[str, str] | None = None) -> Path | None:
+    """Return the configuration file to read: explicit, ``ORGCHART_CONFIG``, or ./orgchart.toml."""
+    env = os.environ if env is None else env
+    if explicit:
+        return Path(explicit)
+    if env.get(CONFIG_ENV):
+        return Path(env[CONFIG_ENV])
+    default = Path(DEFAULT_CONFIG_FILE)
+    return default if default.exists() else None
+
+
+def load_settings(path: str | os.PathLike[str] | None = None,
+                  env: Mapping[str, str] | None = None) -> Settings:
+    """Load, merge and validate the configuration.
+
+    Args:
+        path: an explicit file; otherwise ``ORGCHART_CONFIG`` or ``./orgchart.toml``.
+        env: the environment to read overrides from (defaults to ``os.environ``).
+
+    Raises:
+        ConfigError: the file is missing or malformed, or a key or value is invalid.
+    """
+    env = os.environ if env is None else env
+    file = config_path(path, env)
+    raw: dict[str, Any] = {}
+    where = "configuration"
+    if file is not None:
+        where = str(file)
+        try:
+            raw = tomllib.loads(file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"configuration file {file} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+        _check_keys(raw, where)
+    for section, values in _env_overrides(env).items():
+        raw.setdefault(section, {}).update(values)
+    if env.get("ORGCHART_DATABASE_URL") or env.get("DATABASE_URL"):
+        raw.setdefault("database", {})["url"] = env.get("ORGCHART_DATABASE_URL") or env.get(
+            "DATABASE_URL"
+        )
+    try:
+        return Settings(**raw, source=str(file) if file else None)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(part) for part in first["loc"])
+        raise ConfigError(f"{where}: bad value for '{loc}': {first['msg']}") from None

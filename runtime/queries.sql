@@ -1,0 +1,563 @@
+-- The statements that must be exact under concurrency, one named block each.
+-- A block starts with "-- name --", then a one-line description, then the SQL.
+-- Every state change is one statement that writes the new state (guarded by the old
+-- status and, for leased work, the lease token) and its task_events rows together.
+-- Parameters use SQLAlchemy's :name style; arrays are cast explicitly.
+
+-- task_insert_root --
+-- Insert a root task (root_id = id) and its 'submitted' event; a repeated idempotency key inserts nothing.
+WITH ins AS (
+    INSERT INTO tasks (id, root_id, from_agent, to_agent, type, hypothesis_id, payload,
+                       success_criteria, kill_criteria, budget_tokens, budget_seconds,
+                       budget_usd, priority, idempotency_key, request_hash, depth)
+    VALUES (:id, :id, :from_agent, :to_agent, :type, :hypothesis_id, CAST(:payload AS jsonb),
+            CAST(:success_criteria AS jsonb), CAST(:kill_criteria AS jsonb), :budget_tokens,
+            :budget_seconds, :budget_usd, :priority, :idempotency_key, :request_hash, 0)
+    ON CONFLICT (idempotency_key) WHERE parent_id IS NULL AND idempotency_key IS NOT NULL
+    DO NOTHING
+    RETURNING *
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, NULL, 'pending', :actor, 'submitted' FROM ins
+), notify AS (
+    SELECT pg_notify('orgchart_tasks', to_agent) FROM ins
+)
+SELECT ins.*, (SELECT count(*) FROM notify) AS notified FROM ins;
+
+-- task_insert_roots_many --
+-- Insert many root tasks in one statement (bulk submission; no idempotency keys).
+WITH input AS (
+    SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:agents AS text[]), CAST(:types AS text[]),
+                         CAST(:payloads AS jsonb[]), CAST(:priorities AS int[]))
+        AS i(id, to_agent, type, payload, priority)
+), ins AS (
+    INSERT INTO tasks (id, root_id, to_agent, type, payload, priority, depth)
+    SELECT id, id, to_agent, type, payload, priority, 0 FROM input
+    RETURNING id, to_agent
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, NULL, 'pending', :actor, 'submitted' FROM ins
+), notify AS (
+    SELECT pg_notify('orgchart_tasks', a) FROM (SELECT DISTINCT to_agent AS a FROM ins) d
+)
+SELECT count(*) AS inserted, (SELECT count(*) FROM notify) AS notified FROM ins;
+
+-- task_get_by_root_key --
+-- Find the root task holding an idempotency key.
+SELECT * FROM tasks WHERE parent_id IS NULL AND idempotency_key = :key;
+
+-- task_claim_available --
+-- Claim up to :limit pending or ready-to-aggregate tasks for :agents, most urgent first.
+-- The CTE selects and locks first: a LIMIT inside a CTE runs once, so the planner cannot
+-- re-evaluate it per joined row and over-claim (Oban's basic engine does the same).
+-- SKIP LOCKED lets concurrent workers pass over each other's rows instead of waiting.
+WITH picked AS (
+    SELECT id, status
+    FROM tasks
+    WHERE status IN ('pending', 'ready_to_aggregate')
+      AND to_agent = ANY(CAST(:agents AS text[]))
+      AND available_at <= now()
+    ORDER BY priority, created_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE tasks t
+    SET status = 'running',
+        phase = CASE WHEN p.status = 'ready_to_aggregate' THEN 'aggregate' ELSE 'run' END,
+        lease_owner = :worker,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = now() + make_interval(secs => :lease_seconds),
+        claimed_at = now(),
+        started_at = COALESCE(t.started_at, now()),
+        delivery_count = t.delivery_count + 1,
+        updated_at = now()
+    FROM picked p
+    WHERE t.id = p.id
+    RETURNING t.*, p.status AS claimed_from
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, claimed_from, 'running', :worker,
+           'claimed for ' || phase || ', delivery ' || delivery_count
+    FROM claimed
+)
+SELECT * FROM claimed;
+
+-- task_claim_judging --
+-- Lease up to :limit tasks waiting in 'judging' for the judge stage (status unchanged).
+WITH picked AS (
+    SELECT id
+    FROM tasks
+    WHERE status = 'judging' AND lease_token IS NULL
+    ORDER BY priority, created_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE tasks t
+SET lease_owner = :worker,
+    lease_token = gen_random_uuid(),
+    lease_expires_at = now() + make_interval(secs => :lease_seconds),
+    claimed_at = now(),
+    delivery_count = t.delivery_count + 1,
+    updated_at = now()
+FROM picked p
+WHERE t.id = p.id
+RETURNING t.*, 'judging' AS claimed_from;
+
+-- task_heartbeat_leased --
+-- Extend the leases a worker still holds; the tokens not returned were taken away.
+UPDATE tasks
+SET lease_expires_at = now() + make_interval(secs => :lease_seconds)
+WHERE lease_token = ANY(CAST(:tokens AS uuid[]))
+RETURNING lease_token;
+
+-- task_finish_running --
+-- Move leased running tasks to judging, failed, escalated or back to pending (a retry
+-- with backoff), one row per input; rows whose lease token no longer matches are skipped.
+WITH input AS (
+    SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:tokens AS uuid[]),
+                         CAST(:to_statuses AS text[]), CAST(:results AS jsonb[]),
+                         CAST(:errors AS text[]), CAST(:delays AS double precision[]),
+                         CAST(:details AS text[]))
+        AS i(id, token, to_status, result, error, delay, detail)
+), upd AS (
+    UPDATE tasks t
+    SET status = i.to_status,
+        result = COALESCE(i.result, t.result),
+        error = i.error,
+        lease_owner = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        delivery_count = CASE WHEN i.to_status = 'pending' THEN t.delivery_count ELSE 0 END,
+        retry_count = t.retry_count + CASE WHEN i.to_status = 'pending' THEN 1 ELSE 0 END,
+        available_at = CASE WHEN i.to_status = 'pending'
+                            THEN now() + make_interval(secs => i.delay)
+                            ELSE t.available_at END,
+        duration_seconds = t.duration_seconds
+                           + extract(epoch FROM clock_timestamp() - t.claimed_at),
+        completed_at = CASE WHEN i.to_status IN ('done', 'failed', 'escalated')
+                            THEN now() ELSE t.completed_at END,
+        updated_at = now()
+    FROM input i
+    WHERE t.id = i.id AND t.status = 'running' AND t.lease_token = i.token
+    RETURNING t.id, t.parent_id, t.status, t.to_agent, i.detail
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, 'running', status, :worker, detail FROM upd
+), notify AS (
+    SELECT pg_notify('orgchart_tasks', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
+    FROM (SELECT DISTINCT status AS s, to_agent AS a FROM upd
+          WHERE status IN ('judging', 'pending')) d
+)
+SELECT id, parent_id, status, (SELECT count(*) FROM notify) AS notified FROM upd;
+
+-- task_finish_judging --
+-- Record the judge's verdict and move leased judging tasks to done, failed or escalated.
+WITH input AS (
+    SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:tokens AS uuid[]),
+                         CAST(:to_statuses AS text[]), CAST(:verdicts AS jsonb[]),
+                         CAST(:errors AS text[]), CAST(:details AS text[]))
+        AS i(id, token, to_status, verdict, error, detail)
+), upd AS (
+    UPDATE tasks t
+    SET status = i.to_status,
+        verdict = i.verdict,
+        error = i.error,
+        lease_owner = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        completed_at = now(),
+        updated_at = now()
+    FROM input i
+    WHERE t.id = i.id AND t.status = 'judging' AND t.lease_token = i.token
+    RETURNING t.id, t.parent_id, t.status, i.detail
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, 'judging', status, :worker, detail FROM upd
+)
+SELECT id, parent_id, status FROM upd;
+
+-- task_lock_parents --
+-- Lock waiting parents in id order before the fan-in check, so that two transactions
+-- finishing the last two children of one parent serialise and the second sees the first.
+SELECT id FROM tasks
+WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'waiting'
+ORDER BY id
+FOR UPDATE;
+
+-- task_flip_ready_parents --
+-- Fan-in at once: the given waiting parents whose children are all terminal become ready.
+WITH upd AS (
+    UPDATE tasks p
+    SET status = 'ready_to_aggregate', delivery_count = 0, updated_at = now()
+    WHERE p.id = ANY(CAST(:ids AS uuid[]))
+      AND p.status = 'waiting'
+      AND NOT EXISTS (
+          SELECT 1 FROM tasks c
+          WHERE c.parent_id = p.id AND c.status NOT IN ('done', 'failed', 'escalated'))
+    RETURNING p.id, p.to_agent
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, 'waiting', 'ready_to_aggregate', :worker, 'fan-in: last child finished' FROM upd
+), notify AS (
+    SELECT pg_notify('orgchart_tasks', a) FROM (SELECT DISTINCT to_agent AS a FROM upd) d
+)
+SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
+
+-- task_sweep_ready_parents --
+-- The fan-in sweeper (seed 003): every waiting parent whose children are all terminal
+-- becomes ready_to_aggregate, set-based, in one statement. The safety net behind the flip.
+WITH ready AS (
+    SELECT p.id
+    FROM tasks p
+    WHERE p.status = 'waiting'
+      AND NOT EXISTS (
+          SELECT 1 FROM tasks c
+          WHERE c.parent_id = p.id AND c.status NOT IN ('done', 'failed', 'escalated'))
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE tasks t
+    SET status = 'ready_to_aggregate', delivery_count = 0, updated_at = now()
+    FROM ready r
+    WHERE t.id = r.id AND t.status = 'waiting'
+    RETURNING t.id, t.to_agent
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, 'waiting', 'ready_to_aggregate', :worker, 'fan-in sweep: all children terminal'
+    FROM upd
+), notify AS (
+    SELECT pg_notify('orgchart_tasks', a) FROM (SELECT DISTINCT to_agent AS a FROM upd) d
+)
+SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
+
+-- task_delegate_running --
+-- Fan-out: the leased parent goes to 'waiting' and its children are inserted in the same
+-- statement. Children are unique per (parent_id, idempotency_key), so a parent that runs
+-- again after a crash or a retry inserts only the children it does not have yet.
+WITH parent AS (
+    UPDATE tasks
+    SET status = 'waiting',
+        lease_owner = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        delivery_count = 0,
+        duration_seconds = duration_seconds + extract(epoch FROM clock_timestamp() - claimed_at),
+        updated_at = now()
+    WHERE id = :id AND status = 'running' AND lease_token = :token
+    RETURNING id, root_id, depth, to_agent, priority
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, 'running', 'waiting', :worker, :detail FROM parent
+), kids AS (
+    INSERT INTO tasks (id, parent_id, root_id, from_agent, to_agent, type, payload,
+                       success_criteria, kill_criteria, budget_tokens, budget_seconds,
+                       budget_usd, priority, idempotency_key, depth)
+    SELECT c.id, p.id, p.root_id, p.to_agent, c.to_agent, c.type, c.payload,
+           c.success_criteria, c.kill_criteria, c.budget_tokens, c.budget_seconds,
+           c.budget_usd, COALESCE(c.priority, p.priority), c.key, p.depth + 1
+    FROM parent p,
+         jsonb_to_recordset(CAST(:children AS jsonb)) AS c(
+             id uuid, to_agent text, type text, payload jsonb, success_criteria jsonb,
+             kill_criteria jsonb, budget_tokens int, budget_seconds int,
+             budget_usd numeric, priority int, key text)
+    ON CONFLICT (parent_id, idempotency_key)
+        WHERE parent_id IS NOT NULL AND idempotency_key IS NOT NULL
+    DO NOTHING
+    RETURNING id, to_agent
+), kev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, NULL, 'pending', :worker, 'delegated by parent' FROM kids
+), notify AS (
+    SELECT pg_notify('orgchart_tasks', a) FROM (SELECT DISTINCT to_agent AS a FROM kids) d
+)
+SELECT (SELECT count(*) FROM parent) AS delegated,
+       (SELECT count(*) FROM kids) AS inserted,
+       (SELECT count(*) FROM notify) AS notified;
+
+-- task_retry_children --
+-- An aggregating parent sends finished children back to pending (optionally to another
+-- agent) and itself goes back to 'waiting', in one statement guarded by its lease.
+WITH parent AS (
+    UPDATE tasks
+    SET status = 'waiting',
+        lease_owner = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        delivery_count = 0,
+        duration_seconds = duration_seconds + extract(epoch FROM clock_timestamp() - claimed_at),
+        updated_at = now()
+    WHERE id = :id AND status = 'running' AND lease_token = :token
+    RETURNING id
+), pev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, 'running', 'waiting', :worker, :detail FROM parent
+), kids AS (
+    UPDATE tasks c
+    SET status = 'pending',
+        to_agent = COALESCE(CAST(:reassign_to AS text), c.to_agent),
+        phase = 'run',
+        result = NULL,
+        error = NULL,
+        verdict = NULL,
+        completed_at = NULL,
+        available_at = now(),
+        delivery_count = 0,
+        updated_at = now()
+    FROM parent p
+    WHERE c.parent_id = p.id
+      AND c.id = ANY(CAST(:child_ids AS uuid[]))
+      AND c.status IN ('failed', 'escalated')
+    RETURNING c.id, c.status AS old_status, c.to_agent
+), kev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, NULL, 'pending', :worker, :detail FROM kids
+), notify AS (
+    SELECT pg_notify('orgchart_tasks', a) FROM (SELECT DISTINCT to_agent AS a FROM kids) d
+)
+SELECT (SELECT count(*) FROM parent) AS parents, (SELECT count(*) FROM kids) AS children,
+       (SELECT count(*) FROM notify) AS notified;
+
+-- task_charge_running --
+-- Charge one model call to the leased task's own spend and record the call.
+WITH me AS (
+    UPDATE tasks
+    SET own_tokens = own_tokens + :tokens,
+        own_usd = own_usd + :usd,
+        spent_tokens = spent_tokens + :tokens,
+        spent_usd = spent_usd + :usd,
+        route = :route,
+        route_reason = :route_reason,
+        model = :model,
+        updated_at = now()
+    WHERE id = :id AND lease_token = :token
+    RETURNING id, parent_id, delivery_count
+)
+INSERT INTO model_calls (task_id, attempt, call_index, backend, route, model, prompt,
+                         response, prompt_tokens, completion_tokens, duration_seconds,
+                         cost_usd, error)
+SELECT id, :attempt, :call_index, :backend, :route, :model, :prompt, :response,
+       :prompt_tokens, :completion_tokens, :duration_seconds, :usd, :error
+FROM me
+RETURNING task_id, (SELECT parent_id FROM me) AS parent_id;
+
+-- task_rollup_spend --
+-- Add a charge to one ancestor's tree-wide spend (called leaf to root, so every
+-- transaction locks a shared ancestor chain in the same order).
+UPDATE tasks
+SET spent_tokens = spent_tokens + :tokens, spent_usd = spent_usd + :usd
+WHERE id = :id
+RETURNING parent_id;
+
+-- task_reap_expired --
+-- The reaper: tasks whose lease expired go back to where they were claimed from
+-- (pending, ready_to_aggregate, or unleased judging); past retry.max_delivery they are
+-- poison and end failed. The lease condition is repeated in the UPDATE so a heartbeat
+-- that landed after the CTE's snapshot keeps its task.
+WITH expired AS (
+    SELECT id, status
+    FROM tasks
+    WHERE lease_token IS NOT NULL AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE tasks t
+    SET status = CASE
+            WHEN t.delivery_count >= :max_delivery THEN 'failed'
+            WHEN t.status = 'judging' THEN 'judging'
+            WHEN t.phase = 'aggregate' THEN 'ready_to_aggregate'
+            ELSE 'pending' END,
+        error = CASE
+            WHEN t.delivery_count >= :max_delivery
+            THEN 'poison: delivered ' || t.delivery_count
+                 || ' times and its lease expired each time (retry.max_delivery = '
+                 || :max_delivery || ')'
+            ELSE t.error END,
+        completed_at = CASE WHEN t.delivery_count >= :max_delivery THEN now()
+                            ELSE t.completed_at END,
+        lease_owner = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        updated_at = now()
+    FROM expired e
+    WHERE t.id = e.id AND t.lease_token IS NOT NULL AND t.lease_expires_at < now()
+    RETURNING t.id, t.parent_id, t.to_agent, e.status AS from_status, t.status AS to_status,
+              t.delivery_count
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, from_status, to_status, :worker,
+           CASE WHEN to_status = 'failed' THEN 'poison: lease expired on delivery ' || delivery_count
+                ELSE 'lease expired on delivery ' || delivery_count || '; released' END
+    FROM upd
+), notify AS (
+    SELECT pg_notify('orgchart_tasks', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
+    FROM (SELECT DISTINCT to_status AS s, to_agent AS a FROM upd WHERE to_status <> 'failed') d
+)
+SELECT id, parent_id, from_status, to_status, (SELECT count(*) FROM notify) AS notified
+FROM upd;
+
+-- task_fail_timed_out --
+-- The watchdog (seed 003): a task running past budget_seconds ends failed with 'timeout'.
+-- Clearing the lease token makes the late worker's completion a no-op.
+WITH late AS (
+    SELECT id
+    FROM tasks
+    WHERE status = 'running'
+      AND claimed_at + make_interval(secs => COALESCE(budget_seconds, 300)) < now()
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE tasks t
+    SET status = 'failed',
+        error = 'timeout',
+        lease_owner = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        duration_seconds = t.duration_seconds + extract(epoch FROM clock_timestamp() - t.claimed_at),
+        completed_at = now(),
+        updated_at = now()
+    FROM late l
+    WHERE t.id = l.id AND t.status = 'running'
+    RETURNING t.id, t.parent_id, t.budget_seconds
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, 'running', 'failed', :worker,
+           'timeout: ran past budget_seconds = ' || COALESCE(budget_seconds, 300)
+    FROM upd
+)
+SELECT id, parent_id FROM upd;
+
+-- task_resolve_escalated --
+-- A person (or a higher agent) resolves an escalated task: back to pending (retry,
+-- optionally reassigned), or to done or failed. Guarded by status = 'escalated'.
+WITH upd AS (
+    UPDATE tasks
+    SET status = :to_status,
+        to_agent = COALESCE(CAST(:reassign_to AS text), to_agent),
+        phase = 'run',
+        error = CASE WHEN :to_status = 'pending' THEN NULL ELSE COALESCE(:error, error) END,
+        completed_at = CASE WHEN :to_status = 'pending' THEN NULL ELSE now() END,
+        available_at = now(),
+        delivery_count = 0,
+        updated_at = now()
+    WHERE id = :id AND status = 'escalated'
+    RETURNING id, parent_id, to_agent, status
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, 'escalated', status, :actor, :detail FROM upd
+), notify AS (
+    SELECT pg_notify('orgchart_tasks', to_agent) FROM upd WHERE status = 'pending'
+)
+SELECT id, parent_id, status, (SELECT count(*) FROM notify) AS notified FROM upd;
+
+-- task_get --
+-- One task by id.
+SELECT * FROM tasks WHERE id = :id;
+
+-- task_list_children --
+-- The children of one task, in creation order.
+SELECT * FROM tasks WHERE parent_id = :id ORDER BY created_at, id;
+
+-- task_list_tree --
+-- Every node of one tree, parents before children (one index scan on root_id).
+SELECT * FROM tasks WHERE root_id = :root_id ORDER BY depth, created_at, id;
+
+-- task_list_events --
+-- The history of one task, oldest first.
+SELECT * FROM task_events WHERE task_id = :id ORDER BY id;
+
+-- task_list_model_calls --
+-- The model calls made for one task, oldest first.
+SELECT * FROM model_calls WHERE task_id = :id ORDER BY id;
+
+-- task_list_escalated --
+-- The escalation inbox, oldest first, with each task's root goal.
+SELECT t.*, r.payload AS root_payload,
+       (SELECT max(e.at) FROM task_events e
+        WHERE e.task_id = t.id AND e.to_status = 'escalated') AS escalated_at
+FROM tasks t JOIN tasks r ON r.id = t.root_id
+WHERE t.status = 'escalated'
+ORDER BY t.completed_at NULLS LAST, t.created_at;
+
+-- task_list_roots_recent --
+-- The most recent root tasks.
+SELECT * FROM tasks WHERE parent_id IS NULL ORDER BY created_at DESC LIMIT :limit;
+
+-- task_count_by_status --
+-- How many tasks are in each status.
+SELECT status, count(*) AS n FROM tasks GROUP BY status;
+
+-- task_count_pending --
+-- The depth of the pending queue (for routing).
+SELECT count(*) FROM tasks WHERE status = 'pending';
+
+-- task_queue_by_agent --
+-- Claimable work per agent (the orchestrator's view of the queue), most urgent first.
+SELECT to_agent, count(*) AS n, min(priority) AS top_priority, min(created_at) AS oldest
+FROM tasks
+WHERE status IN ('pending', 'ready_to_aggregate') AND available_at <= now() + interval '1 minute'
+GROUP BY to_agent
+UNION ALL
+SELECT 'judge', count(*), min(priority), min(created_at)
+FROM tasks WHERE status = 'judging' AND lease_token IS NULL
+HAVING count(*) > 0;
+
+-- task_metrics --
+-- The seed's metrics: retries, reclaimed work, mean duration.
+SELECT COALESCE(avg(retry_count), 0) AS avg_retry,
+       COALESCE(avg(duration_seconds) FILTER (WHERE status = 'done'), 0) AS avg_duration_seconds,
+       (SELECT count(DISTINCT task_id) FROM task_events
+        WHERE worker = 'reaper') AS reclaimed_count
+FROM tasks;
+
+-- model_call_cost_by_route --
+-- Total cost and tokens of model calls per route.
+SELECT route, sum(cost_usd) AS cost_usd, sum(prompt_tokens + completion_tokens) AS tokens,
+       count(*) AS calls
+FROM model_calls GROUP BY route ORDER BY route;
+
+-- task_list_stranded --
+-- Work that needs hygiene: expired leases, and waiting parents whose children are all terminal.
+SELECT id, status, to_agent, 'lease expired' AS why
+FROM tasks WHERE lease_token IS NOT NULL AND lease_expires_at < now()
+UNION ALL
+SELECT p.id, p.status, p.to_agent, 'waiting parent with all children terminal'
+FROM tasks p
+WHERE p.status = 'waiting'
+  AND NOT EXISTS (SELECT 1 FROM tasks c WHERE c.parent_id = p.id
+                  AND c.status NOT IN ('done', 'failed', 'escalated'));
+
+-- task_delete_finished_trees --
+-- Remove whole finished trees whose root completed before :before (events cascade).
+WITH old_roots AS (
+    SELECT r.id
+    FROM tasks r
+    WHERE r.parent_id IS NULL
+      AND r.status IN ('done', 'failed', 'escalated')
+      AND r.completed_at < :before
+      AND NOT EXISTS (SELECT 1 FROM tasks x WHERE x.root_id = r.id
+                      AND x.status NOT IN ('done', 'failed', 'escalated'))
+), gone AS (
+    DELETE FROM tasks t USING old_roots o WHERE t.root_id = o.id RETURNING t.id
+)
+SELECT (SELECT count(*) FROM old_roots) AS trees, (SELECT count(*) FROM gone) AS tasks;
+
+-- fire_insert_started --
+-- Record the start of an orchestrator fire.
+INSERT INTO fires (plan) VALUES (CAST(:plan AS jsonb)) RETURNING id, started_at;
+
+-- fire_update_finished --
+-- Record the end of a fire: its stats and rollup note.
+UPDATE fires
+SET finished_at = now(), plan = CAST(:plan AS jsonb), stats = CAST(:stats AS jsonb),
+    rollup = :rollup
+WHERE id = :id
+RETURNING *;
+
+-- fire_count_since --
+-- How many fires started since :since (the daily cap).
+SELECT count(*) FROM fires WHERE started_at >= :since;
+
+-- fire_get_last --
+-- The most recent fire.
+SELECT * FROM fires ORDER BY started_at DESC LIMIT 1;

@@ -1,0 +1,672 @@
+"""The one door to the database: every statement the runtime runs goes through :class:`Store`.
+
+The statements that must be exact under concurrency live in ``runtime/queries.sql`` as
+named blocks. Each state change is one guarded statement that also writes its
+``task_events`` rows, run in one transaction; where fan-in has to follow (a child became
+terminal), the parents are locked and flipped in that same transaction. A write from a
+worker whose lease was taken away matches no row, changes nothing, and is logged.
+
+Tasks travel as plain dicts (column name -> value), the rows as the database returns
+them; :func:`runtime.serialize.task_json` turns one into the public JSON shape.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import re
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, LiteralString
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from runtime.models import TERMINAL_STATUSES
+
+log = logging.getLogger(__name__)
+
+QUERIES_FILE = Path(__file__).with_name("queries.sql")
+_BLOCK = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
+
+Task = dict[str, Any]
+
+
+def load_queries(path: Path = QUERIES_FILE) -> dict[str, LiteralString]:
+    """Parse ``queries.sql`` into ``{name: sql}`` (procrastinate's ``queries.sql`` layout)."""
+    text = path.read_text(encoding="utf-8")
+    parts = _BLOCK.split(text)
+    queries: dict[str, LiteralString] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in queries:
+            raise ValueError(f"{path}: query {name!r} is defined twice")
+        queries[name] = body.strip()  # type: ignore[assignment]
+    return queries
+
+
+QUERIES = load_queries()
+_TEXT = {name: sa.text(sql) for name, sql in QUERIES.items()}
+
+
+class IdempotencyConflict(ValueError):
+    """The idempotency key is already used by a different request."""
+
+    def __init__(self, key: str, task_id: uuid.UUID) -> None:
+        super().__init__(
+            f"idempotency key {key!r} is already used by task {task_id} with a different request"
+        )
+        self.key = key
+        self.task_id = task_id
+
+
+class ResolveRefused(ValueError):
+    """A resolution that cannot be applied (task not escalated, parent already aggregated)."""
+
+
+class NotFound(LookupError):
+    """No task with that id."""
+
+
+@dataclass(frozen=True)
+class NewTask:
+    """A root task to submit."""
+
+    to_agent: str
+    type: str
+    payload: dict[str, Any]
+    priority: int = 5
+    budget_tokens: int = 50_000
+    budget_seconds: int = 300
+    budget_usd: Decimal = Decimal("1.0")
+    success_criteria: dict[str, Any] | None = None
+    kill_criteria: dict[str, Any] | None = None
+    idempotency_key: str | None = None
+    from_agent: str | None = None
+    hypothesis_id: uuid.UUID | None = None
+
+    def request_hash(self) -> str:
+        """A stable hash of everything that defines the request (idempotency conflicts)."""
+        body = {
+            "to_agent": self.to_agent,
+            "type": self.type,
+            "payload": self.payload,
+            "priority": self.priority,
+            "budget_tokens": self.budget_tokens,
+            "budget_seconds": self.budget_seconds,
+            "budget_usd": str(Decimal(self.budget_usd).normalize()),
+            "success_criteria": self.success_criteria,
+            "kill_criteria": self.kill_criteria,
+        }
+        return hashlib.sha256(_dumps(body).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ChildRow:
+    """A child task to insert when a parent delegates (budgets already carved)."""
+
+    to_agent: str
+    type: str
+    payload: dict[str, Any]
+    key: str
+    budget_tokens: int
+    budget_seconds: int
+    budget_usd: Decimal
+    priority: int | None = None
+    success_criteria: dict[str, Any] | None = None
+    kill_criteria: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a leased running task ends this delivery.
+
+    ``to_status`` is ``judging`` (a result), ``failed``, ``escalated``, or ``pending``
+    (a transient error: retried after ``delay_seconds``).
+    """
+
+    task_id: uuid.UUID
+    lease_token: uuid.UUID
+    to_status: str
+    result: Any = None
+    error: str | None = None
+    delay_seconds: float = 0.0
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class JudgeOutcome:
+    """The judge stage's verdict on a leased judging task."""
+
+    task_id: uuid.UUID
+    lease_token: uuid.UUID
+    to_status: str
+    verdict: dict[str, Any]
+    error: str | None = None
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelCharge:
+    """One model call to record and charge to a task."""
+
+    task_id: uuid.UUID
+    lease_token: uuid.UUID
+    attempt: int
+    call_index: int
+    backend: str
+    route: str
+    route_reason: str
+    model: str
+    prompt: str
+    response: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    duration_seconds: float
+    cost_usd: Decimal
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Reaped:
+    """What one reaper pass did."""
+
+    released: int = 0
+    poisoned: int = 0
+    ids: tuple[uuid.UUID, ...] = ()
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    """What one watchdog pass did."""
+
+    failed: int = 0
+    ids: tuple[uuid.UUID, ...] = ()
+
+
+@dataclass(frozen=True)
+class Swept:
+    """What one fan-in sweep did."""
+
+    ready: int = 0
+    ids: tuple[uuid.UUID, ...] = ()
+
+
+@dataclass
+class Finished:
+    """What a batch of completions did: ids applied, ids whose lease was gone, parents ready."""
+
+    applied: list[uuid.UUID] = field(default_factory=list)
+    stale: list[uuid.UUID] = field(default_factory=list)
+    parents_ready: list[uuid.UUID] = field(default_factory=list)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _json_or_none(value: Any) -> str | None:
+    return None if value is None else _dumps(value)
+
+
+class Store:
+    """The database door: named statements, one transaction per state change."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # ------------------------------------------------------------------ plumbing
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """Yield a connection inside one transaction (committed on success)."""
+        with self.engine.begin() as conn:
+            yield conn
+
+    def _rows(self, conn: Connection, name: str, **params: Any) -> list[Task]:
+        return [dict(row._mapping) for row in conn.execute(_TEXT[name], params)]
+
+    def query(self, name: str, **params: Any) -> list[Task]:
+        """Run one named read-only statement and return its rows as dicts."""
+        with self.engine.connect() as conn:
+            return self._rows(conn, name, **params)
+
+    def dispose(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+
+    # ------------------------------------------------------------------ submit
+    def submit(self, new: NewTask, actor: str = "submit") -> tuple[Task, bool]:
+        """Insert a root task; return ``(task, created)``.
+
+        The same idempotency key with the same request returns the existing task and
+        ``created=False``; with a different request it raises :class:`IdempotencyConflict`.
+        """
+        request_hash = new.request_hash()
+        params = {
+            "id": uuid.uuid4(),
+            "from_agent": new.from_agent,
+            "to_agent": new.to_agent,
+            "type": new.type,
+            "hypothesis_id": new.hypothesis_id,
+            "payload": _dumps(new.payload),
+            "success_criteria": _json_or_none(new.success_criteria),
+            "kill_criteria": _json_or_none(new.kill_criteria),
+            "budget_tokens": new.budget_tokens,
+            "budget_seconds": new.budget_seconds,
+            "budget_usd": Decimal(new.budget_usd),
+            "priority": new.priority,
+            "idempotency_key": new.idempotency_key,
+            "request_hash": request_hash,
+            "actor": actor,
+        }
+        with self.transaction() as conn:
+            rows = self._rows(conn, "task_insert_root", **params)
+            if rows:
+                task = rows[0]
+                task.pop("notified", None)
+                return task, True
+            existing = self._rows(conn, "task_get_by_root_key", key=new.idempotency_key)
+        if not existing:  # the conflicting row was pruned between the two statements
+            return self.submit(new, actor)
+        task = existing[0]
+        if task["request_hash"] != request_hash:
+            raise IdempotencyConflict(str(new.idempotency_key), task["id"])
+        return task, False
+
+    def submit_many(self, agent: str, type_: str, payloads: Sequence[dict[str, Any]],
+                    priority: int = 5, actor: str = "submit") -> int:
+        """Insert many root tasks in one statement (bulk loads, benchmarks)."""
+        ids = [uuid.uuid4() for _ in payloads]
+        with self.transaction() as conn:
+            row = conn.execute(
+                _TEXT["task_insert_roots_many"],
+                {
+                    "ids": ids,
+                    "agents": [agent] * len(ids),
+                    "types": [type_] * len(ids),
+                    "payloads": [_dumps(p) for p in payloads],
+                    "priorities": [priority] * len(ids),
+                    "actor": actor,
+                },
+            ).one()
+        return int(row.inserted)
+
+    # ------------------------------------------------------------------ claim
+    def claim(self, agents: Sequence[str], limit: int, worker: str,
+              lease_seconds: float) -> list[Task]:
+        """Claim up to ``limit`` pending or ready-to-aggregate tasks for ``agents``."""
+        if not agents or limit <= 0:
+            return []
+        with self.transaction() as conn:
+            return self._rows(conn, "task_claim_available", agents=list(agents), limit=limit,
+                              worker=worker, lease_seconds=float(lease_seconds))
+
+    def claim_judging(self, limit: int, worker: str, lease_seconds: float) -> list[Task]:
+        """Lease up to ``limit`` tasks waiting for the judge stage."""
+        if limit <= 0:
+            return []
+        with self.transaction() as conn:
+            return self._rows(conn, "task_claim_judging", limit=limit, worker=worker,
+                              lease_seconds=float(lease_seconds))
+
+    def heartbeat(self, tokens: Iterable[uuid.UUID], lease_seconds: float) -> set[uuid.UUID]:
+        """Extend leases; return the tokens still held (the others were taken away)."""
+        tokens = list(tokens)
+        if not tokens:
+            return set()
+        with self.transaction() as conn:
+            rows = conn.execute(_TEXT["task_heartbeat_leased"],
+                                {"tokens": tokens, "lease_seconds": float(lease_seconds)})
+            return {row.lease_token for row in rows}
+
+    # ------------------------------------------------------------------ finish
+    def finish_running(self, outcomes: Sequence[RunOutcome], worker: str) -> Finished:
+        """Apply a batch of run outcomes in one transaction, then fan-in their parents."""
+        done = Finished()
+        if not outcomes:
+            return done
+        with self.transaction() as conn:
+            rows = conn.execute(
+                _TEXT["task_finish_running"],
+                {
+                    "ids": [o.task_id for o in outcomes],
+                    "tokens": [o.lease_token for o in outcomes],
+                    "to_statuses": [o.to_status for o in outcomes],
+                    "results": [_json_or_none(o.result) for o in outcomes],
+                    "errors": [o.error for o in outcomes],
+                    "delays": [float(o.delay_seconds) for o in outcomes],
+                    "details": [o.detail for o in outcomes],
+                    "worker": worker,
+                },
+            ).all()
+            done.applied = [r.id for r in rows]
+            parents = {r.parent_id for r in rows
+                       if r.parent_id is not None and r.status in TERMINAL_STATUSES}
+            done.parents_ready = self._fan_in(conn, parents, worker)
+        self._log_stale(outcomes, done)
+        return done
+
+    def finish_judging(self, outcomes: Sequence[JudgeOutcome], worker: str) -> Finished:
+        """Apply a batch of verdicts in one transaction, then fan-in their parents."""
+        done = Finished()
+        if not outcomes:
+            return done
+        with self.transaction() as conn:
+            rows = conn.execute(
+                _TEXT["task_finish_judging"],
+                {
+                    "ids": [o.task_id for o in outcomes],
+                    "tokens": [o.lease_token for o in outcomes],
+                    "to_statuses": [o.to_status for o in outcomes],
+                    "verdicts": [_dumps(o.verdict) for o in outcomes],
+                    "errors": [o.error for o in outcomes],
+                    "details": [o.detail for o in outcomes],
+                    "worker": worker,
+                },
+            ).all()
+            done.applied = [r.id for r in rows]
+            parents = {r.parent_id for r in rows if r.parent_id is not None}
+            done.parents_ready = self._fan_in(conn, parents, worker)
+        self._log_stale(outcomes, done)
+        return done
+
+    def _fan_in(self, conn: Connection, parent_ids: set[uuid.UUID], worker: str) -> list[uuid.UUID]:
+        """Flip the waiting parents whose children are now all terminal (same transaction)."""
+        if not parent_ids:
+            return []
+        ids = sorted(parent_ids)
+        conn.execute(_TEXT["task_lock_parents"], {"ids": ids})
+        rows = conn.execute(_TEXT["task_flip_ready_parents"], {"ids": ids, "worker": worker})
+        return [r.id for r in rows]
+
+    @staticmethod
+    def _log_stale(outcomes: Sequence[RunOutcome] | Sequence[JudgeOutcome],
+                   done: Finished) -> None:
+        applied = set(done.applied)
+        for o in outcomes:
+            if o.task_id not in applied:
+                done.stale.append(o.task_id)
+                log.warning(
+                    "late write ignored: lease gone",
+                    extra={"task_id": str(o.task_id), "to_status": o.to_status},
+                )
+
+    # ------------------------------------------------------------------ delegate
+    def delegate(self, task_id: uuid.UUID, lease_token: uuid.UUID, children: Sequence[ChildRow],
+                 worker: str, detail: str | None = None) -> tuple[bool, int]:
+        """Move a leased running parent to ``waiting`` and insert its children atomically.
+
+        Returns ``(applied, inserted)``: ``applied`` is False when the lease was gone
+        (nothing changed); ``inserted`` counts children that did not exist yet.
+        """
+        payload = [
+            {
+                "id": str(uuid.uuid4()),
+                "to_agent": c.to_agent,
+                "type": c.type,
+                "payload": c.payload,
+                "success_criteria": c.success_criteria,
+                "kill_criteria": c.kill_criteria,
+                "budget_tokens": c.budget_tokens,
+                "budget_seconds": c.budget_seconds,
+                "budget_usd": str(c.budget_usd),
+                "priority": c.priority,
+                "key": c.key,
+            }
+            for c in children
+        ]
+        with self.transaction() as conn:
+            row = conn.execute(
+                _TEXT["task_delegate_running"],
+                {"id": task_id, "token": lease_token, "children": _dumps(payload),
+                 "worker": worker, "detail": detail or f"delegated to {len(children)} children"},
+            ).one()
+            if row.delegated:
+                # A re-run parent may find every child already finished.
+                self._fan_in(conn, {task_id}, worker)
+        if not row.delegated:
+            log.warning("late delegation ignored: lease gone", extra={"task_id": str(task_id)})
+        return bool(row.delegated), int(row.inserted)
+
+    def retry_children(self, task_id: uuid.UUID, lease_token: uuid.UUID,
+                       child_ids: Sequence[uuid.UUID], worker: str,
+                       reassign_to: str | None = None, detail: str | None = None) -> int:
+        """From ``aggregate``: send finished children back to pending and wait again.
+
+        Returns how many children were re-queued (0 when the parent's lease was gone).
+        """
+        what = f"reassigned to {reassign_to}" if reassign_to else "retried"
+        with self.transaction() as conn:
+            row = conn.execute(
+                _TEXT["task_retry_children"],
+                {"id": task_id, "token": lease_token, "child_ids": list(child_ids),
+                 "reassign_to": reassign_to, "worker": worker,
+                 "detail": detail or f"{what} by the parent's aggregate"},
+            ).one()
+            if row.parents:
+                self._fan_in(conn, {task_id}, worker)
+        if not row.parents:
+            log.warning("late retry ignored: lease gone", extra={"task_id": str(task_id)})
+        return int(row.children)
+
+    # ------------------------------------------------------------------ spend
+    def charge(self, charge: ModelCharge) -> bool:
+        """Record one model call and charge it to the task, rolled up to the root.
+
+        Returns False (nothing written) when the task's lease is gone.
+        """
+        with self.transaction() as conn:
+            row = conn.execute(
+                _TEXT["task_charge_running"],
+                {
+                    "id": charge.task_id, "token": charge.lease_token,
+                    "tokens": charge.prompt_tokens + charge.completion_tokens,
+                    "usd": charge.cost_usd, "route": charge.route,
+                    "route_reason": charge.route_reason, "model": charge.model,
+                    "attempt": charge.attempt, "call_index": charge.call_index,
+                    "backend": charge.backend, "prompt": charge.prompt,
+                    "response": charge.response, "prompt_tokens": charge.prompt_tokens,
+                    "completion_tokens": charge.completion_tokens,
+                    "duration_seconds": charge.duration_seconds, "error": charge.error,
+                },
+            ).first()
+            if row is None:
+                log.warning("late charge ignored: lease gone",
+                            extra={"task_id": str(charge.task_id)})
+                return False
+            parent = row.parent_id
+            tokens = charge.prompt_tokens + charge.completion_tokens
+            while parent is not None:  # leaf to root: one lock order for every chain
+                parent = conn.execute(
+                    _TEXT["task_rollup_spend"],
+                    {"id": parent, "tokens": tokens, "usd": charge.cost_usd},
+                ).scalar()
+        return True
+
+    # ------------------------------------------------------------------ hygiene
+    def reap(self, max_delivery: int, worker: str = "reaper", limit: int = 1000) -> Reaped:
+        """Release expired leases; poison tasks delivered ``max_delivery`` times."""
+        with self.transaction() as conn:
+            rows = conn.execute(_TEXT["task_reap_expired"],
+                                {"max_delivery": max_delivery, "worker": worker,
+                                 "limit": limit}).all()
+            parents = {r.parent_id for r in rows if r.to_status == "failed" and r.parent_id}
+            self._fan_in(conn, parents, worker)
+        poisoned = sum(1 for r in rows if r.to_status == "failed")
+        return Reaped(released=len(rows) - poisoned, poisoned=poisoned,
+                      ids=tuple(r.id for r in rows))
+
+    def time_out(self, worker: str = "watchdog", limit: int = 1000) -> TimedOut:
+        """Fail tasks running past their ``budget_seconds`` with ``error = 'timeout'``."""
+        with self.transaction() as conn:
+            rows = conn.execute(_TEXT["task_fail_timed_out"],
+                                {"worker": worker, "limit": limit}).all()
+            self._fan_in(conn, {r.parent_id for r in rows if r.parent_id}, worker)
+        return TimedOut(failed=len(rows), ids=tuple(r.id for r in rows))
+
+    def sweep(self, worker: str = "sweeper", limit: int = 10_000) -> Swept:
+        """Mark waiting parents whose children are all terminal ``ready_to_aggregate``."""
+        with self.transaction() as conn:
+            rows = conn.execute(_TEXT["task_sweep_ready_parents"],
+                                {"worker": worker, "limit": limit}).all()
+        return Swept(ready=len(rows), ids=tuple(r.id for r in rows))
+
+    # ------------------------------------------------------------------ resolve
+    def resolve(self, task_id: uuid.UUID, action: str, actor: str = "person",
+                note: str | None = None, reassign_to: str | None = None) -> Task:
+        """Resolve an escalated task: ``retry`` (optionally reassigned), ``done`` or ``fail``.
+
+        Raises:
+            NotFound: no such task.
+            ResolveRefused: the task is not escalated, or a retry of a child whose parent
+                has already aggregated.
+        """
+        to_status = {"retry": "pending", "reassign": "pending", "done": "done",
+                     "fail": "failed"}.get(action)
+        if to_status is None:
+            raise ValueError(f"unknown resolution {action!r}: use retry, reassign, done or fail")
+        detail = f"resolved: {action}" + (f" to {reassign_to}" if reassign_to else "")
+        if note:
+            detail += f"; note: {note}"
+        with self.transaction() as conn:
+            task = conn.execute(sa.text("SELECT * FROM tasks WHERE id = :id FOR UPDATE"),
+                                {"id": task_id}).first()
+            if task is None:
+                raise NotFound(f"no task {task_id}")
+            if task.status != "escalated":
+                raise ResolveRefused(
+                    f"task {task_id} is {task.status}, not escalated; only escalated tasks "
+                    "can be resolved"
+                )
+            if task.parent_id is not None:
+                parent = conn.execute(
+                    sa.text("SELECT status FROM tasks WHERE id = :id FOR UPDATE"),
+                    {"id": task.parent_id},
+                ).scalar_one()
+                if to_status == "pending" and parent not in ("waiting", "ready_to_aggregate"):
+                    raise ResolveRefused(
+                        f"task {task_id} cannot be retried: its parent {task.parent_id} has "
+                        f"already aggregated its children (parent is {parent})"
+                    )
+                if to_status == "pending" and parent == "ready_to_aggregate":
+                    # Take the parent back so it waits for the retried child.
+                    conn.execute(
+                        sa.text("UPDATE tasks SET status = 'waiting', updated_at = now() "
+                                "WHERE id = :id AND status = 'ready_to_aggregate'"),
+                        {"id": task.parent_id},
+                    )
+                    conn.execute(
+                        sa.text("INSERT INTO task_events (task_id, from_status, to_status, "
+                                "worker, detail) VALUES (:id, 'ready_to_aggregate', 'waiting', "
+                                ":actor, 'a child was retried by a resolution')"),
+                        {"id": task.parent_id, "actor": actor},
+                    )
+            error = f"resolved as {action} by {actor}" + (f": {note}" if note else "")
+            rows = self._rows(conn, "task_resolve_escalated", id=task_id, to_status=to_status,
+                              reassign_to=reassign_to, actor=actor, detail=detail,
+                              error=error if to_status == "failed" else None)
+            if not rows:
+                raise ResolveRefused(f"task {task_id} changed while resolving; try again")
+            if to_status != "pending" and task.parent_id is not None:
+                self._fan_in(conn, {task.parent_id}, actor)
+            fresh = self._rows(conn, "task_get", id=task_id)[0]
+        return fresh
+
+    # ------------------------------------------------------------------ reads
+    def get(self, task_id: uuid.UUID) -> Task:
+        """Return one task, or raise :class:`NotFound`."""
+        rows = self.query("task_get", id=task_id)
+        if not rows:
+            raise NotFound(f"no task {task_id}")
+        return rows[0]
+
+    def children(self, task_id: uuid.UUID) -> list[Task]:
+        """Return a task's children in creation order."""
+        return self.query("task_list_children", id=task_id)
+
+    def tree_rows(self, root_id: uuid.UUID) -> list[Task]:
+        """Return every node of a tree (parents before children)."""
+        return self.query("task_list_tree", root_id=root_id)
+
+    def events(self, task_id: uuid.UUID) -> list[Task]:
+        """Return a task's transitions, oldest first."""
+        return self.query("task_list_events", id=task_id)
+
+    def model_calls(self, task_id: uuid.UUID) -> list[Task]:
+        """Return the model calls made for a task."""
+        return self.query("task_list_model_calls", id=task_id)
+
+    def escalations(self) -> list[Task]:
+        """Return the escalation inbox, oldest first."""
+        return self.query("task_list_escalated")
+
+    def recent_roots(self, limit: int = 50) -> list[Task]:
+        """Return the most recent root tasks."""
+        return self.query("task_list_roots_recent", limit=limit)
+
+    def pending_depth(self) -> int:
+        """Return how many tasks are pending (routing's queue-depth signal)."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(_TEXT["task_count_pending"]).scalar_one())
+
+    def queue(self) -> list[Task]:
+        """Claimable work per agent (``judge`` for the judge stage)."""
+        return self.query("task_queue_by_agent")
+
+    def stranded(self) -> list[Task]:
+        """Expired leases and waiting parents that fan-in missed."""
+        return self.query("task_list_stranded")
+
+    def metrics(self) -> dict[str, Any]:
+        """The seed's metrics: ``by_status``, ``avg_retry``, ``reclaimed_count``, ...."""
+        with self.engine.connect() as conn:
+            by_status = {r.status: int(r.n) for r in conn.execute(_TEXT["task_count_by_status"])}
+            m = conn.execute(_TEXT["task_metrics"]).one()
+            routes = conn.execute(_TEXT["model_call_cost_by_route"]).all()
+        return {
+            "by_status": by_status,
+            "avg_retry": float(m.avg_retry),
+            "reclaimed_count": int(m.reclaimed_count),
+            "avg_duration_seconds": round(float(m.avg_duration_seconds), 6),
+            "cost_by_route": {r.route: f"{Decimal(r.cost_usd):.8f}" for r in routes},
+            "tokens_by_route": {r.route: int(r.tokens) for r in routes},
+        }
+
+    def prune(self, older_than: dt.timedelta) -> tuple[int, int]:
+        """Delete whole finished trees whose root completed before ``now - older_than``.
+
+        Returns ``(trees, tasks)`` removed.
+        """
+        before = dt.datetime.now(dt.UTC) - older_than
+        with self.transaction() as conn:
+            row = conn.execute(_TEXT["task_delete_finished_trees"], {"before": before}).one()
+        return int(row.trees), int(row.tasks)
+
+    # ------------------------------------------------------------------ fires
+    def fire_started(self, plan: dict[str, Any]) -> int:
+        """Insert a fires row for a fire that is starting; return its id."""
+        with self.transaction() as conn:
+            return int(conn.execute(_TEXT["fire_insert_started"],
+                                    {"plan": _dumps(plan)}).one().id)
+
+    def fire_finished(self, fire_id: int, plan: dict[str, Any], stats: dict[str, Any],
+                      rollup: str) -> Task:
+        """Record a fire's plan, stats and rollup note."""
+        with self.transaction() as conn:
+            return self._rows(conn, "fire_update_finished", id=fire_id, plan=_dumps(plan),
+                              stats=_dumps(stats), rollup=rollup)[0]
+
+    def fires_since(self, since: dt.datetime) -> int:
+        """How many fires started since ``since``."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(_TEXT["fire_count_since"], {"since": since}).scalar_one())
+
+    def last_fire(self) -> Task | None:
+        """The most recent fire, or None."""
+        rows = self.query("fire_get_last")
+        return rows[0] if rows else None
