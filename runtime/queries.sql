@@ -561,3 +561,28 @@ SELECT count(*) FROM fires WHERE started_at >= :since;
 -- fire_get_last --
 -- The most recent fire.
 SELECT * FROM fires ORDER BY started_at DESC LIMIT 1;
+
+-- task_release_leased --
+-- A worker shutting down hands back what it still holds: running tasks return to where
+-- they were claimed from, judging tasks lose their lease. Guarded by the lease tokens.
+WITH upd AS (
+    UPDATE tasks t
+    SET status = CASE WHEN t.status = 'judging' THEN 'judging'
+                      WHEN t.phase = 'aggregate' THEN 'ready_to_aggregate'
+                      ELSE 'pending' END,
+        lease_owner = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        delivery_count = GREATEST(t.delivery_count - 1, 0),
+        updated_at = now()
+    WHERE t.lease_token = ANY(CAST(:tokens AS uuid[]))
+    RETURNING t.id, t.to_agent, t.status,
+              CASE WHEN t.status = 'judging' THEN 'judging' ELSE 'running' END AS from_status
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, from_status, status, :worker, 'released by a worker shutting down' FROM upd
+), notify AS (
+    SELECT pg_notify('orgchart_tasks', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
+    FROM (SELECT DISTINCT status AS s, to_agent AS a FROM upd) d
+)
+SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;

@@ -324,6 +324,15 @@ class Store:
                                 {"tokens": tokens, "lease_seconds": float(lease_seconds)})
             return {row.lease_token for row in rows}
 
+    def release(self, tokens: Iterable[uuid.UUID], worker: str) -> int:
+        """Hand back leased tasks (a worker shutting down); returns how many."""
+        tokens = list(tokens)
+        if not tokens:
+            return 0
+        with self.transaction() as conn:
+            return len(conn.execute(_TEXT["task_release_leased"],
+                                    {"tokens": tokens, "worker": worker}).all())
+
     # ------------------------------------------------------------------ finish
     def finish_running(self, outcomes: Sequence[RunOutcome], worker: str) -> Finished:
         """Apply a batch of run outcomes in one transaction, then fan-in their parents."""

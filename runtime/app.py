@@ -1,0 +1,176 @@
+"""Wiring: settings -> store, registry, policies, model backend, executor, worker.
+
+Every entry point (CLI, HTTP API, orchestrator, tests) builds its parts here so that
+they agree on what "the configured runtime" is.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from agents.registry import Registry, load_modules
+from runtime.config import Settings
+from runtime.db import create_db_engine, resolve_url, upgrade
+from runtime.errors import BadInput
+from runtime.store import NewTask, Store
+
+log = logging.getLogger(__name__)
+
+#: A root goal larger than this is refused before anything is written.
+MAX_GOAL_CHARS = 100_000
+
+
+def open_store(settings: Settings, migrate: bool = True) -> Store:
+    """Resolve the database (embedded if none is named), migrate it, and open a Store."""
+    url = resolve_url(settings.database.url)
+    if migrate:
+        upgrade(url)
+    return Store(create_db_engine(url, pool_size=settings.database.pool_size))
+
+
+def load_registry(settings: Settings, extra_modules: Sequence[str] = ()) -> Registry:
+    """The built-in org plus user agent modules from config and the command line."""
+    return load_modules([*settings.agents.modules, *extra_modules])
+
+
+@dataclass
+class Runtime:
+    """The configured parts, built once per process."""
+
+    settings: Settings
+    store: Store
+    registry: Registry
+    policies: Any
+    llm_factory: Any
+
+    def executor(self) -> Any:
+        """An executor over these parts."""
+        from runtime.executor import Executor
+        from runtime.judge_stage import judge_task
+
+        return Executor(store=self.store, registry=self.registry, settings=self.settings,
+                        policies=self.policies, llm_factory=self.llm_factory, judge=judge_task)
+
+    def worker(self, agents: Sequence[str] | None = None, **overrides: Any) -> Any:
+        """A worker for ``agents`` (default: every registered agent plus the judge stage)."""
+        from runtime.worker import Worker, WorkerConfig
+
+        w = self.settings.worker
+        names = tuple(agents) if agents else tuple(self.registry.names())
+        for name in names:
+            self.registry.get(name)  # unknown names fail here, with a suggestion
+        options: dict[str, Any] = {
+            "agents": names,
+            "concurrency": w.concurrency,
+            "batch_size": w.batch_size,
+            "lease_seconds": w.lease_seconds,
+            "poll_interval_seconds": w.poll_interval_seconds,
+            "maintenance_interval_seconds": w.maintenance_interval_seconds,
+            "max_delivery": self.settings.retry.max_delivery,
+        }
+        options.update({k: v for k, v in overrides.items() if v is not None})
+        return Worker(self.store, self.executor(), WorkerConfig(**options))
+
+
+def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
+                  store: Store | None = None) -> Runtime:
+    """Build every part from ``settings`` (the model backend is probed here for ``auto``)."""
+    from policies.loader import load_policy_set
+    from runtime.llm import LLMFactory
+
+    registry = load_registry(settings, extra_modules)
+    store = store or open_store(settings)
+    policies = load_policy_set(settings, registry)
+    llm_factory = LLMFactory(settings, store)
+    return Runtime(settings, store, registry, policies, llm_factory)
+
+
+# ---------------------------------------------------------------------- submission
+def parse_json_option(name: str, text: str | None) -> Any:
+    """Parse a JSON command-line option; malformed JSON is a :class:`BadInput` naming it."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"{name} is not valid JSON: {exc.msg} at line {exc.lineno} "
+                       f"column {exc.colno}") from None
+
+
+def build_root(registry: Registry, settings: Settings, *, goal: str | None, agent: str = "ceo",
+               type_: str | None = None, priority: int = 5, budget_tokens: int = 50_000,
+               budget_seconds: int = 300, budget_usd: Decimal | float | str = Decimal("1.0"),
+               payload: dict[str, Any] | None = None, success: Any = None, kill: Any = None,
+               idempotency_key: str | None = None) -> NewTask:
+    """Validate a root goal and return the task to insert; raise :class:`BadInput` if bad.
+
+    Checks, before anything is written: the agent exists, the payload matches its input
+    schema, its size is within ``[policies] max_payload_bytes``, budgets are sane, and the
+    success and kill criteria are well formed.
+    """
+    from agents.registry import InvalidInput, UnknownAgent
+    from policies.criteria import validate_criteria
+
+    try:
+        cls = registry.get(agent)
+    except UnknownAgent as exc:
+        raise BadInput(str(exc)) from None
+    if goal is not None and len(goal) > MAX_GOAL_CHARS:
+        raise BadInput(f"the goal is {len(goal)} characters; the limit is {MAX_GOAL_CHARS}")
+    if payload is not None and not isinstance(payload, dict):
+        raise BadInput("--payload must be a JSON object")
+    body: dict[str, Any] = dict(payload or {})
+    if goal is not None:
+        body.setdefault("goal", goal)
+    size = len(json.dumps(body).encode())
+    limit = settings.policies.max_payload_bytes
+    if size > limit:
+        raise BadInput(f"the payload is {size} bytes; [policies] max_payload_bytes is {limit}")
+    try:
+        registry.validate_input(agent, body)
+    except InvalidInput as exc:
+        raise BadInput(str(exc)) from None
+    try:
+        usd = Decimal(str(budget_usd))
+    except InvalidOperation:
+        raise BadInput(f"budget_usd {budget_usd!r} is not a number") from None
+    for name, value in (("budget_tokens", budget_tokens), ("budget_seconds", budget_seconds),
+                        ("budget_usd", usd)):
+        if value < 0:
+            raise BadInput(f"{name} cannot be negative (got {value})")
+    if budget_tokens > 2**31 - 1 or budget_seconds > 2**31 - 1 or usd >= Decimal("1000000"):
+        raise BadInput("a budget is larger than the schema can hold")
+    if budget_seconds == 0:
+        raise BadInput("budget_seconds must be at least 1")
+    if not -1000 <= priority <= 1000:
+        raise BadInput(f"priority must be between -1000 and 1000 (got {priority})")
+    validate_criteria(success, kill)
+    if type_ is not None and type_ not in cls.types:
+        raise BadInput(f"agent {agent!r} handles types {list(cls.types)}, not {type_!r}")
+    if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
+        raise BadInput("an idempotency key must be 1 to 200 characters")
+    return NewTask(
+        to_agent=agent, type=type_ or cls.types[0], payload=body, priority=priority,
+        budget_tokens=budget_tokens, budget_seconds=budget_seconds, budget_usd=usd,
+        success_criteria=success, kill_criteria=kill, idempotency_key=idempotency_key,
+    )
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """Parse ``30s``, ``15m``, ``12h``, ``7d``, ``2w``; raise :class:`BadInput` otherwise."""
+    m = _DURATION.match(text)
+    if not m:
+        raise BadInput(f"cannot read duration {text!r}: use a number and s, m, h, d or w "
+                       "(e.g. 7d)")
+    return dt.timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])

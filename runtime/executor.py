@@ -1,0 +1,313 @@
+"""Turns one claimed task into one action: what the agent (or the judge) decided.
+
+The executor runs in a worker thread and never writes task state itself: it returns an
+action that the worker applies with one guarded statement (batched where it can). Order
+for a run: input schema -> ``validate_input`` policies -> ``agent.run`` or
+``agent.aggregate`` -> output policies -> ``judging``. A delegation is checked by the
+delegation policies, its children's payloads against their agents' schemas, and its
+budgets are carved from what the parent has left.
+
+Errors decide the outcome: a transient model error goes back to ``pending`` with backoff
+``2 ** retry_count`` seconds up to ``retry.max_retry``; ``ModelNotFound`` and agent
+exceptions end ``failed``; ``BudgetExceeded`` ends ``failed`` with ``budget: ...``;
+``UnknownPrice`` and policy violations end ``escalated`` naming the rule.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+from agents.base import (
+    Agent,
+    ChildSpec,
+    ChildView,
+    Delegate,
+    Escalate,
+    Fail,
+    Result,
+    RetryChildren,
+    TaskView,
+    agent_logger,
+)
+from agents.context import AgentContext
+from agents.registry import InvalidInput, Registry, UnknownAgent
+from runtime.config import Settings
+from runtime.errors import BudgetExceeded, LeaseLost, ModelNotFound, TransientModelError, UnknownPrice
+from runtime.models import TERMINAL_STATUSES
+from runtime.store import ChildRow, JudgeOutcome, RunOutcome, Store
+
+log = logging.getLogger(__name__)
+
+
+class PolicyChecks(Protocol):
+    """What the executor needs from ``policies.loader.PolicySet``."""
+
+    def validate_input(self, task: TaskView) -> Any: ...  # noqa: D102
+    def validate_output(self, task: TaskView, result: Any) -> Any: ...  # noqa: D102
+    def validate_delegation(self, parent: TaskView, children: list[ChildSpec]) -> Any: ...  # noqa: D102
+
+
+class LLMFactoryLike(Protocol):
+    """What the executor needs from ``runtime.llm.LLMFactory``."""
+
+    offline: bool
+
+    def for_task(self, task_row: dict[str, Any], lease_token: uuid.UUID,
+                 lease_lost: threading.Event) -> Any: ...  # noqa: D102
+
+
+class JudgeFn(Protocol):
+    """``runtime.judge_stage.judge_task``."""
+
+    def __call__(self, task: dict[str, Any], children: list[dict[str, Any]], llm: Any,
+                 settings: Settings) -> Any: ...  # noqa: D102
+
+
+@dataclass(frozen=True)
+class DelegateAction:
+    """Insert children and park the parent in ``waiting``."""
+
+    task_id: uuid.UUID
+    lease_token: uuid.UUID
+    children: list[ChildRow]
+    detail: str
+
+
+@dataclass(frozen=True)
+class RetryAction:
+    """Send finished children back to pending; the parent waits again."""
+
+    task_id: uuid.UUID
+    lease_token: uuid.UUID
+    child_ids: list[uuid.UUID]
+    reassign_to: str | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """The task was taken away while it ran (lease lost): nothing to write."""
+
+    task_id: uuid.UUID
+    reason: str
+
+
+Action = RunOutcome | JudgeOutcome | DelegateAction | RetryAction | Dropped
+
+
+class DelegationRefused(Exception):
+    """A delegation the runtime will not write (bad child, budget, unknown agent)."""
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return value
+
+
+def backoff_seconds(retry_count: int) -> float:
+    """Seed 001's backoff: ``2 ** retry_count`` seconds."""
+    return float(2**retry_count)
+
+
+class Executor:
+    """Runs agents and the judge for claimed tasks and says what should happen next."""
+
+    def __init__(self, *, store: Store, registry: Registry, settings: Settings,
+                 policies: PolicyChecks, llm_factory: LLMFactoryLike, judge: JudgeFn) -> None:
+        self.store = store
+        self.registry = registry
+        self.settings = settings
+        self.policies = policies
+        self.llm_factory = llm_factory
+        self.judge = judge
+
+    # ------------------------------------------------------------------ run stage
+    def execute(self, row: dict[str, Any], lease_lost: threading.Event) -> Action:
+        """Run (or aggregate) one claimed ``running`` task and return its action."""
+        token: uuid.UUID = row["lease_token"]
+        task_id: uuid.UUID = row["id"]
+
+        def outcome(to_status: str, result: Any = None, error: str | None = None,
+                    delay: float = 0.0, detail: str | None = None) -> RunOutcome:
+            return RunOutcome(task_id, token, to_status, result=result, error=error,
+                              delay_seconds=delay, detail=detail or error)
+
+        try:
+            cls = self.registry.get(row["to_agent"])
+        except UnknownAgent as exc:
+            return outcome("failed", error=str(exc))
+        try:
+            input_value = self.registry.validate_input(row["to_agent"], row["payload"])
+        except InvalidInput as exc:
+            return outcome("escalated", error=f"policy input_schema: {exc}")
+        view = TaskView.from_row(row, input_value)
+        violation = self.policies.validate_input(view)
+        if violation is not None:
+            return outcome("escalated", error=str(violation))
+        agent = cls()
+        llm = self.llm_factory.for_task(row, token, lease_lost)
+        ctx = AgentContext(llm=llm, task=view, log=agent_logger(cls.name), lease_lost=lease_lost,
+                           offline=bool(getattr(self.llm_factory, "offline", False)))
+        try:
+            if view.phase == "aggregate":
+                children = self.store.children(task_id)
+                if any(c["status"] not in TERMINAL_STATUSES for c in children):
+                    return outcome("waiting", detail="fan-in raced a retry: waiting again")
+                decision: Any = agent.aggregate(ctx, view, [ChildView.from_row(c)
+                                                            for c in children])
+            else:
+                decision = agent.run(ctx, view)
+            return self._decide(cls, view, row, decision, llm, outcome)
+        except LeaseLost:
+            return Dropped(task_id, "lease lost while the agent worked")
+        except TransientModelError as exc:
+            retries = int(row.get("retry_count") or 0)
+            if retries < self.settings.retry.max_retry:
+                delay = backoff_seconds(retries)
+                return outcome("pending", delay=delay,
+                               error=f"transient: {exc}",
+                               detail=f"transient error, retry {retries + 1} in {delay:g}s: {exc}")
+            return outcome("failed", error=f"transient error persisted after {retries} retries: "
+                           f"{exc}")
+        except ModelNotFound as exc:
+            return outcome("failed", error=str(exc))
+        except BudgetExceeded as exc:
+            return outcome("failed", error=str(exc))
+        except UnknownPrice as exc:
+            return outcome("escalated", error=f"policy {UnknownPrice.rule}: {exc}")
+        except DelegationRefused as exc:
+            return outcome("failed", error=f"delegation refused: {exc}")
+        except Exception as exc:
+            log.warning("agent raised", extra={"task_id": str(task_id), "agent": cls.name,
+                                               "trace": traceback.format_exc()})
+            return outcome("failed", error=f"agent error: {type(exc).__name__}: {exc}")
+
+    def _decide(self, cls: type[Agent], view: TaskView, row: dict[str, Any], decision: Any,
+                llm: Any, outcome: Any) -> Action:
+        if isinstance(decision, Result):
+            result = _jsonable(decision.output)
+            violation = self.policies.validate_output(view, result)
+            if violation is not None:
+                return outcome("escalated", result=result, error=str(violation))
+            return outcome("judging", result=result, detail="result ready for judging")
+        if isinstance(decision, Fail):
+            return outcome("failed", error=decision.reason)
+        if isinstance(decision, Escalate):
+            return outcome("escalated", error=decision.reason)
+        if isinstance(decision, Delegate):
+            if view.phase == "aggregate":
+                raise DelegationRefused("aggregate cannot delegate; use RetryChildren")
+            if not decision.children:
+                raise DelegationRefused("a delegation needs at least one child")
+            violation = self.policies.validate_delegation(view, decision.children)
+            if violation is not None:
+                return outcome("escalated", error=str(violation))
+            children = self._carve(view, decision.children, llm)
+            detail = decision.note or (
+                f"delegated to {len(children)} children: "
+                + ", ".join(sorted({c.to_agent for c in children}))
+            )
+            return DelegateAction(view.id, row["lease_token"], children, detail)
+        if isinstance(decision, RetryChildren):
+            if view.phase != "aggregate":
+                raise DelegationRefused("RetryChildren is only valid from aggregate")
+            if decision.reassign_to is not None:
+                self.registry.get(decision.reassign_to)
+            what = (f"reassigned {len(decision.child_ids)} children to {decision.reassign_to}"
+                    if decision.reassign_to else f"retried {len(decision.child_ids)} children")
+            return RetryAction(view.id, row["lease_token"], list(decision.child_ids),
+                               decision.reassign_to, decision.note or what)
+        raise TypeError(
+            f"agent {cls.name!r} returned {type(decision).__name__}; expected Result, Delegate, "
+            "Fail, Escalate or (from aggregate) RetryChildren"
+        )
+
+    def _carve(self, parent: TaskView, specs: list[ChildSpec], llm: Any) -> list[ChildRow]:
+        """Carve children's budgets from what the parent has left (tree-wide budgets).
+
+        Children that name a budget get it if it fits; the others share the rest evenly
+        with one share kept back for the parent's own ``aggregate``.
+        """
+        keys = [s.key for s in specs]
+        if len(set(keys)) != len(keys):
+            raise DelegationRefused(f"child keys must be unique under a parent: {keys}")
+        for spec in specs:
+            try:
+                self.registry.validate_input(spec.agent, spec.payload)
+            except (UnknownAgent, InvalidInput) as exc:
+                raise DelegationRefused(str(exc)) from None
+        spent_tokens = int(getattr(llm, "spent_tokens", parent.spent_tokens))
+        spent_usd = Decimal(getattr(llm, "spent_usd", parent.spent_usd))
+        left_tokens = parent.budget_tokens - spent_tokens
+        left_usd = parent.budget_usd - spent_usd
+        asked_tokens = sum(s.budget_tokens or 0 for s in specs)
+        asked_usd = sum((s.budget_usd or Decimal(0) for s in specs), Decimal(0))
+        for spec in specs:
+            for name, value in (("budget_tokens", spec.budget_tokens),
+                                ("budget_seconds", spec.budget_seconds),
+                                ("budget_usd", spec.budget_usd)):
+                if value is not None and value < 0:
+                    raise DelegationRefused(f"budget: child {spec.key!r} asks for {name}={value}")
+            if spec.budget_seconds is not None and spec.budget_seconds > parent.budget_seconds:
+                raise DelegationRefused(
+                    f"budget: child {spec.key!r} asks for {spec.budget_seconds}s, more than its "
+                    f"parent's budget_seconds={parent.budget_seconds}"
+                )
+        if asked_tokens > left_tokens:
+            raise DelegationRefused(
+                f"budget: children ask for {asked_tokens} tokens but only {left_tokens} remain"
+            )
+        if asked_usd > left_usd:
+            raise DelegationRefused(
+                f"budget: children ask for ${asked_usd} but only ${left_usd} remains"
+            )
+        open_specs = [s for s in specs if s.budget_tokens is None or s.budget_usd is None]
+        shares = len(open_specs) + 1
+        share_tokens = max(0, (left_tokens - asked_tokens) // shares)
+        share_usd = ((left_usd - asked_usd) / shares).quantize(Decimal("0.0001"),
+                                                               rounding="ROUND_DOWN")
+        return [
+            ChildRow(
+                to_agent=s.agent,
+                type=s.type if s.type != "task" else self.registry.get(s.agent).types[0],
+                payload=_jsonable(s.payload),
+                key=s.key,
+                budget_tokens=s.budget_tokens if s.budget_tokens is not None else share_tokens,
+                budget_seconds=(s.budget_seconds if s.budget_seconds is not None
+                                else parent.budget_seconds),
+                budget_usd=s.budget_usd if s.budget_usd is not None else max(share_usd,
+                                                                             Decimal(0)),
+                priority=s.priority,
+                success_criteria=s.success_criteria,
+                kill_criteria=s.kill_criteria,
+            )
+            for s in specs
+        ]
+
+    # ------------------------------------------------------------------ judge stage
+    def judge_one(self, row: dict[str, Any], lease_lost: threading.Event) -> JudgeOutcome:
+        """Judge one leased ``judging`` task against its success and kill criteria."""
+        kill = row.get("kill_criteria") or {}
+        children = self.store.children(row["id"]) if "max_child_failures" in kill else []
+        llm = None
+        if (row.get("success_criteria") or {}).get("rubric"):
+            llm = self.llm_factory.for_task(row, row["lease_token"], lease_lost)
+        try:
+            judgement = self.judge(row, children, llm, self.settings)
+        except Exception as exc:
+            return JudgeOutcome(row["id"], row["lease_token"], "escalated",
+                                {"passed": False, "score": 0.0, "judge": "rules",
+                                 "reasons": [f"the judge could not decide: {exc}"]},
+                                error=f"judge error: {type(exc).__name__}: {exc}")
+        return JudgeOutcome(row["id"], row["lease_token"], judgement.to_status,
+                            judgement.verdict, error=judgement.error,
+                            detail=f"verdict: {judgement.to_status}")

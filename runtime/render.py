@@ -1,0 +1,64 @@
+"""Drawing task trees on a terminal with rich (``orgchart run``, ``orgchart tree``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from rich.tree import Tree
+
+STATUS_STYLE = {
+    "pending": "grey62",
+    "running": "bold cyan",
+    "waiting": "blue",
+    "ready_to_aggregate": "bold blue",
+    "judging": "magenta",
+    "done": "bold green",
+    "failed": "bold red",
+    "escalated": "bold yellow",
+}
+
+
+def node_label(node: dict[str, Any]) -> Text:
+    """One line per task: status, agent, type, spend, duration, verdict, error."""
+    label = Text()
+    label.append(f"{node['status']:<18}", style=STATUS_STYLE.get(node["status"], ""))
+    label.append(f" {node['agent']}", style="bold")
+    label.append(f" ({node['type']})", style="dim")
+    label.append(f"  {node['spent_tokens']} tok  ${float(node['spent_usd']):.5f}")
+    label.append(f"  {float(node['duration_seconds']):.2f}s", style="dim")
+    if node.get("route"):
+        label.append(f"  {node['route']}:{node.get('model')}", style="dim")
+    verdict = node.get("verdict")
+    if verdict:
+        label.append(f"  verdict {'pass' if verdict.get('passed') else 'fail'}"
+                     f" {float(verdict.get('score') or 0):.2f}",
+                     style="green" if verdict.get("passed") else "red")
+    if node.get("error"):
+        label.append(f"  error: {str(node['error'])[:160]}", style="red")
+    label.append(f"  {str(node['id'])[:8]}", style="dim")
+    return label
+
+
+def render_tree(tree: dict[str, Any], max_nodes: int = 2000) -> Tree:
+    """A rich Tree for a ``tree_json`` dict, totals in the root's label."""
+    root = Tree(node_label(tree))
+    shown = 1
+
+    def add(parent: Tree, node: dict[str, Any]) -> None:
+        nonlocal shown
+        for child in node.get("children", []):
+            if shown >= max_nodes:
+                parent.add(Text(f"... {tree['totals']['tasks'] - shown} more", style="dim"))
+                return
+            shown += 1
+            add(parent.add(node_label(child)), child)
+
+    add(root, tree)
+    totals = tree.get("totals")
+    if totals:
+        by_status = ", ".join(f"{k} {v}" for k, v in sorted(totals["by_status"].items()))
+        root.add(Text(f"totals: {totals['tasks']} tasks ({by_status}); "
+                      f"{totals['spent_tokens']} tokens; ${totals['spent_usd']}",
+                      style="bold"))
+    return root

@@ -1,0 +1,114 @@
+"""The public JSON shapes (SPEC section 10): a task, a tree with totals, an event.
+
+Fields may be added, never renamed. ``spent_tokens``/``spent_usd`` on a node are its
+subtree's spend (its own model calls plus its descendants'); ``own_tokens``/``own_usd``
+are its own. The root's ``totals`` sum every node's own spend, so they equal the root's
+``spent_*``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections import Counter
+from decimal import Decimal
+from typing import Any
+
+TASK_FIELDS = (
+    "id", "root_id", "parent_id", "agent", "type", "status", "priority", "payload", "result",
+    "error", "verdict", "spent_tokens", "spent_usd", "duration_seconds", "route", "model",
+    "created_at", "started_at", "completed_at",
+)
+
+
+def _scalar(value: Any) -> Any:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value.normalize()) if value == value.to_integral() else str(value)
+    return value
+
+
+def money(value: Any) -> str:
+    """USD as a fixed 8-decimal string (no float rounding)."""
+    return f"{Decimal(value or 0):.8f}"
+
+
+def task_json(row: dict[str, Any]) -> dict[str, Any]:
+    """One task in the public shape."""
+    return {
+        "id": _scalar(row["id"]),
+        "root_id": _scalar(row["root_id"]),
+        "parent_id": _scalar(row.get("parent_id")),
+        "agent": row["to_agent"],
+        "type": row["type"],
+        "status": row["status"],
+        "priority": row.get("priority"),
+        "payload": row.get("payload"),
+        "result": row.get("result"),
+        "error": row.get("error"),
+        "verdict": row.get("verdict"),
+        "spent_tokens": int(row.get("spent_tokens") or 0),
+        "spent_usd": money(row.get("spent_usd")),
+        "own_tokens": int(row.get("own_tokens") or 0),
+        "own_usd": money(row.get("own_usd")),
+        "duration_seconds": round(float(row.get("duration_seconds") or 0.0), 6),
+        "route": row.get("route"),
+        "route_reason": row.get("route_reason"),
+        "model": row.get("model"),
+        "created_at": _scalar(row.get("created_at")),
+        "started_at": _scalar(row.get("started_at")),
+        "completed_at": _scalar(row.get("completed_at")),
+        "depth": row.get("depth"),
+        "from_agent": row.get("from_agent"),
+        "key": row.get("idempotency_key") if row.get("parent_id") else None,
+        "idempotency_key": row.get("idempotency_key") if not row.get("parent_id") else None,
+        "budget_tokens": row.get("budget_tokens"),
+        "budget_seconds": row.get("budget_seconds"),
+        "budget_usd": _scalar(row.get("budget_usd")),
+        "success_criteria": row.get("success_criteria"),
+        "kill_criteria": row.get("kill_criteria"),
+        "retry_count": row.get("retry_count"),
+        "delivery_count": row.get("delivery_count"),
+    }
+
+
+def tree_json(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Nest a tree's rows (from ``Store.tree_rows``) under its root, with totals."""
+    if not rows:
+        return None
+    nodes = {row["id"]: {**task_json(row), "children": []} for row in rows}
+    root: dict[str, Any] | None = None
+    for row in rows:
+        node = nodes[row["id"]]
+        parent = nodes.get(row.get("parent_id")) if row.get("parent_id") else None
+        if parent is None:
+            root = node if root is None or row["id"] == row["root_id"] else root
+        else:
+            parent["children"].append(node)
+    assert root is not None
+    root["totals"] = {
+        "tasks": len(rows),
+        "by_status": dict(Counter(r["status"] for r in rows)),
+        "spent_tokens": sum(int(r.get("own_tokens") or 0) for r in rows),
+        "spent_usd": money(sum((Decimal(r.get("own_usd") or 0) for r in rows), Decimal(0))),
+        "duration_seconds": round(sum(float(r.get("duration_seconds") or 0) for r in rows), 6),
+    }
+    return root
+
+
+def event_json(row: dict[str, Any]) -> dict[str, Any]:
+    """One ``task_events`` row."""
+    return {k: _scalar(row.get(k)) for k in ("id", "task_id", "from_status", "to_status", "at",
+                                             "worker", "detail")}
+
+
+def model_call_json(row: dict[str, Any]) -> dict[str, Any]:
+    """One ``model_calls`` row."""
+    out = {k: _scalar(row.get(k)) for k in (
+        "id", "attempt", "call_index", "backend", "route", "model", "prompt", "response",
+        "prompt_tokens", "completion_tokens", "duration_seconds", "error", "created_at")}
+    out["cost_usd"] = money(row.get("cost_usd"))
+    return out

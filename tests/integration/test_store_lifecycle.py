@@ -1,0 +1,389 @@
+"""The lifecycle statements against a real PostgreSQL: claims, leases, fencing, fan-in."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+
+import pytest
+import sqlalchemy as sa
+
+from runtime.reaper import Reaper, ReaperConfig
+from runtime.store import (
+    IdempotencyConflict,
+    JudgeOutcome,
+    NewTask,
+    ResolveRefused,
+    RunOutcome,
+    Store,
+)
+from runtime.sweeper import Sweeper
+from runtime.watchdog import Watchdog
+from tests.factories import (
+    backdate_claims,
+    child_rows,
+    events,
+    expire_leases,
+    parent_with_children,
+    submit,
+    terminal_event_counts,
+)
+
+
+def test_many_threads_claiming_at_once_never_share_a_task(store: Store) -> None:
+    store.submit_many("echo", "task", [{"goal": str(i)} for i in range(400)])
+    claimed: list[uuid.UUID] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(8)
+
+    def claimer(n: int) -> None:
+        barrier.wait()
+        while True:
+            rows = store.claim(["echo"], 7, f"w{n}", 30)
+            if not rows:
+                return
+            with lock:
+                claimed.extend(r["id"] for r in rows)
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(claimed) == 400
+    assert len(set(claimed)) == 400
+
+
+def test_claim_orders_by_priority_then_created_at(store: Store) -> None:
+    late_urgent = None
+    first = submit(store, priority=5)
+    second = submit(store, priority=5)
+    late_urgent = submit(store, priority=1)
+    order = [r["id"] for r in store.claim(["echo"], 3, "w", 30)]
+    assert order == [late_urgent["id"], first["id"], second["id"]]
+
+
+def test_claim_skips_tasks_whose_available_at_is_in_the_future(store: Store) -> None:
+    task = submit(store)
+    with store.transaction() as conn:
+        conn.execute(sa.text("UPDATE tasks SET available_at = now() + interval '1 hour'"))
+    assert store.claim(["echo"], 10, "w", 30) == []
+    with store.transaction() as conn:
+        conn.execute(sa.text("UPDATE tasks SET available_at = now()"))
+    assert [r["id"] for r in store.claim(["echo"], 10, "w", 30)] == [task["id"]]
+
+
+def test_claim_only_takes_the_agents_asked_for(store: Store) -> None:
+    submit(store, agent="echo")
+    other = submit(store, agent="other")
+    rows = store.claim(["other", "nobody"], 10, "w", 30)
+    assert [r["id"] for r in rows] == [other["id"]]
+
+
+def test_claim_skips_rows_locked_by_another_worker(store: Store) -> None:
+    locked = submit(store)
+    free = submit(store)
+    with store.engine.connect() as other:
+        other.execute(sa.text("SELECT 1 FROM tasks WHERE id = :id FOR UPDATE"),
+                      {"id": locked["id"]})
+        rows = store.claim(["echo"], 10, "w", 30)
+        other.rollback()
+    assert [r["id"] for r in rows] == [free["id"]]
+
+
+def test_claim_writes_one_event_and_a_fresh_lease(store: Store) -> None:
+    task = submit(store)
+    (row,) = store.claim(["echo"], 1, "w1", 30)
+    assert row["status"] == "running" and row["lease_owner"] == "w1"
+    assert row["lease_token"] is not None and row["delivery_count"] == 1
+    assert events(store, task["id"]) == [(None, "pending"), ("pending", "running")]
+
+
+def test_idempotency_key_returns_the_same_task_and_refuses_a_different_request(
+        store: Store) -> None:
+    a, created_a = store.submit(NewTask("echo", "task", {"goal": "x"}, idempotency_key="k"))
+    b, created_b = store.submit(NewTask("echo", "task", {"goal": "x"}, idempotency_key="k"))
+    assert created_a and not created_b and a["id"] == b["id"]
+    with pytest.raises(IdempotencyConflict, match="'k'"):
+        store.submit(NewTask("echo", "task", {"goal": "y"}, idempotency_key="k"))
+    assert store.metrics()["by_status"] == {"pending": 1}
+
+
+def test_reaper_releases_a_lease_that_expired_ten_minutes_ago(store: Store) -> None:
+    task = submit(store)
+    store.claim(["echo"], 1, "dead-worker", 30)
+    expire_leases(store, minutes=10)
+    reaped = Reaper(store, ReaperConfig(max_delivery=3)).run_once()
+    assert (reaped.released, reaped.poisoned) == (1, 0)
+    row = store.get(task["id"])
+    assert row["status"] == "pending" and row["lease_token"] is None
+    assert row["delivery_count"] == 1
+
+
+def test_reaper_leaves_live_leases_alone(store: Store) -> None:
+    submit(store)
+    store.claim(["echo"], 1, "alive", 30)
+    assert Reaper(store, ReaperConfig()).run_once().released == 0
+
+
+def test_a_late_completion_after_reaping_changes_nothing(store: Store) -> None:
+    task = submit(store)
+    (first,) = store.claim(["echo"], 1, "slow", 30)
+    expire_leases(store)
+    Reaper(store, ReaperConfig()).run_once()
+    (second,) = store.claim(["echo"], 1, "fast", 30)
+    done = store.finish_running([RunOutcome(task["id"], second["lease_token"], "judging",
+                                            result={"by": "fast"})], "fast")
+    late = store.finish_running([RunOutcome(task["id"], first["lease_token"], "failed",
+                                            error="late")], "slow")
+    assert done.applied == [task["id"]] and late.applied == [] and late.stale == [task["id"]]
+    row = store.get(task["id"])
+    assert row["status"] == "judging" and row["result"] == {"by": "fast"} and row["error"] is None
+
+
+def test_a_task_delivered_max_delivery_times_becomes_poison(store: Store) -> None:
+    task = submit(store)
+    reaper = Reaper(store, ReaperConfig(max_delivery=3))
+    for _ in range(3):
+        assert store.claim(["echo"], 1, "crashy", 30)
+        expire_leases(store)
+        reaper.run_once()
+    row = store.get(task["id"])
+    assert row["status"] == "failed"
+    assert "poison" in row["error"] and "3 times" in row["error"]
+    assert store.claim(["echo"], 1, "w", 30) == []
+
+
+def test_retry_outcome_backs_off_and_counts(store: Store) -> None:
+    task = submit(store)
+    (row,) = store.claim(["echo"], 1, "w", 30)
+    store.finish_running([RunOutcome(task["id"], row["lease_token"], "pending",
+                                     error="transient", delay_seconds=4.0)], "w")
+    fresh = store.get(task["id"])
+    assert fresh["retry_count"] == 1 and fresh["status"] == "pending"
+    with store.engine.connect() as conn:
+        wait = conn.execute(sa.text("SELECT extract(epoch FROM available_at - now()) "
+                                    "FROM tasks WHERE id = :id"), {"id": task["id"]}).scalar()
+    assert 2.0 < float(wait) <= 4.0
+    assert store.claim(["echo"], 1, "w", 30) == []
+
+
+def test_watchdog_times_out_a_task_and_its_late_worker_cannot_overwrite(store: Store) -> None:
+    task = submit(store, budget_seconds=5)
+    (row,) = store.claim(["echo"], 1, "w", 30)
+    assert Watchdog(store).run_once().failed == 0
+    backdate_claims(store, 6)
+    assert Watchdog(store).run_once().failed == 1
+    late = store.finish_running([RunOutcome(task["id"], row["lease_token"], "judging",
+                                            result={"late": True})], "w")
+    assert late.applied == []
+    fresh = store.get(task["id"])
+    assert (fresh["status"], fresh["error"], fresh["result"]) == ("failed", "timeout", None)
+
+
+def test_heartbeat_extends_held_leases_and_reports_lost_ones(store: Store) -> None:
+    submit(store)
+    submit(store)
+    a, b = store.claim(["echo"], 2, "w", 30)
+    expire_leases(store, where=f"id = '{b['id']}'")
+    Reaper(store, ReaperConfig()).run_once()
+    held = store.heartbeat([a["lease_token"], b["lease_token"]], 60)
+    assert held == {a["lease_token"]}
+
+
+def test_every_transition_writes_exactly_one_event(store: Store) -> None:
+    task = submit(store)
+    (row,) = store.claim(["echo"], 1, "w", 30)
+    store.finish_running([RunOutcome(task["id"], row["lease_token"], "judging", {"x": 1})], "w")
+    (judging,) = store.claim_judging(1, "j", 30)
+    store.finish_judging([JudgeOutcome(task["id"], judging["lease_token"], "done",
+                                       {"passed": True})], "j")
+    assert events(store, task["id"]) == [(None, "pending"), ("pending", "running"),
+                                         ("running", "judging"), ("judging", "done")]
+
+
+@pytest.mark.parametrize("n", [1, 100, 10_000])
+def test_fan_in_flips_the_parent_when_the_last_child_finishes(store: Store, n: int) -> None:
+    parent, children = parent_with_children(store, n)
+    assert parent["status"] == "waiting" and len(children) == n
+    claimed = []
+    while rows := store.claim(["echo"], 1000, "w", 30):
+        claimed += rows
+    assert len(claimed) == n
+    last = claimed.pop()
+    for i in range(0, len(claimed), 1000):
+        chunk = claimed[i:i + 1000]
+        store.finish_running([RunOutcome(r["id"], r["lease_token"], "failed", error="x")
+                              for r in chunk], "w")
+    assert store.get(parent["id"])["status"] == "waiting"
+    done = store.finish_running([RunOutcome(last["id"], last["lease_token"], "escalated",
+                                            error="why")], "w")
+    assert done.parents_ready == [parent["id"]]
+    assert store.get(parent["id"])["status"] == "ready_to_aggregate"
+    (agg,) = store.claim(["fanout"], 1, "w", 30)
+    assert agg["phase"] == "aggregate" and agg["claimed_from"] == "ready_to_aggregate"
+
+
+def test_two_workers_finishing_the_last_two_children_at_once_flip_the_parent(
+        store: Store) -> None:
+    for i in range(20):
+        parent, _ = parent_with_children(store, 2, parent_agent=f"fanout{i}")
+        a, b = store.claim(["echo"], 2, "w", 30)
+        barrier = threading.Barrier(2)
+
+        def finish(row: dict, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            store.finish_running([RunOutcome(row["id"], row["lease_token"], "failed",
+                                             error="x")], "w")
+
+        threads = [threading.Thread(target=finish, args=(r,)) for r in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert store.get(parent["id"])["status"] == "ready_to_aggregate"
+
+
+def test_sweeper_is_the_safety_net_for_a_missed_flip(store: Store) -> None:
+    parent, children = parent_with_children(store, 3)
+    with store.transaction() as conn:  # children finished by hand: no flip ran
+        conn.execute(sa.text("UPDATE tasks SET status = 'done' WHERE parent_id = :p"),
+                     {"p": parent["id"]})
+    assert store.get(parent["id"])["status"] == "waiting"
+    swept = Sweeper(store).run_once()
+    assert swept.ready == 1 and swept.ids == (parent["id"],)
+    assert Sweeper(store).run_once().ready == 0
+    assert events(store, parent["id"])[-1] == ("waiting", "ready_to_aggregate")
+
+
+def test_a_parent_rerun_after_a_crash_does_not_duplicate_children(store: Store) -> None:
+    root = submit(store, "fanout")
+    (first,) = store.claim(["fanout"], 1, "w1", 30)
+    # The first delivery delegated; then suppose the parent is retried by hand and runs again.
+    store.delegate(root["id"], first["lease_token"], child_rows(3), "w1")
+    with store.transaction() as conn:
+        conn.execute(sa.text("UPDATE tasks SET status = 'pending', phase = 'run' "
+                             "WHERE id = :id"), {"id": root["id"]})
+    (second,) = store.claim(["fanout"], 1, "w2", 30)
+    applied, inserted = store.delegate(root["id"], second["lease_token"],
+                                       child_rows(3) + child_rows(1, prefix="extra"), "w2")
+    assert applied and inserted == 1
+    keys = Counter(c["idempotency_key"] for c in store.children(root["id"]))
+    assert keys == {"c0": 1, "c1": 1, "c2": 1, "extra0": 1}
+
+
+def test_delegation_from_a_lost_lease_writes_nothing(store: Store) -> None:
+    root = submit(store, "fanout")
+    (row,) = store.claim(["fanout"], 1, "w1", 30)
+    expire_leases(store)
+    Reaper(store, ReaperConfig()).run_once()
+    applied, inserted = store.delegate(root["id"], row["lease_token"], child_rows(2), "w1")
+    assert (applied, inserted) == (False, 0)
+    assert store.children(root["id"]) == []
+
+
+def test_resolve_refuses_a_task_that_is_not_escalated(store: Store) -> None:
+    task = submit(store)
+    with pytest.raises(ResolveRefused, match="not escalated"):
+        store.resolve(task["id"], "done")
+
+
+def test_resolve_refuses_to_retry_a_child_whose_parent_already_aggregated(store: Store) -> None:
+    parent, children = parent_with_children(store, 1)
+    (child,) = store.claim(["echo"], 1, "w", 30)
+    store.finish_running([RunOutcome(child["id"], child["lease_token"], "escalated",
+                                     error="needs a person")], "w")
+    (agg,) = store.claim(["fanout"], 1, "w", 30)
+    store.finish_running([RunOutcome(agg["id"], agg["lease_token"], "judging", {"ok": 1})], "w")
+    with pytest.raises(ResolveRefused, match="already aggregated"):
+        store.resolve(child["id"], "retry")
+    assert store.get(child["id"])["status"] == "escalated"
+
+
+def test_resolving_an_escalated_child_retry_then_done_flips_its_parent(store: Store) -> None:
+    parent, _ = parent_with_children(store, 1)
+    (child,) = store.claim(["echo"], 1, "w", 30)
+    store.finish_running([RunOutcome(child["id"], child["lease_token"], "escalated",
+                                     error="why")], "w")
+    assert store.get(parent["id"])["status"] == "ready_to_aggregate"
+    retried = store.resolve(child["id"], "retry", note="try again")
+    assert retried["status"] == "pending"
+    assert store.get(parent["id"])["status"] == "waiting"
+    (again,) = store.claim(["echo"], 1, "w", 30)
+    store.finish_running([RunOutcome(again["id"], again["lease_token"], "escalated",
+                                     error="still")], "w")
+    store.resolve(child["id"], "done", note="checked by hand")
+    assert store.get(parent["id"])["status"] == "ready_to_aggregate"
+    history = store.events(child["id"])
+    assert "note: checked by hand" in history[-1]["detail"]
+
+
+def test_release_on_shutdown_returns_tasks_to_the_queue(store: Store) -> None:
+    task = submit(store)
+    (row,) = store.claim(["echo"], 1, "w", 30)
+    assert store.release([row["lease_token"]], "w") == 1
+    fresh = store.get(task["id"])
+    assert fresh["status"] == "pending" and fresh["delivery_count"] == 0
+
+
+def test_exactly_one_terminal_transition_per_task_after_a_normal_run(store: Store) -> None:
+    ids = [submit(store)["id"] for _ in range(5)]
+    rows = store.claim(["echo"], 5, "w", 30)
+    store.finish_running([RunOutcome(r["id"], r["lease_token"], "failed", error="x")
+                          for r in rows], "w")
+    store.finish_running([RunOutcome(r["id"], r["lease_token"], "failed", error="again")
+                          for r in rows], "w")
+    counts = terminal_event_counts(store)
+    assert all(counts[i] == 1 for i in ids)
+
+
+def test_claim_uses_the_partial_index_with_many_finished_rows(store: Store) -> None:
+    with store.transaction() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO tasks (to_agent, type, payload, status, completed_at) "
+            "SELECT 'echo', 'task', '{}', 'done', now() FROM generate_series(1, 20000)"))
+        conn.execute(sa.text("ANALYZE tasks"))
+    submit(store)
+    from runtime.store import QUERIES
+
+    sql = QUERIES["task_claim_available"]
+    with store.engine.connect() as conn:
+        plan = "\n".join(r[0] for r in conn.execute(
+            sa.text("EXPLAIN " + sql),
+            {"agents": ["echo"], "limit": 10, "worker": "w", "lease_seconds": 30.0}))
+        conn.rollback()
+    assert "ix_tasks_claimable" in plan, plan
+
+
+def test_sweep_uses_the_waiting_index(store: Store) -> None:
+    with store.transaction() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO tasks (to_agent, type, payload, status, completed_at) "
+            "SELECT 'echo', 'task', '{}', 'done', now() FROM generate_series(1, 20000)"))
+        conn.execute(sa.text("ANALYZE tasks"))
+    parent_with_children(store, 2)
+    from runtime.store import QUERIES
+
+    with store.engine.connect() as conn:
+        plan = "\n".join(r[0] for r in conn.execute(
+            sa.text("EXPLAIN " + QUERIES["task_sweep_ready_parents"]),
+            {"worker": "s", "limit": 100}))
+        conn.rollback()
+    assert "ix_tasks_waiting" in plan or "idx_tasks_status_agent" in plan, plan
+    assert "ix_tasks_parent_id_status" in plan, plan
+
+
+def test_pickup_is_signalled_by_notify(db_url: str, store: Store) -> None:
+    import psycopg
+
+    from runtime.db import libpq_url
+
+    with psycopg.connect(libpq_url(db_url), autocommit=True) as listener:
+        listener.execute("LISTEN orgchart_tasks")
+        start = time.monotonic()
+        submit(store, agent="echo")
+        notes = list(listener.notifies(timeout=5.0, stop_after=1))
+    assert [n.payload for n in notes] == ["echo"]
+    assert time.monotonic() - start < 5.0
