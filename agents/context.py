@@ -55,6 +55,7 @@ class AgentContext:
         task: the task being worked on.
         log: a logger named after the agent.
         lease_lost: set by the worker's heartbeat when the task was taken away.
+
     """
 
     llm: LLM

@@ -49,6 +49,7 @@ class Registry:
 
         Raises:
             DuplicateAgent: another class already has that name.
+
         """
         if not cls.name:
             raise ValueError(f"{_qualname(cls)} has no name")
@@ -66,6 +67,7 @@ class Registry:
 
         Raises:
             UnknownAgent: with the closest registered name suggested.
+
         """
         try:
             return self._agents[name]
@@ -92,6 +94,7 @@ class Registry:
         Raises:
             UnknownAgent: no such agent.
             InvalidInput: the payload does not match the schema (message lists the errors).
+
         """
         cls = self.get(name)
         try:

@@ -209,7 +209,8 @@ def _check_keys(raw: Mapping[str, Any], where: str) -> None:
     sections = _sections()
     for section, body in raw.items():
         if section not in sections:
-            raise ConfigError(f"{where}: unknown section [{section}]{_suggest(section, list(sections))}")
+            hint = _suggest(section, list(sections))
+            raise ConfigError(f"{where}: unknown section [{section}]{hint}")
         if not isinstance(body, Mapping):
             raise ConfigError(f"{where}: [{section}] must be a table of keys")
         keys = list(sections[section].model_fields)
@@ -263,6 +264,7 @@ def load_settings(path: str | os.PathLike[str] | None = None,
 
     Raises:
         ConfigError: the file is missing or malformed, or a key or value is invalid.
+
     """
     env = os.environ if env is None else env
     file = config_path(path, env)

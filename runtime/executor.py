@@ -40,7 +40,13 @@ from agents.base import (
 from agents.context import AgentContext
 from agents.registry import InvalidInput, Registry, UnknownAgent
 from runtime.config import Settings
-from runtime.errors import BudgetExceeded, LeaseLost, ModelNotFound, TransientModelError, UnknownPrice
+from runtime.errors import (
+    BudgetExceeded,
+    LeaseLost,
+    ModelNotFound,
+    TransientModelError,
+    UnknownPrice,
+)
 from runtime.models import TERMINAL_STATUSES
 from runtime.store import ChildRow, JudgeOutcome, RunOutcome, Store
 
@@ -50,9 +56,14 @@ log = logging.getLogger(__name__)
 class PolicyChecks(Protocol):
     """What the executor needs from ``policies.loader.PolicySet``."""
 
-    def validate_input(self, task: TaskView) -> Any: ...  # noqa: D102
-    def validate_output(self, task: TaskView, result: Any) -> Any: ...  # noqa: D102
-    def validate_delegation(self, parent: TaskView, children: list[ChildSpec]) -> Any: ...  # noqa: D102
+    def validate_input(self, task: TaskView) -> Any:
+        """First input violation, or None."""
+
+    def validate_output(self, task: TaskView, result: Any) -> Any:
+        """First output violation, or None."""
+
+    def validate_delegation(self, parent: TaskView, children: list[ChildSpec]) -> Any:
+        """First delegation violation, or None."""
 
 
 class LLMFactoryLike(Protocol):
@@ -61,14 +72,16 @@ class LLMFactoryLike(Protocol):
     offline: bool
 
     def for_task(self, task_row: dict[str, Any], lease_token: uuid.UUID,
-                 lease_lost: threading.Event) -> Any: ...  # noqa: D102
+                 lease_lost: threading.Event) -> Any:
+        """A ``ctx.llm`` bound to one leased task."""
 
 
 class JudgeFn(Protocol):
     """``runtime.judge_stage.judge_task``."""
 
     def __call__(self, task: dict[str, Any], children: list[dict[str, Any]], llm: Any,
-                 settings: Settings) -> Any: ...  # noqa: D102
+                 settings: Settings) -> Any:
+        """Judge one task; returns a ``Judgement``."""
 
 
 @dataclass(frozen=True)

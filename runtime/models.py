@@ -14,6 +14,7 @@ import uuid
 from decimal import Decimal
 from typing import Annotated, Any
 
+from sqlalchemy import TIMESTAMP as _TIMESTAMP
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
@@ -27,7 +28,6 @@ from sqlalchemy import (
     Text,
     text,
 )
-from sqlalchemy import TIMESTAMP as _TIMESTAMP
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 

@@ -586,3 +586,10 @@ WITH upd AS (
     FROM (SELECT DISTINCT status AS s, to_agent AS a FROM upd) d
 )
 SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
+
+-- model_call_list_tree --
+-- Every model call made by any task of one tree, in the order they were made (replay files).
+SELECT m.*, t.to_agent AS agent
+FROM model_calls m JOIN tasks t ON t.id = m.task_id
+WHERE t.root_id = :root_id
+ORDER BY m.id;

@@ -534,6 +534,7 @@ class Store:
             NotFound: no such task.
             ResolveRefused: the task is not escalated, or a retry of a child whose parent
                 has already aggregated.
+
         """
         to_status = {"retry": "pending", "reassign": "pending", "done": "done",
                      "fail": "failed"}.get(action)

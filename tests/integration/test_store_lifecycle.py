@@ -247,7 +247,7 @@ def test_two_workers_finishing_the_last_two_children_at_once_flip_the_parent(
 
 
 def test_sweeper_is_the_safety_net_for_a_missed_flip(store: Store) -> None:
-    parent, children = parent_with_children(store, 3)
+    parent, _children = parent_with_children(store, 3)
     with store.transaction() as conn:  # children finished by hand: no flip ran
         conn.execute(sa.text("UPDATE tasks SET status = 'done' WHERE parent_id = :p"),
                      {"p": parent["id"]})
@@ -291,7 +291,7 @@ def test_resolve_refuses_a_task_that_is_not_escalated(store: Store) -> None:
 
 
 def test_resolve_refuses_to_retry_a_child_whose_parent_already_aggregated(store: Store) -> None:
-    parent, children = parent_with_children(store, 1)
+    _parent, _children = parent_with_children(store, 1)
     (child,) = store.claim(["echo"], 1, "w", 30)
     store.finish_running([RunOutcome(child["id"], child["lease_token"], "escalated",
                                      error="needs a person")], "w")

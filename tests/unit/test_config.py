@@ -57,14 +57,14 @@ def test_unknown_section_is_named_with_a_suggestion(tmp_path: Path) -> None:
 
 
 def test_bad_value_names_the_key() -> None:
-    with pytest.raises(ConfigError, match="retry.max_retry"):
+    with pytest.raises(ConfigError, match=r"retry\.max_retry"):
         load_settings(env={"ORGCHART_RETRY__MAX_RETRY": "many"})
-    with pytest.raises(ConfigError, match="llm.backend"):
+    with pytest.raises(ConfigError, match=r"llm\.backend"):
         load_settings(env={"ORGCHART_LLM__BACKEND": "gpt"})
 
 
 def test_unknown_env_key_is_an_error() -> None:
-    with pytest.raises(ConfigError, match="ORGCHART_OLLAMA__URI.*did you mean 'url'"):
+    with pytest.raises(ConfigError, match=r"ORGCHART_OLLAMA__URI.*did you mean 'url'"):
         load_settings(env={"ORGCHART_OLLAMA__URI": "x"})
 
 
