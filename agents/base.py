@@ -27,6 +27,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from decimal import Decimal
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -220,6 +221,8 @@ class Agent:
         input_model / output_model: pydantic models; their JSON schemas are the contract.
         delegates_to: agents it may delegate to (the org chart's edges).
         prompt_name: prompt file in ``prompts/`` (defaults to ``name``).
+        prompts_dir: where ``ctx.prompt`` looks (default: the package's ``prompts/``);
+            user agents point it at their own folder.
         register: set False on an abstract intermediate class.
     """
 
@@ -230,6 +233,7 @@ class Agent:
     output_model: ClassVar[type[BaseModel]] = TextOutput
     delegates_to: ClassVar[tuple[str, ...]] = ()
     prompt_name: ClassVar[str | None] = None
+    prompts_dir: ClassVar[Path | None] = None
     register: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

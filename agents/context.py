@@ -71,10 +71,14 @@ class AgentContext:
 
     @property
     def remaining_tokens(self) -> int:
-        """Tokens this task may still spend itself (its budget minus its tree's spend)."""
+        """Tokens this task's subtree may still spend (budget minus spend so far)."""
+        if hasattr(self.llm, "remaining_tokens"):
+            return int(self.llm.remaining_tokens())
         return max(0, self.task.budget_tokens - self.task.spent_tokens)
 
     @property
     def remaining_usd(self) -> Decimal:
-        """USD this task may still spend."""
+        """USD this task's subtree may still spend."""
+        if hasattr(self.llm, "remaining_usd"):
+            return Decimal(self.llm.remaining_usd())
         return max(Decimal(0), self.task.budget_usd - self.task.spent_usd)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
+import sys
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -149,8 +151,15 @@ def load_builtins() -> Registry:
 
 
 def load_modules(modules: Iterable[str]) -> Registry:
-    """Import user modules that define agents (or policies); errors name the module."""
+    """Import user modules that define agents (or policies); errors name the module.
+
+    The current directory is put on ``sys.path`` first (as uvicorn does), so
+    ``--agents-module my_agents`` finds ``./my_agents.py`` from the ``orgchart`` script too.
+    """
     load_builtins()
+    modules = list(modules)
+    if modules and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     for module in modules:
         try:
             importlib.import_module(module)

@@ -15,6 +15,7 @@ exceptions end ``failed``; ``BudgetExceeded`` ends ``failed`` with ``budget: ...
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import traceback
@@ -37,8 +38,9 @@ from agents.base import (
     TaskView,
     agent_logger,
 )
-from agents.context import AgentContext
+from agents.context import PROMPTS_DIR, AgentContext
 from agents.registry import InvalidInput, Registry, UnknownAgent
+from policies.criteria import validate_criteria
 from runtime.config import Settings
 from runtime.errors import (
     BudgetExceeded,
@@ -142,6 +144,9 @@ class Executor:
         self.policies = policies
         self.llm_factory = llm_factory
         self.judge = judge
+        #: Set by a worker that also runs the judge stage: results whose criteria need no
+        #: model are judged right away and written with the run's outcome.
+        self.inline_judge = False
 
     # ------------------------------------------------------------------ run stage
     def execute(self, row: dict[str, Any], lease_lost: threading.Event) -> Action:
@@ -169,7 +174,8 @@ class Executor:
         agent = cls()
         llm = self.llm_factory.for_task(row, token, lease_lost)
         ctx = AgentContext(llm=llm, task=view, log=agent_logger(cls.name), lease_lost=lease_lost,
-                           offline=bool(getattr(self.llm_factory, "offline", False)))
+                           offline=bool(getattr(self.llm_factory, "offline", False)),
+                           prompts_dir=cls.prompts_dir or PROMPTS_DIR)
         try:
             if view.phase == "aggregate":
                 children = self.store.children(task_id)
@@ -211,6 +217,8 @@ class Executor:
             violation = self.policies.validate_output(view, result)
             if violation is not None:
                 return outcome("escalated", result=result, error=str(violation))
+            if self.inline_judge and not (view.success_criteria or {}).get("rubric"):
+                return self._judged_inline(row, result, llm)
             return outcome("judging", result=result, detail="result ready for judging")
         if isinstance(decision, Fail):
             return outcome("failed", error=decision.reason)
@@ -256,12 +264,15 @@ class Executor:
         for spec in specs:
             try:
                 self.registry.validate_input(spec.agent, spec.payload)
-            except (UnknownAgent, InvalidInput) as exc:
-                raise DelegationRefused(str(exc)) from None
-        spent_tokens = int(getattr(llm, "spent_tokens", parent.spent_tokens))
-        spent_usd = Decimal(getattr(llm, "spent_usd", parent.spent_usd))
-        left_tokens = parent.budget_tokens - spent_tokens
-        left_usd = parent.budget_usd - spent_usd
+                validate_criteria(spec.success_criteria, spec.kill_criteria)
+            except (UnknownAgent, InvalidInput, BadInput) as exc:
+                raise DelegationRefused(f"child {spec.key!r}: {exc}") from None
+        # The model calls this run made are already spent: ask the task's llm what is left.
+        if hasattr(llm, "remaining_tokens"):
+            left_tokens, left_usd = int(llm.remaining_tokens()), Decimal(llm.remaining_usd())
+        else:
+            left_tokens = parent.budget_tokens - parent.spent_tokens
+            left_usd = parent.budget_usd - parent.spent_usd
         asked_tokens = sum(s.budget_tokens or 0 for s in specs)
         asked_usd = sum((s.budget_usd or Decimal(0) for s in specs), Decimal(0))
         for spec in specs:
@@ -305,6 +316,28 @@ class Executor:
             )
             for s in specs
         ]
+
+    def _judged_inline(self, row: dict[str, Any], result: Any, llm: Any) -> RunOutcome:
+        """Judge a fresh result in the worker that produced it (no model needed)."""
+        snapshot = dict(row, result=result)
+        if hasattr(llm, "remaining_tokens"):
+            snapshot["spent_tokens"] = int(row.get("budget_tokens") or 0) - llm.remaining_tokens()
+            snapshot["spent_usd"] = Decimal(row.get("budget_usd") or 0) - llm.remaining_usd()
+        if row.get("claimed_at") is not None:
+            running = (dt.datetime.now(dt.UTC) - row["claimed_at"]).total_seconds()
+            snapshot["duration_seconds"] = float(row.get("duration_seconds") or 0) + running
+        kill = row.get("kill_criteria") or {}
+        children = self.store.children(row["id"]) if "max_child_failures" in kill else []
+        try:
+            judgement = self.judge(snapshot, children, None, self.settings)
+        except Exception as exc:
+            return RunOutcome(row["id"], row["lease_token"], "escalated", result=result,
+                              error=f"judge error: {type(exc).__name__}: {exc}",
+                              verdict={"passed": False, "score": 0.0, "judge": "rules",
+                                       "reasons": [f"the judge could not decide: {exc}"]})
+        return RunOutcome(row["id"], row["lease_token"], judgement.to_status, result=result,
+                          error=judgement.error, verdict=judgement.verdict,
+                          detail=f"verdict: {judgement.to_status}")
 
     # ------------------------------------------------------------------ judge stage
     def judge_one(self, row: dict[str, Any], lease_lost: threading.Event) -> JudgeOutcome:

@@ -165,7 +165,9 @@ class Task(Base):
             postgresql_where=text("lease_token IS NOT NULL"),
         ),
         Index("ix_tasks_waiting", "id", postgresql_where=text("status = 'waiting'")),
-        Index("ix_tasks_parent_id_status", "parent_id", "status"),
+        # Fan-in reads children by parent; roots (most rows in a busy queue) stay out of it.
+        Index("ix_tasks_parent_id_status", "parent_id", "status",
+              postgresql_where=text("parent_id IS NOT NULL")),
         Index(
             "uq_tasks_root_idempotency_key",
             "idempotency_key",
@@ -178,11 +180,6 @@ class Task(Base):
             "idempotency_key",
             unique=True,
             postgresql_where=text("parent_id IS NOT NULL AND idempotency_key IS NOT NULL"),
-        ),
-        Index(
-            "ix_tasks_finished_roots",
-            "completed_at",
-            postgresql_where=text("parent_id IS NULL"),
         ),
     )
 

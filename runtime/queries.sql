@@ -113,17 +113,21 @@ RETURNING lease_token;
 -- task_finish_running --
 -- Move leased running tasks to judging, failed, escalated or back to pending (a retry
 -- with backoff), one row per input; rows whose lease token no longer matches are skipped.
+-- A row that carries a verdict was judged inline by a worker that also runs the judge
+-- stage: it goes through 'judging' to its final status, and both transitions are
+-- recorded, in order, by the one INSERT below.
 WITH input AS (
     SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:tokens AS uuid[]),
                          CAST(:to_statuses AS text[]), CAST(:results AS jsonb[]),
                          CAST(:errors AS text[]), CAST(:delays AS double precision[]),
-                         CAST(:details AS text[]))
-        AS i(id, token, to_status, result, error, delay, detail)
+                         CAST(:details AS text[]), CAST(:verdicts AS jsonb[]))
+        AS i(id, token, to_status, result, error, delay, detail, verdict)
 ), upd AS (
     UPDATE tasks t
     SET status = i.to_status,
         result = COALESCE(i.result, t.result),
         error = i.error,
+        verdict = COALESCE(i.verdict, t.verdict),
         lease_owner = NULL,
         lease_token = NULL,
         lease_expires_at = NULL,
@@ -139,10 +143,20 @@ WITH input AS (
         updated_at = now()
     FROM input i
     WHERE t.id = i.id AND t.status = 'running' AND t.lease_token = i.token
-    RETURNING t.id, t.parent_id, t.status, t.to_agent, i.detail
+    RETURNING t.id, t.parent_id, t.status, t.to_agent, i.detail, i.verdict IS NOT NULL AS judged
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
-    SELECT id, 'running', status, :worker, detail FROM upd
+    SELECT id, from_status, to_status, :worker, detail
+    FROM (
+        SELECT id, 'running' AS from_status,
+               CASE WHEN judged THEN 'judging' ELSE status END AS to_status,
+               CASE WHEN judged THEN 'result ready for judging' ELSE detail END AS detail,
+               1 AS step
+        FROM upd
+        UNION ALL
+        SELECT id, 'judging', status, detail, 2 FROM upd WHERE judged
+    ) e
+    ORDER BY id, step
 ), notify AS (
     SELECT pg_notify('orgchart_tasks', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
     FROM (SELECT DISTINCT status AS s, to_agent AS a FROM upd
@@ -593,3 +607,47 @@ SELECT m.*, t.to_agent AS agent
 FROM model_calls m JOIN tasks t ON t.id = m.task_id
 WHERE t.root_id = :root_id
 ORDER BY m.id;
+
+-- fire_lock_try --
+-- Take the session-level advisory lock that lets one orchestrator fire run at a time
+-- (across machines: the lock lives in the server). Held until unlocked or disconnected.
+SELECT pg_try_advisory_lock(:key) AS locked;
+
+-- fire_lock_release --
+-- Release the fire's advisory lock (closing the connection releases it too).
+SELECT pg_advisory_unlock(:key) AS unlocked;
+
+-- task_event_max_id --
+-- The newest event id: a fire's watermark. Events written after the fire started have a
+-- larger id (identity values only grow), so later scans are index range scans on the key.
+SELECT COALESCE(max(id), 0) AS id FROM task_events;
+
+-- task_event_count_by_worker --
+-- Transitions written after event :after_id by workers whose id starts with one of
+-- :prefixes (the fire's cross-check of what its workers reported), per kind. 'released'
+-- marks hand-backs by a worker shutting down; 'aggregate' marks a running -> waiting
+-- written in the aggregate phase (a parent retrying children, not a delegation).
+SELECT e.worker, e.from_status, e.to_status,
+       COALESCE(e.detail = 'released by a worker shutting down', false) AS released,
+       COALESCE(c.detail LIKE 'claimed for aggregate%', false) AS aggregate,
+       count(*) AS n
+FROM task_events e
+LEFT JOIN LATERAL (
+    SELECT x.detail FROM task_events x
+    WHERE x.task_id = e.task_id AND x.id < e.id AND x.to_status = 'running'
+    ORDER BY x.id DESC LIMIT 1
+) c ON e.from_status = 'running' AND e.to_status = 'waiting'
+WHERE e.id > :after_id AND e.worker ^@ ANY(CAST(:prefixes AS text[]))
+GROUP BY 1, 2, 3, 4, 5;
+
+-- task_event_count_failures --
+-- Tasks that ended failed or escalated after event :after_id at the hands of workers
+-- whose id starts with one of :prefixes, grouped by status, agent and error text.
+SELECT e.to_status AS status, t.to_agent AS agent, left(COALESCE(t.error, ''), 300) AS error,
+       count(*) AS n
+FROM task_events e JOIN tasks t ON t.id = e.task_id
+WHERE e.id > :after_id AND e.to_status IN ('failed', 'escalated')
+  AND e.worker ^@ ANY(CAST(:prefixes AS text[]))
+GROUP BY 1, 2, 3
+ORDER BY n DESC, 1, 2, 3
+LIMIT :limit;

@@ -127,7 +127,9 @@ class RunOutcome:
     """How a leased running task ends this delivery.
 
     ``to_status`` is ``judging`` (a result), ``failed``, ``escalated``, or ``pending``
-    (a transient error: retried after ``delay_seconds``).
+    (a transient error: retried after ``delay_seconds``). With a ``verdict``, the result
+    was judged inline and ``to_status`` is the judge's (``done``, ``failed``,
+    ``escalated``): the task passes through ``judging`` in the same statement.
     """
 
     task_id: uuid.UUID
@@ -137,6 +139,7 @@ class RunOutcome:
     error: str | None = None
     delay_seconds: float = 0.0
     detail: str | None = None
+    verdict: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -350,6 +353,7 @@ class Store:
                     "errors": [o.error for o in outcomes],
                     "delays": [float(o.delay_seconds) for o in outcomes],
                     "details": [o.detail for o in outcomes],
+                    "verdicts": [_json_or_none(o.verdict) for o in outcomes],
                     "worker": worker,
                 },
             ).all()
@@ -680,3 +684,46 @@ class Store:
         """The most recent fire, or None."""
         rows = self.query("fire_get_last")
         return rows[0] if rows else None
+
+    # ------------------------------------------------------------------ fire bookkeeping
+    @contextmanager
+    def fire_lock(self, key: int) -> Iterator[bool]:
+        """Try the fire's advisory lock on a dedicated connection held until the block ends.
+
+        Yields whether the lock was taken. The connection is not pooled: closing it at the
+        end releases the lock even if the unlock statement cannot run.
+        """
+        engine = sa.create_engine(self.engine.url, poolclass=sa.pool.NullPool)
+        try:
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                locked = bool(conn.execute(_TEXT["fire_lock_try"], {"key": key}).scalar())
+                try:
+                    yield locked
+                finally:
+                    if locked:
+                        try:
+                            conn.execute(_TEXT["fire_lock_release"], {"key": key})
+                        except sa.exc.DBAPIError:
+                            log.warning("could not release the fire lock; closing the connection")
+        finally:
+            engine.dispose()
+
+    def event_watermark(self) -> int:
+        """The newest task_events id (events written later have larger ids)."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(_TEXT["task_event_max_id"]).scalar_one())
+
+    def event_counts_by_worker(self, after_id: int, prefixes: Sequence[str]) -> list[Task]:
+        """Transitions after ``after_id`` by workers whose id starts with one of ``prefixes``."""
+        if not prefixes:
+            return []
+        return self.query("task_event_count_by_worker", after_id=after_id,
+                          prefixes=list(prefixes))
+
+    def failures_since(self, after_id: int, prefixes: Sequence[str],
+                       limit: int = 20) -> list[Task]:
+        """Failed/escalated transitions after ``after_id``, grouped by status, agent, error."""
+        if not prefixes:
+            return []
+        return self.query("task_event_count_failures", after_id=after_id,
+                          prefixes=list(prefixes), limit=limit)

@@ -143,6 +143,7 @@ class Worker:
         self.store = store
         self.executor = executor
         self.config = config
+        executor.inline_judge = config.judges
         self.stats = WorkerStats()
         self._wake = threading.Event()
         self._stopping = threading.Event()

@@ -105,7 +105,9 @@ def upgrade() -> None:
     )
     op.create_index("ix_tasks_waiting", "tasks", ["id"],
                     postgresql_where=sa.text("status = 'waiting'"))
-    op.create_index("ix_tasks_parent_id_status", "tasks", ["parent_id", "status"])
+    # Fan-in reads children by parent; roots stay out of this index.
+    op.create_index("ix_tasks_parent_id_status", "tasks", ["parent_id", "status"],
+                    postgresql_where=sa.text("parent_id IS NOT NULL"))
     op.create_index(
         "uq_tasks_root_idempotency_key", "tasks", ["idempotency_key"], unique=True,
         postgresql_where=sa.text("parent_id IS NULL AND idempotency_key IS NOT NULL"),
@@ -114,10 +116,6 @@ def upgrade() -> None:
         "uq_tasks_parent_id_idempotency_key", "tasks", ["parent_id", "idempotency_key"],
         unique=True,
         postgresql_where=sa.text("parent_id IS NOT NULL AND idempotency_key IS NOT NULL"),
-    )
-    op.create_index(
-        "ix_tasks_finished_roots", "tasks", ["completed_at"],
-        postgresql_where=sa.text("parent_id IS NULL"),
     )
 
     op.create_table(

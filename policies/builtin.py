@@ -1,0 +1,324 @@
+"""The built-in rules, configured in ``[policies]`` of ``orgchart.toml``.
+
+=================  ============  ==========================================================
+rule               checks        setting
+=================  ============  ==========================================================
+max_depth          input, deleg  ``max_depth``: deepest level a task may sit at (root = 0)
+max_children       delegation    ``max_children``: children one task may create at once
+max_payload_bytes  input, deleg  ``max_payload_bytes``: size of a payload as compact JSON
+delegation_edges   delegation    ``delegation_edges``: children only to ``delegates_to``
+forbidden_output   output        ``forbidden_patterns``: regexes over the result's JSON
+output_schema      output        ``output_schema``: result matches the agent's output model
+model_price        (worker)      ``[cost]``: a model without a price is a violation
+=================  ============  ==========================================================
+
+Every rule can be switched off by name in ``[policies] disabled`` except ``model_price``:
+a model call without a price would be a silent zero cost, which orgchart never allows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+import jsonschema
+from jsonschema.validators import validator_for
+
+from policies.base import Policy, Violation
+from runtime.config import DEFAULT_FORBIDDEN_PATTERNS, ConfigError
+
+if TYPE_CHECKING:
+    from agents.base import ChildSpec, TaskView
+    from runtime.config import Settings
+
+#: What each default forbidden pattern finds, for messages that never echo the match.
+PATTERN_KINDS: dict[str, str] = dict(
+    zip(
+        DEFAULT_FORBIDDEN_PATTERNS,
+        ("a private key", "an API key", "an AWS access key", "a GitHub token",
+         "an e-mail address"),
+        strict=True,
+    )
+)
+#: How many schema errors an ``output_schema`` violation lists.
+MAX_SCHEMA_ERRORS = 3
+#: Longest single schema error message kept (they can quote the offending value).
+MAX_ERROR_CHARS = 200
+
+
+def payload_bytes(payload: Any) -> int:
+    """Size of ``payload`` as compact UTF-8 JSON, the measure ``max_payload_bytes`` uses."""
+    return len(
+        json.dumps(payload, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+    )
+
+
+def json_path(parts: Any) -> str:
+    """``$.a.b[0]`` for a sequence of keys and indexes."""
+    out = "$"
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+class MaxDepth(Policy):
+    """A task may not sit deeper than ``max_depth`` (a root is at depth 0)."""
+
+    name = "max_depth"
+    description = "Tasks may not sit deeper than max_depth; a parent escalates instead."
+
+    def validate_input(self, task: TaskView) -> Violation | None:
+        """Refuse to run a task deeper than the limit."""
+        limit = self.settings.policies.max_depth
+        if task.depth > limit:
+            return self.violation(f"task depth {task.depth} exceeds max_depth {limit}")
+        return None
+
+    def validate_delegation(self, parent: TaskView, children: list[ChildSpec]) -> Violation | None:
+        """Children one level below the limit are refused, so the parent escalates."""
+        limit = self.settings.policies.max_depth
+        if children and parent.depth + 1 > limit:
+            return self.violation(
+                f"children would sit at depth {parent.depth + 1}, beyond max_depth {limit}; "
+                f"agent {parent.agent!r} may not delegate from depth {parent.depth}"
+            )
+        return None
+
+    def settings_view(self) -> dict[str, Any]:
+        """``max_depth``."""
+        return {"max_depth": self.settings.policies.max_depth}
+
+
+class MaxChildren(Policy):
+    """One task may create at most ``max_children`` children at once."""
+
+    name = "max_children"
+    description = "A task may create at most max_children children in one delegation."
+
+    def validate_delegation(self, parent: TaskView, children: list[ChildSpec]) -> Violation | None:
+        """Too many children: refuse the whole delegation."""
+        limit = self.settings.policies.max_children
+        if len(children) > limit:
+            return self.violation(
+                f"agent {parent.agent!r} asked for {len(children)} children; "
+                f"max_children is {limit}"
+            )
+        return None
+
+    def settings_view(self) -> dict[str, Any]:
+        """``max_children``."""
+        return {"max_children": self.settings.policies.max_children}
+
+
+class MaxPayloadBytes(Policy):
+    """A payload may not exceed ``max_payload_bytes`` as compact JSON."""
+
+    name = "max_payload_bytes"
+    description = "Payloads (a task's and each child's) may not exceed max_payload_bytes."
+
+    def validate_input(self, task: TaskView) -> Violation | None:
+        """Check the size of the task's own payload."""
+        limit = self.settings.policies.max_payload_bytes
+        size = payload_bytes(task.payload)
+        if size > limit:
+            return self.violation(f"payload is {size} bytes; max_payload_bytes is {limit}")
+        return None
+
+    def validate_delegation(self, parent: TaskView, children: list[ChildSpec]) -> Violation | None:
+        """Every child's payload."""
+        limit = self.settings.policies.max_payload_bytes
+        for child in children:
+            size = payload_bytes(child.payload)
+            if size > limit:
+                return self.violation(
+                    f"child {child.key!r} for agent {child.agent!r} has a payload of {size} "
+                    f"bytes; max_payload_bytes is {limit}"
+                )
+        return None
+
+    def settings_view(self) -> dict[str, Any]:
+        """``max_payload_bytes``."""
+        return {"max_payload_bytes": self.settings.policies.max_payload_bytes}
+
+
+class DelegationEdges(Policy):
+    """Children only go to agents listed in the parent agent's ``delegates_to``."""
+
+    name = "delegation_edges"
+    description = "An agent may delegate only to the agents in its delegates_to (the org chart)."
+
+    @classmethod
+    def inactive_reason(cls, settings: Settings) -> str | None:
+        """Off when ``[policies] delegation_edges = false``."""
+        return None if settings.policies.delegation_edges else "[policies] delegation_edges = false"
+
+    def validate_delegation(self, parent: TaskView, children: list[ChildSpec]) -> Violation | None:
+        """Each child's agent must be an edge of the org chart from the parent's agent."""
+        if self.agents is None:
+            return None
+        if parent.agent not in self.agents:
+            return self.violation(f"agent {parent.agent!r} is not registered; it may not delegate")
+        allowed = self.agents.get(parent.agent).delegates_to
+        for child in children:
+            if child.agent not in allowed:
+                edges = ", ".join(allowed) if allowed else "nobody"
+                return self.violation(
+                    f"agent {parent.agent!r} may not delegate to {child.agent!r} "
+                    f"(child {child.key!r}); its delegates_to: {edges}"
+                )
+        return None
+
+    def settings_view(self) -> dict[str, Any]:
+        """``delegation_edges``."""
+        return {"delegation_edges": self.settings.policies.delegation_edges}
+
+
+class ForbiddenOutput(Policy):
+    """No result may contain a forbidden pattern (secrets, e-mail addresses by default)."""
+
+    name = "forbidden_output"
+    description = "Results may not match forbidden_patterns (keys, tokens, e-mail addresses)."
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.patterns: list[tuple[re.Pattern[str], str]] = []
+        for number, source in enumerate(settings.policies.forbidden_patterns, start=1):
+            try:
+                compiled = re.compile(source)
+            except re.error as exc:
+                raise ConfigError(
+                    f"[policies] forbidden_patterns: pattern {number} ({source!r}) is not a "
+                    f"valid regular expression: {exc}"
+                ) from None
+            kind = PATTERN_KINDS.get(source, f"forbidden pattern {number}")
+            self.patterns.append((compiled, kind))
+
+    @classmethod
+    def inactive_reason(cls, settings: Settings) -> str | None:
+        """Off when ``[policies] forbidden_patterns`` is empty."""
+        return None if settings.policies.forbidden_patterns else "no forbidden_patterns set"
+
+    def validate_output(self, task: TaskView, result: Any) -> Violation | None:
+        """Search the JSON text of the result; name the kind and where, never the match."""
+        text = json.dumps(result, ensure_ascii=False, default=str)
+        for pattern, kind in self.patterns:
+            if pattern.search(text):
+                where = _find_leaf(result, pattern)
+                at = f" at {where}" if where else ""
+                return self.violation(f"the result contains {kind}{at}")
+        return None
+
+    def settings_view(self) -> dict[str, Any]:
+        """Return the patterns, each with the kind it reports."""
+        return {
+            "forbidden_patterns": [
+                {"pattern": p.pattern, "reports": kind} for p, kind in self.patterns
+            ]
+        }
+
+
+def _find_leaf(value: Any, pattern: re.Pattern[str], path: tuple[Any, ...] = ()) -> str | None:
+    """Return the JSON path of the first key or string the pattern matches, if any."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if pattern.search(str(key)):
+                return json_path((*path, key))
+            found = _find_leaf(item, pattern, (*path, key))
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = _find_leaf(item, pattern, (*path, index))
+            if found:
+                return found
+    elif isinstance(value, str) and pattern.search(value):
+        return json_path(path)
+    return None
+
+
+class OutputSchema(Policy):
+    """A result must match the JSON schema of its agent's ``output_model``."""
+
+    name = "output_schema"
+    description = "Results must match the JSON schema of the agent's output_model."
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self._validators: dict[type, Any] = {}
+
+    @classmethod
+    def inactive_reason(cls, settings: Settings) -> str | None:
+        """Off when ``[policies] output_schema = false``."""
+        return None if settings.policies.output_schema else "[policies] output_schema = false"
+
+    def _validator(self, model: type) -> Any:
+        if model not in self._validators:
+            schema = model.model_json_schema()  # type: ignore[attr-defined]
+            self._validators[model] = validator_for(schema)(schema)
+        return self._validators[model]
+
+    def validate_output(self, task: TaskView, result: Any) -> Violation | None:
+        """Validate with jsonschema; list the first errors with their paths."""
+        if self.agents is None or task.agent not in self.agents:
+            return None
+        validator = self._validator(self.agents.get(task.agent).output_model)
+        errors = sorted(validator.iter_errors(result), key=jsonschema.exceptions.relevance)
+        if not errors:
+            return None
+        listed = "; ".join(
+            f"{json_path(e.absolute_path)}: {_clip(e.message)}" for e in errors[:MAX_SCHEMA_ERRORS]
+        )
+        extra = len(errors) - MAX_SCHEMA_ERRORS
+        more = f" (and {extra} more)" if extra > 0 else ""
+        return self.violation(
+            f"the result does not match agent {task.agent!r}'s output schema: {listed}{more}"
+        )
+
+    def settings_view(self) -> dict[str, Any]:
+        """``output_schema``."""
+        return {"output_schema": self.settings.policies.output_schema}
+
+
+def _clip(message: str) -> str:
+    return message if len(message) <= MAX_ERROR_CHARS else message[: MAX_ERROR_CHARS - 3] + "..."
+
+
+class ModelPrice(Policy):
+    """A model without a configured price is a violation (enforced by the worker).
+
+    The worker turns ``runtime.errors.UnknownPrice`` into this rule's violation; the class
+    is here so ``orgchart policies`` lists the rule and the prices it knows.
+    """
+
+    name = "model_price"
+    description = "A model call without a configured price escalates (never a silent zero cost)."
+
+    def settings_view(self) -> dict[str, Any]:
+        """Return the route rates and per-model prices from ``[cost]``."""
+        cost = self.settings.cost
+
+        def show(value: Any) -> str | None:
+            return None if value is None else str(value)
+
+        return {
+            "local_per_token": show(cost.local_per_token),
+            "cloud_per_token": show(cost.cloud_per_token),
+            "prices": {model: str(price) for model, price in cost.prices.items()},
+        }
+
+
+#: The built-in rules, in the order they run.
+BUILTIN_POLICIES: tuple[type[Policy], ...] = (
+    MaxDepth,
+    MaxChildren,
+    MaxPayloadBytes,
+    DelegationEdges,
+    ForbiddenOutput,
+    OutputSchema,
+    ModelPrice,
+)
+#: Rules ``[policies] disabled`` may not name, with the reason.
+MANDATORY_RULES: dict[str, str] = {
+    "model_price": "a model call without a price would be a silent zero cost",
+}

@@ -1,0 +1,87 @@
+"""``orgchart policies``: the rules every task passes, where they come from, their settings.
+
+Active rules first (in the order they run), then the rules known but switched off, each
+with the reason (``[policies] disabled``, ``delegation_edges = false``...). ``--json``
+prints :meth:`policies.loader.PolicySet.describe`. A configuration error (unknown rule in
+``disabled``, a module that cannot be imported, a bad pattern) exits 2 naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+EXIT_BAD_INPUT = 2
+
+
+def _settings_text(settings: dict[str, Any]) -> str:
+    lines = []
+    for key, value in settings.items():
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            lines.append(f"{key}:")
+            lines += [f"  {item.get('pattern')}  ({item.get('reports')})" for item in value]
+        else:
+            lines.append(f"{key} = {json.dumps(value, default=str)}")
+    return "\n".join(lines)
+
+
+def describe_policies() -> list[dict[str, Any]]:
+    """Load the configuration, the agents and the rules; return the rule descriptions.
+
+    Raises:
+        ConfigError: the configuration or a rule's settings are invalid.
+        ImportError: an agents or policies module cannot be imported.
+
+    """
+    from agents.registry import load_modules
+    from policies.loader import load_policy_set
+    from runtime.config import load_settings
+
+    settings = load_settings()
+    registry = load_modules(settings.agents.modules)
+    return load_policy_set(settings, registry).describe()
+
+
+def policies_table(rows: list[dict[str, Any]]) -> Table:
+    """Render rule descriptions as a rich table."""
+    table = Table(title="policies", title_justify="left")
+    table.add_column("rule", style="bold")
+    table.add_column("active")
+    table.add_column("source")
+    table.add_column("settings")
+    table.add_column("what it checks")
+    for row in rows:
+        active = "yes" if row["active"] else f"no: {row.get('inactive_reason', '')}"
+        cells = (row["name"], active, row["source"], _settings_text(row["settings"]),
+                 row["description"])
+        # Patterns and reasons hold brackets ("[policies]", "[pousr]"): never rich markup.
+        table.add_row(*(escape(c) for c in cells), style=None if row["active"] else "dim")
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``policies`` to the CLI."""
+
+    @app.command("policies")
+    def policies_command(
+        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    ) -> None:
+        """List the policy rules: active or not, source, settings."""
+        from runtime.config import ConfigError
+
+        try:
+            rows = describe_policies()
+        except (ConfigError, ImportError, ValueError) as exc:
+            Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False,
+                                       soft_wrap=True)
+            raise typer.Exit(EXIT_BAD_INPUT) from None
+        if as_json:
+            sys.stdout.write(json.dumps(rows, indent=2, default=str) + "\n")
+            return
+        Console().print(policies_table(rows))

@@ -1,0 +1,90 @@
+"""A policy violation escalates a real run end to end: ``orgchart run`` exits 1.
+
+With ``max_depth = 1`` the CEO (depth 0) may delegate to the intel director (depth 1),
+but the director may not create scouts at depth 2: its delegation is refused by the
+``max_depth`` rule, the director ends ``escalated`` with the rule in its error, no scout
+is ever written, and the escalation reaches the root.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CLI = Path(__file__).resolve().parents[2] / "runtime" / "cli.py"
+GOAL = "Map the competitive landscape for managed PostgreSQL in Europe"
+
+pytestmark = pytest.mark.skipif(not CLI.exists(), reason="runtime/cli.py does not exist yet")
+
+
+def walk(tree: dict[str, Any]) -> list[dict[str, Any]]:
+    nodes = [tree]
+    for child in tree.get("children", []):
+        nodes += walk(child)
+    return nodes
+
+
+def run(env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runtime.cli", "run", GOAL, "--json", *extra],
+                          env=env, capture_output=True, text=True, timeout=240, check=False)
+
+
+def test_a_delegation_beyond_max_depth_escalates_the_tree(orgchart_env: dict[str, str]) -> None:
+    env = {**orgchart_env, "ORGCHART_POLICIES__MAX_DEPTH": "1"}
+    done = run(env)
+    assert done.returncode == 1, done.stderr
+    tree = json.loads(done.stdout)
+    assert tree["status"] == "escalated"
+    nodes = walk(tree)
+    refused = [n for n in nodes if (n.get("error") or "").startswith("policy max_depth:")]
+    assert refused, [(n["agent"], n["status"], n.get("error")) for n in nodes]
+    assert all(n["agent"] == "intel_director" for n in refused)
+    assert max(len(path) for path in _depths(tree)) == 2  # root and directors only
+
+
+def _depths(tree: dict[str, Any], path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    here = (*path, tree["agent"])
+    if not tree.get("children"):
+        return [here]
+    return [p for child in tree["children"] for p in _depths(child, here)]
+
+
+def test_the_same_goal_passes_with_the_default_depth(orgchart_env: dict[str, str]) -> None:
+    done = run(orgchart_env)
+    assert done.returncode == 0, done.stderr
+    tree = json.loads(done.stdout)
+    assert tree["status"] == "done"
+    assert not [n for n in walk(tree) if (n.get("error") or "").startswith("policy ")]
+
+
+def test_malformed_criteria_are_refused_before_anything_is_written(
+        orgchart_env: dict[str, str]) -> None:
+    done = run(orgchart_env, "--success", '{"checks": [{"path": "a", "op": "=>", "value": 1}]}')
+    assert done.returncode == 2
+    assert "did you mean '>='" in done.stderr
+
+
+def test_a_rubric_under_the_offline_backend_escalates_to_a_person(
+        orgchart_env: dict[str, str]) -> None:
+    rubric = json.dumps({"rubric": {"text": "Every claim cites a source.", "threshold": 0.5}})
+    done = run(orgchart_env, "--agent", "trend_analyst", "--success", rubric)
+    assert done.returncode == 1, done.stderr
+    tree = json.loads(done.stdout)
+    assert tree["status"] == "escalated"
+    assert tree["verdict"]["offline"] is True
+    assert "offline backend" in tree["error"]
+
+
+def test_a_kill_criterion_escalates_the_root(orgchart_env: dict[str, str]) -> None:
+    done = run(orgchart_env, "--agent", "trend_analyst", "--kill",
+               '{"deadline": "2000-01-01T00:00:00Z"}')
+    assert done.returncode == 1, done.stderr
+    tree = json.loads(done.stdout)
+    assert tree["status"] == "escalated"
+    assert tree["error"].startswith("kill criteria: deadline:")
+
