@@ -43,6 +43,7 @@ from agents.registry import InvalidInput, Registry, UnknownAgent
 from policies.criteria import validate_criteria
 from runtime.config import Settings
 from runtime.errors import (
+    BadInput,
     BudgetExceeded,
     LeaseLost,
     ModelNotFound,
