@@ -146,11 +146,14 @@ class Task(Base):
         Index("idx_tasks_status_agent", "status", "to_agent", "priority"),
         Index("idx_tasks_root", "root_id"),
         # Claiming reads only claimable rows: millions of finished rows never enter it.
+        # Ordered like the claim (priority, created_at) so a worker serving several
+        # agents walks it in order and stops at its LIMIT instead of sorting the queue;
+        # to_agent is a filter on that walk.
         Index(
             "ix_tasks_claimable",
-            "to_agent",
             "priority",
             "created_at",
+            "to_agent",
             postgresql_where=text("status IN ('pending', 'ready_to_aggregate')"),
         ),
         Index(

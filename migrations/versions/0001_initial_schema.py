@@ -90,9 +90,10 @@ def upgrade() -> None:
     # The seed's indexes, with the seed's names.
     op.create_index("idx_tasks_status_agent", "tasks", ["status", "to_agent", "priority"])
     op.create_index("idx_tasks_root", "tasks", ["root_id"])
-    # Claiming reads only claimable rows, so finished rows never slow it down.
+    # Claiming reads only claimable rows, so finished rows never slow it down; ordered
+    # like the claim so a worker serving several agents stops at its LIMIT.
     op.create_index(
-        "ix_tasks_claimable", "tasks", ["to_agent", "priority", "created_at"],
+        "ix_tasks_claimable", "tasks", ["priority", "created_at", "to_agent"],
         postgresql_where=sa.text("status IN ('pending', 'ready_to_aggregate')"),
     )
     op.create_index(
