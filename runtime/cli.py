@@ -17,13 +17,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from decimal import Decimal
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from agents.registry import DuplicateAgent, UnknownAgent
 from runtime.config import ConfigError, Settings, load_settings
@@ -54,7 +54,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     """Print ``error: message`` on stderr and exit with ``code``."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(Text.assemble(("error: ", "bold red"), message), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -143,7 +143,7 @@ def _runtime(modules: list[str] | None, announce: bool = True) -> Any:
 
     runtime = build_runtime(settings(), modules or [])
     if announce and getattr(runtime.llm_factory, "announcement", None):
-        err.print(f"[dim]{runtime.llm_factory.announcement}[/]", highlight=False)
+        err.print(runtime.llm_factory.announcement, style="dim", markup=False, highlight=False)
     return runtime
 
 
@@ -229,7 +229,7 @@ def run(goal: str, agent: AgentOpt = "ceo", type_: TypeOpt = None, priority: Pri
         fail(f"root {root_id} is still {tree['status']} after {timeout:g}s", EXIT_FAILED)
     if tree["status"] != "done":
         err.print(f"root {root_id} ended {tree['status']}: {tree.get('error') or ''}",
-                  highlight=False)
+                  markup=False, highlight=False)
         raise typer.Exit(EXIT_FAILED)
 
 
@@ -256,15 +256,15 @@ def worker(
                        lease_seconds=lease_seconds, once=once,
                        maintenance=not no_maintenance)
     _install_stop_signals(w.stop)
-    err.print(f"[dim]worker {w.config.worker_id} serving {', '.join(w.config.agents)}[/]",
-              highlight=False)
+    err.print(f"worker {w.config.worker_id} serving {', '.join(w.config.agents)}",
+              style="dim", markup=False, highlight=False)
     stats = w.run()
     if json_:
         print_json({"worker": w.config.worker_id, **stats.as_dict()})
     else:
         err.print(f"worker {w.config.worker_id} stopped ({stats.stop_reason}): claimed "
                   f"{stats.claimed}, outcomes {dict(stats.outcomes)}, delegated "
-                  f"{stats.delegated}, stale {stats.stale}", highlight=False)
+                  f"{stats.delegated}, stale {stats.stale}", markup=False, highlight=False)
 
 
 @app.command("agents")
@@ -308,10 +308,6 @@ for _module in COMMAND_MODULES:
 def main() -> None:
     """Console-script entry point."""
     app()
-
-
-def _decimal(text: str) -> Decimal:
-    return Decimal(text)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,179 @@
+"""A small Ollama-compatible HTTP server for tests (no model, no network beyond loopback).
+
+It speaks the parts of Ollama's API that orgchart uses: ``POST /api/chat`` (``stream``
+false, or true as NDJSON chunks whose last one carries ``done: true`` and the counts),
+``format`` (a JSON schema gets a schema-valid JSON object from the offline generator;
+``"json"`` gets a small object), ``GET /api/tags``, ``GET /api/version``, and a 404
+``{"error": "model 'x' not found"}`` for models it does not have. ``delay_seconds`` makes
+every chat slow (timeout tests); ``reply_text`` forces the reply (bad-JSON tests). It
+counts the tokens it reported so tests can compare sums.
+
+Use it with ``from tests.fake_ollama import fake_ollama_server  # noqa: F401`` and a test
+argument named ``fake_ollama`` (the fixture's name differs from the function's so that
+ruff does not read the argument as a redefinition of the import).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from runtime.llm_backends import estimate_tokens
+from runtime.schema_instance import instance_for_schema, prompt_snippet
+
+DEFAULT_MODELS = ("llama3.2:latest", "qwen3:14b")
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that timed out and hung up is expected in timeout tests
+
+
+class FakeOllama:
+    """The server's state and counters (thread-safe)."""
+
+    def __init__(self, models: tuple[str, ...] = DEFAULT_MODELS) -> None:
+        self.models = list(models)
+        self.delay_seconds = 0.0
+        self.reply_text: str | None = None
+        self.requests: list[dict[str, Any]] = []
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.chats = 0
+        self._lock = threading.Lock()
+        self._server = _QuietServer(("127.0.0.1", 0), _handler_for(self))
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.02},
+                                        name="fake-ollama", daemon=True)
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:43123``."""
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> FakeOllama:
+        """Serve in a background thread."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        self._server.shutdown()
+        self._server.server_close()
+
+    # ------------------------------------------------------------------ behaviour
+    def answer(self, body: dict[str, Any]) -> tuple[str, int, int]:
+        """Return ``(content, prompt_tokens, completion_tokens)`` for a chat request."""
+        messages = body.get("messages") or []
+        prompt = "\n".join(str(m.get("content", "")) for m in messages)
+        user = next((str(m.get("content", "")) for m in reversed(messages)
+                     if m.get("role") == "user"), prompt)
+        fmt = body.get("format")
+        if self.reply_text is not None:
+            content = self.reply_text
+        elif isinstance(fmt, dict):
+            content = json.dumps(instance_for_schema(fmt, user))
+        elif fmt == "json":
+            content = json.dumps({"text": f"fake: {prompt_snippet(user)}"})
+        else:
+            content = f"fake: {prompt_snippet(user)}"
+        num_predict = int((body.get("options") or {}).get("num_predict") or 1 << 30)
+        prompt_tokens = sum(estimate_tokens(str(m.get("content", ""))) for m in messages)
+        completion_tokens = min(estimate_tokens(content), num_predict)
+        with self._lock:
+            self.requests.append(body)
+            self.chats += 1
+            self.prompt_tokens += prompt_tokens
+            self.completion_tokens += completion_tokens
+        return content, prompt_tokens, completion_tokens
+
+
+def _handler_for(fake: FakeOllama) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet
+            pass
+
+        def _json(self, status: int, body: dict[str, Any]) -> None:
+            raw = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self) -> None:
+            if self.path == "/api/version":
+                self._json(200, {"version": "0.0.0-fake"})
+            elif self.path == "/api/tags":
+                self._json(200, {"models": [
+                    {"name": m, "model": m, "modified_at": "2026-01-01T00:00:00Z",
+                     "size": 1, "digest": f"sha256:{i:064x}", "details": {}}
+                    for i, m in enumerate(fake.models)]})
+            else:
+                self._json(404, {"error": f"no route {self.path}"})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+            except json.JSONDecodeError:
+                self._json(400, {"error": "body is not JSON"})
+                return
+            if self.path != "/api/chat":
+                self._json(404, {"error": f"no route {self.path}"})
+                return
+            model = body.get("model", "")
+            if model not in fake.models:
+                self._json(404, {"error": f"model '{model}' not found"})
+                return
+            if fake.delay_seconds:
+                time.sleep(fake.delay_seconds)
+            started = time.monotonic_ns()
+            content, prompt_tokens, completion_tokens = fake.answer(body)
+            now = dt.datetime.now(dt.UTC).isoformat()
+            final = {
+                "model": model, "created_at": now, "done": True, "done_reason": "stop",
+                "total_duration": time.monotonic_ns() - started, "load_duration": 0,
+                "prompt_eval_count": prompt_tokens, "prompt_eval_duration": 0,
+                "eval_count": completion_tokens, "eval_duration": 0,
+            }
+            if body.get("stream", True) is False:
+                self._json(200, {**final, "message": {"role": "assistant", "content": content}})
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-ndjson")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            pieces = [content[i:i + 8] for i in range(0, len(content), 8)]
+            for piece in pieces:
+                self._chunk({"model": model, "created_at": now, "done": False,
+                             "message": {"role": "assistant", "content": piece}})
+            self._chunk({**final, "message": {"role": "assistant", "content": ""}})
+            self.wfile.write(b"0\r\n\r\n")
+
+        def _chunk(self, obj: dict[str, Any]) -> None:
+            line = json.dumps(obj).encode() + b"\n"
+            self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+
+    return Handler
+
+
+@pytest.fixture(name="fake_ollama")
+def fake_ollama_server() -> Iterator[FakeOllama]:
+    """A running fake Ollama server on 127.0.0.1 and a free port."""
+    fake = FakeOllama().start()
+    yield fake
+    fake.stop()
