@@ -118,6 +118,16 @@ def conn(server_url: str, template_db: str) -> Iterator[sa.Connection]:
 
 
 @pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A temporary directory other users can traverse (the embedded server runs as its own
+    system user when the tests run as root; pytest keeps its own tmp root at 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="orgchart-test-"))
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
 def orgchart_env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """Environment for running ``orgchart`` subprocesses against the test database."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORGCHART_")}

@@ -26,12 +26,11 @@ PROBE = (
 
 
 def test_embedded_server_starts_from_nothing_and_a_second_process_shares_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    home = tmp_path / "home"
+        open_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = open_tmp / "home"
     monkeypatch.setenv("ORGCHART_HOME", str(home))
     monkeypatch.delenv("ORGCHART_DATABASE_URL", raising=False)
     monkeypatch.delenv("DATABASE_URL", raising=False)
-    os.chmod(tmp_path, 0o755)
     url = db.resolve_url(None)  # starts it in this process
     assert (home / "pgdata" / "PG_VERSION").exists()
     db.upgrade(url)
