@@ -225,6 +225,8 @@ def run(goal: str, agent: AgentOpt = "ceo", type_: TypeOpt = None, priority: Pri
         print_json(tree)
     elif not live_screen:
         out.print(render_tree(tree))
+    err.print(f"root {root_id} (orgchart tree {root_id})", style="dim", markup=False,
+              highlight=False)
     if tree["status"] not in TERMINAL_STATUSES:
         fail(f"root {root_id} is still {tree['status']} after {timeout:g}s", EXIT_FAILED)
     if tree["status"] != "done":
