@@ -265,10 +265,12 @@ WITH parent AS (
 ), kids AS (
     INSERT INTO tasks (id, parent_id, root_id, from_agent, to_agent, type, payload,
                        success_criteria, kill_criteria, budget_tokens, budget_seconds,
-                       budget_usd, priority, idempotency_key, depth)
+                       budget_usd, priority, idempotency_key, depth, created_at)
+    -- clock_timestamp() keeps siblings in the order the agent listed them.
     SELECT c.id, p.id, p.root_id, p.to_agent, c.to_agent, c.type, c.payload,
            c.success_criteria, c.kill_criteria, c.budget_tokens, c.budget_seconds,
-           c.budget_usd, COALESCE(c.priority, p.priority), c.key, p.depth + 1
+           c.budget_usd, COALESCE(c.priority, p.priority), c.key, p.depth + 1,
+           clock_timestamp()
     FROM parent p,
          jsonb_to_recordset(CAST(:children AS jsonb)) AS c(
              id uuid, to_agent text, type text, payload jsonb, success_criteria jsonb,
@@ -651,3 +653,7 @@ WHERE e.id > :after_id AND e.to_status IN ('failed', 'escalated')
 GROUP BY 1, 2, 3
 ORDER BY n DESC, 1, 2, 3
 LIMIT :limit;
+
+-- db_ping --
+-- The cheapest statement that proves the database answers (health checks).
+SELECT 1;

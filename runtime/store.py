@@ -238,6 +238,11 @@ class Store:
         with self.engine.connect() as conn:
             return self._rows(conn, name, **params)
 
+    def ping(self) -> bool:
+        """True when the database answers (health checks); raises on connection errors."""
+        with self.engine.connect() as conn:
+            return conn.execute(_TEXT["db_ping"]).scalar() == 1
+
     def dispose(self) -> None:
         """Close every pooled connection."""
         self.engine.dispose()

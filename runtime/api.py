@@ -1,0 +1,453 @@
+"""The HTTP API and the live tree page, served by ``orgchart serve`` (FastAPI on uvicorn).
+
+Endpoints (all JSON; shapes from :mod:`runtime.serialize`, documented in ``docs/api.md``):
+
+- ``POST /tasks``: submit a root goal (``Idempotency-Key`` header deduplicates);
+- ``GET /tasks/{id}``, ``GET /trees/{root_id}``, ``GET /roots``, ``GET /escalations``;
+- ``POST /tasks/{id}/resolve``: retry, done, fail or reassign an escalated task;
+- ``GET /metrics``, ``GET /healthz``; OpenAPI at ``/docs``;
+- ``GET /`` (recent roots) and ``GET /ui/trees/{root_id}`` (the live tree), plain HTML.
+
+Errors are always ``{"error": "<message>"}``: 401 without the bearer token (when
+``ORGCHART_API_TOKEN`` is set), 404 for a missing task, 409 for a conflicting idempotency
+key or a refused resolution, 413 for a body over :data:`MAX_BODY_BYTES`, 422 for a bad
+body or a malformed id, 503 when the database is down, and 500 ``internal error`` for
+anything else (logged with its traceback, never sent).
+"""
+
+from __future__ import annotations
+
+import hmac
+import html
+import json
+import logging
+import math
+import os
+import urllib.parse
+import uuid
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from fastapi import FastAPI, Header, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agents.registry import Registry, UnknownAgent
+from runtime.cli_inspect import (
+    API_TOKEN_ENV,
+    escalation_json,
+    task_detail_json,
+    tree_for,
+)
+from runtime.config import Settings
+from runtime.db import DatabaseUnavailable
+from runtime.errors import BadInput
+from runtime.serialize import task_json
+from runtime.store import IdempotencyConflict, NotFound, ResolveRefused, Store
+
+log = logging.getLogger(__name__)
+
+#: Requests with a larger body are refused with 413 before they are read.
+MAX_BODY_BYTES = 1_000_000
+WEB_DIR = Path(__file__).with_name("web")
+#: Static files the pages load (a whitelist: nothing else in ``web/`` is served).
+STATIC_FILES = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
+#: Paths where ``?token=`` is accepted instead of the header (a browser cannot set it).
+_PAGE_PREFIXES = ("/ui/", "/docs", "/openapi.json")
+_PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+             "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"description": text, "content": {"application/json": {"example": {"error": text}}}}
+    for code, text in ((401, "missing or wrong bearer token"), (404, "no task ..."),
+                       (422, "the request is malformed (the message says where)"))
+}
+
+
+# ---------------------------------------------------------------------- request bodies
+class SubmitRequest(BaseModel):
+    """``POST /tasks``: a root goal and how to run it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(..., min_length=1, description="The root goal (payload.goal).")
+    agent: str = Field("ceo", description="The agent that receives the goal.")
+    type: str | None = Field(None, description="Task type (default: the agent's first).")
+    priority: int = Field(5, description="Lower is more urgent.")
+    budget_tokens: int = Field(50_000, description="Tree-wide token budget.")
+    budget_seconds: int = Field(300, description="Seconds per run of each task.")
+    budget_usd: Decimal = Field(Decimal("1.0"), allow_inf_nan=False,
+                                description="Tree-wide USD budget (number or string).")
+    payload: dict[str, Any] | None = Field(None, description="Extra payload fields.")
+    success_criteria: dict[str, Any] | None = None
+    kill_criteria: dict[str, Any] | None = None
+
+
+class ResolveRequest(BaseModel):
+    """``POST /tasks/{id}/resolve``: what to do with an escalated task."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["retry", "done", "fail", "reassign"]
+    agent: str | None = Field(None, description="The new agent (reassign only).")
+    note: str | None = Field(None, max_length=10_000, description="Kept in the history.")
+
+
+# ---------------------------------------------------------------------- responses
+class _JSONResponse(JSONResponse):
+    """JSON with ASCII escapes: a stray lone surrogate can never break the encoder."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, default=str,
+                          separators=(",", ":")).encode("ascii")
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return _JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+async def _send_error(send: Send, status: int, message: str,
+                      headers: dict[str, str] | None = None) -> None:
+    body = json.dumps({"error": message}, ensure_ascii=True).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _check_text(value: Any, where: str) -> None:
+    """Refuse what PostgreSQL cannot store: NUL characters, lone surrogates, NaN/Infinity."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise BadInput(f"{where} contains a NUL character (\\u0000), which PostgreSQL "
+                           "cannot store")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadInput(f"{where} is not valid Unicode (a lone surrogate)") from None
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise BadInput(f"{where} holds {value}, which JSON cannot carry")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key, f"{where} (a key)")
+            _check_text(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_text(item, f"{where}[{i}]")
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    """One readable line per problem: where it is and what is wrong."""
+    parts: list[str] = []
+    for e in exc.errors()[:5]:
+        loc = [str(p) for p in e.get("loc", ())]
+        kind, field = (loc[0], ".".join(loc[1:])) if loc else ("request", "")
+        where = f"{kind}.{field}" if field else kind
+        typ = e.get("type", "")
+        if typ == "json_invalid":
+            parts.append(f"the body is not valid JSON: {e.get('ctx', {}).get('error', '')}")
+        elif not field and kind == "body" and isinstance(e.get("input"), bytes | bytearray):
+            parts.append("the body must be a JSON object sent with "
+                         "Content-Type: application/json")
+        elif typ == "missing" and not field:
+            parts.append(f"the {kind} is missing")
+        elif typ == "missing":
+            parts.append(f"{kind}: missing field {field!r}")
+        elif typ == "extra_forbidden":
+            parts.append(f"{kind}: unknown field {field!r}")
+        elif typ == "uuid_parsing":
+            parts.append(f"{field.replace('_', ' ')} {_short(e.get('input'))} is not a UUID")
+        else:
+            parts.append(f"{where}: {e.get('msg', 'invalid')}"
+                         + (f" (got {_short(e['input'])})" if "input" in e and field else ""))
+    return "; ".join(parts) or "the request is malformed"
+
+
+# ---------------------------------------------------------------------- middleware
+class _Guard:
+    """Bearer-token check, body size limit, and the last-resort 500 (pure ASGI)."""
+
+    def __init__(self, app: ASGIApp, token: str | None, max_body: int) -> None:
+        self.app = app
+        self.token = token.encode() if token else None
+        self.max_body = max_body
+
+    def _authorized(self, scope: Scope) -> bool:
+        assert self.token is not None
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                scheme, _, given = value.partition(b" ")
+                if scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token):
+                    return True
+        path = scope.get("path", "")
+        if scope.get("method") in ("GET", "HEAD") and (path == "/"
+                                                       or path.startswith(_PAGE_PREFIXES)):
+            query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            for given in query.get("token", []):
+                if hmac.compare_digest(given.encode(), self.token):
+                    return True
+        return False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        seen = 0
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_body:
+                raise HTTPException(413, f"the body is larger than {self.max_body} bytes")
+            return message
+
+        try:
+            if self.token is not None and not self._authorized(scope):
+                await _send_error(send, 401, "missing or wrong bearer token: send "
+                                  "'Authorization: Bearer <token>' (pages: add ?token=<token>)",
+                                  {"WWW-Authenticate": 'Bearer realm="orgchart"'})
+                return
+            length = dict(scope.get("headers", [])).get(b"content-length")
+            if length is not None and (not length.isdigit() or int(length) > self.max_body):
+                await _send_error(send, 413, f"the body is larger than {self.max_body} bytes"
+                                  if length.isdigit() else "bad Content-Length header")
+                return
+            await self.app(scope, limited_receive, tracking_send)
+        except Exception:
+            log.exception("request failed", extra={"path": scope.get("path"),
+                                                   "method": scope.get("method")})
+            if not started:
+                await _send_error(send, 500, "internal error")
+
+
+# ---------------------------------------------------------------------- the app
+def create_app(store: Store | None = None, settings: Settings | None = None,
+               registry: Registry | None = None, api_token: str | None = None,
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """Build the API on a store (opened from ``settings`` when not given).
+
+    Args:
+        store: the database door; default ``runtime.app.open_store(settings)``.
+        settings: the configuration; default ``load_settings()``.
+        registry: the agents roots may be submitted to; default built-ins plus
+            ``[agents] modules``.
+        api_token: the bearer token every request must carry; default
+            ``ORGCHART_API_TOKEN`` (read now); None or empty means no authentication.
+        max_body_bytes: larger request bodies get 413.
+
+    """
+    from runtime.app import load_registry, open_store
+    from runtime.config import load_settings
+
+    settings = settings or load_settings()
+    registry = registry or load_registry(settings)
+    store = store or open_store(settings)
+    token = api_token if api_token is not None else os.environ.get(API_TOKEN_ENV) or None
+
+    app = FastAPI(
+        title="orgchart", version="0.1.0", docs_url=None, redoc_url=None,
+        description="Submit root goals, inspect task trees, resolve escalations.",
+        default_response_class=_JSONResponse,
+    )
+    app.state.store = store
+    app.state.registry = registry
+    app.add_middleware(_Guard, token=token, max_body=max_body_bytes)  # type: ignore[arg-type]
+    _add_error_handlers(app)
+    if token:
+        _document_bearer(app)
+    _add_api_routes(app, store, settings, registry)
+    _add_pages(app)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    async def validation(_: Request, exc: RequestValidationError) -> Response:
+        return _error(422, _validation_message(exc))
+
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no route {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        return _error(exc.status_code, message, dict(exc.headers or {}))
+
+    async def not_found(_: Request, exc: Exception) -> Response:
+        return _error(404, str(exc))
+
+    async def conflict(_: Request, exc: Exception) -> Response:
+        return _error(409, str(exc))
+
+    async def bad_input(_: Request, exc: Exception) -> Response:
+        return _error(422, str(exc))
+
+    async def bad_data(_: Request, exc: Exception) -> Response:
+        orig = getattr(exc, "orig", None)
+        primary = getattr(getattr(orig, "diag", None), "message_primary", None)
+        return _error(422, f"the database refused a value: {primary or 'invalid data'}")
+
+    async def unavailable(_: Request, exc: Exception) -> Response:
+        log.warning("database unavailable", extra={"error": str(exc)[:500]})
+        return _error(503, "database unavailable")
+
+    app.add_exception_handler(RequestValidationError, validation)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(NotFound, not_found)
+    app.add_exception_handler(IdempotencyConflict, conflict)
+    app.add_exception_handler(ResolveRefused, conflict)
+    app.add_exception_handler(BadInput, bad_input)
+    app.add_exception_handler(UnknownAgent, bad_input)
+    app.add_exception_handler(sa.exc.DataError, bad_data)
+    for cls in (DatabaseUnavailable, sa.exc.OperationalError, sa.exc.InterfaceError):
+        app.add_exception_handler(cls, unavailable)
+
+
+def _document_bearer(app: FastAPI) -> None:
+    """Show the bearer scheme in the OpenAPI document (so /docs has "Authorize")."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            schema.setdefault("components", {})["securitySchemes"] = {
+                "bearer": {"type": "http", "scheme": "bearer"}}
+            schema["security"] = [{"bearer": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
+                    registry: Registry) -> None:
+    from runtime.app import build_root
+
+    @app.post("/tasks", status_code=201, tags=["tasks"],
+              responses={**_ERRORS, 200: {"description": "the key was seen: the same task"},
+                         409: {"description": "the key is used by a different request"}})
+    def submit_task(
+        body: SubmitRequest,
+        idempotency_key: str | None = Header(None, alias="Idempotency-Key"),
+    ) -> Response:
+        """Submit a root goal; 201 with the new task, 200 with the same task for a repeat."""
+        _check_text(body.model_dump(mode="python"), "body")
+        _check_text(idempotency_key, "the Idempotency-Key header")
+        new = build_root(
+            registry, settings, goal=body.prompt, agent=body.agent, type_=body.type,
+            priority=body.priority, budget_tokens=body.budget_tokens,
+            budget_seconds=body.budget_seconds, budget_usd=body.budget_usd,
+            payload=body.payload, success=body.success_criteria, kill=body.kill_criteria,
+            idempotency_key=idempotency_key,
+        )
+        task, created = store.submit(new, actor="api")
+        content = {**task_json(task), "created": created}
+        return _JSONResponse(content, status_code=201 if created else 200,
+                             headers={"Location": f"/tasks/{task['id']}"})
+
+    @app.get("/tasks/{task_id}", tags=["tasks"], responses=_ERRORS)
+    def get_task(task_id: uuid.UUID, model_calls: bool = Query(
+        False, description="Include the recorded model calls (prompts and responses)."),
+    ) -> dict[str, Any]:
+        """One task with its history (``events``) and children (``children``)."""
+        return task_detail_json(store, task_id, model_calls=model_calls)
+
+    @app.get("/trees/{root_id}", tags=["trees"], responses=_ERRORS)
+    def get_tree(root_id: uuid.UUID) -> dict[str, Any]:
+        """The whole tree under a root, nested, with ``totals`` on the root."""
+        return tree_for(store, root_id)
+
+    @app.get("/roots", tags=["trees"])
+    def list_roots(limit: int = Query(50, ge=1, le=500)) -> list[dict[str, Any]]:
+        """The most recent root tasks, newest first."""
+        return [task_json(r) for r in store.recent_roots(limit)]
+
+    @app.get("/escalations", tags=["escalations"])
+    def list_escalations() -> list[dict[str, Any]]:
+        """Escalated tasks, oldest first, with the rule, root id and root goal."""
+        return [escalation_json(r) for r in store.escalations()]
+
+    @app.post("/tasks/{task_id}/resolve", tags=["escalations"],
+              responses={**_ERRORS, 409: {"description": "the task cannot be resolved so"}})
+    def resolve_task(task_id: uuid.UUID, body: ResolveRequest) -> dict[str, Any]:
+        """Resolve an escalated task: retry, done, fail, or reassign to another agent."""
+        if body.action == "reassign":
+            if not body.agent:
+                raise BadInput("action 'reassign' needs 'agent': the agent to hand it to")
+            _check_text(body.agent, "agent")
+            registry.get(body.agent)
+        elif body.agent is not None:
+            raise BadInput(f"'agent' is only used with action 'reassign', not {body.action!r}")
+        _check_text(body.note, "note")
+        task = store.resolve(task_id, body.action, actor="api", note=body.note,
+                             reassign_to=body.agent)
+        return task_json(task)
+
+    @app.get("/metrics", tags=["operations"])
+    def get_metrics() -> dict[str, Any]:
+        """Tasks by status, average retries, reclaimed count, mean duration, cost by route."""
+        return store.metrics()
+
+    @app.get("/healthz", tags=["operations"],
+             responses={503: {"description": "the database does not answer"}})
+    def healthz() -> dict[str, Any]:
+        """200 when the database answers a trivial query, else 503."""
+        store.ping()  # errors map to 503
+        return {"status": "ok", "database": "ok"}
+
+
+def _page(name: str, token_query: str, **values: str) -> str:
+    text = (WEB_DIR / name).read_text(encoding="utf-8")
+    text = text.replace("{{q}}", html.escape(token_query))
+    for key, value in values.items():
+        text = text.replace("{{" + key + "}}", html.escape(value))
+    return text
+
+
+def _add_pages(app: FastAPI) -> None:
+    def token_query(request: Request) -> str:
+        token = request.query_params.get("token")
+        return "?" + urllib.parse.urlencode({"token": token}) if token else ""
+
+    def html_page(text: str) -> HTMLResponse:
+        return HTMLResponse(text, headers={"Content-Security-Policy": _PAGE_CSP,
+                                           "X-Content-Type-Options": "nosniff",
+                                           "Cache-Control": "no-store"})
+
+    @app.get("/", include_in_schema=False)
+    def index(request: Request) -> HTMLResponse:
+        return html_page(_page("index.html", token_query(request)))
+
+    @app.get("/ui/trees/{root_id}", include_in_schema=False)
+    def tree_page(root_id: uuid.UUID, request: Request) -> HTMLResponse:
+        return html_page(_page("tree.html", token_query(request), root_id=str(root_id)))
+
+    @app.get("/ui/static/{name}", include_in_schema=False)
+    def static(name: str) -> Response:
+        if name not in STATIC_FILES:
+            raise NotFound(f"no static file {name!r}")
+        return Response((WEB_DIR / name).read_bytes(), media_type=STATIC_FILES[name],
+                        headers={"Cache-Control": "no-cache",
+                                 "X-Content-Type-Options": "nosniff"})
+
+    @app.get("/docs", include_in_schema=False)
+    def docs(request: Request) -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json" + token_query(request),
+                                   title="orgchart API")

@@ -1,0 +1,156 @@
+"""The live tree page in a real headless Chromium (Playwright), against uvicorn on the test DB.
+
+Skipped when ``/usr/bin/chromium`` or the ``playwright`` package is missing (install with
+``apt-get install -y chromium`` and ``pip install playwright``; ``playwright install`` is
+not needed). Screenshots land in ``tests/artifacts/``.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.api import create_app
+from runtime.app import Runtime, build_root, build_runtime
+from runtime.config import load_settings
+from runtime.store import Store
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+TIMEOUT_MS = 30_000
+
+playwright_sync = pytest.importorskip("playwright.sync_api",
+                                      reason="the playwright package is not installed")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(),
+                       reason=f"{CHROMIUM} is missing (apt-get install -y chromium)"),
+]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with playwright_sync.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def runtime(db_url: str, store: Store) -> Runtime:
+    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
+                                  "ORGCHART_LLM__BACKEND": "offline",
+                                  "ORGCHART_RETRY__MAX_RETRY": "0"})
+    return build_runtime(settings, ["tests.support_agents"], store=store)
+
+
+class Server:
+    """uvicorn serving the app in a thread, on a loopback port bound before it starts."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
+
+    def __enter__(self) -> Server:
+        self.thread.start()
+        started = threading.Event()
+        for _ in range(200):
+            if self.server.started:
+                started.set()
+                break
+            started.wait(0.05)
+        assert started.is_set(), "uvicorn did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+def serve(runtime: Runtime, token: str | None = None) -> Server:
+    return Server(create_app(store=runtime.store, settings=runtime.settings,
+                             registry=runtime.registry, api_token=token or ""))
+
+
+def submit(runtime: Runtime, goal: str, agent: str, **payload: Any) -> uuid.UUID:
+    new = build_root(runtime.registry, runtime.settings, goal=goal, agent=agent, payload=payload)
+    return runtime.store.submit(new, actor="test")[0]["id"]
+
+
+def drain(runtime: Runtime) -> None:
+    worker = runtime.worker(None, maintenance=False, listen=False)
+    for _ in range(50):
+        if worker.run_once() == 0 and runtime.store.sweep().ready == 0:
+            return
+
+
+def test_the_tree_page_follows_a_tree_until_it_is_done(browser: Any, runtime: Runtime) -> None:
+    root = submit(runtime, "Survey the market for garden robots", "fanout", n=3, sleep=0.3)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with serve(runtime) as server:
+        page = browser.new_page(viewport={"width": 1100, "height": 700})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        # The index lists the root and links to its tree.
+        page.goto(server.url + "/")
+        page.wait_for_selector(f'#roots tr[data-task-id="{root}"]', timeout=TIMEOUT_MS)
+        page.screenshot(path=str(ARTIFACTS / "index.png"))
+        page.click(f'#roots tr[data-task-id="{root}"] a')
+        page.wait_for_url(f"**/ui/trees/{root}")
+        page.wait_for_selector('#root-status[data-status="pending"]', timeout=TIMEOUT_MS)
+        # Drive the tree to done while the page is open.
+        worker = runtime.worker(None, once=True)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        page.wait_for_selector('#root-status[data-status="done"]', timeout=TIMEOUT_MS)
+        thread.join(timeout=30)
+        assert page.text_content("#root-status") == "done"
+        nodes = page.locator("li.node")
+        assert nodes.count() == 4
+        assert page.locator('li.node[data-status="done"]').count() == 4
+        assert page.get_attribute(f'li.node[data-task-id="{root}"]', "data-status") == "done"
+        assert "4 tasks (done 4)" in page.text_content("#totals")
+        assert "Survey the market" in page.text_content("#goal")
+        assert page.locator("button.resolve").count() == 0
+        page.screenshot(path=str(ARTIFACTS / "tree_done.png"), full_page=True)
+        assert errors == []
+        page.close()
+
+
+def test_escalated_nodes_get_buttons_that_resolve_them(browser: Any, runtime: Runtime) -> None:
+    root = submit(runtime, "Ask the flaky scouts", "fanout", n=2, child="flaky")
+    drain(runtime)
+    assert runtime.store.get(root)["status"] == "escalated"
+    ARTIFACTS.mkdir(exist_ok=True)
+    with serve(runtime, token="page-token") as server:
+        page = browser.new_page(viewport={"width": 1100, "height": 600})
+        denied = page.goto(f"{server.url}/ui/trees/{root}")
+        assert denied is not None and denied.status == 401
+        page.goto(f"{server.url}/ui/trees/{root}?token=page-token")
+        page.wait_for_selector('#root-status[data-status="escalated"]', timeout=TIMEOUT_MS)
+        assert page.locator('li.node[data-status="failed"]').count() == 2
+        buttons = page.locator(f'button.resolve[data-task-id="{root}"]')
+        assert buttons.count() == 3
+        assert "2 children failed" in page.text_content(f'li.node[data-task-id="{root}"] .error')
+        page.screenshot(path=str(ARTIFACTS / "tree_escalated.png"), full_page=True)
+        page.click(f'button.resolve[data-task-id="{root}"][data-action="done"]')
+        page.wait_for_selector('#root-status[data-status="done"]', timeout=TIMEOUT_MS)
+        assert "resolved (done)" in page.text_content("#message")
+        page.close()
+    assert runtime.store.get(root)["status"] == "done"
+    assert "resolved from the web page" in runtime.store.events(root)[-1]["detail"]
