@@ -46,6 +46,26 @@ def test_a_delegation_beyond_max_depth_escalates_the_tree(orgchart_env: dict[str
     assert all(n["agent"] == "intel_director" for n in refused)
     assert max(len(path) for path in _depths(tree)) == 2  # root and directors only
 
+    # The root waits in the inbox; a person ends it with resolve --fail.
+    inbox = subprocess.run([sys.executable, "-m", "runtime.cli", "escalations", "--json"],
+                           env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert inbox.returncode == 0, inbox.stderr
+    assert tree["id"] in {e["id"] for e in json.loads(inbox.stdout)}
+    resolved = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "resolve", tree["id"], "--fail",
+         "--note", "too deep for this org"],
+        env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert resolved.returncode == 0, resolved.stderr
+    shown = subprocess.run([sys.executable, "-m", "runtime.cli", "show", tree["id"], "--json"],
+                           env=env, capture_output=True, text=True, timeout=60, check=False)
+    task = json.loads(shown.stdout)
+    assert task["status"] == "failed"
+    assert "too deep for this org" in task["events"][-1]["detail"]
+    again = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "resolve", tree["id"], "--done"],
+        env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert again.returncode == 2 and "not escalated" in again.stderr
+
 
 def _depths(tree: dict[str, Any], path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     here = (*path, tree["agent"])
