@@ -1,9 +1,115 @@
-"""CLI commands (placeholder until its issue lands)."""
+"""Operating the fleet: ``orgchart fire`` (one fire of the decider) and ``orgchart doctor``.
+
+``fire`` takes the fire lock, respects the daily cap, runs hygiene, plans, fans out
+disposable workers and prints the rollup note (``--json``: the whole
+:class:`runtime.orchestrator.FireResult`). A fire that cannot run (another holds the
+lock, the daily cap is reached) says so and exits 0: that is the system working.
+``--dry-run`` prints the plan and touches nothing.
+
+``doctor`` exits 1 with one line per problem when the last fire is overdue, work is
+stranded, or an escalation has waited too long; 0 with a short all-clear otherwise.
+Schedule ``fire`` and alert on ``doctor`` (see ``docs/operations.md``).
+"""
 
 from __future__ import annotations
 
+import functools
+import signal
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import sqlalchemy as sa
 import typer
 
 
+def _settings_and_store() -> tuple[Any, Any]:
+    from runtime.app import open_store
+    from runtime.cli import settings
+
+    s = settings()
+    return s, open_store(s)
+
+
+def fire(
+    max_workers: Annotated[int | None, typer.Option(
+        help="Workers running at once (default [orchestrator] max_workers).")] = None,
+    task_cap: Annotated[int | None, typer.Option(
+        help="Tasks each worker may claim (default [orchestrator] task_cap).")] = None,
+    wall_clock: Annotated[float | None, typer.Option(
+        help="Seconds for the fire and each worker (default [orchestrator] "
+             "wall_clock_seconds).")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        help="Print the plan; run no hygiene, no workers, write nothing.")] = False,
+    agents_module: Annotated[list[str] | None, typer.Option(
+        "--agents-module", help="Import agents from this module (passed to the workers); "
+                                "repeatable.")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """One fire: lock, daily cap, hygiene, plan, fan out capped workers, print the rollup."""
+    from runtime.cli import err, out, print_json
+    from runtime.orchestrator import FireConfig, Orchestrator
+
+    s, store = _settings_and_store()
+    config = FireConfig.from_settings(s, max_workers=max_workers, task_cap=task_cap,
+                                      wall_clock_seconds=wall_clock,
+                                      agents_modules=tuple(agents_module or ()))
+    orchestrator = Orchestrator(store, s, config)
+    orchestrator.known_modes()  # a bad --agents-module fails here, before anything runs
+    if dry_run:
+        result = orchestrator.plan_only()
+    else:
+        def handler(signum: int, _frame: Any) -> None:
+            orchestrator.stop(f"signal {signal.Signals(signum).name}")
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+        result = orchestrator.run_once()
+    if json_:
+        print_json(result.as_dict())
+    elif result.status in ("locked", "capped"):
+        out.print(result.message, highlight=False)
+    else:
+        out.print(result.rollup, highlight=False, markup=False, soft_wrap=True)
+        if result.status == "dry_run":
+            err.print(f"[dim]{result.message}[/]", highlight=False)
+
+
+def doctor(json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Exit 1 naming each problem (overdue fire, stranded work, old escalations); else 0."""
+    from runtime.cli import EXIT_FAILED, out, print_json
+    from runtime.doctor import DoctorLimits, check
+
+    s, store = _settings_and_store()
+    checkup = check(store, DoctorLimits.from_settings(s.orchestrator))
+    if json_:
+        print_json(checkup.as_dict())
+    elif checkup.ok:
+        out.print(checkup.summary(), highlight=False)
+    else:
+        for problem in checkup.problems:
+            out.print(f"problem: {problem}", highlight=False, markup=False, soft_wrap=True)
+    if not checkup.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _database_errors(fn: Callable[..., None]) -> Callable[..., None]:
+    """An unreachable database is exit 1 with one clear line, not a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        from runtime.cli import EXIT_FAILED, fail
+
+        try:
+            fn(*args, **kwargs)
+        except sa.exc.DBAPIError as exc:
+            fail(f"cannot reach the database: {str(exc.orig).strip()}", EXIT_FAILED)
+
+    return wrapper
+
+
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the CLI."""
+    """Add ``fire`` and ``doctor`` to the CLI."""
+    from runtime.cli import guarded
+
+    app.command("fire")(guarded(_database_errors(fire)))
+    app.command("doctor")(guarded(_database_errors(doctor)))

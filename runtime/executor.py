@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Protocol
 
+import sqlalchemy as sa
 from pydantic import BaseModel
 
 from agents.base import (
@@ -119,6 +120,10 @@ class Dropped:
 Action = RunOutcome | JudgeOutcome | DelegateAction | RetryAction | Dropped
 
 
+#: Errors that mean the database connection went away (restart, terminated backend).
+DATABASE_GONE: tuple[type[Exception], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError)
+
+
 class DelegationRefused(Exception):
     """A delegation the runtime will not write (bad child, budget, unknown agent)."""
 
@@ -189,7 +194,8 @@ class Executor:
             return self._decide(cls, view, row, decision, llm, outcome)
         except LeaseLost:
             return Dropped(task_id, "lease lost while the agent worked")
-        except TransientModelError as exc:
+        except (TransientModelError, *DATABASE_GONE) as exc:
+            # The model server or the database went away mid-task: infrastructure, retried.
             retries = int(row.get("retry_count") or 0)
             if retries < self.settings.retry.max_retry:
                 delay = backoff_seconds(retries)
@@ -341,15 +347,21 @@ class Executor:
                           detail=f"verdict: {judgement.to_status}")
 
     # ------------------------------------------------------------------ judge stage
-    def judge_one(self, row: dict[str, Any], lease_lost: threading.Event) -> JudgeOutcome:
+    def judge_one(self, row: dict[str, Any], lease_lost: threading.Event) -> JudgeOutcome | Dropped:
         """Judge one leased ``judging`` task against its success and kill criteria."""
         kill = row.get("kill_criteria") or {}
-        children = self.store.children(row["id"]) if "max_child_failures" in kill else []
+        try:
+            children = self.store.children(row["id"]) if "max_child_failures" in kill else []
+        except DATABASE_GONE as exc:
+            return Dropped(row["id"], f"judge interrupted: {type(exc).__name__}")
         llm = None
         if (row.get("success_criteria") or {}).get("rubric"):
             llm = self.llm_factory.for_task(row, row["lease_token"], lease_lost)
         try:
             judgement = self.judge(row, children, llm, self.settings)
+        except (LeaseLost, *DATABASE_GONE) as exc:
+            # Leave it leased: the reaper hands it back to the judge stage.
+            return Dropped(row["id"], f"judge interrupted: {type(exc).__name__}")
         except Exception as exc:
             return JudgeOutcome(row["id"], row["lease_token"], "escalated",
                                 {"passed": False, "score": 0.0, "judge": "rules",

@@ -327,7 +327,11 @@ class Worker:
                 log.exception("executor crashed", extra={"task_id": str(item.row["id"])})
                 self._unwritten.append(RunOutcome(item.row["id"], item.row["lease_token"],
                                                   "failed", error=f"runtime error: {exc}"))
-        self._flush()
+        try:
+            self._flush()
+        except sa.exc.DBAPIError as exc:  # kept in _unwritten; the loop retries with backoff
+            self.stats.db_errors += 1
+            log.warning("could not write outcomes; will retry", extra={"error": str(exc.orig)})
         return True
 
     def _flush(self) -> None:

@@ -1,0 +1,134 @@
+"""``orgchart doctor``: the watcher whose only job is to say when the fire did not happen.
+
+An orchestrated fleet has one heartbeat, the fire, and its failure mode is absence: a
+cron line that stopped firing makes no noise. ``doctor`` turns absence into an exit
+status for a monitor to alert on. It reports a problem (one line each) when:
+
+- there was never a fire, or the last one started more than
+  ``[orchestrator] expected_interval_seconds`` ago (or started and never finished);
+- work is stranded: leases that expired with nobody to reap them, waiting parents
+  whose children are all terminal (``Store.stranded``);
+- the oldest open escalation has waited longer than ``escalation_max_age_seconds``.
+
+It only reads; it never repairs (``orgchart fire`` does, with its hygiene pass).
+Failure modes: an unreachable database is itself a problem, reported by the CLI with
+exit status 1 like any other.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.config import OrchestratorSettings
+from runtime.store import Store
+
+
+@dataclass(frozen=True)
+class DoctorLimits:
+    """How old things may get before the doctor complains."""
+
+    expected_interval_seconds: float
+    escalation_max_age_seconds: float
+
+    def __post_init__(self) -> None:
+        if self.expected_interval_seconds <= 0 or self.escalation_max_age_seconds <= 0:
+            raise ValueError("expected_interval_seconds and escalation_max_age_seconds must be "
+                             "positive")
+
+    @classmethod
+    def from_settings(cls, settings: OrchestratorSettings) -> DoctorLimits:
+        """The ``[orchestrator]`` values."""
+        return cls(settings.expected_interval_seconds, settings.escalation_max_age_seconds)
+
+
+@dataclass
+class Checkup:
+    """The doctor's findings: ``ok`` when there are no problems."""
+
+    problems: list[str] = field(default_factory=list)
+    last_fire: dict[str, Any] | None = None
+    stranded: int = 0
+    oldest_escalation_age_seconds: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is wrong."""
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``--json`` shape."""
+        return {"ok": self.ok, "problems": list(self.problems), "last_fire": self.last_fire,
+                "stranded": self.stranded,
+                "oldest_escalation_age_seconds": self.oldest_escalation_age_seconds}
+
+    def summary(self) -> str:
+        """A short all-clear line (when ``ok``)."""
+        fire = self.last_fire
+        when = f"last fire {fire['id']} {_age(fire['age_seconds'])} ago" if fire else "no fire"
+        return f"all clear: {when}, nothing stranded, no escalation overdue"
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def diagnose(last_fire: Mapping[str, Any] | None, stranded: Sequence[Mapping[str, Any]],
+             escalations: Sequence[Mapping[str, Any]], limits: DoctorLimits,
+             now: dt.datetime | None = None) -> Checkup:
+    """Judge the rows the store returned; pure, so every rule is tested without waiting."""
+    now = now or dt.datetime.now(dt.UTC)
+    check = Checkup(stranded=len(stranded))
+    expected = limits.expected_interval_seconds
+    if last_fire is None:
+        check.problems.append(f"no fire has ever run (expected one every {_age(expected)}): "
+                              "schedule `orgchart fire`")
+    else:
+        age = (now - last_fire["started_at"]).total_seconds()
+        finished = last_fire.get("finished_at")
+        check.last_fire = {"id": last_fire["id"], "started_at": last_fire["started_at"],
+                           "finished_at": finished, "age_seconds": round(age, 3)}
+        if age > expected:
+            check.problems.append(
+                f"the last fire (#{last_fire['id']}) started {_age(age)} ago; one is expected "
+                f"every {_age(expected)}: is the scheduler running `orgchart fire`?")
+        elif finished is None and age > expected / 2:
+            check.problems.append(f"the last fire (#{last_fire['id']}) started {_age(age)} ago "
+                                  "and has not finished")
+    if stranded:
+        why = Counter(str(r["why"]) for r in stranded)
+        ids = ", ".join(str(r["id"]) for r in stranded[:3]) + (", ..." if len(stranded) > 3
+                                                               else "")
+        check.problems.append(
+            f"{len(stranded)} task(s) stranded ("
+            + "; ".join(f"{n} {w}" for w, n in why.most_common())
+            + f"): {ids}; the next fire's hygiene releases them")
+    ages = [(now - at).total_seconds() for at in (_escalated_at(e) for e in escalations)
+            if at is not None]
+    if ages:
+        oldest = max(ages)
+        check.oldest_escalation_age_seconds = round(oldest, 3)
+        if oldest > limits.escalation_max_age_seconds:
+            over = sum(1 for a in ages if a > limits.escalation_max_age_seconds)
+            check.problems.append(
+                f"{over} escalation(s) waiting longer than "
+                f"{_age(limits.escalation_max_age_seconds)} (oldest {_age(oldest)}): "
+                "see `orgchart escalations`")
+    return check
+
+
+def _escalated_at(row: Mapping[str, Any]) -> dt.datetime | None:
+    at = row.get("escalated_at") or row.get("completed_at") or row.get("created_at")
+    return at if isinstance(at, dt.datetime) else None
+
+
+def check(store: Store, limits: DoctorLimits, now: dt.datetime | None = None) -> Checkup:
+    """Read the last fire, the stranded work and the escalations, and diagnose them."""
+    return diagnose(store.last_fire(), store.stranded(), store.escalations(), limits, now)

@@ -1,0 +1,69 @@
+"""Agents for the chaos suite: every task spends model tokens, so spend roll-ups are checked.
+
+Loaded with ``--agents-module tests.chaos.agents`` (the repository root on the path); it
+also registers ``tests.support_agents`` (echo, fanout, ...). With the offline backend a
+model call is deterministic, needs no network, and is still charged and recorded like a
+real one: that is what lets the suite check that a tree's totals equal the sum of its
+nodes after workers died in the middle of charging.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agents.base import Agent, ChildSpec, Delegate, Escalate, Result, TaskView
+from agents.context import AgentContext
+from tests.support_agents import AnyInput, AnyOutput
+
+#: Completion tokens asked per call: small, so even a grandchild's carved budget covers it.
+CALL_MAX_TOKENS = 24
+
+
+def _spend(ctx: AgentContext, task: TaskView, what: str) -> int:
+    reply = ctx.llm.complete(f"chaos {what}: {task.payload.get('goal', '')}",
+                             max_tokens=CALL_MAX_TOKENS)
+    return int(reply.prompt_tokens + reply.completion_tokens)
+
+
+class Spender(Agent):
+    """A leaf that sleeps ``sleep`` seconds, then makes one (offline) model call."""
+
+    name = "spender"
+    input_model = AnyInput
+    output_model = AnyOutput
+
+    def run(self, ctx: AgentContext, task: TaskView) -> Result:
+        time.sleep(float(task.payload.get("sleep", 0)))
+        return Result({"tokens": _spend(ctx, task, "leaf")})
+
+
+class SpendingFanout(Agent):
+    """Spends once, delegates ``n`` children, spends again when it aggregates.
+
+    Payload: ``n`` children (default 4); ``inner`` > 0 makes the children fan-outs of
+    ``inner`` spenders each (a three-level tree); ``sleep`` is passed to the leaves.
+    """
+
+    name = "spend_fanout"
+    input_model = AnyInput
+    output_model = AnyOutput
+    delegates_to = ("spender", "spend_fanout")
+
+    def run(self, ctx: AgentContext, task: TaskView) -> Delegate:
+        _spend(ctx, task, "plan")
+        n = int(task.payload.get("n", 4))
+        inner = int(task.payload.get("inner", 0))
+        sleep = task.payload.get("sleep", 0)
+        if inner > 0:
+            return Delegate([ChildSpec("spend_fanout", {"goal": f"branch {i}", "n": inner,
+                                                        "sleep": sleep}, key=f"branch-{i}")
+                             for i in range(n)])
+        return Delegate([ChildSpec("spender", {"goal": f"part {i}", "sleep": sleep},
+                                   key=f"part-{i}") for i in range(n)])
+
+    def aggregate(self, ctx: AgentContext, task: TaskView, children: list[Any]) -> Any:
+        failed = [c for c in children if not c.ok]
+        if failed:
+            return Escalate(f"{len(failed)} of {len(children)} children did not end done")
+        return Result({"parts": len(children), "tokens": _spend(ctx, task, "aggregate")})

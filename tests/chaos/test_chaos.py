@@ -1,0 +1,297 @@
+"""Chaos: four real workers drain about 1,100 tasks while we kill, restart and cut them.
+
+While 200 root goals (190 two-level trees of 5 tasks, 10 three-level trees of 17) drain
+through ``orgchart worker`` processes with a 2-second lease:
+
+- every second a random worker is SIGKILLed and a new one started (one "witness" worker
+  is never killed, so we can see a process live through every fault);
+- at a quarter of the way the PostgreSQL server is stopped, left down for a moment and
+  started again;
+- at half and three quarters every session on the database is terminated.
+
+Then: every task is terminal, each has exactly one terminal transition, no parent has a
+child twice, every tree's spend equals the sum of its nodes' own spend (and of the model
+calls recorded), nothing failed except by the chaos itself (a task whose lease expired
+``max_delivery`` times is poison by design), no worker died on its own, and workers that
+lived through each fault kept working afterwards on their own. The run prints what it
+did and what held.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from runtime.store import Store
+from tests.chaos.helpers import (
+    Fleet,
+    ServerControl,
+    WorkerProc,
+    duplicate_children,
+    events_by_pid,
+    held_by,
+    parent_spend_mismatches,
+    reaped_count,
+    server_now,
+    spend_mismatches,
+    spend_totals,
+    status_counts,
+    terminate_backends,
+    unexplained_failures,
+)
+from tests.factories import terminal_event_counts
+
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
+
+WORKERS = 4
+LEASE_SECONDS = 2
+FLAT_ROOTS, FLAT_CHILDREN = 190, 4
+NESTED_ROOTS, NESTED_BRANCHES, NESTED_LEAVES = 10, 4, 3
+EXPECTED_TASKS = (FLAT_ROOTS * (1 + FLAT_CHILDREN)
+                  + NESTED_ROOTS * (1 + NESTED_BRANCHES * (1 + NESTED_LEAVES)))
+LEAF_SLEEP_SECONDS = 0.05
+KILL_EVERY_SECONDS = 1.0
+FIRST_KILL_AFTER_SECONDS = 3.0  # let the first workers boot and claim
+RESTART_AT = 0.25  # fraction of tasks terminal
+RESTART_DOWNTIME_SECONDS = 1.0
+TERMINATE_AT = (0.5, 0.75)
+DEADLINE_SECONDS = 150.0
+TICK_SECONDS = 0.2
+MODULE = "tests.chaos.agents"
+
+
+@dataclass
+class Fault:
+    """One fault we caused, for the report and the reconnect check."""
+
+    what: str
+    server_time: Any  # the database clock once the fault was over
+    survivors: list[WorkerProc]  # workers alive before and after it
+    detail: str = ""
+
+
+@dataclass
+class Journal:
+    """What the chaos loop did."""
+
+    seed: int
+    kills: list[tuple[int, int]] = field(default_factory=list)  # (pid, tasks it held)
+    faults: list[Fault] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _try(fn: Callable[[], Any], default: Any = None) -> Any:
+    """Run a query that may hit the restart window; ``default`` when the server is away."""
+    try:
+        return fn()
+    except sa.exc.DBAPIError:
+        return default
+
+
+def _submit_roots(store: Store) -> None:
+    store.submit_many("spend_fanout", "task", [
+        {"goal": f"chaos flat {i}", "n": FLAT_CHILDREN, "sleep": LEAF_SLEEP_SECONDS}
+        for i in range(FLAT_ROOTS)])
+    store.submit_many("spend_fanout", "task", [
+        {"goal": f"chaos nested {i}", "n": NESTED_BRANCHES, "inner": NESTED_LEAVES,
+         "sleep": LEAF_SLEEP_SECONDS} for i in range(NESTED_ROOTS)])
+
+
+def _run_chaos(store: Store, db_url: str, fleet: Fleet, server_ctl: ServerControl | None,
+               journal: Journal) -> WorkerProc:
+    """Drive the workers and the faults until every task is terminal; return the witness."""
+    rng = random.Random(journal.seed)
+    started = time.monotonic()
+    witness = fleet.start()
+    for _ in range(WORKERS - 1):
+        fleet.start()
+    next_kill = started + FIRST_KILL_AFTER_SECONDS
+    terminations = list(TERMINATE_AT)
+    restart_pending = True
+    while True:
+        now = time.monotonic()
+        counts = _try(lambda: status_counts(store))
+        if counts is not None:
+            total = sum(counts.values())
+            terminal = sum(counts[s] for s in ("done", "failed", "escalated"))
+            if total == EXPECTED_TASKS and terminal == total:
+                break
+            progress = terminal / EXPECTED_TASKS
+        else:
+            progress = 0.0
+        if now - started > DEADLINE_SECONDS:
+            raise AssertionError(f"not drained after {DEADLINE_SECONDS:g}s: {dict(counts or {})}")
+
+        if now >= next_kill:
+            victims = [w for w in fleet.alive() if w is not witness]
+            if victims:
+                victim = rng.choice(victims)
+                fleet.sigkill(victim)
+                held = _try(lambda pid=victim.pid: held_by(store, pid), [])
+                journal.kills.append((victim.pid, len(held)))
+            next_kill += KILL_EVERY_SECONDS
+
+        if restart_pending and progress >= RESTART_AT:
+            restart_pending = False
+            if server_ctl is None:
+                journal.notes.append("server restart skipped: this server cannot be restarted "
+                                     "from here (neither the embedded nor the system one)")
+            else:
+                before = fleet.alive()
+                took = server_ctl.restart(RESTART_DOWNTIME_SECONDS)
+                at = server_now(store)
+                journal.faults.append(Fault(
+                    "server restart", at, [w for w in before if w.alive()],
+                    f"{server_ctl.description}, down {RESTART_DOWNTIME_SECONDS:g}s, "
+                    f"{took:.1f}s in all, at {progress:.0%}"))
+
+        if terminations and progress >= terminations[0]:
+            terminations.pop(0)
+            before = fleet.alive()
+            cut = _try(lambda: terminate_backends(db_url), 0)
+            journal.faults.append(Fault("backends terminated", server_now(store),
+                                        [w for w in before if w.alive()],
+                                        f"{cut} sessions cut at {progress:.0%}"))
+
+        for _ in range(WORKERS - len(fleet.alive())):
+            fleet.start()
+        time.sleep(TICK_SECONDS)
+    journal.seconds = time.monotonic() - started
+    return witness
+
+
+def _stop_all(fleet: Fleet) -> dict[int, int | None]:
+    """SIGTERM every worker still alive (all at once), then collect their exit statuses."""
+    alive = fleet.alive()
+    for w in alive:
+        w.signalled = "SIGTERM"
+        w.proc.terminate()
+    codes: dict[int, int | None] = {}
+    for w in alive:
+        try:
+            codes[w.pid] = w.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            codes[w.pid] = None  # hung; the fixture SIGKILLs it
+    return codes
+
+
+def _startup_failures(fleet: Fleet) -> tuple[list[WorkerProc], list[WorkerProc]]:
+    """Split unsignalled exits into "could not reach the server at start" and the rest."""
+    tolerated, other = [], []
+    for w in fleet.unexpected_exits():
+        text = w.log()
+        if w.proc.returncode == 1 and "error: cannot reach" in text and "Traceback" not in text:
+            tolerated.append(w)
+        else:
+            other.append(w)
+    return tolerated, other
+
+
+@dataclass
+class Outcome:
+    """What held (or not) after the run."""
+
+    counts: Any
+    not_once: dict[Any, int]
+    tasks_with_events: int
+    dupes: list[Any]
+    children_per_parent: dict[int, int]
+    bad_spend: list[Any]
+    bad_parents: int
+    spend: tuple[int, Any, int]
+    call_tokens: int
+    own_tokens: int
+    unexplained: list[tuple[str, str, str | None]]
+    reaped: int
+    reconnects: list[tuple[Fault, int, dict[int, int]]]
+
+
+def _check(store: Store, journal: Journal, witness: WorkerProc) -> Outcome:
+    terminal = terminal_event_counts(store)
+    with store.engine.connect() as conn:
+        call_tokens, own_tokens = conn.execute(sa.text(
+            "SELECT (SELECT COALESCE(sum(prompt_tokens + completion_tokens), 0) "
+            "        FROM model_calls), (SELECT COALESCE(sum(own_tokens), 0) FROM tasks)")).one()
+        children_per_parent = dict(conn.execute(sa.text(
+            "SELECT n, count(*) FROM (SELECT parent_id, count(*) AS n FROM tasks "
+            "WHERE parent_id IS NOT NULL GROUP BY parent_id) x GROUP BY n")).all())
+    reconnects = [(f, events_by_pid(store, witness.pid, before=f.server_time),
+                   {w.pid: events_by_pid(store, w.pid, after=f.server_time)
+                    for w in f.survivors}) for f in journal.faults]
+    return Outcome(
+        counts=status_counts(store), not_once={t: n for t, n in terminal.items() if n != 1},
+        tasks_with_events=len(terminal), dupes=duplicate_children(store),
+        children_per_parent=children_per_parent, bad_spend=spend_mismatches(store),
+        bad_parents=parent_spend_mismatches(store), spend=spend_totals(store),
+        call_tokens=int(call_tokens), own_tokens=int(own_tokens),
+        unexplained=unexplained_failures(store), reaped=reaped_count(store),
+        reconnects=reconnects)
+
+
+def _report(journal: Journal, fleet: Fleet, o: Outcome, tolerated: list[WorkerProc],
+            witness: WorkerProc, witness_rc: int | None) -> None:
+    tokens, usd, calls = o.spend
+    print(f"\nchaos (seed {journal.seed}): {EXPECTED_TASKS} tasks drained in "
+          f"{journal.seconds:.1f}s; {len(fleet.workers)} worker processes started; "
+          f"witness worker pid {witness.pid}")
+    print(f"  did: {len(journal.kills)} SIGKILLs (killed workers held "
+          f"{sum(n for _, n in journal.kills)} leased tasks between them)")
+    for f, before, after in o.reconnects:
+        print(f"  did: {f.what} ({f.detail}); transitions written afterwards by the workers "
+              f"alive through it: {after} (witness before it: {before})")
+    for note in journal.notes:
+        print(f"  did: {note}")
+    print(f"  workers that could not start while the server was down: {len(tolerated)}")
+    print(f"  held: final statuses {dict(o.counts)}; reaper transitions {o.reaped}")
+    print(f"  held: one terminal transition per task: {not o.not_once} "
+          f"({o.tasks_with_events} tasks); duplicate children: {len(o.dupes)}; children per "
+          f"parent: {o.children_per_parent}")
+    print(f"  held: spend {tokens} tokens / ${usd} over {calls} model calls; roots whose "
+          f"total differs from their tree: {len(o.bad_spend)}; inner nodes off: "
+          f"{o.bad_parents}; recorded call tokens {o.call_tokens} vs own tokens "
+          f"{o.own_tokens}")
+    print(f"  held: failures not caused by the chaos itself: {len(o.unexplained)}; witness "
+          f"exit status on SIGTERM: {witness_rc}")
+    for agent, status, error in o.unexplained[:5]:
+        print(f"    {agent} {status}: {(error or '')[:300]}")
+
+
+def test_workers_and_server_die_and_every_task_is_recorded_once(
+        store: Store, db_url: str, make_fleet: Callable[[list[str]], Fleet],
+        server_ctl: ServerControl | None) -> None:
+    journal = Journal(seed=random.randrange(1 << 30))
+    fleet = make_fleet(["--agents-module", MODULE, "--agents", "spend_fanout,spender,judge",
+                        "--lease-seconds", str(LEASE_SECONDS)])
+    _submit_roots(store)
+    witness = _run_chaos(store, db_url, fleet, server_ctl, journal)
+    exit_codes = _stop_all(fleet)
+    tolerated, crashed = _startup_failures(fleet)
+    o = _check(store, journal, witness)
+    _report(journal, fleet, o, tolerated, witness, exit_codes.get(witness.pid))
+
+    logs = "\n".join(f"--- worker {w.number} pid {w.pid} exit {w.proc.returncode}:\n{w.log()}"
+                     for w in crashed)
+    assert not crashed, f"workers died on their own:\n{logs}"
+    assert sum(o.counts.values()) == EXPECTED_TASKS
+    assert set(o.counts) <= {"done", "failed", "escalated"}, o.counts
+    assert o.tasks_with_events == EXPECTED_TASKS and o.not_once == {}, o.not_once
+    assert o.dupes == []
+    assert o.children_per_parent == {FLAT_CHILDREN: FLAT_ROOTS + NESTED_ROOTS,
+                                     NESTED_LEAVES: NESTED_ROOTS * NESTED_BRANCHES}
+    assert o.spend[0] > 0 and o.bad_spend == [] and o.bad_parents == 0
+    assert o.call_tokens == o.own_tokens  # every charge recorded as a call, and only once
+    assert o.unexplained == [], o.unexplained
+    assert len(journal.kills) >= 5 and o.reaped > 0, "the kills hit nothing"
+    assert exit_codes.get(witness.pid) == 0, witness.log()
+    for f, before, after in o.reconnects:
+        assert before > 0, f"the witness had done nothing before the {f.what}"
+        assert after.get(witness.pid, 0) > 0, (
+            f"the witness worker wrote nothing after the {f.what}:\n{witness.log()}")
