@@ -17,7 +17,7 @@ from typing import Any
 
 from agents.registry import Registry, load_modules
 from runtime.config import Settings
-from runtime.db import create_db_engine, resolve_url, upgrade
+from runtime.db import create_db_engine, ensure_schema, resolve_url
 from runtime.errors import BadInput
 from runtime.store import NewTask, Store
 
@@ -31,7 +31,7 @@ def open_store(settings: Settings, migrate: bool = True) -> Store:
     """Resolve the database (embedded if none is named), migrate it, and open a Store."""
     url = resolve_url(settings.database.url)
     if migrate:
-        upgrade(url)
+        ensure_schema(url)
     return Store(create_db_engine(url, pool_size=settings.database.pool_size))
 
 

@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 HOME_ENV = "ORGCHART_HOME"
 DEFAULT_HOME = ".orgchart"
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+#: The newest migration; a test keeps it equal to Alembic's head. Lets every process skip
+#: loading Alembic when the database is already current.
+HEAD_REVISION = "0001"
 
 _embedded_lock = threading.Lock()
 _embedded: dict[Path, Any] = {}
@@ -141,6 +144,16 @@ def upgrade(url: str, revision: str = "head") -> None:
         raise DatabaseUnavailable(f"cannot reach {redacted(url)}: {exc.orig}") from exc
     finally:
         engine.dispose()
+
+
+def ensure_schema(url: str) -> None:
+    """Migrate to head unless the database is already there (one cheap query)."""
+    try:
+        if current_revision(url) == HEAD_REVISION:
+            return
+    except sa.exc.OperationalError as exc:
+        raise DatabaseUnavailable(f"cannot reach {redacted(url)}: {exc.orig}") from exc
+    upgrade(url)
 
 
 def downgrade(url: str, revision: str = "base") -> None:

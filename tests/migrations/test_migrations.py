@@ -87,3 +87,16 @@ def test_models_and_migrations_agree(db_url: str) -> None:
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     engine.dispose()
     assert diff == []
+
+
+def test_head_revision_constant_matches_alembic() -> None:
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(db.alembic_config("postgresql://unused/x"))
+    assert script.get_current_head() == db.HEAD_REVISION
+
+
+def test_ensure_schema_migrates_an_empty_database_once(empty_db_url: str) -> None:
+    db.ensure_schema(empty_db_url)
+    assert db.current_revision(empty_db_url) == db.HEAD_REVISION
+    db.ensure_schema(empty_db_url)  # already current: no Alembic run
