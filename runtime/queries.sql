@@ -116,12 +116,11 @@ RETURNING lease_token;
 -- A row that carries a verdict was judged inline by a worker that also runs the judge
 -- stage: it goes through 'judging' to its final status, and both transitions are
 -- recorded, in order, by the one INSERT below.
+-- The batch arrives as one JSON array (one json.dumps on the client, one parse here).
 WITH input AS (
-    SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:tokens AS uuid[]),
-                         CAST(:to_statuses AS text[]), CAST(:results AS jsonb[]),
-                         CAST(:errors AS text[]), CAST(:delays AS double precision[]),
-                         CAST(:details AS text[]), CAST(:verdicts AS jsonb[]))
-        AS i(id, token, to_status, result, error, delay, detail, verdict)
+    SELECT * FROM jsonb_to_recordset(CAST(:batch AS jsonb))
+        AS i(id uuid, token uuid, to_status text, result jsonb, error text,
+             delay double precision, detail text, verdict jsonb)
 ), upd AS (
     UPDATE tasks t
     SET status = i.to_status,
@@ -167,10 +166,8 @@ SELECT id, parent_id, status, (SELECT count(*) FROM notify) AS notified FROM upd
 -- task_finish_judging --
 -- Record the judge's verdict and move leased judging tasks to done, failed or escalated.
 WITH input AS (
-    SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:tokens AS uuid[]),
-                         CAST(:to_statuses AS text[]), CAST(:verdicts AS jsonb[]),
-                         CAST(:errors AS text[]), CAST(:details AS text[]))
-        AS i(id, token, to_status, verdict, error, detail)
+    SELECT * FROM jsonb_to_recordset(CAST(:batch AS jsonb))
+        AS i(id uuid, token uuid, to_status text, verdict jsonb, error text, detail text)
 ), upd AS (
     UPDATE tasks t
     SET status = i.to_status,

@@ -213,6 +213,11 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
+def _dumps_fast(value: Any) -> str:
+    """JSON for a batch parameter (no key sorting: nothing hashes it)."""
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
 def _json_or_none(value: Any) -> str | None:
     return None if value is None else _dumps(value)
 
@@ -348,20 +353,14 @@ class Store:
         if not outcomes:
             return done
         with self.transaction() as conn:
-            rows = conn.execute(
-                _TEXT["task_finish_running"],
-                {
-                    "ids": [o.task_id for o in outcomes],
-                    "tokens": [o.lease_token for o in outcomes],
-                    "to_statuses": [o.to_status for o in outcomes],
-                    "results": [_json_or_none(o.result) for o in outcomes],
-                    "errors": [o.error for o in outcomes],
-                    "delays": [float(o.delay_seconds) for o in outcomes],
-                    "details": [o.detail for o in outcomes],
-                    "verdicts": [_json_or_none(o.verdict) for o in outcomes],
-                    "worker": worker,
-                },
-            ).all()
+            batch = [
+                {"id": o.task_id, "token": o.lease_token, "to_status": o.to_status,
+                 "result": o.result, "error": o.error, "delay": float(o.delay_seconds),
+                 "detail": o.detail, "verdict": o.verdict}
+                for o in outcomes
+            ]
+            rows = conn.execute(_TEXT["task_finish_running"],
+                                {"batch": _dumps_fast(batch), "worker": worker}).all()
             done.applied = [r.id for r in rows]
             parents = {r.parent_id for r in rows
                        if r.parent_id is not None and r.status in TERMINAL_STATUSES}
@@ -375,18 +374,13 @@ class Store:
         if not outcomes:
             return done
         with self.transaction() as conn:
-            rows = conn.execute(
-                _TEXT["task_finish_judging"],
-                {
-                    "ids": [o.task_id for o in outcomes],
-                    "tokens": [o.lease_token for o in outcomes],
-                    "to_statuses": [o.to_status for o in outcomes],
-                    "verdicts": [_dumps(o.verdict) for o in outcomes],
-                    "errors": [o.error for o in outcomes],
-                    "details": [o.detail for o in outcomes],
-                    "worker": worker,
-                },
-            ).all()
+            batch = [
+                {"id": o.task_id, "token": o.lease_token, "to_status": o.to_status,
+                 "verdict": o.verdict, "error": o.error, "detail": o.detail}
+                for o in outcomes
+            ]
+            rows = conn.execute(_TEXT["task_finish_judging"],
+                                {"batch": _dumps_fast(batch), "worker": worker}).all()
             done.applied = [r.id for r in rows]
             parents = {r.parent_id for r in rows if r.parent_id is not None}
             done.parents_ready = self._fan_in(conn, parents, worker)

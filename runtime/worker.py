@@ -205,16 +205,21 @@ class Worker:
         runs = [a for a in actions if isinstance(a, RunOutcome)]
         verdicts = [a for a in actions if isinstance(a, JudgeOutcome)]
         if runs:
-            done = self.store.finish_running(runs, self.config.worker_id)
-            self._count(runs, done.applied, done.stale)
+            self._write_batch(runs, self.store.finish_running)
         if verdicts:
-            done = self.store.finish_judging(verdicts, self.config.worker_id)
-            self._count(verdicts, done.applied, done.stale)
+            self._write_batch(verdicts, self.store.finish_judging)
         for action in actions:
             if isinstance(action, DelegateAction):
-                applied, _ = self.store.delegate(action.task_id, action.lease_token,
-                                                 action.children, self.config.worker_id,
-                                                 action.detail)
+                try:
+                    applied, _ = self.store.delegate(action.task_id, action.lease_token,
+                                                     action.children, self.config.worker_id,
+                                                     action.detail)
+                except sa.exc.DataError as exc:  # a child payload the database refuses
+                    self._write_batch([RunOutcome(
+                        action.task_id, action.lease_token, "failed",
+                        error=f"delegation could not be stored: {exc.orig}")],
+                        self.store.finish_running)
+                    continue
                 self.stats.delegated += int(applied)
                 self.stats.stale += int(not applied)
             elif isinstance(action, RetryAction):
@@ -226,6 +231,33 @@ class Worker:
                 self.stats.dropped += 1
                 log.warning("task dropped", extra={"task_id": str(action.task_id),
                                                    "reason": action.reason})
+
+    def _write_batch(self, outcomes: list[Any], write: Any) -> None:
+        """Write a batch of outcomes in one statement.
+
+        A row the database refuses (a NUL character in a result, say) fails alone, with
+        the reason, instead of blocking the whole batch forever.
+        """
+        try:
+            done = write(outcomes, self.config.worker_id)
+        except sa.exc.DataError as exc:
+            if len(outcomes) > 1:
+                for outcome in outcomes:
+                    self._write_batch([outcome], write)
+                return
+            (bad,) = outcomes
+            log.warning("outcome refused by the database", extra={"task_id": str(bad.task_id)})
+            reason = f"the outcome could not be stored: {exc.orig}"
+            if isinstance(bad, RunOutcome):
+                done = self.store.finish_running(
+                    [RunOutcome(bad.task_id, bad.lease_token, "failed", error=reason)],
+                    self.config.worker_id)
+            else:
+                verdict = {"passed": False, "score": 0.0, "judge": "rules", "reasons": [reason]}
+                done = self.store.finish_judging(
+                    [JudgeOutcome(bad.task_id, bad.lease_token, "escalated", verdict,
+                                  error=reason)], self.config.worker_id)
+        self._count(outcomes, done.applied, done.stale)
 
     def _count(self, outcomes: list[Any], applied: list[uuid.UUID],
                stale: list[uuid.UUID]) -> None:

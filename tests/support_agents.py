@@ -97,3 +97,14 @@ class Boom(Agent):
 
     def run(self, ctx: AgentContext, task: TaskView) -> Result:
         raise RuntimeError("kaboom")
+
+
+class Nul(Agent):
+    """Returns a result PostgreSQL's jsonb refuses (a NUL character)."""
+
+    name = "nul"
+    input_model = AnyInput
+    output_model = AnyOutput
+
+    def run(self, ctx: AgentContext, task: TaskView) -> Result:
+        return Result({"text": "bad \u0000 byte"})

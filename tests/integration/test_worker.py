@@ -174,3 +174,14 @@ def test_worker_wakes_on_notify(runtime: Runtime) -> None:
     worker.stop("test")
     thread.join(10)
     assert status == "done"  # a 30 s poll would not have found it within 5 s
+
+
+def test_a_result_the_database_refuses_fails_alone_and_the_batch_goes_on(
+        runtime: Runtime) -> None:
+    bad = submit(runtime.store, "nul")
+    good = [submit(runtime.store, "echo", {"goal": str(i)})["id"] for i in range(3)]
+    drain(runtime)
+    row = runtime.store.get(bad["id"])
+    assert row["status"] == "failed"
+    assert "could not be stored" in row["error"]
+    assert all(runtime.store.get(i)["status"] == "done" for i in good)
