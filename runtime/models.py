@@ -188,14 +188,18 @@ class Task(Base):
 
 
 class TaskEvent(Base):
-    """One transition of one task, written in the same transaction as the transition."""
+    """One transition of one task, written in the same transaction as the transition.
+
+    No foreign key to ``tasks``: every event is inserted by the very statement that
+    changes its task, so it cannot point at a missing row, and the per-row FK trigger
+    cost about a fifth of the hot path's throughput (docs/performance.md). Pruning
+    deletes a tree's events with the tree.
+    """
 
     __tablename__ = "task_events"
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
-    task_id: Mapped[uuid.UUID] = mapped_column(
-        UUID(as_uuid=True), ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False
-    )
+    task_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
     from_status: Mapped[str | None] = mapped_column(Text)
     to_status: Mapped[str] = mapped_column(Text, nullable=False)
     at: Mapped[dt.datetime] = mapped_column(

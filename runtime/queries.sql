@@ -541,7 +541,7 @@ WHERE p.status = 'waiting'
                   AND c.status NOT IN ('done', 'failed', 'escalated'));
 
 -- task_delete_finished_trees --
--- Remove whole finished trees whose root completed before :before (events cascade).
+-- Remove whole finished trees whose root completed before :before, with their events.
 WITH old_roots AS (
     SELECT r.id
     FROM tasks r
@@ -552,6 +552,9 @@ WITH old_roots AS (
                       AND x.status NOT IN ('done', 'failed', 'escalated'))
 ), gone AS (
     DELETE FROM tasks t USING old_roots o WHERE t.root_id = o.id RETURNING t.id
+), gone_events AS (
+    -- task_events has no foreign key (see the model): its rows go with their tasks here.
+    DELETE FROM task_events e USING gone g WHERE e.task_id = g.id
 )
 SELECT (SELECT count(*) FROM old_roots) AS trees, (SELECT count(*) FROM gone) AS tasks;
 

@@ -387,3 +387,21 @@ def test_pickup_is_signalled_by_notify(db_url: str, store: Store) -> None:
         notes = list(listener.notifies(timeout=5.0, stop_after=1))
     assert [n.payload for n in notes] == ["echo"]
     assert time.monotonic() - start < 5.0
+
+
+def test_prune_removes_whole_finished_trees_with_their_events(store: Store) -> None:
+    import datetime as dt
+
+    parent, children = parent_with_children(store, 2)
+    unfinished = submit(store)
+    with store.transaction() as conn:
+        conn.execute(sa.text("UPDATE tasks SET status = 'done', completed_at = now() - "
+                             "interval '2 days' WHERE root_id = :r"), {"r": parent["id"]})
+        conn.execute(sa.text("UPDATE tasks SET completed_at = now() - interval '2 days' "
+                             "WHERE id = :id"), {"id": unfinished["id"]})
+    assert store.prune(dt.timedelta(days=1)) == (1, 3)
+    with store.engine.connect() as conn:
+        left = conn.execute(sa.text("SELECT count(*) FROM task_events WHERE task_id = ANY(:ids)"),
+                            {"ids": [parent["id"], *(c["id"] for c in children)]}).scalar()
+    assert left == 0
+    assert store.get(unfinished["id"])["status"] == "pending"
