@@ -21,7 +21,6 @@ import hmac
 import html
 import json
 import logging
-import math
 import os
 import urllib.parse
 import uuid
@@ -39,6 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agents.registry import Registry, UnknownAgent
+from runtime.app import check_storable
 from runtime.cli_inspect import (
     API_TOKEN_ENV,
     escalation_json,
@@ -118,27 +118,6 @@ async def _send_error(send: Send, status: int, message: str,
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
-
-
-def _check_text(value: Any, where: str) -> None:
-    """Refuse what PostgreSQL cannot store: NUL characters, lone surrogates, NaN/Infinity."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise BadInput(f"{where} contains a NUL character (\\u0000), which PostgreSQL "
-                           "cannot store")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BadInput(f"{where} is not valid Unicode (a lone surrogate)") from None
-    elif isinstance(value, float) and not math.isfinite(value):
-        raise BadInput(f"{where} holds {value}, which JSON cannot carry")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_text(key, f"{where} (a key)")
-            _check_text(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _check_text(item, f"{where}[{i}]")
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -348,8 +327,8 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
         idempotency_key: str | None = Header(None, alias="Idempotency-Key"),
     ) -> Response:
         """Submit a root goal; 201 with the new task, 200 with the same task for a repeat."""
-        _check_text(body.model_dump(mode="python"), "body")
-        _check_text(idempotency_key, "the Idempotency-Key header")
+        check_storable(body.model_dump(mode="python"), "body")
+        check_storable(idempotency_key, "the Idempotency-Key header")
         new = build_root(
             registry, settings, goal=body.prompt, agent=body.agent, type_=body.type,
             priority=body.priority, budget_tokens=body.budget_tokens,
@@ -391,11 +370,11 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
         if body.action == "reassign":
             if not body.agent:
                 raise BadInput("action 'reassign' needs 'agent': the agent to hand it to")
-            _check_text(body.agent, "agent")
+            check_storable(body.agent, "agent")
             registry.get(body.agent)
         elif body.agent is not None:
             raise BadInput(f"'agent' is only used with action 'reassign', not {body.action!r}")
-        _check_text(body.note, "note")
+        check_storable(body.note, "note")
         task = store.resolve(task_id, body.action, actor="api", note=body.note,
                              reassign_to=body.agent)
         return task_json(task)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -129,6 +130,11 @@ def build_root(registry: Registry, settings: Settings, *, goal: str | None, agen
     body: dict[str, Any] = dict(payload or {})
     if goal is not None:
         body.setdefault("goal", goal)
+    check_storable(body, "the payload")
+    check_storable(success, "--success")
+    check_storable(kill, "--kill")
+    if idempotency_key is not None:
+        check_storable(idempotency_key, "the idempotency key")
     size = len(json.dumps(body).encode())
     limit = settings.policies.max_payload_bytes
     if size > limit:
@@ -161,6 +167,32 @@ def build_root(registry: Registry, settings: Settings, *, goal: str | None, agen
         budget_tokens=budget_tokens, budget_seconds=budget_seconds, budget_usd=usd,
         success_criteria=success, kill_criteria=kill, idempotency_key=idempotency_key,
     )
+
+
+def check_storable(value: Any, where: str) -> None:
+    """Refuse what PostgreSQL cannot store: NUL characters, lone surrogates, NaN/Infinity.
+
+    Raises:
+        BadInput: naming where in the value the problem is.
+
+    """
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise BadInput(f"{where} contains a NUL character (\\u0000), which PostgreSQL "
+                           "cannot store")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadInput(f"{where} is not valid Unicode (a lone surrogate)") from None
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise BadInput(f"{where} holds {value}, which JSON cannot carry")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_storable(key, f"{where} (a key)")
+            check_storable(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_storable(item, f"{where}[{i}]")
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")

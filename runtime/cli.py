@@ -248,6 +248,9 @@ def worker(
     once: Annotated[bool, typer.Option(help="Exit when the queue is empty.")] = False,
     no_maintenance: Annotated[bool, typer.Option(
         help="Do not run the reaper, watchdog and sweeper.")] = False,
+    worker_id: Annotated[str | None, typer.Option(
+        help="Name written as lease_owner and in task_events (default host:pid:random).")]
+    = None,
     agents_module: ModulesOpt = None, json_: JsonOpt = False,
 ) -> None:
     """Claim and run tasks until stopped (SIGTERM/SIGINT), a cap, or an empty queue."""
@@ -256,7 +259,7 @@ def worker(
     w = runtime.worker(names, concurrency=concurrency, batch_size=batch_size,
                        task_cap=task_cap, wall_clock_seconds=wall_clock,
                        lease_seconds=lease_seconds, once=once,
-                       maintenance=not no_maintenance)
+                       maintenance=not no_maintenance, worker_id=worker_id)
     _install_stop_signals(w.stop)
     err.print(f"worker {w.config.worker_id} serving {', '.join(w.config.agents)}",
               style="dim", markup=False, highlight=False)
