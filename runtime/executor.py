@@ -122,6 +122,10 @@ Action = RunOutcome | JudgeOutcome | DelegateAction | RetryAction | Dropped
 
 #: Errors that mean the database connection went away (restart, terminated backend).
 DATABASE_GONE: tuple[type[Exception], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError)
+#: Infrastructure errors a task is retried for with backoff (seed 001).
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (TransientModelError, *DATABASE_GONE)
+#: Errors that leave a judging task to the reaper (it goes back to the judge stage).
+JUDGE_INTERRUPTED: tuple[type[Exception], ...] = (LeaseLost, *DATABASE_GONE)
 
 
 class DelegationRefused(Exception):
@@ -194,7 +198,7 @@ class Executor:
             return self._decide(cls, view, row, decision, llm, outcome)
         except LeaseLost:
             return Dropped(task_id, "lease lost while the agent worked")
-        except (TransientModelError, *DATABASE_GONE) as exc:
+        except TRANSIENT_ERRORS as exc:
             # The model server or the database went away mid-task: infrastructure, retried.
             retries = int(row.get("retry_count") or 0)
             if retries < self.settings.retry.max_retry:
@@ -359,7 +363,7 @@ class Executor:
             llm = self.llm_factory.for_task(row, row["lease_token"], lease_lost)
         try:
             judgement = self.judge(row, children, llm, self.settings)
-        except (LeaseLost, *DATABASE_GONE) as exc:
+        except JUDGE_INTERRUPTED as exc:
             # Leave it leased: the reaper hands it back to the judge stage.
             return Dropped(row["id"], f"judge interrupted: {type(exc).__name__}")
         except Exception as exc:
