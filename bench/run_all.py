@@ -1,0 +1,122 @@
+"""Run every benchmark against one server and write ``bench/results/latest.json``.
+
+    python -m bench.run_all [--out PATH] [--only drain,reference] [--quick]
+
+The server is ``ORGCHART_DATABASE_URL`` (else the embedded PostgreSQL); each benchmark
+works in a scratch database of its own. The raw-SQL reference runs right before the
+drain and again right after it, on the same server; ``drain_vs_reference`` divides the
+drain by the mean of the two, so the ratio survives a noisy machine.
+``--quick`` uses toy sizes (a check that everything runs, not a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import claim_latency, drain, fanin, pickup, reference, tree_read, worker_memory
+from bench.common import RESULTS_DIR, machine, server_url
+
+ORDER = ("reference", "drain", "pickup", "fanin", "claim_latency", "tree_read", "worker_memory")
+
+FULL: dict[str, dict[str, Any]] = {
+    "reference": {"n": 20_000, "threads": 4},
+    "drain": {"n": 20_000, "sweep_n": 10_000},
+    "pickup": {"samples": 50},
+    "fanin": {"children": 10_000, "repeats": 5},
+    "claim_latency": {"pending": 1_000, "finished": 1_000_000, "samples": 500},
+    "tree_read": {"nodes": 10_000, "repeats": 7},
+    "worker_memory": {"n": 20_000},
+}
+
+QUICK: dict[str, dict[str, Any]] = {
+    "reference": {"n": 200, "threads": 4},
+    "drain": {"n": 200, "sweep_n": 100, "grid": ("1x8x50",)},
+    "pickup": {"samples": 3},
+    "fanin": {"children": 200, "repeats": 2, "batch": 50, "last_batch": 20},
+    "claim_latency": {"pending": 200, "finished": 2_000, "samples": 20, "deep": 500},
+    "tree_read": {"nodes": 200, "repeats": 2},
+    "worker_memory": {"n": 200},
+}
+
+MAINS: dict[str, Callable[..., dict[str, Any]]] = {
+    "reference": reference.main,
+    "drain": drain.main,
+    "pickup": pickup.main,
+    "fanin": fanin.main,
+    "claim_latency": claim_latency.main,
+    "tree_read": tree_read.main,
+    "worker_memory": worker_memory.main,
+}
+
+
+def run(only: tuple[str, ...] = ORDER, quick: bool = False,
+        server: str | None = None) -> dict[str, Any]:
+    """Run the benchmarks named in ``only`` (in the standard order); return latest.json's body."""
+    unknown = [name for name in only if name not in MAINS]
+    if unknown:
+        raise ValueError(f"unknown benchmark {unknown[0]!r}; choose from {', '.join(ORDER)}")
+    server = server or server_url()
+    sizes = QUICK if quick else FULL
+    out: dict[str, Any] = {
+        "ts": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine(server),
+        "quick": quick,
+    }
+    durations: dict[str, float] = {}
+    started = time.perf_counter()
+    for name in ORDER:
+        if name not in only:
+            continue
+        kwargs = dict(sizes[name])
+        if name == "worker_memory" and "drain_settings" in out:  # the drain's best setting
+            kwargs.update(concurrency=out["drain_settings"]["concurrency"],
+                          batch_size=out["drain_settings"]["batch_size"])
+        t0 = time.perf_counter()
+        out.update(MAINS[name](server=server, **kwargs))
+        if name == "drain" and "reference_tasks_per_s" in out:  # the reference again
+            again = reference.main(server=server, **sizes["reference"])
+            out["reference_after_drain_tasks_per_s"] = again["reference_tasks_per_s"]
+        durations[name] = round(time.perf_counter() - t0, 1)
+    if "drain_tasks_per_s" in out and "reference_tasks_per_s" in out:
+        ref = (out["reference_tasks_per_s"] + out["reference_after_drain_tasks_per_s"]) / 2
+        out["reference_mean_tasks_per_s"] = round(ref, 1)
+        out["drain_vs_reference"] = round(out["drain_tasks_per_s"] / ref, 2)
+        out["drain_after_startup_vs_reference"] = round(
+            out["drain_tasks_per_s_after_startup"] / ref, 2)
+        out["drain_vs_batched_reference"] = round(
+            out["drain_tasks_per_s"] / out["reference_batched_tasks_per_s"], 3)
+    out["durations_s"] = durations
+    out["total_s"] = round(time.perf_counter() - started, 1)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse the command line, run, print the headline and write the JSON file."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "latest.json")
+    parser.add_argument("--only", default=",".join(ORDER),
+                        help=f"comma-separated subset of: {', '.join(ORDER)}")
+    parser.add_argument("--quick", action="store_true", help="toy sizes (checks, not figures)")
+    args = parser.parse_args(argv)
+    only = tuple(s.strip() for s in args.only.split(",") if s.strip())
+    result = run(only, args.quick)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"== wrote {args.out} ({result['total_s']} s)")
+    for key in ("drain_tasks_per_s", "drain_settings", "reference_tasks_per_s",
+                "reference_after_drain_tasks_per_s", "drain_vs_reference",
+                "pickup_p50_ms", "pickup_p95_ms", "fanin_p95_ms", "claim_ms_small_table",
+                "claim_ms_1m_finished", "tree_ms_10k", "worker_peak_rss_mb"):
+        if key in result:
+            print(f"  {key}: {result[key]}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

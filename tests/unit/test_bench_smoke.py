@@ -1,0 +1,143 @@
+"""Every benchmark runs end to end at a toy size and returns its figures (no timing checks)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from bench import claim_latency, drain, fanin, pickup, reference, run_all, tree_read, worker_memory
+from bench.common import percentile
+
+
+def _numbers(figures: dict[str, Any], *keys: str) -> None:
+    for key in keys:
+        assert key in figures, f"missing {key}"
+        value = figures[key]
+        assert isinstance(value, int | float) and math.isfinite(value) and value >= 0, (key, value)
+
+
+def _database_exists(server_url: str, name: str) -> bool:
+    engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
+    with engine.connect() as conn:
+        found = conn.execute(sa.text("SELECT 1 FROM pg_database WHERE datname = :n"),
+                             {"n": name}).first()
+    engine.dispose()
+    return found is not None
+
+
+def test_reference(server_url: str) -> None:
+    figures = reference.main(n=200, threads=4, batch=50, server=server_url)
+    _numbers(figures, "reference_tasks_per_s", "reference_batched_tasks_per_s",
+             "reference_client_cpu_ms_per_task")
+    assert figures["reference_tasks"] == 200
+
+
+def test_drain(server_url: str) -> None:
+    figures = drain.main(n=200, sweep_n=50, grid=("1x8x50", "1x4x20"), server=server_url)
+    _numbers(figures, "drain_tasks_per_s", "drain_seconds", "drain_tasks_per_s_after_startup",
+             "drain_worker_peak_rss_mb")
+    assert figures["drain_events_per_task"] == 4.0
+    _numbers(figures, "drain_worker_cpu_ms_per_task")
+    assert figures["drain_postgres_cpu_ms_per_task"] is None or \
+        figures["drain_postgres_cpu_ms_per_task"] >= 0  # None: the server is not on this machine
+    assert len(figures["drain_sweep"]) == 2
+    assert set(figures["drain_settings"]) == {"processes", "concurrency", "batch_size"}
+
+
+def test_drain_setting_errors() -> None:
+    assert str(drain.Setting.parse("2x32x100")) == "2x32x100"
+    with pytest.raises(ValueError, match="PROCSxCONCURRENCYxBATCH"):
+        drain.Setting.parse("2x32")
+    with pytest.raises(ValueError, match="at least 1"):
+        drain.Setting.parse("0x32x100")
+
+
+def test_pickup(server_url: str) -> None:
+    figures = pickup.main(samples=3, server=server_url)
+    _numbers(figures, "pickup_p50_ms", "pickup_p95_ms", "pickup_max_ms")
+
+
+def test_fanin(server_url: str) -> None:
+    figures = fanin.main(children=120, repeats=2, batch=50, last_batch=10, server=server_url)
+    _numbers(figures, "fanin_p95_ms", "fanin_p50_ms", "fanin_sweeper_p95_ms",
+             "fanin_sweep_p50_ms", "fanin_last_finish_p50_ms")
+    assert figures["fanin_children"] == 120
+
+
+def test_claim_latency(server_url: str) -> None:
+    figures = claim_latency.main(pending=100, finished=1_000, samples=10, deep=300,
+                                 server=server_url)
+    _numbers(figures, "claim_ms_small_table", "claim_ms_1m_finished", "claim_ms_20k_pending")
+    assert "ix_tasks_claimable" in figures["claim_plan_1m"]
+
+
+def test_tree_read(server_url: str) -> None:
+    figures = tree_read.main(nodes=200, repeats=2, server=server_url)
+    _numbers(figures, "tree_ms_10k", "tree_read_rows_ms", "tree_nest_ms")
+    assert figures["tree_nodes"] == 200
+
+
+def test_tree_count_is_exact(server_url: str) -> None:
+    figures = tree_read.main(nodes=60, repeats=1, server=server_url)  # 1 + 7 + 7 * 7 + 3
+    assert figures["tree_nodes"] == 60
+
+
+def test_worker_memory(server_url: str) -> None:
+    figures = worker_memory.main(n=200, concurrency=8, batch_size=50, server=server_url)
+    _numbers(figures, "worker_peak_rss_mb", "worker_rss_at_end_mb")
+    assert figures["worker_peak_rss_mb"] > 0
+
+
+def test_run_all_writes_json(server_url: str, tmp_path: Any,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORGCHART_DATABASE_URL", server_url)
+    out = tmp_path / "latest.json"
+    result = run_all.main(["--quick", "--only", "drain,reference", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved == result
+    assert saved["machine"]["nproc"] >= 1 and saved["machine"]["postgresql"]
+    assert saved["ts"] and saved["quick"] is True
+    _numbers(saved, "reference_tasks_per_s", "reference_after_drain_tasks_per_s",
+             "drain_tasks_per_s", "drain_vs_reference", "drain_after_startup_vs_reference")
+    assert set(saved["durations_s"]) == {"reference", "drain"}
+    assert "tree_ms_10k" not in saved  # only what was asked ran
+
+
+def test_run_all_rejects_unknown_names(server_url: str) -> None:
+    with pytest.raises(ValueError, match="unknown benchmark 'drian'"):
+        run_all.run(("drian",), quick=True, server=server_url)
+
+
+def test_server_cpu_is_read_for_a_local_server(server_url: str) -> None:
+    from bench.common import server_cpu_seconds
+
+    host = sa.engine.make_url(server_url).host
+    seconds = server_cpu_seconds(server_url)
+    if host in (None, "", "localhost", "127.0.0.1", "::1"):  # a server on this machine
+        assert seconds is not None and seconds > 0
+    else:
+        assert seconds is None or seconds > 0
+
+
+def test_percentile_matches_linear_interpolation() -> None:
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([5], 95) == 5
+    assert percentile([0, 10], 95) == pytest.approx(9.5)
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_scratch_database_is_dropped_on_error(server_url: str) -> None:
+    from bench.common import scratch_database
+
+    names = []
+    with pytest.raises(RuntimeError, match="boom"), scratch_database("smoke", server_url) as url:
+        names.append(sa.engine.make_url(url).database)
+        assert _database_exists(server_url, names[0])
+        raise RuntimeError("boom")
+    assert names[0].startswith("bench_smoke_")
+    assert not _database_exists(server_url, names[0])
