@@ -253,7 +253,9 @@ class Executor:
             if view.phase != "aggregate":
                 raise DelegationRefused("RetryChildren is only valid from aggregate")
             if decision.reassign_to is not None:
-                self.registry.get(decision.reassign_to)
+                violation = self._check_reassignment(view, decision)
+                if violation is not None:
+                    return outcome("escalated", error=str(violation))
             what = (f"reassigned {len(decision.child_ids)} children to {decision.reassign_to}"
                     if decision.reassign_to else f"retried {len(decision.child_ids)} children")
             return RetryAction(view.id, row["lease_token"], list(decision.child_ids),
@@ -262,6 +264,28 @@ class Executor:
             f"agent {cls.name!r} returned {type(decision).__name__}; expected Result, Delegate, "
             "Fail, Escalate or (from aggregate) RetryChildren"
         )
+
+    def _check_reassignment(self, view: TaskView, decision: RetryChildren) -> Any:
+        """A reassignment is a delegation to another agent: same checks as a delegation."""
+        agent = str(decision.reassign_to)
+        try:
+            self.registry.get(agent)
+        except UnknownAgent as exc:
+            raise DelegationRefused(str(exc)) from None
+        children = {c["id"]: c for c in self.store.children(view.id)}
+        specs = []
+        for child_id in decision.child_ids:
+            child = children.get(child_id)
+            if child is None:
+                raise DelegationRefused(f"{child_id} is not a child of {view.id}")
+            try:
+                self.registry.validate_input(agent, child["payload"])
+            except InvalidInput as exc:
+                raise DelegationRefused(f"reassigning {child_id}: {exc}") from None
+            specs.append(ChildSpec(agent=agent, payload=child["payload"],
+                                   key=child.get("idempotency_key") or str(child_id),
+                                   type=child["type"]))
+        return self.policies.validate_delegation(view, specs)
 
     def _carve(self, parent: TaskView, specs: list[ChildSpec], llm: Any) -> list[ChildRow]:
         """Carve children's budgets from what the parent has left (tree-wide budgets).

@@ -71,7 +71,8 @@ class Fanout(Agent):
         failed = [c for c in children if not c.ok]
         if failed and task.payload.get("retry_failed") and all(
                 c.status == "failed" for c in failed) and task.attempt < 3:
-            return RetryChildren([c.id for c in failed], reassign_to="echo")
+            return RetryChildren([c.id for c in failed],
+                                 reassign_to=str(task.payload.get("reassign", "echo")))
         if failed:
             return Escalate(f"{len(failed)} children failed")
         return Result({"parts": len(children)})

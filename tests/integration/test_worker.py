@@ -185,3 +185,13 @@ def test_a_result_the_database_refuses_fails_alone_and_the_batch_goes_on(
     assert row["status"] == "failed"
     assert "could not be stored" in row["error"]
     assert all(runtime.store.get(i)["status"] == "done" for i in good)
+
+
+def test_a_reassignment_outside_the_org_chart_escalates_the_parent(runtime: Runtime) -> None:
+    # fanout may not delegate to noop: a reassignment is a delegation, and is checked.
+    root = submit(runtime.store, "fanout", {"goal": "g", "n": 1, "child": "boom",
+                                            "retry_failed": True, "reassign": "noop"})
+    drain(runtime)
+    row = runtime.store.get(root["id"])
+    assert row["status"] == "escalated"
+    assert row["error"].startswith("policy delegation_edges:"), row["error"]
