@@ -155,9 +155,15 @@ def submit(goal: str, agent: AgentOpt = "ceo", type_: TypeOpt = None, priority: 
            kill: KillOpt = None, idempotency_key: KeyOpt = None,
            agents_module: ModulesOpt = None, json_: JsonOpt = False) -> None:
     """Submit a root goal; print its id (the root id)."""
+    from types import SimpleNamespace
+
+    from runtime.app import load_registry, open_store
     from runtime.serialize import task_json
 
-    runtime = _runtime(agents_module, announce=False)
+    # Submitting needs the agents' schemas and the database, not the model backend.
+    config = settings()
+    registry = load_registry(config, agents_module or [])
+    runtime = SimpleNamespace(settings=config, registry=registry, store=open_store(config))
     task, created = _submit(runtime, goal, agent, type_, priority, budget_tokens,
                             budget_seconds, budget_usd, payload, success, kill, idempotency_key)
     if json_:
