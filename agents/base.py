@@ -113,7 +113,11 @@ class TaskView:
 
 @dataclass(frozen=True)
 class ChildView:
-    """A finished child, as ``aggregate`` sees it."""
+    """A finished child, as ``aggregate`` sees it.
+
+    ``retries`` counts how often the child went back to pending: transient-error retries
+    and retries by its parent's ``aggregate`` alike (the task's ``retry_count``).
+    """
 
     id: uuid.UUID
     agent: str
@@ -126,6 +130,7 @@ class ChildView:
     verdict: dict[str, Any] | None
     spent_tokens: int
     spent_usd: Decimal
+    retries: int = 0
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> ChildView:
@@ -137,6 +142,7 @@ class ChildView:
             result=row.get("result"), error=row.get("error"), verdict=row.get("verdict"),
             spent_tokens=int(row.get("spent_tokens") or 0),
             spent_usd=Decimal(row.get("spent_usd") or 0),
+            retries=int(row.get("retry_count") or 0),
         )
 
     @property

@@ -45,16 +45,13 @@ def brief_text(plan: Plan) -> str:
 class Ceo(Agent):
     """Turns a goal into a research brief, then the director's findings into a report.
 
-    Failed research is escalated, not retried. ``aggregate`` sees only the children's
-    current status: nothing tells it whether it already sent the director back once
-    (a retried child's error and result are cleared, and its payload is unchanged), so
-    an automatic retry could not be bounded and would loop on a failure that repeats.
-    Retrying would not help the common case either: a re-run director finds its failed
-    scouts still there (children are unique per key) and fails the same way. Retries of
-    individual scouts belong one level down, where the director already tolerates one
-    failed scout. So when the director ends ``failed`` or ``escalated``, the CEO escalates
-    with the director's status and error in the reason, and a person decides: resolve
-    the root ``done`` or ``failed`` (``orgchart resolve``), or submit the goal again.
+    Failed research is escalated, not retried: retries belong one level down, where the
+    director tolerates one missing scout and retries failed scouts once (bounded by
+    ``ChildView.retries``). A re-run director would find the same children (unique per
+    key) and end the same way. So when the director ends ``failed`` or ``escalated``, the
+    CEO escalates with the director's status and error in the reason, and a person
+    decides: resolve the root ``done`` or ``failed`` (``orgchart resolve``), or submit the
+    goal again.
     """
 
     name = "ceo"

@@ -23,6 +23,7 @@ from agents.base import (
     Delegate,
     Escalate,
     Result,
+    RetryChildren,
     TaskView,
 )
 from agents.context import AgentContext
@@ -100,13 +101,21 @@ class IntelDirector(Agent):
         return Delegate(children, note=f"research fanned out to {len(children)} scouts")
 
     def aggregate(self, ctx: AgentContext, task: TaskView,
-                  children: list[ChildView]) -> Result | Escalate:
-        """Merge the scouts' findings; note one missing scout, escalate when more are."""
+                  children: list[ChildView]) -> Result | Escalate | RetryChildren:
+        """Merge the scouts' findings; tolerate one missing scout.
+
+        With more missing, failed scouts are retried once, then the director escalates.
+        """
         request = task_input(task, ResearchRequest)
         done = [c for c in children if c.ok]
         missing = [c for c in children if not c.ok]
         gaps = [f"{child_label(c)} {c.status}: {c.error or 'no error given'}" for c in missing]
         if len(missing) > MAX_FAILED_SCOUTS or not done:
+            # Too few to merge. Scouts that failed (not escalated: those wait for a
+            # person) get one more try before the director gives up.
+            again = [c.id for c in missing if c.status == "failed" and c.retries == 0]
+            if again:
+                return RetryChildren(again, note=f"retrying {len(again)} failed scout(s) once")
             return Escalate(
                 f"{len(missing)} of {len(children)} scouts did not succeed, too few to merge: "
                 + "; ".join(gaps)

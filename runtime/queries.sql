@@ -315,6 +315,7 @@ WITH parent AS (
         completed_at = NULL,
         available_at = now(),
         delivery_count = 0,
+        retry_count = c.retry_count + 1,
         updated_at = now()
     FROM parent p
     WHERE c.parent_id = p.id

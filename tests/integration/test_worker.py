@@ -107,6 +107,7 @@ def test_aggregate_can_retry_failed_children_on_another_agent(runtime: Runtime) 
     children = runtime.store.children(root["id"])
     assert {c["to_agent"] for c in children} == {"echo"}
     assert len(children) == 2
+    assert all(c["retry_count"] == 1 for c in children)  # what ChildView.retries reads
 
 
 def test_stop_releases_what_the_worker_still_holds(runtime: Runtime) -> None:

@@ -28,6 +28,7 @@ from agents.base import (
     Delegate,
     Escalate,
     Result,
+    RetryChildren,
     TaskView,
 )
 from agents.context import AgentContext
@@ -126,6 +127,11 @@ def child_view(spec: ChildSpec, status: str = "done", result: Any = None,
                      verdict=None, spent_tokens=0, spent_usd=Decimal(0))
 
 
+def retried(view: ChildView) -> ChildView:
+    """The same child after a retry that broke the same way again."""
+    return replace(view, retries=view.retries + 1)
+
+
 def check_output(agent: str, output: Any) -> dict[str, Any]:
     """The result must be JSON and valid for the agent's output model."""
     assert isinstance(output, dict)
@@ -156,6 +162,12 @@ def drive(agent: str, payload: dict[str, Any], llm: ScriptedLLM,
                 views.append(child_view(spec, "escalated", error=sub.reason))
         aggregating = replace(task, phase="aggregate")
         outcome = cls().aggregate(make_ctx(llm, aggregating, offline), aggregating, views)
+        for _ in range(3):  # a retried child that was broken breaks again
+            if not isinstance(outcome, RetryChildren):
+                break
+            assert outcome.child_ids and outcome.reassign_to is None
+            views = [retried(v) if v.id in outcome.child_ids else v for v in views]
+            outcome = cls().aggregate(make_ctx(llm, aggregating, offline), aggregating, views)
     if isinstance(outcome, Result):
         check_output(agent, outcome.output)
     return outcome
@@ -310,6 +322,25 @@ def test_director_escalates_when_two_scouts_failed_without_calling_the_model() -
     assert "market_researcher (market) failed: market broke" in out.reason
     assert "competitor_scout (competitors) escalated: competitors broke" in out.reason
     assert llm.prompts_for(IntelDraft) == []
+
+
+def test_director_retries_failed_scouts_once_before_escalating() -> None:
+    llm = ScriptedLLM()
+    cls = registry.get("intel_director")
+    task = replace(make_task("intel_director", {"goal": GOAL}), phase="aggregate")
+    specs = cls().run(make_ctx(llm, task, False), task).children
+    views = [child_view(spec, "failed" if spec.key in ("market", "trends") else
+                        "escalated" if spec.key == "competitors" else "done",
+                        error=f"{spec.key} broke") for spec in specs]
+    first = cls().aggregate(make_ctx(llm, task, False), task, views)
+    assert isinstance(first, RetryChildren)
+    by_key = {v.key: v.id for v in views}
+    # Failed scouts get one more try; an escalated one waits for a person.
+    assert set(first.child_ids) == {by_key["market"], by_key["trends"]}
+    again = [retried(v) if v.id in first.child_ids else v for v in views]
+    second = cls().aggregate(make_ctx(llm, task, False), task, again)
+    assert isinstance(second, Escalate)
+    assert second.reason.startswith("3 of 3 scouts did not succeed")
 
 
 def test_an_escalating_director_makes_the_ceo_escalate() -> None:
