@@ -12,205 +12,45 @@ them; :func:`runtime.serialize.task_json` turns one into the public JSON shape.
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
 import json
 import logging
-import re
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from decimal import Decimal
-from pathlib import Path
-from typing import Any, LiteralString
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from runtime.models import TERMINAL_STATUSES
+from runtime.queries import QUERIES, QUERIES_FILE, Task, load_queries
+from runtime.queries import TEXT as _TEXT
+from runtime.store_reads import StoreReads
+from runtime.store_types import (
+    ChildRow,
+    Finished,
+    IdempotencyConflict,
+    JudgeOutcome,
+    ModelCharge,
+    NewTask,
+    NotFound,
+    Reaped,
+    ResolveRefused,
+    RunOutcome,
+    Swept,
+    TimedOut,
+    canonical_json,
+)
+
+__all__ = [
+    "QUERIES", "QUERIES_FILE", "ChildRow", "Finished", "IdempotencyConflict", "JudgeOutcome",
+    "ModelCharge", "NewTask", "NotFound", "Reaped", "ResolveRefused", "RunOutcome", "Store",
+    "Swept", "Task", "TimedOut", "load_queries",
+]
 
 log = logging.getLogger(__name__)
 
-QUERIES_FILE = Path(__file__).with_name("queries.sql")
-_BLOCK = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
-
-Task = dict[str, Any]
-
-
-def load_queries(path: Path = QUERIES_FILE) -> dict[str, LiteralString]:
-    """Parse ``queries.sql`` into ``{name: sql}`` (procrastinate's ``queries.sql`` layout)."""
-    text = path.read_text(encoding="utf-8")
-    parts = _BLOCK.split(text)
-    queries: dict[str, LiteralString] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        if name in queries:
-            raise ValueError(f"{path}: query {name!r} is defined twice")
-        queries[name] = body.strip()  # type: ignore[assignment]
-    return queries
-
-
-QUERIES = load_queries()
-_TEXT = {name: sa.text(sql) for name, sql in QUERIES.items()}
-
-
-class IdempotencyConflict(ValueError):
-    """The idempotency key is already used by a different request."""
-
-    def __init__(self, key: str, task_id: uuid.UUID) -> None:
-        super().__init__(
-            f"idempotency key {key!r} is already used by task {task_id} with a different request"
-        )
-        self.key = key
-        self.task_id = task_id
-
-
-class ResolveRefused(ValueError):
-    """A resolution that cannot be applied (task not escalated, parent already aggregated)."""
-
-
-class NotFound(LookupError):
-    """No task with that id."""
-
-
-@dataclass(frozen=True)
-class NewTask:
-    """A root task to submit."""
-
-    to_agent: str
-    type: str
-    payload: dict[str, Any]
-    priority: int = 5
-    budget_tokens: int = 50_000
-    budget_seconds: int = 300
-    budget_usd: Decimal = Decimal("1.0")
-    success_criteria: dict[str, Any] | None = None
-    kill_criteria: dict[str, Any] | None = None
-    idempotency_key: str | None = None
-    from_agent: str | None = None
-    hypothesis_id: uuid.UUID | None = None
-
-    def request_hash(self) -> str:
-        """A stable hash of everything that defines the request (idempotency conflicts)."""
-        body = {
-            "to_agent": self.to_agent,
-            "type": self.type,
-            "payload": self.payload,
-            "priority": self.priority,
-            "budget_tokens": self.budget_tokens,
-            "budget_seconds": self.budget_seconds,
-            "budget_usd": str(Decimal(self.budget_usd).normalize()),
-            "success_criteria": self.success_criteria,
-            "kill_criteria": self.kill_criteria,
-        }
-        return hashlib.sha256(_dumps(body).encode()).hexdigest()
-
-
-@dataclass(frozen=True)
-class ChildRow:
-    """A child task to insert when a parent delegates (budgets already carved)."""
-
-    to_agent: str
-    type: str
-    payload: dict[str, Any]
-    key: str
-    budget_tokens: int
-    budget_seconds: int
-    budget_usd: Decimal
-    priority: int | None = None
-    success_criteria: dict[str, Any] | None = None
-    kill_criteria: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    """How a leased running task ends this delivery.
-
-    ``to_status`` is ``judging`` (a result), ``failed``, ``escalated``, or ``pending``
-    (a transient error: retried after ``delay_seconds``). With a ``verdict``, the result
-    was judged inline and ``to_status`` is the judge's (``done``, ``failed``,
-    ``escalated``): the task passes through ``judging`` in the same statement.
-    """
-
-    task_id: uuid.UUID
-    lease_token: uuid.UUID
-    to_status: str
-    result: Any = None
-    error: str | None = None
-    delay_seconds: float = 0.0
-    detail: str | None = None
-    verdict: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class JudgeOutcome:
-    """The judge stage's verdict on a leased judging task."""
-
-    task_id: uuid.UUID
-    lease_token: uuid.UUID
-    to_status: str
-    verdict: dict[str, Any]
-    error: str | None = None
-    detail: str | None = None
-
-
-@dataclass(frozen=True)
-class ModelCharge:
-    """One model call to record and charge to a task."""
-
-    task_id: uuid.UUID
-    lease_token: uuid.UUID
-    attempt: int
-    call_index: int
-    backend: str
-    route: str
-    route_reason: str
-    model: str
-    prompt: str
-    response: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    duration_seconds: float
-    cost_usd: Decimal
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class Reaped:
-    """What one reaper pass did."""
-
-    released: int = 0
-    poisoned: int = 0
-    ids: tuple[uuid.UUID, ...] = ()
-
-
-@dataclass(frozen=True)
-class TimedOut:
-    """What one watchdog pass did."""
-
-    failed: int = 0
-    ids: tuple[uuid.UUID, ...] = ()
-
-
-@dataclass(frozen=True)
-class Swept:
-    """What one fan-in sweep did."""
-
-    ready: int = 0
-    ids: tuple[uuid.UUID, ...] = ()
-
-
-@dataclass
-class Finished:
-    """What a batch of completions did: ids applied, ids whose lease was gone, parents ready."""
-
-    applied: list[uuid.UUID] = field(default_factory=list)
-    stale: list[uuid.UUID] = field(default_factory=list)
-    parents_ready: list[uuid.UUID] = field(default_factory=list)
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+_dumps = canonical_json
 
 
 def _dumps_fast(value: Any) -> str:
@@ -222,27 +62,17 @@ def _json_or_none(value: Any) -> str | None:
     return None if value is None else _dumps(value)
 
 
-class Store:
-    """The database door: named statements, one transaction per state change."""
+class Store(StoreReads):
+    """The database door: named statements, one transaction per state change.
+
+    Writes live here; reads, pruning and the orchestrator's bookkeeping come from
+    :class:`runtime.store_reads.StoreReads`.
+    """
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
     # ------------------------------------------------------------------ plumbing
-    @contextmanager
-    def transaction(self) -> Iterator[Connection]:
-        """Yield a connection inside one transaction (committed on success)."""
-        with self.engine.begin() as conn:
-            yield conn
-
-    def _rows(self, conn: Connection, name: str, **params: Any) -> list[Task]:
-        return [dict(row._mapping) for row in conn.execute(_TEXT[name], params)]
-
-    def query(self, name: str, **params: Any) -> list[Task]:
-        """Run one named read-only statement and return its rows as dicts."""
-        with self.engine.connect() as conn:
-            return self._rows(conn, name, **params)
-
     def ping(self) -> bool:
         """True when the database answers (health checks); raises on connection errors."""
         with self.engine.connect() as conn:
@@ -590,139 +420,3 @@ class Store:
             fresh = self._rows(conn, "task_get", id=task_id)[0]
         return fresh
 
-    # ------------------------------------------------------------------ reads
-    def get(self, task_id: uuid.UUID) -> Task:
-        """Return one task, or raise :class:`NotFound`."""
-        rows = self.query("task_get", id=task_id)
-        if not rows:
-            raise NotFound(f"no task {task_id}")
-        return rows[0]
-
-    def children(self, task_id: uuid.UUID) -> list[Task]:
-        """Return a task's children in creation order."""
-        return self.query("task_list_children", id=task_id)
-
-    def tree_rows(self, root_id: uuid.UUID) -> list[Task]:
-        """Return every node of a tree (parents before children)."""
-        return self.query("task_list_tree", root_id=root_id)
-
-    def events(self, task_id: uuid.UUID) -> list[Task]:
-        """Return a task's transitions, oldest first."""
-        return self.query("task_list_events", id=task_id)
-
-    def model_calls(self, task_id: uuid.UUID) -> list[Task]:
-        """Return the model calls made for a task."""
-        return self.query("task_list_model_calls", id=task_id)
-
-    def escalations(self) -> list[Task]:
-        """Return the escalation inbox, oldest first."""
-        return self.query("task_list_escalated")
-
-    def recent_roots(self, limit: int = 50) -> list[Task]:
-        """Return the most recent root tasks."""
-        return self.query("task_list_roots_recent", limit=limit)
-
-    def pending_depth(self) -> int:
-        """Return how many tasks are pending (routing's queue-depth signal)."""
-        with self.engine.connect() as conn:
-            return int(conn.execute(_TEXT["task_count_pending"]).scalar_one())
-
-    def queue(self) -> list[Task]:
-        """Claimable work per agent (``judge`` for the judge stage)."""
-        return self.query("task_queue_by_agent")
-
-    def stranded(self) -> list[Task]:
-        """Expired leases and waiting parents that fan-in missed."""
-        return self.query("task_list_stranded")
-
-    def metrics(self) -> dict[str, Any]:
-        """The seed's metrics: ``by_status``, ``avg_retry``, ``reclaimed_count``, ...."""
-        with self.engine.connect() as conn:
-            by_status = {r.status: int(r.n) for r in conn.execute(_TEXT["task_count_by_status"])}
-            m = conn.execute(_TEXT["task_metrics"]).one()
-            routes = conn.execute(_TEXT["model_call_cost_by_route"]).all()
-        return {
-            "by_status": by_status,
-            "avg_retry": float(m.avg_retry),
-            "reclaimed_count": int(m.reclaimed_count),
-            "avg_duration_seconds": round(float(m.avg_duration_seconds), 6),
-            "cost_by_route": {r.route: f"{Decimal(r.cost_usd):.8f}" for r in routes},
-            "tokens_by_route": {r.route: int(r.tokens) for r in routes},
-        }
-
-    def prune(self, older_than: dt.timedelta) -> tuple[int, int]:
-        """Delete whole finished trees whose root completed before ``now - older_than``.
-
-        Returns ``(trees, tasks)`` removed.
-        """
-        before = dt.datetime.now(dt.UTC) - older_than
-        with self.transaction() as conn:
-            row = conn.execute(_TEXT["task_delete_finished_trees"], {"before": before}).one()
-        return int(row.trees), int(row.tasks)
-
-    # ------------------------------------------------------------------ fires
-    def fire_started(self, plan: dict[str, Any]) -> int:
-        """Insert a fires row for a fire that is starting; return its id."""
-        with self.transaction() as conn:
-            return int(conn.execute(_TEXT["fire_insert_started"],
-                                    {"plan": _dumps(plan)}).one().id)
-
-    def fire_finished(self, fire_id: int, plan: dict[str, Any], stats: dict[str, Any],
-                      rollup: str) -> Task:
-        """Record a fire's plan, stats and rollup note."""
-        with self.transaction() as conn:
-            return self._rows(conn, "fire_update_finished", id=fire_id, plan=_dumps(plan),
-                              stats=_dumps(stats), rollup=rollup)[0]
-
-    def fires_since(self, since: dt.datetime) -> int:
-        """How many fires started since ``since``."""
-        with self.engine.connect() as conn:
-            return int(conn.execute(_TEXT["fire_count_since"], {"since": since}).scalar_one())
-
-    def last_fire(self) -> Task | None:
-        """The most recent fire, or None."""
-        rows = self.query("fire_get_last")
-        return rows[0] if rows else None
-
-    # ------------------------------------------------------------------ fire bookkeeping
-    @contextmanager
-    def fire_lock(self, key: int) -> Iterator[bool]:
-        """Try the fire's advisory lock on a dedicated connection held until the block ends.
-
-        Yields whether the lock was taken. The connection is not pooled: closing it at the
-        end releases the lock even if the unlock statement cannot run.
-        """
-        engine = sa.create_engine(self.engine.url, poolclass=sa.pool.NullPool)
-        try:
-            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                locked = bool(conn.execute(_TEXT["fire_lock_try"], {"key": key}).scalar())
-                try:
-                    yield locked
-                finally:
-                    if locked:
-                        try:
-                            conn.execute(_TEXT["fire_lock_release"], {"key": key})
-                        except sa.exc.DBAPIError:
-                            log.warning("could not release the fire lock; closing the connection")
-        finally:
-            engine.dispose()
-
-    def event_watermark(self) -> int:
-        """The newest task_events id (events written later have larger ids)."""
-        with self.engine.connect() as conn:
-            return int(conn.execute(_TEXT["task_event_max_id"]).scalar_one())
-
-    def event_counts_by_worker(self, after_id: int, prefixes: Sequence[str]) -> list[Task]:
-        """Transitions after ``after_id`` by workers whose id starts with one of ``prefixes``."""
-        if not prefixes:
-            return []
-        return self.query("task_event_count_by_worker", after_id=after_id,
-                          prefixes=list(prefixes))
-
-    def failures_since(self, after_id: int, prefixes: Sequence[str],
-                       limit: int = 20) -> list[Task]:
-        """Failed/escalated transitions after ``after_id``, grouped by status, agent, error."""
-        if not prefixes:
-            return []
-        return self.query("task_event_count_failures", after_id=after_id,
-                          prefixes=list(prefixes), limit=limit)

@@ -1,0 +1,184 @@
+"""The store's reads, and the orchestrator's bookkeeping (fires, its lock, event counts).
+
+A mixin of :class:`runtime.store.Store`: the same engine and the same named SQL; nothing
+here changes a task.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from runtime.queries import TEXT as _TEXT
+from runtime.queries import Task
+from runtime.store_types import NotFound, canonical_json
+
+log = logging.getLogger(__name__)
+
+
+class StoreReads:
+    """The store's plumbing and everything that only reads (or prunes).
+
+    Transactions and named queries; tasks, trees, events, metrics and fires; the fire lock.
+    """
+
+    engine: Engine
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """Yield a connection inside one transaction (committed on success)."""
+        with self.engine.begin() as conn:
+            yield conn
+
+    def _rows(self, conn: Connection, name: str, **params: Any) -> list[Task]:
+        return [dict(row._mapping) for row in conn.execute(_TEXT[name], params)]
+
+    def query(self, name: str, **params: Any) -> list[Task]:
+        """Run one named read-only statement and return its rows as dicts."""
+        with self.engine.connect() as conn:
+            return self._rows(conn, name, **params)
+
+    # ------------------------------------------------------------------ reads
+    def get(self, task_id: uuid.UUID) -> Task:
+        """Return one task, or raise :class:`NotFound`."""
+        rows = self.query("task_get", id=task_id)
+        if not rows:
+            raise NotFound(f"no task {task_id}")
+        return rows[0]
+
+    def children(self, task_id: uuid.UUID) -> list[Task]:
+        """Return a task's children in creation order."""
+        return self.query("task_list_children", id=task_id)
+
+    def tree_rows(self, root_id: uuid.UUID) -> list[Task]:
+        """Return every node of a tree (parents before children)."""
+        return self.query("task_list_tree", root_id=root_id)
+
+    def events(self, task_id: uuid.UUID) -> list[Task]:
+        """Return a task's transitions, oldest first."""
+        return self.query("task_list_events", id=task_id)
+
+    def model_calls(self, task_id: uuid.UUID) -> list[Task]:
+        """Return the model calls made for a task."""
+        return self.query("task_list_model_calls", id=task_id)
+
+    def escalations(self) -> list[Task]:
+        """Return the escalation inbox, oldest first."""
+        return self.query("task_list_escalated")
+
+    def recent_roots(self, limit: int = 50) -> list[Task]:
+        """Return the most recent root tasks."""
+        return self.query("task_list_roots_recent", limit=limit)
+
+    def pending_depth(self) -> int:
+        """Return how many tasks are pending (routing's queue-depth signal)."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(_TEXT["task_count_pending"]).scalar_one())
+
+    def queue(self) -> list[Task]:
+        """Claimable work per agent (``judge`` for the judge stage)."""
+        return self.query("task_queue_by_agent")
+
+    def stranded(self) -> list[Task]:
+        """Expired leases and waiting parents that fan-in missed."""
+        return self.query("task_list_stranded")
+
+    def metrics(self) -> dict[str, Any]:
+        """The seed's metrics: ``by_status``, ``avg_retry``, ``reclaimed_count``, ...."""
+        with self.engine.connect() as conn:
+            by_status = {r.status: int(r.n) for r in conn.execute(_TEXT["task_count_by_status"])}
+            m = conn.execute(_TEXT["task_metrics"]).one()
+            routes = conn.execute(_TEXT["model_call_cost_by_route"]).all()
+        return {
+            "by_status": by_status,
+            "avg_retry": float(m.avg_retry),
+            "reclaimed_count": int(m.reclaimed_count),
+            "avg_duration_seconds": round(float(m.avg_duration_seconds), 6),
+            "cost_by_route": {r.route: f"{Decimal(r.cost_usd):.8f}" for r in routes},
+            "tokens_by_route": {r.route: int(r.tokens) for r in routes},
+        }
+
+    def prune(self, older_than: dt.timedelta) -> tuple[int, int]:
+        """Delete whole finished trees whose root completed before ``now - older_than``.
+
+        Returns ``(trees, tasks)`` removed.
+        """
+        before = dt.datetime.now(dt.UTC) - older_than
+        with self.transaction() as conn:
+            row = conn.execute(_TEXT["task_delete_finished_trees"], {"before": before}).one()
+        return int(row.trees), int(row.tasks)
+
+    # ------------------------------------------------------------------ fires
+    def fire_started(self, plan: dict[str, Any]) -> int:
+        """Insert a fires row for a fire that is starting; return its id."""
+        with self.transaction() as conn:
+            return int(conn.execute(_TEXT["fire_insert_started"],
+                                    {"plan": canonical_json(plan)}).one().id)
+
+    def fire_finished(self, fire_id: int, plan: dict[str, Any], stats: dict[str, Any],
+                      rollup: str) -> Task:
+        """Record a fire's plan, stats and rollup note."""
+        with self.transaction() as conn:
+            return self._rows(conn, "fire_update_finished", id=fire_id, plan=canonical_json(plan),
+                              stats=canonical_json(stats), rollup=rollup)[0]
+
+    def fires_since(self, since: dt.datetime) -> int:
+        """How many fires started since ``since``."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(_TEXT["fire_count_since"], {"since": since}).scalar_one())
+
+    def last_fire(self) -> Task | None:
+        """The most recent fire, or None."""
+        rows = self.query("fire_get_last")
+        return rows[0] if rows else None
+
+    # ------------------------------------------------------------------ fire bookkeeping
+    @contextmanager
+    def fire_lock(self, key: int) -> Iterator[bool]:
+        """Try the fire's advisory lock on a dedicated connection held until the block ends.
+
+        Yields whether the lock was taken. The connection is not pooled: closing it at the
+        end releases the lock even if the unlock statement cannot run.
+        """
+        engine = sa.create_engine(self.engine.url, poolclass=sa.pool.NullPool)
+        try:
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                locked = bool(conn.execute(_TEXT["fire_lock_try"], {"key": key}).scalar())
+                try:
+                    yield locked
+                finally:
+                    if locked:
+                        try:
+                            conn.execute(_TEXT["fire_lock_release"], {"key": key})
+                        except sa.exc.DBAPIError:
+                            log.warning("could not release the fire lock; closing the connection")
+        finally:
+            engine.dispose()
+
+    def event_watermark(self) -> int:
+        """The newest task_events id (events written later have larger ids)."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(_TEXT["task_event_max_id"]).scalar_one())
+
+    def event_counts_by_worker(self, after_id: int, prefixes: Sequence[str]) -> list[Task]:
+        """Transitions after ``after_id`` by workers whose id starts with one of ``prefixes``."""
+        if not prefixes:
+            return []
+        return self.query("task_event_count_by_worker", after_id=after_id,
+                          prefixes=list(prefixes))
+
+    def failures_since(self, after_id: int, prefixes: Sequence[str],
+                       limit: int = 20) -> list[Task]:
+        """Failed/escalated transitions after ``after_id``, grouped by status, agent, error."""
+        if not prefixes:
+            return []
+        return self.query("task_event_count_failures", after_id=after_id,
+                          prefixes=list(prefixes), limit=limit)

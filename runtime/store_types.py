@@ -1,0 +1,170 @@
+"""What goes in and out of the store: requests, outcomes, what a pass did, and its errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+
+class IdempotencyConflict(ValueError):
+    """The idempotency key is already used by a different request."""
+
+    def __init__(self, key: str, task_id: uuid.UUID) -> None:
+        super().__init__(
+            f"idempotency key {key!r} is already used by task {task_id} with a different request"
+        )
+        self.key = key
+        self.task_id = task_id
+
+
+class ResolveRefused(ValueError):
+    """A resolution that cannot be applied (task not escalated, parent already aggregated)."""
+
+
+class NotFound(LookupError):
+    """No task with that id."""
+
+
+@dataclass(frozen=True)
+class NewTask:
+    """A root task to submit."""
+
+    to_agent: str
+    type: str
+    payload: dict[str, Any]
+    priority: int = 5
+    budget_tokens: int = 50_000
+    budget_seconds: int = 300
+    budget_usd: Decimal = Decimal("1.0")
+    success_criteria: dict[str, Any] | None = None
+    kill_criteria: dict[str, Any] | None = None
+    idempotency_key: str | None = None
+    from_agent: str | None = None
+    hypothesis_id: uuid.UUID | None = None
+
+    def request_hash(self) -> str:
+        """A stable hash of everything that defines the request (idempotency conflicts)."""
+        body = {
+            "to_agent": self.to_agent,
+            "type": self.type,
+            "payload": self.payload,
+            "priority": self.priority,
+            "budget_tokens": self.budget_tokens,
+            "budget_seconds": self.budget_seconds,
+            "budget_usd": str(Decimal(self.budget_usd).normalize()),
+            "success_criteria": self.success_criteria,
+            "kill_criteria": self.kill_criteria,
+        }
+        return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ChildRow:
+    """A child task to insert when a parent delegates (budgets already carved)."""
+
+    to_agent: str
+    type: str
+    payload: dict[str, Any]
+    key: str
+    budget_tokens: int
+    budget_seconds: int
+    budget_usd: Decimal
+    priority: int | None = None
+    success_criteria: dict[str, Any] | None = None
+    kill_criteria: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a leased running task ends this delivery.
+
+    ``to_status`` is ``judging`` (a result), ``failed``, ``escalated``, or ``pending``
+    (a transient error: retried after ``delay_seconds``). With a ``verdict``, the result
+    was judged inline and ``to_status`` is the judge's (``done``, ``failed``,
+    ``escalated``): the task passes through ``judging`` in the same statement.
+    """
+
+    task_id: uuid.UUID
+    lease_token: uuid.UUID
+    to_status: str
+    result: Any = None
+    error: str | None = None
+    delay_seconds: float = 0.0
+    detail: str | None = None
+    verdict: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class JudgeOutcome:
+    """The judge stage's verdict on a leased judging task."""
+
+    task_id: uuid.UUID
+    lease_token: uuid.UUID
+    to_status: str
+    verdict: dict[str, Any]
+    error: str | None = None
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelCharge:
+    """One model call to record and charge to a task."""
+
+    task_id: uuid.UUID
+    lease_token: uuid.UUID
+    attempt: int
+    call_index: int
+    backend: str
+    route: str
+    route_reason: str
+    model: str
+    prompt: str
+    response: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    duration_seconds: float
+    cost_usd: Decimal
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Reaped:
+    """What one reaper pass did."""
+
+    released: int = 0
+    poisoned: int = 0
+    ids: tuple[uuid.UUID, ...] = ()
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    """What one watchdog pass did."""
+
+    failed: int = 0
+    ids: tuple[uuid.UUID, ...] = ()
+
+
+@dataclass(frozen=True)
+class Swept:
+    """What one fan-in sweep did."""
+
+    ready: int = 0
+    ids: tuple[uuid.UUID, ...] = ()
+
+
+@dataclass
+class Finished:
+    """What a batch of completions did: ids applied, ids whose lease was gone, parents ready."""
+
+    applied: list[uuid.UUID] = field(default_factory=list)
+    stale: list[uuid.UUID] = field(default_factory=list)
+    parents_ready: list[uuid.UUID] = field(default_factory=list)
+
+
+def canonical_json(value: Any) -> str:
+    """Stable JSON (sorted keys, no spaces) for hashing and storing."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
