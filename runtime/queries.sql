@@ -464,6 +464,25 @@ WITH upd AS (
 )
 SELECT id, parent_id, status, (SELECT count(*) FROM notify) AS notified FROM upd;
 
+-- task_lock_by_id --
+-- Lock one task for a decision taken in Python (a resolution), returning what it needs.
+SELECT id, status, parent_id FROM tasks WHERE id = :id FOR UPDATE;
+
+-- task_unready_parent --
+-- A resolution retries a child of a parent that was ready to aggregate: the parent waits
+-- again for it. Guarded by the parent's status; its event is written by the same statement.
+WITH upd AS (
+    UPDATE tasks
+    SET status = 'waiting', updated_at = now()
+    WHERE id = :id AND status = 'ready_to_aggregate'
+    RETURNING id
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, 'ready_to_aggregate', 'waiting', :actor, 'a child was retried by a resolution'
+    FROM upd
+)
+SELECT count(*) AS n FROM upd;
+
 -- task_get --
 -- One task by id.
 SELECT * FROM tasks WHERE id = :id;

@@ -19,7 +19,6 @@ from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from runtime.models import TERMINAL_STATUSES
@@ -377,8 +376,7 @@ class Store(StoreReads):
         if note:
             detail += f"; note: {note}"
         with self.transaction() as conn:
-            task = conn.execute(sa.text("SELECT * FROM tasks WHERE id = :id FOR UPDATE"),
-                                {"id": task_id}).first()
+            task = conn.execute(_TEXT["task_lock_by_id"], {"id": task_id}).first()
             if task is None:
                 raise NotFound(f"no task {task_id}")
             if task.status != "escalated":
@@ -387,28 +385,18 @@ class Store(StoreReads):
                     "can be resolved"
                 )
             if task.parent_id is not None:
-                parent = conn.execute(
-                    sa.text("SELECT status FROM tasks WHERE id = :id FOR UPDATE"),
-                    {"id": task.parent_id},
-                ).scalar_one()
+                # Child then parent: the order fan-in uses too (it locks the finishing child
+                # in its UPDATE, then the parent), so the two cannot deadlock.
+                parent = conn.execute(_TEXT["task_lock_by_id"],
+                                      {"id": task.parent_id}).one().status
                 if to_status == "pending" and parent not in ("waiting", "ready_to_aggregate"):
                     raise ResolveRefused(
                         f"task {task_id} cannot be retried: its parent {task.parent_id} has "
                         f"already aggregated its children (parent is {parent})"
                     )
                 if to_status == "pending" and parent == "ready_to_aggregate":
-                    # Take the parent back so it waits for the retried child.
-                    conn.execute(
-                        sa.text("UPDATE tasks SET status = 'waiting', updated_at = now() "
-                                "WHERE id = :id AND status = 'ready_to_aggregate'"),
-                        {"id": task.parent_id},
-                    )
-                    conn.execute(
-                        sa.text("INSERT INTO task_events (task_id, from_status, to_status, "
-                                "worker, detail) VALUES (:id, 'ready_to_aggregate', 'waiting', "
-                                ":actor, 'a child was retried by a resolution')"),
-                        {"id": task.parent_id, "actor": actor},
-                    )
+                    conn.execute(_TEXT["task_unready_parent"],
+                                 {"id": task.parent_id, "actor": actor})
             error = f"resolved as {action} by {actor}" + (f": {note}" if note else "")
             rows = self._rows(conn, "task_resolve_escalated", id=task_id, to_status=to_status,
                               reassign_to=reassign_to, actor=actor, detail=detail,

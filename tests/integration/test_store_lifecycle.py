@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections import Counter
 
@@ -382,11 +381,9 @@ def test_pickup_is_signalled_by_notify(db_url: str, store: Store) -> None:
 
     with psycopg.connect(libpq_url(db_url), autocommit=True) as listener:
         listener.execute("LISTEN orgchart_tasks")
-        start = time.monotonic()
         submit(store, agent="echo")
         notes = list(listener.notifies(timeout=5.0, stop_after=1))
     assert [n.payload for n in notes] == ["echo"]
-    assert time.monotonic() - start < 5.0
 
 
 def test_prune_removes_whole_finished_trees_with_their_events(store: Store) -> None:
