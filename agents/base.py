@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -265,24 +265,6 @@ class Agent:
             detail = "; ".join(f"{c.agent} {c.status}: {c.error or 'no error'}" for c in bad)
             return Escalate(f"{len(bad)} of {len(children)} children did not succeed: {detail}")
         return Result({"children": {c.key or str(c.id): c.result for c in children}})
-
-
-class LogLike(Protocol):
-    """The logger an agent gets."""
-
-    def info(self, msg: str, *args: Any, **kwargs: Any) -> None: ...  # noqa: D102
-    def warning(self, msg: str, *args: Any, **kwargs: Any) -> None: ...  # noqa: D102
-
-
-@dataclass
-class Budget:
-    """What a task may still spend (its own budget minus its own spend and reservations)."""
-
-    tokens: int
-    usd: Decimal
-    seconds: float
-    reserved_tokens: int = 0
-    reserved_usd: Decimal = field(default_factory=lambda: Decimal(0))
 
 
 def agent_logger(name: str) -> logging.Logger:
