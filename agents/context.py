@@ -20,11 +20,11 @@ class PromptNotFound(LookupError):
 
 
 class LLM(Protocol):
-    """What ``ctx.llm`` offers (implemented by ``runtime.llm.TaskLLM``)."""
+    """What ``ctx.llm`` offers (implemented by ``runtime.llm.handle.TaskLLM``)."""
 
     def complete(self, prompt: str, *, schema: Any = None, system: str | None = None,
                  max_tokens: int | None = None) -> Any:
-        """Call the model; see ``runtime.llm.TaskLLM.complete``."""
+        """Call the model; see ``runtime.llm.handle.TaskLLM.complete``."""
         ...
 
 

@@ -1,6 +1,6 @@
 """The built-in ``judge`` agent: scores a result against a rubric with one model call.
 
-The judge stage (``runtime.judge_stage``) calls :func:`score_rubric` when a task's
+The judge stage (``runtime.engine.judge_stage``) calls :func:`score_rubric` when a task's
 ``success_criteria`` holds a rubric; the agent itself can also be delegated to like any
 other (payload :class:`JudgeInput`, result :class:`JudgeOutput`). The model answers in
 the :class:`JudgeOutput` schema; an answer that does not fit it counts as uncertain, and

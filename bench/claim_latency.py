@@ -1,6 +1,6 @@
 """The claim statement's latency with a small table and with a million finished rows.
 
-The runtime's own ``task_claim_available`` statement (from ``runtime/queries.sql``, sent
+The runtime's own ``task_claim_available`` statement (from ``runtime/store/queries.sql``, sent
 through SQLAlchemy as the worker sends it) claims one row, ``samples`` times, each in a
 transaction that is rolled back, so the queue is the same for every sample. First with
 ``pending`` pending rows only, then after ``finished`` rows in ``done`` were added with
@@ -32,7 +32,7 @@ from bench.common import (
     scratch_database,
     submit_noop,
 )
-from runtime.store import QUERIES
+from runtime.store.queries import QUERIES
 
 CLAIM = sa.text(QUERIES["task_claim_available"])
 PARAMS = {"agents": ["noop"], "worker": "bench", "lease_seconds": 30.0}

@@ -1,7 +1,7 @@
 """What every benchmark shares: a scratch database, worker processes, statistics, output.
 
 Each benchmark runs against the server named by ``ORGCHART_DATABASE_URL`` (else the
-embedded server, as ``runtime.db.resolve_url`` decides), in a database of its own
+embedded server, as ``runtime.store.db.resolve_url`` decides), in a database of its own
 (``bench_<name>_<random>``, migrated to head) that it drops at the end, so a run never
 touches real data and two runs never see each other's rows.
 """
@@ -28,8 +28,8 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
-from runtime import db
-from runtime.store import Store
+from runtime.store import db
+from runtime.store.store import Store
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -166,7 +166,7 @@ def worker_command(agents: str, *, batch_size: int | None = None,
                    concurrency: int | None = None, once: bool = False,
                    agents_module: str = "tests.support_agents") -> list[str]:
     """The ``orgchart worker`` command line, run by this interpreter."""
-    cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "worker",
+    cmd = [sys.executable, "-c", "from runtime.cli.app import main; main()", "worker",
            "--agents", agents, "--agents-module", agents_module]
     if batch_size is not None:
         cmd += ["--batch-size", str(batch_size)]

@@ -28,8 +28,9 @@ from decimal import Decimal
 from typing import Any
 
 from bench.common import connect, median, ms, open_store, percentile, report, scratch_database
-from runtime.store import ChildRow, JudgeOutcome, NewTask, RunOutcome, Store
-from runtime.sweeper import Sweeper
+from runtime.engine.maintenance import Sweeper
+from runtime.store.rows import ChildRow, JudgeOutcome, NewTask, RunOutcome
+from runtime.store.store import Store
 
 PARENT_AGENT = "fanout"
 CHILD_AGENT = "echo"

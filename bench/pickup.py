@@ -28,7 +28,8 @@ from bench.common import (
     stop_worker,
     worker_command,
 )
-from runtime.store import NewTask, Store
+from runtime.store.rows import NewTask
+from runtime.store.store import Store
 
 IDLE_SECONDS = 0.1  # the worker is back in its wait before each submit
 POLL_SECONDS = 0.002

@@ -18,7 +18,7 @@ import uuid
 from typing import Any
 
 from bench.common import connect, median, ms, open_store, report, scratch_database
-from runtime.serialize import tree_json
+from runtime.views import tree_json
 
 BUILD_TREE = """
 WITH root AS (

@@ -8,8 +8,8 @@ import sqlalchemy as sa
 from alembic import context
 
 from runtime.config import load_settings
-from runtime.db import resolve_url
-from runtime.models import Base
+from runtime.store.db import resolve_url
+from runtime.store.models import Base
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("connection") is None:

@@ -156,7 +156,7 @@ class OrchestratorSettings(_Section):
     daily_cap: int = Field(6, ge=1)
     expected_interval_seconds: float = Field(8 * 3600.0, gt=0)
     escalation_max_age_seconds: float = Field(24 * 3600.0, gt=0)
-    decider: str = "runtime.decider:RuleBasedDecider"
+    decider: str = "runtime.fleet.decider:RuleBasedDecider"
 
 
 class WorkerSettings(_Section):

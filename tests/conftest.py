@@ -6,7 +6,7 @@ A template database is built once per session by ``alembic upgrade head``. Fixtu
 
 - ``db_url``: a private database copied from the template (real commits, several
   connections, LISTEN/NOTIFY); dropped at the end of the test.
-- ``store``: a :class:`runtime.store.Store` on ``db_url``.
+- ``store``: a :class:`runtime.store.store.Store` on ``db_url``.
 - ``conn``: a connection inside a transaction that is rolled back at the end (fast).
 - ``server_url``: the server's maintenance URL (for tests that create databases).
 """
@@ -24,8 +24,8 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from runtime import db
-from runtime.store import Store
+from runtime.store import db
+from runtime.store.store import Store
 
 TEST_URL_ENV = "ORGCHART_TEST_DATABASE_URL"
 

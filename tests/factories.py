@@ -8,7 +8,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from runtime.store import ChildRow, NewTask, Store
+from runtime.store.rows import ChildRow, NewTask
+from runtime.store.store import Store
 
 
 def submit(store: Store, agent: str = "echo", payload: dict[str, Any] | None = None,

@@ -130,7 +130,7 @@ def upgrade() -> None:
         sa.Column("detail", sa.Text(), nullable=True),
         sa.PrimaryKeyConstraint("id", name="pk_task_events"),
         # No FK to tasks: each event is written by the statement that changes its task,
-        # and the per-row FK check was a fifth of the hot path (see runtime/models.py).
+        # and the per-row FK check was a fifth of the hot path (see runtime/store/models.py).
     )
     op.create_index("ix_task_events_task_id_id", "task_events", ["task_id", "id"])
 

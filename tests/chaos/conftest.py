@@ -2,7 +2,7 @@
 
 Every test here gets its own database (``db_url``); the server restart affects the whole
 server, so only the chaos test does it. When the session uses the embedded server, its
-handle (``runtime.db``) restarts it with ``pg_ctl``; against the system PostgreSQL on
+handle (``runtime.store.db``) restarts it with ``pg_ctl``; against the system PostgreSQL on
 127.0.0.1:5432 it is ``pg_ctlcluster``; any other server cannot be restarted from here
 and the restart is skipped (the test says so).
 """

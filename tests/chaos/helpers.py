@@ -1,6 +1,6 @@
 """Helpers for tests that really crash things: worker processes, server faults, invariants.
 
-- :class:`Fleet` starts real ``orgchart worker`` processes (``python -m runtime.cli``),
+- :class:`Fleet` starts real ``orgchart worker`` processes (``python -m runtime.cli.app``),
   SIGKILLs or SIGTERMs them, and kills whatever is left when it is closed.
 - :class:`ServerControl` restarts the PostgreSQL server the tests use: the session's
   embedded server (``pg_ctl`` as its system user) or the system PostgreSQL
@@ -29,8 +29,8 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
-from runtime import db
-from runtime.store import Store
+from runtime.store import db
+from runtime.store.store import Store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = ("done", "failed", "escalated")
@@ -51,7 +51,7 @@ def cli_env(orgchart_env: Mapping[str, str], **extra: str) -> dict[str, str]:
 
 def cli(*args: str) -> list[str]:
     """The command line of ``orgchart ARGS`` run by this interpreter."""
-    return [sys.executable, "-m", "runtime.cli", *args]
+    return [sys.executable, "-m", "runtime.cli.app", *args]
 
 
 def submit_goals(env: Mapping[str, str], goals: Iterable[tuple[str, str, dict[str, Any]]],
@@ -245,7 +245,7 @@ def _system_restart(cluster: tuple[str, str]) -> Callable[[float], None]:
 def server_control(server_url: str) -> ServerControl | None:
     """How to restart the server at ``server_url``, or None when this machine cannot.
 
-    The session's embedded server is found in ``runtime.db``'s handles by its socket
+    The session's embedded server is found in ``runtime.store.db``'s handles by its socket
     directory; a server on 127.0.0.1/localhost:5432 is taken to be the system cluster
     (``pg_ctlcluster``, cluster named by ``SHOW cluster_name``).
     """

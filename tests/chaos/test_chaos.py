@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from runtime.store import Store
+from runtime.store.store import Store
 from tests.chaos.helpers import (
     Fleet,
     ServerControl,

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from runtime.api import create_app
-from runtime.app import Runtime, build_runtime
 from runtime.config import load_settings
-from runtime.db import create_db_engine
-from runtime.serialize import TASK_FIELDS, tree_json
-from runtime.store import Store
+from runtime.http.api import create_app
+from runtime.store.db import create_db_engine
+from runtime.store.store import Store
+from runtime.views import TASK_FIELDS, tree_json
+from runtime.wiring import Runtime, build_runtime
 from tests.conftest import drop_database, make_database
 
 with warnings.catch_warnings():  # starlette's notice about httpx2, at import time

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.api import create_app
-from runtime.app import build_runtime
 from runtime.config import load_settings
-from runtime.store import Store
+from runtime.http.api import create_app
+from runtime.store.store import Store
+from runtime.wiring import build_runtime
 
 with warnings.catch_warnings():  # starlette's notice about httpx2, at import time
     warnings.filterwarnings("ignore", message=".*httpx2")

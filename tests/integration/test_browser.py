@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from runtime.api import create_app
-from runtime.app import Runtime, build_root, build_runtime
 from runtime.config import load_settings
-from runtime.store import Store
+from runtime.http.api import create_app
+from runtime.store.store import Store
+from runtime.wiring import Runtime, build_root, build_runtime
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",

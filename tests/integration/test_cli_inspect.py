@@ -9,13 +9,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from runtime.app import Runtime, build_runtime
-from runtime.cli import app
-from runtime.cli_inspect import is_loopback, parse_task_id, policy_rule
+from runtime.cli.app import app
 from runtime.config import load_settings
 from runtime.errors import BadInput
-from runtime.serialize import tree_json
-from runtime.store import NewTask, Store
+from runtime.http.auth import is_loopback
+from runtime.store.rows import NewTask
+from runtime.store.store import Store
+from runtime.views import parse_task_id, policy_rule, tree_json
+from runtime.wiring import Runtime, build_runtime
 
 runner = CliRunner()
 

@@ -23,8 +23,6 @@ DOC = REPO / "docs" / "writing-agents.md"
 GOAL = "first snow on the harbour"
 FENCE = re.compile(r'^```python title="(?P<title>[^"]+)"\n(?P<code>.*?)^```$', re.M | re.S)
 
-pytestmark = pytest.mark.skipif(not (REPO / "runtime" / "cli.py").exists(),
-                                reason="the orgchart CLI has not landed yet")
 
 
 def code_blocks(title: str) -> str:
@@ -46,7 +44,7 @@ def docs_dir(tmp_path: Path) -> Path:
 def orgchart_run(docs_dir: Path, env: dict[str, str], agent: str,
                  *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "run", GOAL, "--agent", agent,
+        [sys.executable, "-m", "runtime.cli.app", "run", GOAL, "--agent", agent,
          "--agents-module", "my_agents", "--json", *extra],
         env={**env, "PYTHONPATH": str(docs_dir)}, cwd=docs_dir,
         capture_output=True, text=True, timeout=120,
@@ -99,7 +97,7 @@ def test_the_docs_unit_tests_pass(docs_dir: Path) -> None:
 def test_the_builtin_org_runs_as_the_docs_describe(tmp_path: Path,
                                                    orgchart_env: dict[str, str]) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "run", "Should we launch a managed job queue?",
+        [sys.executable, "-m", "runtime.cli.app", "run", "Should we launch a managed job queue?",
          "--json"],
         env=orgchart_env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )

@@ -1,6 +1,6 @@
 """``orgchart doctor``: red when the fire is overdue, work is stranded or an escalation is old.
 
-The rules are tested on :func:`runtime.doctor.diagnose` with a fixed clock; the command
+The rules are tested on :func:`runtime.fleet.doctor.diagnose` with a fixed clock; the command
 against a real database, before and right after a real fire.
 """
 
@@ -18,9 +18,10 @@ from typing import Any
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
-from runtime.cli import app
-from runtime.doctor import DoctorLimits, diagnose
-from runtime.store import RunOutcome, Store
+from runtime.cli.app import app
+from runtime.fleet.doctor import DoctorLimits, diagnose
+from runtime.store.rows import RunOutcome
+from runtime.store.store import Store
 from tests.factories import expire_leases, submit
 
 MODULE = "tests.support_agents"
@@ -119,7 +120,7 @@ def test_doctor_flags_an_overdue_fire_and_stranded_work_and_is_green_after_a_fir
 
     env = dict(orgchart_env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    fired = subprocess.run([sys.executable, "-m", "runtime.cli", "fire", "--agents-module",
+    fired = subprocess.run([sys.executable, "-m", "runtime.cli.app", "fire", "--agents-module",
                             MODULE], env=env, capture_output=True, text=True, timeout=90,
                            cwd=REPO_ROOT)
     assert fired.returncode == 0, fired.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from runtime import db
+from runtime.store import db
 
 pytestmark = pytest.mark.skipif(
     bool(os.environ.get("ORGCHART_TEST_DATABASE_URL")),
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 PROBE = (
-    "import os, psycopg; from runtime import db; "
+    "import os, psycopg; from runtime.store import db; "
     "url = db.resolve_url(None); "
     "c = psycopg.connect(db.libpq_url(url)); "
     "print(c.execute('select pg_postmaster_start_time()').fetchone()[0]); c.close()"

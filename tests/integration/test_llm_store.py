@@ -15,7 +15,7 @@ import typer
 from pydantic import BaseModel, Field
 from typer.testing import CliRunner
 
-from runtime.cli_llm import register
+from runtime.cli.models import register
 from runtime.config import Settings
 from runtime.errors import (
     BudgetExceeded,
@@ -24,15 +24,17 @@ from runtime.errors import (
     TransientModelError,
     UnknownPrice,
 )
-from runtime.llm import BadModelReply, LLMFactory, TaskLLM
-from runtime.llm_backends import (
+from runtime.llm.backends import (
+    BadModelReply,
     OfflineBackend,
     OllamaBackend,
     ReplayBackend,
     records_from_calls,
     write_replay_file,
 )
-from runtime.store import ChildRow, NewTask, Store
+from runtime.llm.handle import LLMFactory, TaskLLM
+from runtime.store.rows import ChildRow, NewTask
+from runtime.store.store import Store
 from tests.fake_ollama import FakeOllama, fake_ollama_server  # noqa: F401
 
 PROMPT = "Name two competitors of Acme Robotics"

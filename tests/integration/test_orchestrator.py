@@ -23,7 +23,8 @@ import pytest
 import sqlalchemy as sa
 
 from runtime.config import Settings, load_settings
-from runtime.decider import (
+from runtime.errors import BadInput
+from runtime.fleet.decider import (
     Assignment,
     Limits,
     Plan,
@@ -32,10 +33,9 @@ from runtime.decider import (
     load_decider,
     share_workers,
 )
-from runtime.errors import BadInput
-from runtime.orchestrator import FIRE_LOCK_KEY, FireConfig, Orchestrator
-from runtime.rollup import Hygiene, WorkerRun, build_rollup
-from runtime.store import Store
+from runtime.fleet.orchestrator import FIRE_LOCK_KEY, FireConfig, Orchestrator
+from runtime.fleet.rollup import Hygiene, WorkerRun, build_rollup
+from runtime.store.store import Store
 from tests.factories import expire_leases, submit
 
 MODULE = "tests.support_agents"
@@ -51,7 +51,7 @@ def cli_env(orgchart_env: dict[str, str]) -> dict[str, str]:
 
 
 def orgchart(env: dict[str, str], *args: str) -> list[str]:
-    return [sys.executable, "-m", "runtime.cli", *args]
+    return [sys.executable, "-m", "runtime.cli.app", *args]
 
 
 def run_cli(env: dict[str, str], *args: str,
@@ -141,11 +141,11 @@ def test_queue_rows_for_the_same_mode_are_merged() -> None:
 
 def test_a_decider_name_that_cannot_be_loaded_is_a_clear_error() -> None:
     with pytest.raises(BadInput, match="module:Class"):
-        load_decider("runtime.decider.RuleBasedDecider")
+        load_decider("runtime.fleet.decider.RuleBasedDecider")
     with pytest.raises(BadInput, match="cannot import 'no_such_module'"):
         load_decider("no_such_module:Decider")
     with pytest.raises(BadInput, match="has no 'Nope'"):
-        load_decider("runtime.decider:Nope")
+        load_decider("runtime.fleet.decider:Nope")
     with pytest.raises(BadInput, match="no plan"):
         load_decider("collections:OrderedDict")
 
@@ -161,7 +161,7 @@ def test_each_worker_gets_one_mode_a_task_cap_a_wall_clock_and_the_agent_modules
         store: Store) -> None:
     orch = Orchestrator(store, Settings(), FireConfig(agents_modules=("a.b", "c")))
     cmd = orch.worker_command("echo", 7, 12.5)
-    assert cmd[1:] == ["-m", "runtime.cli", "worker", "--agents", "echo", "--task-cap", "7",
+    assert cmd[1:] == ["-m", "runtime.cli.app", "worker", "--agents", "echo", "--task-cap", "7",
                        "--wall-clock", "12.5", "--once", "--json",
                        "--agents-module", "a.b", "--agents-module", "c"]
 

@@ -11,15 +11,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-CLI = Path(__file__).resolve().parents[2] / "runtime" / "cli.py"
 GOAL = "Map the competitive landscape for managed PostgreSQL in Europe"
 
-pytestmark = pytest.mark.skipif(not CLI.exists(), reason="runtime/cli.py does not exist yet")
 
 
 def walk(tree: dict[str, Any]) -> list[dict[str, Any]]:
@@ -30,7 +25,7 @@ def walk(tree: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def run(env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runtime.cli", "run", GOAL, "--json", *extra],
+    return subprocess.run([sys.executable, "-m", "runtime.cli.app", "run", GOAL, "--json", *extra],
                           env=env, capture_output=True, text=True, timeout=240, check=False)
 
 
@@ -47,22 +42,22 @@ def test_a_delegation_beyond_max_depth_escalates_the_tree(orgchart_env: dict[str
     assert max(len(path) for path in _depths(tree)) == 2  # root and directors only
 
     # The root waits in the inbox; a person ends it with resolve --fail.
-    inbox = subprocess.run([sys.executable, "-m", "runtime.cli", "escalations", "--json"],
+    inbox = subprocess.run([sys.executable, "-m", "runtime.cli.app", "escalations", "--json"],
                            env=env, capture_output=True, text=True, timeout=60, check=False)
     assert inbox.returncode == 0, inbox.stderr
     assert tree["id"] in {e["id"] for e in json.loads(inbox.stdout)}
     resolved = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "resolve", tree["id"], "--fail",
+        [sys.executable, "-m", "runtime.cli.app", "resolve", tree["id"], "--fail",
          "--note", "too deep for this org"],
         env=env, capture_output=True, text=True, timeout=60, check=False)
     assert resolved.returncode == 0, resolved.stderr
-    shown = subprocess.run([sys.executable, "-m", "runtime.cli", "show", tree["id"], "--json"],
+    shown = subprocess.run([sys.executable, "-m", "runtime.cli.app", "show", tree["id"], "--json"],
                            env=env, capture_output=True, text=True, timeout=60, check=False)
     task = json.loads(shown.stdout)
     assert task["status"] == "failed"
     assert "too deep for this org" in task["events"][-1]["detail"]
     again = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "resolve", tree["id"], "--done"],
+        [sys.executable, "-m", "runtime.cli.app", "resolve", tree["id"], "--done"],
         env=env, capture_output=True, text=True, timeout=60, check=False)
     assert again.returncode == 2 and "not escalated" in again.stderr
 

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from runtime import db
+from runtime.store import db
 from tests.fake_ollama import FakeOllama, fake_ollama_server  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ GOAL = "Assess the market for durable agent runtimes"
 
 
 def orgchart(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], env=env, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "runtime.cli.app", *args], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -155,7 +155,7 @@ def test_a_5mb_goal_is_refused_with_exit_2_and_no_row(orgchart_env: dict[str, st
     # Too long for argv on some systems: pass it through the payload file of a shell.
     script = tmp_path / "big.py"
     script.write_text(
-        "import sys\nfrom runtime.cli import main\n"
+        "import sys\nfrom runtime.cli.app import main\n"
         f"sys.argv = ['orgchart', 'submit', open({str(tmp_path / 'goal.txt')!r}).read()]\n"
         "main()\n")
     (tmp_path / "goal.txt").write_text(big)

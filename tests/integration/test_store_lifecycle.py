@@ -9,17 +9,15 @@ from collections import Counter
 import pytest
 import sqlalchemy as sa
 
-from runtime.reaper import Reaper, ReaperConfig
-from runtime.store import (
+from runtime.engine.maintenance import Reaper, ReaperConfig, Sweeper, Watchdog
+from runtime.store.rows import (
     IdempotencyConflict,
     JudgeOutcome,
     NewTask,
     ResolveRefused,
     RunOutcome,
-    Store,
 )
-from runtime.sweeper import Sweeper
-from runtime.watchdog import Watchdog
+from runtime.store.store import Store
 from tests.factories import (
     backdate_claims,
     child_rows,
@@ -345,7 +343,7 @@ def test_claim_uses_the_partial_index_with_many_finished_rows(store: Store) -> N
             "SELECT 'echo', 'task', '{}', 'done', now() FROM generate_series(1, 20000)"))
         conn.execute(sa.text("ANALYZE tasks"))
     submit(store)
-    from runtime.store import QUERIES
+    from runtime.store.queries import QUERIES
 
     sql = QUERIES["task_claim_available"]
     with store.engine.connect() as conn:
@@ -363,7 +361,7 @@ def test_sweep_uses_the_waiting_index(store: Store) -> None:
             "SELECT 'echo', 'task', '{}', 'done', now() FROM generate_series(1, 20000)"))
         conn.execute(sa.text("ANALYZE tasks"))
     parent_with_children(store, 2)
-    from runtime.store import QUERIES
+    from runtime.store.queries import QUERIES
 
     with store.engine.connect() as conn:
         plan = "\n".join(r[0] for r in conn.execute(
@@ -377,7 +375,7 @@ def test_sweep_uses_the_waiting_index(store: Store) -> None:
 def test_pickup_is_signalled_by_notify(db_url: str, store: Store) -> None:
     import psycopg
 
-    from runtime.db import libpq_url
+    from runtime.store.db import libpq_url
 
     with psycopg.connect(libpq_url(db_url), autocommit=True) as listener:
         listener.execute("LISTEN orgchart_tasks")

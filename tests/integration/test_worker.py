@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from runtime.app import Runtime, build_runtime
 from runtime.config import load_settings
-from runtime.store import Store
+from runtime.store.store import Store
+from runtime.wiring import Runtime, build_runtime
 from tests.factories import events, expire_leases, submit, terminal_event_counts
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.store import Store
+from runtime.store.store import Store
 from tests.chaos.helpers import (
     Fleet,
     WorkerProc,

@@ -7,8 +7,8 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from runtime import db
-from runtime.models import Base
+from runtime.store import db
+from runtime.store.models import Base
 
 SEED_COLUMNS = [
     ("id", "uuid"), ("parent_id", "uuid"), ("root_id", "uuid"), ("from_agent", "text"),

@@ -23,7 +23,7 @@ from agents.registry import Registry
 from policies import base
 from policies.loader import PolicySet, load_policy_set
 from runtime.config import PoliciesSettings, Settings, load_settings
-from runtime.judge_stage import judge_task
+from runtime.engine.judge_stage import judge_task
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "writing-policies.md"
 RULE = "no_competitor_names"

@@ -19,9 +19,10 @@ from agents.base import Result, TaskView
 from agents.context import AgentContext, render_prompt
 from agents.judge import Judge, JudgeOutput, score_rubric
 from runtime.config import Settings
+from runtime.engine.judge_stage import judge_task
 from runtime.errors import LeaseLost, TransientModelError, UnknownPrice
-from runtime.judge_stage import judge_task
-from runtime.store import NewTask, Store
+from runtime.store.rows import NewTask
+from runtime.store.store import Store
 
 SETTINGS = Settings()
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from runtime.config import Settings
 from runtime.errors import ModelNotFound, TransientModelError
-from runtime.llm_backends import (
+from runtime.llm.backends import (
     BackendConfigError,
     BadModelReply,
     OfflineBackend,
@@ -36,8 +36,8 @@ from runtime.llm_backends import (
     request_text,
     write_replay_file,
 )
-from runtime.routing import decide_route
-from runtime.schema_instance import SchemaUnsatisfiable, instance_for_schema
+from runtime.llm.routing import decide_route
+from runtime.llm.schema_instance import SchemaUnsatisfiable, instance_for_schema
 from tests.fake_ollama import FakeOllama, fake_ollama_server  # noqa: F401
 
 PROMPT = "Find the three biggest competitors of Acme Robotics in Europe and rank them"

@@ -22,7 +22,7 @@ from policies import base
 from policies.base import DuplicatePolicy, Policy, Violation
 from policies.builtin import ForbiddenOutput, payload_bytes
 from policies.loader import PolicySet, load_policy_set
-from runtime import cli_policies
+from runtime.cli import policies as cli_policies
 from runtime.config import ConfigError, PoliciesSettings, Settings
 
 

@@ -20,13 +20,14 @@ from typing import Annotated, Any
 import typer
 
 from runtime.config import ConfigError, Settings, load_settings
-from runtime.llm_backends import (
+from runtime.llm.backends import (
     BackendConfigError,
     build_backend,
     records_from_calls,
     write_replay_file,
 )
-from runtime.store import NotFound, Store
+from runtime.store.rows import NotFound
+from runtime.store.store import Store
 
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
 
@@ -117,8 +118,8 @@ def _settings(ctx: typer.Context) -> Settings:
 
 
 def _open_store(settings: Settings) -> Store:
-    from runtime.app import open_store  # not at import time: the CLI loads this module early
-    from runtime.db import DatabaseUnavailable
+    from runtime.store.db import DatabaseUnavailable
+    from runtime.wiring import open_store  # not at import time: the CLI loads this module early
 
     try:
         return open_store(settings)

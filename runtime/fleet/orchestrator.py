@@ -8,7 +8,7 @@ A fire, in order:
    so a catch-up double fire cannot launch two fan-outs);
 3. writes its ``fires`` row and runs hygiene: reaper, watchdog and fan-in sweeper, so
    work stranded by dead workers is claimable again before anyone is launched;
-4. decides: a :class:`~runtime.decider.Snapshot` of the queue, the escalations and the
+4. decides: a :class:`~runtime.fleet.decider.Snapshot` of the queue, the escalations and the
    status counts goes to the configured decider, which returns a plan;
 5. fans out ``orgchart worker --agents MODE --task-cap N --wall-clock S --once --json``
    processes (never more than ``max_workers`` at once). Work flows between modes (a
@@ -50,13 +50,11 @@ from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from runtime.config import Settings
-from runtime.decider import JUDGE_MODE, Decider, Limits, Plan, Snapshot, load_decider
+from runtime.engine.maintenance import Reaper, ReaperConfig, Sweeper, Watchdog
 from runtime.errors import BadInput
-from runtime.reaper import Reaper, ReaperConfig
-from runtime.rollup import Hygiene, WorkerRun, build_rollup
-from runtime.store import Store
-from runtime.sweeper import Sweeper
-from runtime.watchdog import Watchdog
+from runtime.fleet.decider import JUDGE_MODE, Decider, Limits, Plan, Snapshot, load_decider
+from runtime.fleet.rollup import Hygiene, WorkerRun, build_rollup
+from runtime.store.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +84,7 @@ class FireConfig:
     task_cap: int = 200
     wall_clock_seconds: float = 600.0
     daily_cap: int = 6
-    decider: str = "runtime.decider:RuleBasedDecider"
+    decider: str = "runtime.fleet.decider:RuleBasedDecider"
     agents_modules: tuple[str, ...] = ()
     max_delivery: int = 3
     term_slack_seconds: float = TERM_SLACK_SECONDS
@@ -250,7 +248,7 @@ class Orchestrator:
     def known_modes(self) -> set[str]:
         """Registered agents (built-in and ``--agents-module``) plus the judge stage."""
         if self._known is None:
-            from runtime.app import load_registry
+            from runtime.wiring import load_registry
 
             registry = load_registry(self.settings, self.config.agents_modules)
             self._known = {*registry.names(), JUDGE_MODE}
@@ -376,7 +374,7 @@ class Orchestrator:
 
     def worker_command(self, mode: str, task_cap: int, wall_clock_seconds: float) -> list[str]:
         """The command line of one disposable worker."""
-        cmd = [self.config.python, "-m", "runtime.cli", "worker", "--agents", mode,
+        cmd = [self.config.python, "-m", "runtime.cli.app", "worker", "--agents", mode,
                "--task-cap", str(task_cap), "--wall-clock", repr(float(wall_clock_seconds)),
                "--once", "--json"]
         for module in self.config.agents_modules:

@@ -1,6 +1,6 @@
 """The HTTP API and the live tree page, served by ``orgchart serve`` (FastAPI on uvicorn).
 
-Endpoints (all JSON; shapes from :mod:`runtime.serialize`, documented in ``docs/api.md``):
+Endpoints (all JSON; shapes from :mod:`runtime.views`, documented in ``docs/api.md``):
 
 - ``POST /tasks``: submit a root goal (``Idempotency-Key`` header deduplicates);
 - ``GET /tasks/{id}``, ``GET /trees/{root_id}``, ``GET /roots``, ``GET /escalations``;
@@ -38,18 +38,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agents.registry import Registry, UnknownAgent
-from runtime.app import check_storable
-from runtime.cli_inspect import (
-    API_TOKEN_ENV,
-    escalation_json,
-    task_detail_json,
-    tree_for,
-)
 from runtime.config import Settings
-from runtime.db import DatabaseUnavailable
 from runtime.errors import BadInput
-from runtime.serialize import task_json
-from runtime.store import IdempotencyConflict, NotFound, ResolveRefused, Store
+from runtime.http.auth import API_TOKEN_ENV
+from runtime.store.db import DatabaseUnavailable
+from runtime.store.rows import IdempotencyConflict, NotFound, ResolveRefused
+from runtime.store.store import Store
+from runtime.views import escalation_json, task_detail_json, task_json, tree_for
+from runtime.wiring import check_storable
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +220,7 @@ def create_app(store: Store | None = None, settings: Settings | None = None,
     """Build the API on a store (opened from ``settings`` when not given).
 
     Args:
-        store: the database door; default ``runtime.app.open_store(settings)``.
+        store: the database door; default ``runtime.wiring.open_store(settings)``.
         settings: the configuration; default ``load_settings()``.
         registry: the agents roots may be submitted to; default built-ins plus
             ``[agents] modules``.
@@ -233,8 +229,8 @@ def create_app(store: Store | None = None, settings: Settings | None = None,
         max_body_bytes: larger request bodies get 413.
 
     """
-    from runtime.app import load_registry, open_store
     from runtime.config import load_settings
+    from runtime.wiring import load_registry, open_store
 
     settings = settings or load_settings()
     registry = registry or load_registry(settings)
@@ -317,7 +313,7 @@ def _document_bearer(app: FastAPI) -> None:
 
 def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
                     registry: Registry) -> None:
-    from runtime.app import build_root
+    from runtime.wiring import build_root
 
     @app.post("/tasks", status_code=201, tags=["tasks"],
               responses={**_ERRORS, 200: {"description": "the key was seen: the same task"},

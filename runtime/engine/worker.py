@@ -38,12 +38,11 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
-from runtime.db import libpq_url
-from runtime.executor import Action, DelegateAction, Dropped, Executor, RetryAction
-from runtime.reaper import Reaper, ReaperConfig
-from runtime.store import JudgeOutcome, RunOutcome, Store
-from runtime.sweeper import Sweeper
-from runtime.watchdog import Watchdog
+from runtime.engine.executor import Action, DelegateAction, Dropped, Executor, RetryAction
+from runtime.engine.maintenance import Reaper, ReaperConfig, Sweeper, Watchdog
+from runtime.store.db import libpq_url
+from runtime.store.rows import JudgeOutcome, RunOutcome
+from runtime.store.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ from rich.text import Text
 
 from agents.registry import DuplicateAgent, UnknownAgent
 from runtime.config import ConfigError, Settings, load_settings
-from runtime.db import DatabaseUnavailable, redacted, resolve_url, upgrade
 from runtime.errors import BadInput
-from runtime.models import TERMINAL_STATUSES
-from runtime.store import IdempotencyConflict, NotFound, ResolveRefused
+from runtime.store.db import DatabaseUnavailable, redacted, resolve_url, upgrade
+from runtime.store.models import TERMINAL_STATUSES
+from runtime.store.rows import IdempotencyConflict, NotFound, ResolveRefused
 
 app = typer.Typer(
     name="orgchart",
@@ -46,8 +46,8 @@ out = Console()
 err = Console(stderr=True)
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-COMMAND_MODULES = ("runtime.cli_inspect", "runtime.cli_ops", "runtime.cli_policies",
-                   "runtime.cli_llm")
+COMMAND_MODULES = ("runtime.cli.inspection", "runtime.cli.ops", "runtime.cli.policies",
+                   "runtime.cli.models")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -126,7 +126,7 @@ def _submit(runtime: Any, goal: str, agent: str, type_: str | None, priority: in
             budget_tokens: int, budget_seconds: int, budget_usd: str, payload: str | None,
             success: str | None, kill: str | None, key: str | None) -> tuple[dict[str, Any],
                                                                           bool]:
-    from runtime.app import build_root, parse_json_option
+    from runtime.wiring import build_root, parse_json_option
 
     new = build_root(
         runtime.registry, runtime.settings, goal=goal, agent=agent, type_=type_,
@@ -139,7 +139,7 @@ def _submit(runtime: Any, goal: str, agent: str, type_: str | None, priority: in
 
 
 def _runtime(modules: list[str] | None, announce: bool = True) -> Any:
-    from runtime.app import build_runtime
+    from runtime.wiring import build_runtime
 
     runtime = build_runtime(settings(), modules or [])
     if announce and getattr(runtime.llm_factory, "announcement", None):
@@ -157,8 +157,8 @@ def submit(goal: str, agent: AgentOpt = "ceo", type_: TypeOpt = None, priority: 
     """Submit a root goal; print its id (the root id)."""
     from types import SimpleNamespace
 
-    from runtime.app import load_registry, open_store
-    from runtime.serialize import task_json
+    from runtime.views import task_json
+    from runtime.wiring import load_registry, open_store
 
     # Submitting needs the agents' schemas and the database, not the model backend.
     config = settings()
@@ -192,8 +192,8 @@ def run(goal: str, agent: AgentOpt = "ceo", type_: TypeOpt = None, priority: Pri
         timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 600,
         ) -> None:
     """Submit a goal and drain it in this process, drawing the tree live; print the result."""
-    from runtime.render import render_tree
-    from runtime.serialize import tree_json
+    from runtime.cli.render import render_tree
+    from runtime.views import tree_json
 
     runtime = _runtime(agents_module)
     task, _ = _submit(runtime, goal, agent, type_, priority, budget_tokens, budget_seconds,
@@ -282,7 +282,7 @@ def worker(
 @guarded
 def agents_cmd(agents_module: ModulesOpt = None, json_: JsonOpt = False) -> None:
     """List registered agents: types, delegation targets, input and output schemas."""
-    from runtime.app import load_registry
+    from runtime.wiring import load_registry
 
     described = load_registry(settings(), agents_module or []).describe()
     if json_:

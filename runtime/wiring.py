@@ -18,9 +18,10 @@ from typing import Any
 
 from agents.registry import Registry, load_modules
 from runtime.config import Settings
-from runtime.db import create_db_engine, ensure_schema, resolve_url
 from runtime.errors import BadInput
-from runtime.store import NewTask, Store
+from runtime.store.db import create_db_engine, ensure_schema, resolve_url
+from runtime.store.rows import NewTask
+from runtime.store.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +54,15 @@ class Runtime:
 
     def executor(self) -> Any:
         """An executor over these parts."""
-        from runtime.executor import Executor
-        from runtime.judge_stage import judge_task
+        from runtime.engine.executor import Executor
+        from runtime.engine.judge_stage import judge_task
 
         return Executor(store=self.store, registry=self.registry, settings=self.settings,
                         policies=self.policies, llm_factory=self.llm_factory, judge=judge_task)
 
     def worker(self, agents: Sequence[str] | None = None, **overrides: Any) -> Any:
         """A worker for ``agents`` (default: every registered agent plus the judge stage)."""
-        from runtime.worker import Worker, WorkerConfig
+        from runtime.engine.worker import Worker, WorkerConfig
 
         w = self.settings.worker
         names = tuple(agents) if agents else tuple(self.registry.names())
@@ -84,7 +85,7 @@ def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
                   store: Store | None = None) -> Runtime:
     """Build every part from ``settings`` (the model backend is probed here for ``auto``)."""
     from policies.loader import load_policy_set
-    from runtime.llm import LLMFactory
+    from runtime.llm.handle import LLMFactory
 
     registry = load_registry(settings, extra_modules)
     store = store or open_store(settings)

@@ -9,10 +9,15 @@ are its own. The root's ``totals`` sum every node's own spend, so they equal the
 from __future__ import annotations
 
 import datetime as dt
+import re
 import uuid
 from collections import Counter
 from decimal import Decimal
 from typing import Any
+
+from runtime.errors import BadInput
+from runtime.store.rows import NotFound
+from runtime.store.store import Store
 
 TASK_FIELDS = (
     "id", "root_id", "parent_id", "agent", "type", "status", "priority", "payload", "result",
@@ -112,3 +117,60 @@ def model_call_json(row: dict[str, Any]) -> dict[str, Any]:
         "prompt_tokens", "completion_tokens", "duration_seconds", "error", "created_at")}
     out["cost_usd"] = money(row.get("cost_usd"))
     return out
+
+
+_POLICY_RULE = re.compile(r"^policy ([^\s:]+):")
+
+
+def parse_task_id(text: str, what: str = "task id") -> uuid.UUID:
+    """Parse a task id; raise :class:`BadInput` naming the bad value otherwise."""
+    try:
+        return uuid.UUID(text.strip())
+    except (ValueError, AttributeError):
+        raise BadInput(f"{what} {text!r} is not a UUID (expected something like "
+                       "0b7c1e5e-3f4a-4b8e-9d2a-6f1c2b3a4d5e)") from None
+
+
+def policy_rule(error: str | None) -> str | None:
+    """The rule named by an error of the form ``policy <rule>: ...``, else None."""
+    match = _POLICY_RULE.match(error or "")
+    return match.group(1) if match else None
+
+
+def escalation_json(row: dict[str, Any]) -> dict[str, Any]:
+    """One entry of the escalation inbox: the task plus its rule, root goal and since when."""
+    root_payload = row.get("root_payload")
+    goal = root_payload.get("goal") if isinstance(root_payload, dict) else None
+    escalated_at = row.get("escalated_at")
+    return {
+        **task_json(row),
+        "rule": policy_rule(row.get("error")),
+        "root_goal": goal,
+        "escalated_at": escalated_at.isoformat() if escalated_at is not None else None,
+    }
+
+
+def tree_for(store: Store, root_id: uuid.UUID) -> dict[str, Any]:
+    """The tree under ``root_id`` in the public shape.
+
+    Raises:
+        NotFound: no such task, or the task is not a root (the message names its root).
+
+    """
+    tree = tree_json(store.tree_rows(root_id))
+    if tree is not None:
+        return tree
+    task = store.get(root_id)  # raises NotFound "no task ..."
+    raise NotFound(f"task {root_id} is not a root; its tree is {task['root_id']}")
+
+
+def task_detail_json(store: Store, task_id: uuid.UUID, model_calls: bool = True) -> dict[str, Any]:
+    """A task with its transitions (``events``), its children and its model calls."""
+    task = store.get(task_id)
+    detail = task_json(task)
+    detail["events"] = [event_json(e) for e in store.events(task_id)]
+    detail["children"] = [{"id": str(c["id"]), "agent": c["to_agent"], "status": c["status"]}
+                          for c in store.children(task_id)]
+    if model_calls:
+        detail["model_calls"] = [model_call_json(c) for c in store.model_calls(task_id)]
+    return detail

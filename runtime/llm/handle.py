@@ -5,7 +5,7 @@ which it chose in :attr:`LLMFactory.announcement`) and hands each leased task a
 :class:`TaskLLM`. One ``complete`` call:
 
 1. refuses when the task's lease is lost (:class:`~runtime.errors.LeaseLost`);
-2. routes the prompt (:func:`runtime.routing.decide_route`: long prompt or deep queue ->
+2. routes the prompt (:func:`runtime.llm.routing.decide_route`: long prompt or deep queue ->
    cloud model, else local);
 3. prices the route's model (``[cost]``); no price -> :class:`~runtime.errors.UnknownPrice`;
 4. checks the budget before spending: the task's budget covers its whole subtree, so the
@@ -35,7 +35,7 @@ from pydantic import BaseModel, ValidationError
 
 from runtime.config import Settings
 from runtime.errors import BadInput, BudgetExceeded, LeaseLost, UnknownPrice
-from runtime.llm_backends import (
+from runtime.llm.backends import (
     NOT_RECORDED,
     Backend,
     BackendConfigError,
@@ -51,8 +51,9 @@ from runtime.llm_backends import (
     request_key,
     request_text,
 )
-from runtime.routing import Route, decide_route
-from runtime.store import ModelCharge, Store
+from runtime.llm.routing import Route, decide_route
+from runtime.store.rows import ModelCharge
+from runtime.store.store import Store
 
 __all__ = [
     "MIN_COMPLETION_TOKENS",

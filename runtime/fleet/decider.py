@@ -274,7 +274,7 @@ def load_decider(spec: str) -> Decider:
     module_name, sep, class_name = spec.partition(":")
     if not sep or not module_name or not class_name:
         raise BadInput(f"[orchestrator] decider {spec!r} must look like 'module:Class' "
-                       "(e.g. 'runtime.decider:RuleBasedDecider')")
+                       "(e.g. 'runtime.fleet.decider:RuleBasedDecider')")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -2,118 +2,45 @@
 
 The commands: ``tree``, ``show``, ``escalations``, ``resolve``, ``metrics``, ``prune``
 and ``serve``.
-Every command reads through :class:`runtime.store.Store` and prints either rich text or,
-with ``--json``, the public shapes of :mod:`runtime.serialize`. A malformed id, a missing
+Every command reads through :class:`runtime.store.store.Store` and prints either rich text or,
+with ``--json``, the public shapes of :mod:`runtime.views`. A malformed id, a missing
 task or a refused resolution exits 2 with a message naming the problem.
 
 The helpers at module level (:func:`parse_task_id`, :func:`escalation_json`,
 :func:`task_detail_json`, :func:`tree_for`) are shared with the HTTP API
-(:mod:`runtime.api`), so the CLI and the API answer alike. The commands themselves are
-defined inside :func:`register`, which imports :mod:`runtime.cli` lazily: ``runtime.cli``
+(:mod:`runtime.http.api`), so the CLI and the API answer alike. The commands themselves are
+defined inside :func:`register`, which imports :mod:`runtime.cli.app` lazily: ``runtime.cli.app``
 imports this module, and the API imports it without wanting the CLI.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
-import os
 import re
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
 
-from runtime.errors import BadInput
-from runtime.models import TERMINAL_STATUSES
-from runtime.serialize import event_json, model_call_json, task_json, tree_json
-from runtime.store import NotFound, Store
+from runtime.http.auth import API_TOKEN_ENV, api_token, is_loopback
+from runtime.store.models import TERMINAL_STATUSES
+from runtime.store.store import Store
+from runtime.views import (
+    escalation_json,
+    parse_task_id,
+    task_detail_json,
+    task_json,
+    tree_for,
+)
 
-#: The environment variable holding the API's bearer token.
-API_TOKEN_ENV = "ORGCHART_API_TOKEN"
 #: How often ``tree --watch`` redraws.
 WATCH_INTERVAL_SECONDS = 1.0
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 ModulesOpt = Annotated[list[str] | None, typer.Option(
     "--agents-module", help="Import agents from this module; repeatable.")]
-
-_POLICY_RULE = re.compile(r"^policy ([^\s:]+):")
-
-
-# ---------------------------------------------------------------------- shared helpers
-def parse_task_id(text: str, what: str = "task id") -> uuid.UUID:
-    """Parse a task id; raise :class:`BadInput` naming the bad value otherwise."""
-    try:
-        return uuid.UUID(text.strip())
-    except (ValueError, AttributeError):
-        raise BadInput(f"{what} {text!r} is not a UUID (expected something like "
-                       "0b7c1e5e-3f4a-4b8e-9d2a-6f1c2b3a4d5e)") from None
-
-
-def policy_rule(error: str | None) -> str | None:
-    """The rule named by an error of the form ``policy <rule>: ...``, else None."""
-    match = _POLICY_RULE.match(error or "")
-    return match.group(1) if match else None
-
-
-def escalation_json(row: dict[str, Any]) -> dict[str, Any]:
-    """One entry of the escalation inbox: the task plus its rule, root goal and since when."""
-    root_payload = row.get("root_payload")
-    goal = root_payload.get("goal") if isinstance(root_payload, dict) else None
-    escalated_at = row.get("escalated_at")
-    return {
-        **task_json(row),
-        "rule": policy_rule(row.get("error")),
-        "root_goal": goal,
-        "escalated_at": escalated_at.isoformat() if escalated_at is not None else None,
-    }
-
-
-def tree_for(store: Store, root_id: uuid.UUID) -> dict[str, Any]:
-    """The tree under ``root_id`` in the public shape.
-
-    Raises:
-        NotFound: no such task, or the task is not a root (the message names its root).
-
-    """
-    tree = tree_json(store.tree_rows(root_id))
-    if tree is not None:
-        return tree
-    task = store.get(root_id)  # raises NotFound "no task ..."
-    raise NotFound(f"task {root_id} is not a root; its tree is {task['root_id']}")
-
-
-def task_detail_json(store: Store, task_id: uuid.UUID, model_calls: bool = True) -> dict[str, Any]:
-    """A task with its transitions (``events``), its children and its model calls."""
-    task = store.get(task_id)
-    detail = task_json(task)
-    detail["events"] = [event_json(e) for e in store.events(task_id)]
-    detail["children"] = [{"id": str(c["id"]), "agent": c["to_agent"], "status": c["status"]}
-                          for c in store.children(task_id)]
-    if model_calls:
-        detail["model_calls"] = [model_call_json(c) for c in store.model_calls(task_id)]
-    return detail
-
-
-def is_loopback(host: str) -> bool:
-    """True when ``host`` only listens on this machine (127.0.0.0/8, ::1, localhost)."""
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def api_token(env: dict[str, str] | None = None) -> str | None:
-    """The configured API token (``ORGCHART_API_TOKEN``), None when unset or empty."""
-    value = (os.environ if env is None else env).get(API_TOKEN_ENV, "")
-    return value or None
-
 
 def _clock(iso: str | None) -> str:
     """``HH:MM:SS.mmm`` of an ISO timestamp (the history of one task spans one day, mostly)."""
@@ -145,12 +72,12 @@ def register(app: typer.Typer) -> None:
     from rich.padding import Padding
     from rich.table import Table
 
-    from runtime.cli import EXIT_BAD_INPUT, err, fail, guarded, out, print_json, settings
-    from runtime.render import STATUS_STYLE, render_tree
+    from runtime.cli.app import EXIT_BAD_INPUT, err, fail, guarded, out, print_json, settings
+    from runtime.cli.render import STATUS_STYLE, render_tree
 
     @contextmanager
     def opened() -> Iterator[Store]:
-        from runtime.app import open_store
+        from runtime.wiring import open_store
 
         store = open_store(settings())
         try:
@@ -314,7 +241,7 @@ def register(app: typer.Typer) -> None:
                  EXIT_BAD_INPUT)
         tid = parse_task_id(task_id)
         if reassign is not None:
-            from runtime.app import load_registry
+            from runtime.wiring import load_registry
 
             load_registry(settings(), agents_module or []).get(reassign)  # unknown: exit 2
         with opened() as store:
@@ -359,7 +286,7 @@ def register(app: typer.Typer) -> None:
         json_: JsonOpt = False,
     ) -> None:
         """Delete whole finished trees whose root completed longer ago than --older-than."""
-        from runtime.app import parse_duration
+        from runtime.wiring import parse_duration
 
         age = parse_duration(older_than)
         with opened() as store:
@@ -381,8 +308,8 @@ def register(app: typer.Typer) -> None:
         """Serve the HTTP API and the live tree page (FastAPI on uvicorn)."""
         import uvicorn
 
-        from runtime.api import create_app
-        from runtime.app import load_registry
+        from runtime.http.api import create_app
+        from runtime.wiring import load_registry
 
         token = api_token()
         if not is_loopback(host) and token is None:

@@ -51,8 +51,9 @@ from runtime.errors import (
     TransientModelError,
     UnknownPrice,
 )
-from runtime.models import TERMINAL_STATUSES
-from runtime.store import ChildRow, JudgeOutcome, RunOutcome, Store
+from runtime.store.models import TERMINAL_STATUSES
+from runtime.store.rows import ChildRow, JudgeOutcome, RunOutcome
+from runtime.store.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class PolicyChecks(Protocol):
 
 
 class LLMFactoryLike(Protocol):
-    """What the executor needs from ``runtime.llm.LLMFactory``."""
+    """What the executor needs from ``runtime.llm.handle.LLMFactory``."""
 
     offline: bool
 
@@ -81,7 +82,7 @@ class LLMFactoryLike(Protocol):
 
 
 class JudgeFn(Protocol):
-    """``runtime.judge_stage.judge_task``."""
+    """``runtime.engine.judge_stage.judge_task``."""
 
     def __call__(self, task: dict[str, Any], children: list[dict[str, Any]], llm: Any,
                  settings: Settings) -> Any:

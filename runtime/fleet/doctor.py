@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.config import OrchestratorSettings
-from runtime.store import Store
+from runtime.store.store import Store
 
 
 @dataclass(frozen=True)

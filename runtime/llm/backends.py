@@ -36,7 +36,7 @@ import ollama
 
 from runtime.config import Settings
 from runtime.errors import ModelNotFound, OrgchartError, TransientModelError
-from runtime.schema_instance import instance_for_schema, offline_text, prompt_snippet
+from runtime.llm.schema_instance import instance_for_schema, offline_text, prompt_snippet
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 HOME_ENV = "ORGCHART_HOME"
 DEFAULT_HOME = ".orgchart"
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 #: The newest migration; a test keeps it equal to Alembic's head. Lets every process skip
 #: loading Alembic when the database is already current.
 HEAD_REVISION = "0001"

@@ -1,4 +1,4 @@
-"""The named SQL of ``runtime/queries.sql``, parsed once into ``{name: statement}``.
+"""The named SQL of ``runtime/store/queries.sql``, parsed once into ``{name: statement}``.
 
 A block starts with ``-- name --``, then a one-line description, then the SQL
 (procrastinate's ``queries.sql`` layout). Only the store executes them.

@@ -1,13 +1,13 @@
 """The one door to the database: every statement the runtime runs goes through :class:`Store`.
 
-The statements that must be exact under concurrency live in ``runtime/queries.sql`` as
+The statements that must be exact under concurrency live in ``runtime/store/queries.sql`` as
 named blocks. Each state change is one guarded statement that also writes its
 ``task_events`` rows, run in one transaction; where fan-in has to follow (a child became
 terminal), the parents are locked and flipped in that same transaction. A write from a
 worker whose lease was taken away matches no row, changes nothing, and is logged.
 
 Tasks travel as plain dicts (column name -> value), the rows as the database returns
-them; :func:`runtime.serialize.task_json` turns one into the public JSON shape.
+them; :func:`runtime.views.task_json` turns one into the public JSON shape.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
-from runtime.models import TERMINAL_STATUSES
-from runtime.queries import QUERIES, QUERIES_FILE, Task, load_queries
-from runtime.queries import TEXT as _TEXT
-from runtime.store_reads import StoreReads
-from runtime.store_types import (
+from runtime.store.models import TERMINAL_STATUSES
+from runtime.store.queries import QUERIES, QUERIES_FILE, Task, load_queries
+from runtime.store.queries import TEXT as _TEXT
+from runtime.store.reads import StoreReads
+from runtime.store.rows import (
     ChildRow,
     Finished,
     IdempotencyConflict,
@@ -65,7 +65,7 @@ class Store(StoreReads):
     """The database door: named statements, one transaction per state change.
 
     Writes live here; reads, pruning and the orchestrator's bookkeeping come from
-    :class:`runtime.store_reads.StoreReads`.
+    :class:`runtime.store.reads.StoreReads`.
     """
 
     def __init__(self, engine: Engine) -> None:

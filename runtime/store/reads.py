@@ -1,6 +1,6 @@
 """The store's reads, and the orchestrator's bookkeeping (fires, its lock, event counts).
 
-A mixin of :class:`runtime.store.Store`: the same engine and the same named SQL; nothing
+A mixin of :class:`runtime.store.store.Store`: the same engine and the same named SQL; nothing
 here changes a task.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from runtime.queries import TEXT as _TEXT
-from runtime.queries import Task
-from runtime.store_types import NotFound, canonical_json
+from runtime.store.queries import TEXT as _TEXT
+from runtime.store.queries import Task
+from runtime.store.rows import NotFound, canonical_json
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 ``fire`` takes the fire lock, respects the daily cap, runs hygiene, plans, fans out
 disposable workers and prints the rollup note (``--json``: the whole
-:class:`runtime.orchestrator.FireResult`). A fire that cannot run (another holds the
+:class:`runtime.fleet.orchestrator.FireResult`). A fire that cannot run (another holds the
 lock, the daily cap is reached) says so and exits 0: that is the system working.
 ``--dry-run`` prints the plan and touches nothing.
 
@@ -23,8 +23,8 @@ import typer
 
 
 def _settings_and_store() -> tuple[Any, Any]:
-    from runtime.app import open_store
-    from runtime.cli import settings
+    from runtime.cli.app import settings
+    from runtime.wiring import open_store
 
     s = settings()
     return s, open_store(s)
@@ -46,8 +46,8 @@ def fire(
     json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """One fire: lock, daily cap, hygiene, plan, fan out capped workers, print the rollup."""
-    from runtime.cli import err, out, print_json
-    from runtime.orchestrator import FireConfig, Orchestrator
+    from runtime.cli.app import err, out, print_json
+    from runtime.fleet.orchestrator import FireConfig, Orchestrator
 
     s, store = _settings_and_store()
     config = FireConfig.from_settings(s, max_workers=max_workers, task_cap=task_cap,
@@ -76,8 +76,8 @@ def fire(
 
 def doctor(json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Exit 1 naming each problem (overdue fire, stranded work, old escalations); else 0."""
-    from runtime.cli import EXIT_FAILED, out, print_json
-    from runtime.doctor import DoctorLimits, check
+    from runtime.cli.app import EXIT_FAILED, out, print_json
+    from runtime.fleet.doctor import DoctorLimits, check
 
     s, store = _settings_and_store()
     checkup = check(store, DoctorLimits.from_settings(s.orchestrator))
@@ -97,7 +97,7 @@ def _database_errors(fn: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> None:
-        from runtime.cli import EXIT_FAILED, fail
+        from runtime.cli.app import EXIT_FAILED, fail
 
         try:
             fn(*args, **kwargs)
@@ -109,7 +109,7 @@ def _database_errors(fn: Callable[..., None]) -> Callable[..., None]:
 
 def register(app: typer.Typer) -> None:
     """Add ``fire`` and ``doctor`` to the CLI."""
-    from runtime.cli import guarded
+    from runtime.cli.app import guarded
 
     app.command("fire")(guarded(_database_errors(fire)))
     app.command("doctor")(guarded(_database_errors(doctor)))

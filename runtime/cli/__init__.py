@@ -1,0 +1,1 @@
+"""The command line, ``orgchart``: one module per group of commands, one error handler."""

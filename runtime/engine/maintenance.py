@@ -1,0 +1,112 @@
+"""Maintenance: the reaper, the watchdog and the fan-in sweeper.
+
+Each service has a frozen config, a ``run_once()`` that the worker's loop, the
+orchestrator's hygiene step and the tests call, and returns what it did.
+
+- **Reaper.** A worker that dies (SIGKILL, OOM, lost machine) stops renewing its leases.
+  Once a lease expires, ``run_once()`` releases the task: ``pending`` for a run,
+  ``ready_to_aggregate`` for an aggregate, an unleased ``judging`` for the judge stage. A
+  task already delivered ``max_delivery`` times is poison and ends ``failed`` with an
+  error that says so. Two reapers at once skip each other's rows (SKIP LOCKED), and a
+  heartbeat that lands first keeps its task (the expiry is re-checked in the UPDATE).
+- **Watchdog** (seed 003). Fails tasks running past their ``budget_seconds`` with
+  ``error = 'timeout'`` and clears the lease token, so the late worker's completion
+  matches no row and changes nothing. The parent's fan-in follows in the same
+  transaction.
+- **Sweeper** (seed 003). A parent that delegated waits in ``waiting``; the transaction
+  that finishes its last child flips it at once. ``run_once()`` is the safety net for
+  anything that path missed (a crash between statements, a child finished by hand):
+  set-based, one statement backed by the partial index on ``waiting`` rows and the
+  ``(parent_id, status)`` index; the UPDATE re-checks ``status = 'waiting'``.
+
+Failure modes: none of their own; concurrent passes skip each other's rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.store.rows import Reaped, Swept, TimedOut
+from runtime.store.store import Store
+
+REAP_BATCH_LIMIT = 1000
+WATCHDOG_BATCH_LIMIT = 1000
+SWEEP_INTERVAL_SECONDS = 1.0
+SWEEP_BATCH_LIMIT = 10_000
+
+
+def _at_least_one(name: str, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1")
+
+
+@dataclass(frozen=True)
+class ReaperConfig:
+    """How the reaper runs."""
+
+    max_delivery: int = 3
+    batch_limit: int = REAP_BATCH_LIMIT
+    worker: str = "reaper"
+
+    def __post_init__(self) -> None:
+        _at_least_one("max_delivery", self.max_delivery)
+        _at_least_one("batch_limit", self.batch_limit)
+
+
+class Reaper:
+    """Releases expired leases; poisons tasks past the delivery cap."""
+
+    def __init__(self, store: Store, config: ReaperConfig) -> None:
+        self.store = store
+        self.config = config
+
+    def run_once(self) -> Reaped:
+        """One pass over expired leases; returns what it released and poisoned."""
+        return self.store.reap(self.config.max_delivery, worker=self.config.worker,
+                               limit=self.config.batch_limit)
+
+
+@dataclass(frozen=True)
+class WatchdogConfig:
+    """How the watchdog runs."""
+
+    batch_limit: int = WATCHDOG_BATCH_LIMIT
+    worker: str = "watchdog"
+
+    def __post_init__(self) -> None:
+        _at_least_one("batch_limit", self.batch_limit)
+
+
+class Watchdog:
+    """Times out tasks that ran past their budget."""
+
+    def __init__(self, store: Store, config: WatchdogConfig | None = None) -> None:
+        self.store = store
+        self.config = config or WatchdogConfig()
+
+    def run_once(self) -> TimedOut:
+        """One pass; returns how many tasks it failed."""
+        return self.store.time_out(worker=self.config.worker, limit=self.config.batch_limit)
+
+
+@dataclass(frozen=True)
+class SweeperConfig:
+    """How the sweeper runs."""
+
+    batch_limit: int = SWEEP_BATCH_LIMIT
+    worker: str = "sweeper"
+
+    def __post_init__(self) -> None:
+        _at_least_one("batch_limit", self.batch_limit)
+
+
+class Sweeper:
+    """Flips waiting parents whose children are all terminal."""
+
+    def __init__(self, store: Store, config: SweeperConfig | None = None) -> None:
+        self.store = store
+        self.config = config or SweeperConfig()
+
+    def run_once(self) -> Swept:
+        """One sweep; returns how many parents became ready."""
+        return self.store.sweep(worker=self.config.worker, limit=self.config.batch_limit)

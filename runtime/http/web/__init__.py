@@ -1,0 +1,1 @@
+"""The web view: plain HTML, CSS and JavaScript served by runtime.http.api."""

@@ -1,1 +1,0 @@
-"""The web view: plain HTML, CSS and JavaScript served by runtime.api."""
