@@ -11,10 +11,10 @@ help: ## List the targets
 $(BIN)/orgchart: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev,bench]"
 	@touch $@
 
-install: $(BIN)/orgchart ## Create .venv and install orgchart with its dev tools
+install: $(BIN)/orgchart ## Create .venv and install orgchart with its dev and bench tools
 
 demo: install ## Run the main job end to end (embedded Postgres, offline model if no Ollama)
 	$(BIN)/orgchart run "Assess the market for durable agent runtimes"

@@ -19,14 +19,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import claim_latency, drain, fanin, pickup, reference, tree_read, worker_memory
+from bench import (
+    claim_latency,
+    drain,
+    fanin,
+    pgqueuer_drain,
+    pickup,
+    reference,
+    tree_read,
+    worker_memory,
+)
 from bench.common import RESULTS_DIR, machine, server_url
 
-ORDER = ("reference", "drain", "pickup", "fanin", "claim_latency", "tree_read", "worker_memory")
+ORDER = ("reference", "drain", "pgqueuer", "pickup", "fanin", "claim_latency", "tree_read",
+         "worker_memory")
 
 FULL: dict[str, dict[str, Any]] = {
     "reference": {"n": 20_000, "threads": 4},
     "drain": {"n": 20_000, "sweep_n": 10_000},
+    "pgqueuer": {"n": 20_000, "sweep_n": 10_000},
     "pickup": {"samples": 50},
     "fanin": {"children": 10_000, "repeats": 5},
     "claim_latency": {"pending": 1_000, "finished": 1_000_000, "samples": 500},
@@ -37,6 +48,7 @@ FULL: dict[str, dict[str, Any]] = {
 QUICK: dict[str, dict[str, Any]] = {
     "reference": {"n": 200, "threads": 4},
     "drain": {"n": 200, "sweep_n": 100, "grid": ("1x8x50",)},
+    "pgqueuer": {"n": 200, "sweep_n": 100, "grid": ("1x5x10",)},
     "pickup": {"samples": 3},
     "fanin": {"children": 200, "repeats": 2, "batch": 50, "last_batch": 20},
     "claim_latency": {"pending": 200, "finished": 2_000, "samples": 20, "deep": 500},
@@ -47,6 +59,7 @@ QUICK: dict[str, dict[str, Any]] = {
 MAINS: dict[str, Callable[..., dict[str, Any]]] = {
     "reference": reference.main,
     "drain": drain.main,
+    "pgqueuer": pgqueuer_drain.main,
     "pickup": pickup.main,
     "fanin": fanin.main,
     "claim_latency": claim_latency.main,
@@ -91,6 +104,8 @@ def run(only: tuple[str, ...] = ORDER, quick: bool = False,
             out["drain_tasks_per_s_after_startup"] / ref, 2)
         out["drain_vs_batched_reference"] = round(
             out["drain_tasks_per_s"] / out["reference_batched_tasks_per_s"], 3)
+    if "drain_tasks_per_s" in out and "pgqueuer_jobs_per_s" in out:
+        out["drain_vs_pgqueuer"] = round(out["drain_tasks_per_s"] / out["pgqueuer_jobs_per_s"], 2)
     out["durations_s"] = durations
     out["total_s"] = round(time.perf_counter() - started, 1)
     return out
@@ -111,6 +126,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"== wrote {args.out} ({result['total_s']} s)")
     for key in ("drain_tasks_per_s", "drain_settings", "reference_tasks_per_s",
                 "reference_after_drain_tasks_per_s", "drain_vs_reference",
+                "pgqueuer_jobs_per_s", "drain_vs_pgqueuer",
                 "pickup_p50_ms", "pickup_p95_ms", "fanin_p95_ms", "claim_ms_small_table",
                 "claim_ms_1m_finished", "tree_ms_10k", "worker_peak_rss_mb"):
         if key in result:

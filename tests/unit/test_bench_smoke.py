@@ -9,7 +9,17 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from bench import claim_latency, drain, fanin, pickup, reference, run_all, tree_read, worker_memory
+from bench import (
+    claim_latency,
+    drain,
+    fanin,
+    pgqueuer_drain,
+    pickup,
+    reference,
+    run_all,
+    tree_read,
+    worker_memory,
+)
 from bench.common import percentile
 
 
@@ -34,6 +44,12 @@ def test_reference(server_url: str) -> None:
     _numbers(figures, "reference_tasks_per_s", "reference_batched_tasks_per_s",
              "reference_client_cpu_ms_per_task")
     assert figures["reference_tasks"] == 200
+
+
+def test_pgqueuer_drain(server_url: str) -> None:
+    figures = pgqueuer_drain.main(n=200, sweep_n=100, grid=("1x2x10",), server=server_url)
+    _numbers(figures, "pgqueuer_jobs_per_s")
+    assert figures["n"] == 200
 
 
 def test_drain(server_url: str) -> None:

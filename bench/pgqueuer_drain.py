@@ -1,0 +1,160 @@
+"""A peer measured beside us: pgqueuer draining no-op jobs on the same server.
+
+pgqueuer (https://github.com/janbjorge/pgqueuer) is a PostgreSQL job queue for Python
+built on the same ``FOR UPDATE SKIP LOCKED`` claim. Its schema is installed in a scratch
+database of its own; ``n`` jobs with a no-op entrypoint are enqueued in batches, then
+``procs`` processes each run a ``QueueManager`` in ``drain`` mode (exit when the queue is
+empty) with a given dequeue ``batch_size``. The clock starts when the processes are
+spawned (their start-up counts, as it does for ``bench.drain``) and stops when the last
+one exits. A short sweep over settings picks pgqueuer's best on this machine; the best
+is reported as ``pgqueuer_jobs_per_s``.
+
+pgqueuer does less per job than orgchart does per task (no judge stage, no event rows,
+no budgets): it is the yardstick for the queue, not a like-for-like workload.
+
+    python -m bench.pgqueuer_drain [--n 20000] [--settings 1x5x10,2x5x100]
+
+Needs the ``bench`` extra (``pip install -e ".[bench]"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import time
+from typing import Any
+
+from bench.common import admin, report, server_url, with_database
+
+#: (processes, consumers per process, dequeue batch size); pgqueuer's own drain bench
+#: defaults to 1 process x 5 consumers x batch 10.
+DEFAULT_GRID = ("1x5x10", "1x5x100", "2x5x100", "2x10x100")
+ENQUEUE_CHUNK = 5_000
+
+
+def _libpq(url: str) -> str:
+    from runtime.store import db
+
+    return db.libpq_url(url)
+
+
+async def _connect(url: str) -> Any:
+    import psycopg
+
+    return await psycopg.AsyncConnection.connect(_libpq(url), autocommit=True)
+
+
+async def _install(url: str) -> None:
+    from pgqueuer import Queries
+
+    conn = await _connect(url)
+    try:
+        await Queries.from_psycopg_connection(conn).install()
+    finally:
+        await conn.close()
+
+
+async def _enqueue(url: str, n: int) -> None:
+    from pgqueuer import Queries
+
+    conn = await _connect(url)
+    try:
+        queries = Queries.from_psycopg_connection(conn)
+        done = 0
+        while done < n:
+            size = min(ENQUEUE_CHUNK, n - done)
+            await queries.enqueue(["noop"] * size, [None] * size, [0] * size)
+            done += size
+    finally:
+        await conn.close()
+
+
+async def _consumer(url: str, batch_size: int) -> None:
+    """One pgqueuer consumer on its own asyncpg connection: a no-op entrypoint, drain mode."""
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, PgQueuer
+    from pgqueuer.types import QueueExecutionMode
+
+    conn = await asyncpg.connect(dsn=_libpq(url))
+    pgq = PgQueuer(AsyncpgDriver(conn))
+
+    @pgq.entrypoint("noop")
+    async def noop(job: Any) -> None:
+        return None
+
+    await pgq.run(batch_size=batch_size, mode=QueueExecutionMode.drain)
+    await conn.close()
+
+
+async def _worker(url: str, consumers: int, batch_size: int) -> None:
+    """One process: ``consumers`` pgqueuer consumers on one event loop (as its own bench)."""
+    await asyncio.gather(*(_consumer(url, batch_size) for _ in range(consumers)))
+
+
+async def _remaining(url: str) -> int:
+    conn = await _connect(url)
+    try:
+        cur = await conn.execute("SELECT count(*) FROM pgqueuer")
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
+    finally:
+        await conn.close()
+
+
+def trial(url: str, n: int, procs: int, consumers: int, batch_size: int) -> float:
+    """Enqueue ``n`` jobs, drain them with ``procs`` processes; return jobs per second."""
+    asyncio.run(_enqueue(url, n))
+    started = time.perf_counter()
+    workers = [subprocess.Popen([sys.executable, "-m", "bench.pgqueuer_drain", "--worker", url,
+                                 "--consumers", str(consumers), "--batch-size", str(batch_size)])
+               for _ in range(procs)]
+    for proc in workers:
+        proc.wait(timeout=600)
+    elapsed = time.perf_counter() - started
+    left = asyncio.run(_remaining(url))
+    if left:
+        raise RuntimeError(f"pgqueuer left {left} jobs undrained")
+    return n / elapsed
+
+
+def main(n: int = 20_000, sweep_n: int = 10_000, server: str | None = None,
+         grid: tuple[str, ...] = DEFAULT_GRID) -> dict[str, Any]:
+    """Sweep pgqueuer's settings on a smaller queue, then drain ``n`` jobs with the best."""
+    server = server or server_url()
+    name = f"bench_pgqueuer_{int(time.time())}"
+    admin(server, f'CREATE DATABASE "{name}"')
+    url = with_database(server, name)
+    try:
+        asyncio.run(_install(url))
+        sweep: dict[str, float] = {}
+        for setting in grid:
+            procs, consumers, batch = (int(x) for x in setting.split("x"))
+            sweep[setting] = round(trial(url, sweep_n, procs, consumers, batch), 1)
+        best = max(sweep, key=lambda k: sweep[k])
+        procs, consumers, batch = (int(x) for x in best.split("x"))
+        rate = trial(url, n, procs, consumers, batch)
+    finally:
+        admin(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return report("pgqueuer_drain", {
+        "pgqueuer_jobs_per_s": round(rate, 1),
+        "pgqueuer_best_setting": f"{procs} processes x {consumers} consumers x batch {batch}",
+        "pgqueuer_sweep_jobs_per_s": sweep,
+        "n": n,
+    })
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=20_000)
+    parser.add_argument("--sweep-n", type=int, default=10_000)
+    parser.add_argument("--settings", default=",".join(DEFAULT_GRID))
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--consumers", type=int, default=5, help=argparse.SUPPRESS)
+    parser.add_argument("--batch-size", type=int, default=10, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        asyncio.run(_worker(args.worker, args.consumers, args.batch_size))
+    else:
+        main(args.n, args.sweep_n, tuple(args.settings.split(",")))
