@@ -304,6 +304,15 @@ WITH parent AS (
 ), pev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, 'running', 'waiting', :worker, :detail FROM parent
+), old AS (
+    -- Lock the children and read the status they leave: an UPDATE's RETURNING only sees
+    -- the new row, so the event's from_status comes from here (as in task_reap_expired).
+    SELECT c.id, c.status
+    FROM tasks c
+    WHERE c.parent_id = :id
+      AND c.id = ANY(CAST(:child_ids AS uuid[]))
+      AND c.status IN ('failed', 'escalated')
+    FOR UPDATE
 ), kids AS (
     UPDATE tasks c
     SET status = 'pending',
@@ -317,14 +326,14 @@ WITH parent AS (
         delivery_count = 0,
         retry_count = c.retry_count + 1,
         updated_at = now()
-    FROM parent p
+    FROM parent p, old o
     WHERE c.parent_id = p.id
-      AND c.id = ANY(CAST(:child_ids AS uuid[]))
+      AND c.id = o.id
       AND c.status IN ('failed', 'escalated')
-    RETURNING c.id, c.status AS old_status, c.to_agent
+    RETURNING c.id, o.status AS old_status, c.to_agent
 ), kev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
-    SELECT id, NULL, 'pending', :worker, :detail FROM kids
+    SELECT id, old_status, 'pending', :worker, :detail FROM kids
 ), notify AS (
     SELECT pg_notify('orgchart_tasks', a) FROM (SELECT DISTINCT to_agent AS a FROM kids) d
 )
