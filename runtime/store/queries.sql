@@ -571,14 +571,26 @@ WHERE p.status = 'waiting'
 
 -- task_delete_finished_trees --
 -- Remove whole finished trees whose root completed before :before, with their events.
-WITH old_roots AS (
+-- Every row of a candidate tree is locked first, SKIP LOCKED: a tree with a row another
+-- transaction holds (a resolution reopening a task) is passed over, never waited for,
+-- and a tree is deleted only when all its rows were locked here and are still finished.
+WITH candidates AS (
     SELECT r.id
     FROM tasks r
     WHERE r.parent_id IS NULL
       AND r.status IN ('done', 'failed', 'escalated')
       AND r.completed_at < :before
-      AND NOT EXISTS (SELECT 1 FROM tasks x WHERE x.root_id = r.id
-                      AND x.status NOT IN ('done', 'failed', 'escalated'))
+), locked AS (
+    SELECT t.id, t.root_id, t.status
+    FROM tasks t
+    WHERE t.root_id IN (SELECT id FROM candidates)
+    FOR UPDATE SKIP LOCKED
+), old_roots AS (
+    SELECT l.root_id AS id
+    FROM locked l
+    GROUP BY l.root_id
+    HAVING bool_and(l.status IN ('done', 'failed', 'escalated'))
+       AND count(*) = (SELECT count(*) FROM tasks x WHERE x.root_id = l.root_id)
 ), gone AS (
     DELETE FROM tasks t USING old_roots o WHERE t.root_id = o.id RETURNING t.id
 ), gone_events AS (
