@@ -34,7 +34,8 @@ def open_store(settings: Settings, migrate: bool = True) -> Store:
     url = resolve_url(settings.database.url)
     if migrate:
         ensure_schema(url)
-    return Store(create_db_engine(url, pool_size=settings.database.pool_size))
+    return Store(create_db_engine(url, pool_size=settings.database.pool_size,
+                                  statement_timeout_ms=settings.database.statement_timeout_ms))
 
 
 def load_registry(settings: Settings, extra_modules: Sequence[str] = ()) -> Registry:

@@ -3,6 +3,8 @@
 -- Every state change is one statement that writes the new state (guarded by the old
 -- status and, for leased work, the lease token) and its task_events rows together.
 -- Parameters use SQLAlchemy's :name style; arrays are cast explicitly.
+-- {tasks_channel} is replaced at load time by runtime.store.queries.TASKS_CHANNEL, the one
+-- LISTEN/NOTIFY channel (NOTIFY's payload is the agent name, 'judge' for the judge stage).
 
 -- task_insert_root --
 -- Insert a root task (root_id = id) and its 'submitted' event; a repeated idempotency key inserts nothing.
@@ -20,7 +22,7 @@ WITH ins AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, NULL, 'pending', :actor, 'submitted' FROM ins
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', to_agent) FROM ins
+    SELECT pg_notify('{tasks_channel}', to_agent) FROM ins
 )
 SELECT ins.*, (SELECT count(*) FROM notify) AS notified FROM ins;
 
@@ -38,7 +40,7 @@ WITH input AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, NULL, 'pending', :actor, 'submitted' FROM ins
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', a) FROM (SELECT DISTINCT to_agent AS a FROM ins) d
+    SELECT pg_notify('{tasks_channel}', a) FROM (SELECT DISTINCT to_agent AS a FROM ins) d
 )
 SELECT count(*) AS inserted, (SELECT count(*) FROM notify) AS notified FROM ins;
 
@@ -157,7 +159,7 @@ WITH input AS (
     ) e
     ORDER BY id, step
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
+    SELECT pg_notify('{tasks_channel}', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
     FROM (SELECT DISTINCT status AS s, to_agent AS a FROM upd
           WHERE status IN ('judging', 'pending')) d
 )
@@ -210,7 +212,7 @@ WITH upd AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, 'waiting', 'ready_to_aggregate', :worker, 'fan-in: last child finished' FROM upd
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', a) FROM (SELECT DISTINCT to_agent AS a FROM upd) d
+    SELECT pg_notify('{tasks_channel}', a) FROM (SELECT DISTINCT to_agent AS a FROM upd) d
 )
 SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
 
@@ -237,7 +239,7 @@ WITH ready AS (
     SELECT id, 'waiting', 'ready_to_aggregate', :worker, 'fan-in sweep: all children terminal'
     FROM upd
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', a) FROM (SELECT DISTINCT to_agent AS a FROM upd) d
+    SELECT pg_notify('{tasks_channel}', a) FROM (SELECT DISTINCT to_agent AS a FROM upd) d
 )
 SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
 
@@ -281,7 +283,7 @@ WITH parent AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, NULL, 'pending', :worker, 'delegated by parent' FROM kids
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', a) FROM (SELECT DISTINCT to_agent AS a FROM kids) d
+    SELECT pg_notify('{tasks_channel}', a) FROM (SELECT DISTINCT to_agent AS a FROM kids) d
 )
 SELECT (SELECT count(*) FROM parent) AS delegated,
        (SELECT count(*) FROM kids) AS inserted,
@@ -335,7 +337,7 @@ WITH parent AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, old_status, 'pending', :worker, :detail FROM kids
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', a) FROM (SELECT DISTINCT to_agent AS a FROM kids) d
+    SELECT pg_notify('{tasks_channel}', a) FROM (SELECT DISTINCT to_agent AS a FROM kids) d
 )
 SELECT (SELECT count(*) FROM parent) AS parents, (SELECT count(*) FROM kids) AS children,
        (SELECT count(*) FROM notify) AS notified;
@@ -413,7 +415,7 @@ WITH expired AS (
                 ELSE 'lease expired on delivery ' || delivery_count || '; released' END
     FROM upd
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
+    SELECT pg_notify('{tasks_channel}', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
     FROM (SELECT DISTINCT to_status AS s, to_agent AS a FROM upd WHERE to_status <> 'failed') d
 )
 SELECT id, parent_id, from_status, to_status, (SELECT count(*) FROM notify) AS notified
@@ -469,7 +471,7 @@ WITH upd AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, 'escalated', status, :actor, :detail FROM upd
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', to_agent) FROM upd WHERE status = 'pending'
+    SELECT pg_notify('{tasks_channel}', to_agent) FROM upd WHERE status = 'pending'
 )
 SELECT id, parent_id, status, (SELECT count(*) FROM notify) AS notified FROM upd;
 
@@ -639,7 +641,7 @@ WITH upd AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, from_status, status, :worker, 'released by a worker shutting down' FROM upd
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
+    SELECT pg_notify('{tasks_channel}', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
     FROM (SELECT DISTINCT status AS s, to_agent AS a FROM upd) d
 )
 SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
@@ -698,3 +700,23 @@ LIMIT :limit;
 -- db_ping --
 -- The cheapest statement that proves the database answers (health checks).
 SELECT 1;
+
+-- channel_listen_tasks --
+-- Subscribe this connection to the task channel (a worker waits on it between claims).
+LISTEN {tasks_channel};
+
+-- migration_lock_acquire --
+-- Serialise migrations: several processes may start at once on a fresh database; one migrates.
+SELECT pg_advisory_lock(hashtext('orgchart:migrate'));
+
+-- migration_lock_release --
+-- Release the migration lock taken by migration_lock_acquire.
+SELECT pg_advisory_unlock(hashtext('orgchart:migrate'));
+
+-- migration_version_table_exists --
+-- Whether Alembic's version table exists (NULL on an empty database).
+SELECT to_regclass('alembic_version');
+
+-- migration_version_get --
+-- The database's Alembic revision.
+SELECT version_num FROM alembic_version;
