@@ -119,6 +119,7 @@ def build_root(registry: Registry, settings: Settings, *, goal: str | None, agen
     success and kill criteria are well formed.
     """
     from agents.registry import InvalidInput, UnknownAgent
+    from policies.builtin import payload_bytes
     from policies.criteria import validate_criteria
 
     try:
@@ -137,7 +138,7 @@ def build_root(registry: Registry, settings: Settings, *, goal: str | None, agen
     check_storable(kill, "--kill")
     if idempotency_key is not None:
         check_storable(idempotency_key, "the idempotency key")
-    size = len(json.dumps(body).encode())
+    size = payload_bytes(body)  # the measure the max_payload_bytes rule uses
     limit = settings.policies.max_payload_bytes
     if size > limit:
         raise BadInput(f"the payload is {size} bytes; [policies] max_payload_bytes is {limit}")
