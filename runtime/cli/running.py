@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.live import Live
@@ -33,6 +33,10 @@ from runtime.cli.common import (
 )
 from runtime.store.models import TERMINAL_STATUSES
 from runtime.store.rows import NewTask
+
+if TYPE_CHECKING:
+    from agents.registry import Registry
+    from runtime.config import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,7 +57,7 @@ class GoalOptions:
     idempotency_key: str | None = None
     agents_module: list[str] | None = None
 
-    def new_task(self, registry: Any, config: Any, goal: str) -> NewTask:
+    def new_task(self, registry: Registry, config: Settings, goal: str) -> NewTask:
         """Validate these options and ``goal``; return the root task to insert.
 
         Raises:

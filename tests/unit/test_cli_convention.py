@@ -1,4 +1,4 @@
-"""The one CLI error handler: bad input exits 2, an unreachable database 1, one line each."""
+"""One CLI convention: one error handler (bad input 2, unreachable database 1), shared options."""
 
 from __future__ import annotations
 
@@ -86,3 +86,14 @@ def test_an_unexpected_error_is_one_line_exit_1() -> None:
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines() == [
         "error: unexpected ZeroDivisionError: no (run with -v for the traceback)"]
+
+
+def test_submit_and_run_share_one_option_set() -> None:
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    options = {name: {opt for p in commands[name].params for opt in p.opts}
+               for name in ("submit", "run")}
+    assert options["run"] - options["submit"] == {"--timeout"}
+    assert options["submit"] - options["run"] == set()
+    assert {"--agent", "--type", "--priority", "--budget-tokens", "--budget-seconds",
+            "--budget-usd", "--payload", "--success", "--kill", "--idempotency-key",
+            "--agents-module", "--json"} <= options["submit"]
