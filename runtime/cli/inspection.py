@@ -1,13 +1,11 @@
 """Inspecting trees and serving them: ``tree``, ``show``, ``escalations``, ``resolve``, ...
 
 The commands: ``tree``, ``show``, ``escalations``, ``resolve``, ``metrics``, ``prune``
-and ``serve``.
-Every command reads through :class:`runtime.store.store.Store` and prints either rich text or,
-with ``--json``, the public shapes of :mod:`runtime.views`. A malformed id, a missing
-task or a refused resolution exits 2 with a message naming the problem.
-
-The JSON shapes come from :mod:`runtime.views`, shared with the HTTP API, so the CLI and
-the API answer alike.
+and ``serve``. Each reads through :class:`runtime.store.store.Store` and prints either
+rich text or, with ``--json``, the public shapes of :mod:`runtime.views` (shared with the
+HTTP API, so the CLI and the API answer alike). A malformed id, a missing task or a
+refused resolution exits 2 with a message naming the problem (the one error handler,
+:func:`runtime.cli.common.handled`).
 """
 
 from __future__ import annotations
