@@ -2,7 +2,9 @@
 
 - no folder under ``agents/``, ``runtime/`` or ``policies/`` holds more than 12 modules;
 - ``agents`` and ``policies`` never import the store or the engine;
-- the store never imports a face (the CLI or the HTTP API).
+- the store never imports a face (the CLI or the HTTP API);
+- no part of the core (store, engine, fleet, model layer, views, wiring) imports a face,
+  and the HTTP face never imports the CLI (the CLI's ``serve`` starts the HTTP app).
 
 Imports inside ``if TYPE_CHECKING:`` blocks are allowed (they are types, not
 dependencies); imports inside functions count.
@@ -25,6 +27,12 @@ FORBIDDEN = (
     ("agents", ("runtime.store", "runtime.engine")),
     ("policies", ("runtime.store", "runtime.engine")),
     ("runtime.store", ("runtime.cli", "runtime.http")),
+    ("runtime.engine", ("runtime.cli", "runtime.http")),
+    ("runtime.fleet", ("runtime.cli", "runtime.http")),
+    ("runtime.llm", ("runtime.cli", "runtime.http")),
+    ("runtime.views", ("runtime.cli", "runtime.http")),
+    ("runtime.wiring", ("runtime.cli", "runtime.http")),
+    ("runtime.http", ("runtime.cli",)),
 )
 
 
