@@ -102,3 +102,19 @@ def test_prune_never_deletes_a_tree_whose_task_is_being_resolved(store: Store) -
     assert store.get(parent["id"])["status"] == "done"
     # Once nothing holds it, a still-unfinished tree is kept too.
     assert store.prune(dt.timedelta(days=1)) == (0, 0)
+
+
+def test_the_setting_reaches_the_stores_connections(db_url: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.config import DatabaseSettings, Settings
+    from runtime.wiring import open_store
+
+    for name in ("ORGCHART_DATABASE_URL", "DATABASE_URL"):  # the configured url must win
+        monkeypatch.delenv(name, raising=False)
+
+    store = open_store(Settings(database=DatabaseSettings(url=db_url, statement_timeout_ms=150)))
+    try:
+        with store.engine.connect() as conn:
+            assert conn.execute(sa.text("SHOW statement_timeout")).scalar() == "150ms"
+    finally:
+        store.dispose()
