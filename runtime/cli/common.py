@@ -6,7 +6,8 @@ all commands fail alike:
 - bad input (a malformed id, an unknown agent or rule, a bad configuration, a refused
   resolution, a module that cannot be imported): exit 2, one line ``error: ...``;
 - the database cannot be reached, or goes away in the middle of a command: exit 1, one
-  line naming the server (password hidden), never a traceback;
+  line naming the server (password hidden), never a traceback (a statement cancelled by
+  ``[database] statement_timeout_ms`` says so instead);
 - anything else: exit 1, one line naming the exception (``-v`` adds the traceback).
 
 Commands that decide on a failure themselves call :func:`fail`.
@@ -53,7 +54,8 @@ BAD_INPUT_ERRORS: tuple[type[BaseException], ...] = (
 )
 #: Errors that mean "the database is unreachable or went away": exit 1 naming the server.
 DATABASE_ERRORS: tuple[type[BaseException], ...] = (
-    DatabaseUnavailable, sa.exc.DBAPIError, psycopg.OperationalError, psycopg.InterfaceError,
+    sa.exc.OperationalError, sa.exc.InterfaceError, psycopg.OperationalError,
+    psycopg.InterfaceError,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -124,6 +126,9 @@ def handled(fn: F) -> F:
         except DatabaseUnavailable as exc:  # its message names the server already
             fail(_one_line(exc), EXIT_FAILED)
         except DATABASE_ERRORS as exc:
+            if isinstance(getattr(exc, "orig", exc), psycopg.errors.QueryCanceled):
+                fail(f"the database at {server_name()} cancelled a statement "
+                     f"([database] statement_timeout_ms?): {_one_line(exc)}", EXIT_FAILED)
             fail(f"cannot reach the database at {server_name()}: {_one_line(exc)}", EXIT_FAILED)
         except Exception as exc:
             log.debug("command failed", exc_info=True)

@@ -1,4 +1,4 @@
-"""A database that goes away in the middle of a command: exit 1, one line, no traceback."""
+"""A database that goes away (or cancels a statement) mid-command: exit 1, one line."""
 
 from __future__ import annotations
 
@@ -7,6 +7,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+import sqlalchemy as sa
+import typer
+from typer.testing import CliRunner
+
+from runtime.cli.common import handled
+from runtime.store import db
 from runtime.store.store import Store
 from tests.conftest import drop_database
 from tests.factories import submit
@@ -35,3 +42,25 @@ def test_a_database_dropped_mid_command_exits_1_naming_the_server(
     assert len(lines) == 1, err
     assert lines[0].startswith("error: cannot reach the database at postgresql+psycopg://")
     assert "Traceback" not in err
+
+
+def test_a_statement_cancelled_by_the_timeout_says_so(db_url: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORGCHART_DATABASE_URL", db_url)
+
+    def slow() -> None:
+        engine = db.create_db_engine(db_url, pool_size=1, statement_timeout_ms=100)
+        try:
+            with engine.connect() as conn:
+                conn.execute(sa.text("SELECT pg_sleep(5)"))
+        finally:
+            engine.dispose()
+
+    probe = typer.Typer()
+    probe.command("a")(handled(slow))
+    probe.command("b")(handled(lambda: None))
+    result = CliRunner().invoke(probe, ["a"])
+    assert result.exit_code == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: the database at postgresql+psycopg://")
+    assert "cancelled a statement ([database] statement_timeout_ms?)" in line
