@@ -7,7 +7,6 @@ registered one. User agents come from importable modules (``--agents-module``,
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 import sys
@@ -15,6 +14,8 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
+
+from runtime.registry import Registry as NamedRegistry
 
 if TYPE_CHECKING:
     from agents.base import Agent
@@ -36,59 +37,14 @@ class InvalidInput(ValueError):
     """A payload that does not match the agent's input schema."""
 
 
-def _qualname(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-class Registry:
-    """Agent classes by name."""
+class Registry(NamedRegistry["type[Agent]"]):
+    """Agent classes by name (the generic :class:`runtime.registry.Registry`), listed sorted."""
 
     def __init__(self) -> None:
-        self._agents: dict[str, type[Agent]] = {}
-
-    def add(self, cls: type[Agent]) -> type[Agent]:
-        """Register ``cls`` under ``cls.name``.
-
-        Raises:
-            DuplicateAgent: another class already has that name.
-
-        """
-        if not cls.name:
-            raise ValueError(f"{_qualname(cls)} has no name")
-        existing = self._agents.get(cls.name)
-        if existing is not None and _qualname(existing) != _qualname(cls):
-            raise DuplicateAgent(
-                f"agent name {cls.name!r} is already registered by {_qualname(existing)}; "
-                f"{_qualname(cls)} cannot register it too"
-            )
-        self._agents[cls.name] = cls
-        return cls
-
-    def get(self, name: str) -> type[Agent]:
-        """Return the class registered as ``name``.
-
-        Raises:
-            UnknownAgent: with the closest registered name suggested.
-
-        """
-        try:
-            return self._agents[name]
-        except KeyError:
-            raise UnknownAgent(unknown_message(name, list(self._agents))) from None
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._agents
+        super().__init__("agent", UnknownAgent, DuplicateAgent)
 
     def __iter__(self) -> Iterator[type[Agent]]:
-        return iter(sorted(self._agents.values(), key=lambda c: c.name))
-
-    def names(self) -> list[str]:
-        """Registered names, sorted."""
-        return sorted(self._agents)
-
-    def remove(self, name: str) -> None:
-        """Forget an agent (tests)."""
-        self._agents.pop(name, None)
+        return iter(sorted(super().__iter__(), key=lambda c: c.name))
 
     def validate_input(self, name: str, payload: Any) -> Any:
         """Validate ``payload`` against agent ``name``'s input model; return the model.
@@ -124,14 +80,6 @@ class Registry:
             }
             for cls in self
         ]
-
-
-def unknown_message(name: str, known: Iterable[str]) -> str:
-    """``unknown agent 'x'; did you mean 'y'?``."""
-    known = sorted(known)
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
-    hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(known)})"
-    return f"unknown agent {name!r}{hint}"
 
 
 registry = Registry()

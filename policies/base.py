@@ -21,10 +21,12 @@ Example::
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from runtime.registry import Registry as NamedRegistry
+from runtime.registry import unknown_message
 
 if TYPE_CHECKING:
     from agents.base import ChildSpec, TaskView
@@ -96,10 +98,6 @@ class Policy:
         return {}
 
 
-def _qualname(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 class UnknownPolicy(LookupError):
     """No policy rule is registered under that name."""
 
@@ -108,66 +106,14 @@ class DuplicatePolicy(ValueError):
     """Two different classes claim the same rule name."""
 
 
-class PolicyRegistry:
-    """Policy classes by rule name."""
-
-    def __init__(self) -> None:
-        self._policies: dict[str, type[Policy]] = {}
-
-    def add(self, cls: type[Policy]) -> type[Policy]:
-        """Register ``cls`` under ``cls.name``.
-
-        Raises:
-            DuplicatePolicy: another class already has that name (both are named).
-
-        """
-        if not cls.name:
-            raise ValueError(f"{_qualname(cls)} has no name")
-        existing = self._policies.get(cls.name)
-        if existing is not None and _qualname(existing) != _qualname(cls):
-            raise DuplicatePolicy(
-                f"policy name {cls.name!r} is already registered by {_qualname(existing)}; "
-                f"{_qualname(cls)} cannot register it too"
-            )
-        self._policies[cls.name] = cls
-        return cls
-
-    def get(self, name: str) -> type[Policy]:
-        """Return the class registered as ``name``.
-
-        Raises:
-            UnknownPolicy: with the closest registered name suggested.
-
-        """
-        try:
-            return self._policies[name]
-        except KeyError:
-            raise UnknownPolicy(unknown_rule_message(name, self._policies)) from None
-
-    def remove(self, name: str) -> None:
-        """Forget a rule (tests)."""
-        self._policies.pop(name, None)
-
-    def names(self) -> list[str]:
-        """Return the registered names, sorted."""
-        return sorted(self._policies)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._policies
-
-    def __iter__(self) -> Iterator[type[Policy]]:
-        return iter(list(self._policies.values()))
-
-
-def unknown_rule_message(name: str, known: Any) -> str:
+def unknown_rule_message(name: str, known: Iterable[str]) -> str:
     """``unknown policy rule 'x'; did you mean 'y'?``."""
-    names = sorted(known)
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
-    hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(names)})"
-    return f"unknown policy rule {name!r}{hint}"
+    return unknown_message("policy rule", name, known)
 
 
-registry = PolicyRegistry()
+#: Every policy class defined so far, by rule name (the generic registry agents use too).
+registry: NamedRegistry[type[Policy]] = NamedRegistry("policy rule", UnknownPolicy,
+                                                      DuplicatePolicy)
 
 
 def register(cls: type[Policy]) -> type[Policy]:

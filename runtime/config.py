@@ -5,6 +5,10 @@ The file is ``./orgchart.toml``, or the one named by ``orgchart --config PATH`` 
 (``ORGCHART_OLLAMA__URL=http://gpu-box:11434``); list values in the environment are
 comma-separated. An unknown section or key, or a bad value, raises :class:`ConfigError`
 naming it and suggesting the closest valid key.
+
+:attr:`Settings.sources` records where each value that is not a default came from (the
+file's path or the environment variable's name); :meth:`Settings.origin` answers for one
+key and :meth:`Settings.explain` for all of them (``orgchart config``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 CONFIG_ENV = "ORGCHART_CONFIG"
 ENV_PREFIX = "ORGCHART_"
 DEFAULT_CONFIG_FILE = "orgchart.toml"
+#: The origin of a value nobody set (:meth:`Settings.origin`).
+DEFAULT_SOURCE = "default"
+#: Environment variables naming the database, most specific first (they win over the file).
+DATABASE_URL_ENVS = ("ORGCHART_DATABASE_URL", "DATABASE_URL")
 
 #: Defaults for forbidden output patterns: private keys, API-key shapes, e-mail addresses.
 DEFAULT_FORBIDDEN_PATTERNS: tuple[str, ...] = (
@@ -184,6 +192,20 @@ class Settings(_Section):
     orchestrator: OrchestratorSettings = OrchestratorSettings()
     worker: WorkerSettings = WorkerSettings()
     source: str | None = Field(None, exclude=True)
+    sources: dict[str, str] = Field(default_factory=dict, exclude=True)
+
+    def origin(self, section: str, key: str) -> str:
+        """Where ``section.key`` came from: ``default``, the file's path, or an env var name."""
+        return self.sources.get(f"{section}.{key}", DEFAULT_SOURCE)
+
+    def explain(self) -> list[tuple[str, str, Any, str]]:
+        """Every effective value as ``(section, key, value, origin)``, in declaration order.
+
+        Values are JSON-ready (``Decimal`` prices as strings), as ``--json`` prints them.
+        """
+        values = self.model_dump(mode="json")
+        return [(section, key, value, self.origin(section, key))
+                for section, body in values.items() for key, value in body.items()]
 
 
 def _split_list(value: Any) -> Any:
@@ -201,7 +223,7 @@ def _sections() -> dict[str, type[_Section]]:
     return {
         name: field.annotation  # type: ignore[misc]
         for name, field in Settings.model_fields.items()
-        if name != "source"
+        if name not in ("source", "sources")
     }
 
 
@@ -221,9 +243,10 @@ def _check_keys(raw: Mapping[str, Any], where: str) -> None:
                 )
 
 
-def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, tuple[str, str]]]:
+    """``{section: {key: (value, variable name)}}`` from ``ORGCHART_<SECTION>__<KEY>``."""
     sections = _sections()
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, tuple[str, str]]] = {}
     for name, value in env.items():
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
@@ -238,7 +261,7 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
             raise ConfigError(
                 f"environment variable {name}: unknown key '{section}.{key}'{_suggest(key, keys)}"
             )
-        out.setdefault(section, {})[key] = value
+        out.setdefault(section, {})[key] = (value, name)
     return out
 
 
@@ -269,6 +292,7 @@ def load_settings(path: str | os.PathLike[str] | None = None,
     env = os.environ if env is None else env
     file = config_path(path, env)
     raw: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     where = "configuration"
     if file is not None:
         where = str(file)
@@ -279,14 +303,18 @@ def load_settings(path: str | os.PathLike[str] | None = None,
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{file}: not valid TOML: {exc}") from None
         _check_keys(raw, where)
+        sources = {f"{section}.{key}": str(file) for section, body in raw.items() for key in body}
     for section, values in _env_overrides(env).items():
-        raw.setdefault(section, {}).update(values)
-    if env.get("ORGCHART_DATABASE_URL") or env.get("DATABASE_URL"):
-        raw.setdefault("database", {})["url"] = env.get("ORGCHART_DATABASE_URL") or env.get(
-            "DATABASE_URL"
-        )
+        for key, (value, name) in values.items():
+            raw.setdefault(section, {})[key] = value
+            sources[f"{section}.{key}"] = name
+    for name in DATABASE_URL_ENVS:
+        if env.get(name):
+            raw.setdefault("database", {})["url"] = env[name]
+            sources["database.url"] = name
+            break
     try:
-        return Settings(**raw, source=str(file) if file else None)
+        return Settings(**raw, source=str(file) if file else None, sources=sources)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(part) for part in first["loc"])

@@ -34,7 +34,8 @@ def open_store(settings: Settings, migrate: bool = True) -> Store:
     url = resolve_url(settings.database.url)
     if migrate:
         ensure_schema(url)
-    return Store(create_db_engine(url, pool_size=settings.database.pool_size))
+    return Store(create_db_engine(url, pool_size=settings.database.pool_size,
+                                  statement_timeout_ms=settings.database.statement_timeout_ms))
 
 
 def load_registry(settings: Settings, extra_modules: Sequence[str] = ()) -> Registry:
@@ -118,6 +119,7 @@ def build_root(registry: Registry, settings: Settings, *, goal: str | None, agen
     success and kill criteria are well formed.
     """
     from agents.registry import InvalidInput, UnknownAgent
+    from policies.builtin import payload_bytes
     from policies.criteria import validate_criteria
 
     try:
@@ -136,7 +138,7 @@ def build_root(registry: Registry, settings: Settings, *, goal: str | None, agen
     check_storable(kill, "--kill")
     if idempotency_key is not None:
         check_storable(idempotency_key, "the idempotency key")
-    size = len(json.dumps(body).encode())
+    size = payload_bytes(body)  # the measure the max_payload_bytes rule uses
     limit = settings.policies.max_payload_bytes
     if size > limit:
         raise BadInput(f"the payload is {size} bytes; [policies] max_payload_bytes is {limit}")

@@ -7,7 +7,6 @@ A template database is built once per session by ``alembic upgrade head``. Fixtu
 - ``db_url``: a private database copied from the template (real commits, several
   connections, LISTEN/NOTIFY); dropped at the end of the test.
 - ``store``: a :class:`runtime.store.store.Store` on ``db_url``.
-- ``conn``: a connection inside a transaction that is rolled back at the end (fast).
 - ``server_url``: the server's maintenance URL (for tests that create databases).
 """
 
@@ -103,18 +102,6 @@ def store(db_url: str) -> Iterator[Store]:
     s = Store(db.create_db_engine(db_url, pool_size=4))
     yield s
     s.dispose()
-
-
-@pytest.fixture
-def conn(server_url: str, template_db: str) -> Iterator[sa.Connection]:
-    """A connection to the template in a transaction rolled back at the end."""
-    engine = sa.create_engine(_with_database(server_url, template_db),
-                              poolclass=sa.pool.NullPool)
-    with engine.connect() as connection:
-        transaction = connection.begin()
-        yield connection
-        transaction.rollback()
-    engine.dispose()
 
 
 @pytest.fixture

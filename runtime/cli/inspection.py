@@ -1,16 +1,11 @@
 """Inspecting trees and serving them: ``tree``, ``show``, ``escalations``, ``resolve``, ...
 
 The commands: ``tree``, ``show``, ``escalations``, ``resolve``, ``metrics``, ``prune``
-and ``serve``.
-Every command reads through :class:`runtime.store.store.Store` and prints either rich text or,
-with ``--json``, the public shapes of :mod:`runtime.views`. A malformed id, a missing
-task or a refused resolution exits 2 with a message naming the problem.
-
-The helpers at module level (:func:`parse_task_id`, :func:`escalation_json`,
-:func:`task_detail_json`, :func:`tree_for`) are shared with the HTTP API
-(:mod:`runtime.http.api`), so the CLI and the API answer alike. The commands themselves are
-defined inside :func:`register`, which imports :mod:`runtime.cli.app` lazily: ``runtime.cli.app``
-imports this module, and the API imports it without wanting the CLI.
+and ``serve``. Each reads through :class:`runtime.store.store.Store` and prints either
+rich text or, with ``--json``, the public shapes of :mod:`runtime.views` (shared with the
+HTTP API, so the CLI and the API answer alike). A malformed id, a missing task or a
+refused resolution exits 2 with a message naming the problem (the one error handler,
+:func:`runtime.cli.common.handled`).
 """
 
 from __future__ import annotations
@@ -18,15 +13,28 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
+from rich.live import Live
+from rich.markup import escape
+from rich.padding import Padding
+from rich.table import Table
 
+from runtime.cli.common import (
+    EXIT_BAD_INPUT,
+    JsonOpt,
+    ModulesOpt,
+    err,
+    fail,
+    opened_store,
+    out,
+    print_json,
+    settings,
+)
+from runtime.cli.render import STATUS_STYLE, render_tree
 from runtime.http.auth import API_TOKEN_ENV, api_token, is_loopback
 from runtime.store.models import TERMINAL_STATUSES
-from runtime.store.store import Store
 from runtime.views import (
     escalation_json,
     parse_task_id,
@@ -38,9 +46,6 @@ from runtime.views import (
 #: How often ``tree --watch`` redraws.
 WATCH_INTERVAL_SECONDS = 1.0
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
-ModulesOpt = Annotated[list[str] | None, typer.Option(
-    "--agents-module", help="Import agents from this module; repeatable.")]
 
 def _clock(iso: str | None) -> str:
     """``HH:MM:SS.mmm`` of an ISO timestamp (the history of one task spans one day, mostly)."""
@@ -65,261 +70,228 @@ class _RedactTokens(logging.Filter):
 
 
 # ---------------------------------------------------------------------- commands
-def register(app: typer.Typer) -> None:
-    """Add ``tree``, ``show``, ``escalations``, ``resolve``, ``metrics``, ``prune``, ``serve``."""
-    from rich.live import Live
-    from rich.markup import escape
-    from rich.padding import Padding
-    from rich.table import Table
+def styled(status: str) -> str:
+    """``status`` in its colour (rich markup)."""
+    return f"[{STATUS_STYLE.get(status, '')}]{status}[/]"
 
-    from runtime.cli.app import EXIT_BAD_INPUT, err, fail, guarded, out, print_json, settings
-    from runtime.cli.render import STATUS_STYLE, render_tree
-
-    @contextmanager
-    def opened() -> Iterator[Store]:
-        from runtime.wiring import open_store
-
-        store = open_store(settings())
-        try:
-            yield store
-        finally:
-            store.dispose()
-
-    def styled(status: str) -> str:
-        return f"[{STATUS_STYLE.get(status, '')}]{status}[/]"
-
-    @app.command()
-    @guarded
-    def tree(
-        root_id: Annotated[str, typer.Argument(help="The root task's id.")],
-        json_: JsonOpt = False,
-        watch: Annotated[bool, typer.Option(
-            "--watch", help="Redraw every second until the root is finished "
-                            "(with --json: wait, then print).")] = False,
-        interval: Annotated[float, typer.Option(
-            help="Seconds between redraws with --watch.", min=0.1)] = WATCH_INTERVAL_SECONDS,
-    ) -> None:
-        """Draw a task tree: statuses, agents, spend, durations, verdicts, errors."""
-        rid = parse_task_id(root_id, "root id")
-        with opened() as store:
-            current = tree_for(store, rid)
-            if watch and not json_ and out.is_terminal:
-                try:
-                    with Live(render_tree(current), console=out, refresh_per_second=4) as live:
-                        while current["status"] not in TERMINAL_STATUSES:
-                            time.sleep(interval)
-                            current = tree_for(store, rid)
-                            live.update(render_tree(current))
-                except KeyboardInterrupt:
-                    return
+def tree(
+    root_id: Annotated[str, typer.Argument(help="The root task's id.")],
+    json_: JsonOpt = False,
+    watch: Annotated[bool, typer.Option(
+        "--watch", help="Redraw every second until the root is finished "
+                        "(with --json: wait, then print).")] = False,
+    interval: Annotated[float, typer.Option(
+        help="Seconds between redraws with --watch.", min=0.1)] = WATCH_INTERVAL_SECONDS,
+) -> None:
+    """Draw a task tree: statuses, agents, spend, durations, verdicts, errors."""
+    rid = parse_task_id(root_id, "root id")
+    with opened_store() as store:
+        current = tree_for(store, rid)
+        if watch and not json_ and out.is_terminal:
+            try:
+                with Live(render_tree(current), console=out, refresh_per_second=4) as live:
+                    while current["status"] not in TERMINAL_STATUSES:
+                        time.sleep(interval)
+                        current = tree_for(store, rid)
+                        live.update(render_tree(current))
+            except KeyboardInterrupt:
                 return
-            while watch and current["status"] not in TERMINAL_STATUSES:
-                time.sleep(interval)
-                current = tree_for(store, rid)
-        if json_:
-            print_json(current)
-        else:
-            out.print(render_tree(current))
-
-    @app.command()
-    @guarded
-    def show(task_id: Annotated[str, typer.Argument(help="The task's id.")],
-             json_: JsonOpt = False) -> None:
-        """One task: its fields, result, history of transitions, children and model calls."""
-        tid = parse_task_id(task_id)
-        with opened() as store:
-            detail = task_detail_json(store, tid)
-        if json_:
-            print_json(detail)
             return
-        _print_detail(detail)
+        while watch and current["status"] not in TERMINAL_STATUSES:
+            time.sleep(interval)
+            current = tree_for(store, rid)
+    if json_:
+        print_json(current)
+    else:
+        out.print(render_tree(current))
 
-    def _print_detail(d: dict[str, Any]) -> None:
-        import json
+def show(task_id: Annotated[str, typer.Argument(help="The task's id.")],
+         json_: JsonOpt = False) -> None:
+    """One task: its fields, result, history of transitions, children and model calls."""
+    tid = parse_task_id(task_id)
+    with opened_store() as store:
+        detail = task_detail_json(store, tid)
+    if json_:
+        print_json(detail)
+        return
+    _print_detail(detail)
 
-        fields = Table.grid(padding=(0, 2))
-        fields.add_column(style="bold")
-        fields.add_column()
-        verdict = d.get("verdict")
-        rows: list[tuple[str, str]] = [
-            ("id", d["id"]), ("status", styled(d["status"])),
-            ("agent", f"{escape(d['agent'])} ({escape(d['type'])})"),
-            ("root", d["root_id"]), ("parent", d["parent_id"] or "-"),
-            ("priority", str(d["priority"])),
-            ("spend", f"{d['spent_tokens']} tokens, ${d['spent_usd']} "
-                      f"(own: {d['own_tokens']} tokens, ${d['own_usd']})"),
-            ("budget", f"{d['budget_tokens']} tokens, {d['budget_seconds']} s, "
-                       f"${d['budget_usd']}"),
-            ("duration", f"{d['duration_seconds']:.3f} s"),
-            ("route", escape(f"{d['route']}:{d['model']}") if d.get("route") else "-"),
-            ("deliveries", f"{d['delivery_count']} (retries {d['retry_count']})"),
-            ("created", str(d["created_at"])), ("started", str(d["started_at"] or "-")),
-            ("completed", str(d["completed_at"] or "-")),
-        ]
-        if verdict:
-            rows.append(("verdict", escape(json.dumps(verdict, default=str))))
-        if d.get("error"):
-            rows.append(("error", f"[red]{escape(str(d['error']))}[/]"))
-        for name, value in rows:
-            fields.add_row(name, value)
-        out.print(fields)
-        out.print("[bold]payload[/]", escape(json.dumps(d["payload"], indent=2)))
-        if d.get("result") is not None:
-            out.print("[bold]result[/]", escape(json.dumps(d["result"], indent=2)))
-        events = Table.grid(padding=(0, 2))
-        events.add_column(no_wrap=True, style="dim")
-        events.add_column(no_wrap=True)
-        events.add_column(style="dim", max_width=28)
-        events.add_column(ratio=1)
-        for e in d["events"]:
-            events.add_row(_clock(e["at"]), (e["from_status"] or "") + " -> "
-                           + styled(e["to_status"]), escape(e["worker"] or "-"),
-                           escape(e["detail"] or ""))
-        out.print("[bold]history[/] (UTC)")
-        out.print(events)
-        if d["children"]:
-            kids = Table("id", "agent", "status", title=f"children ({len(d['children'])})")
-            for c in d["children"]:
-                kids.add_row(c["id"], escape(c["agent"]), styled(c["status"]))
-            out.print(kids)
-        if d["model_calls"]:
-            calls = Table("#", "backend", "route", "model", "tokens", "cost", "seconds", "error",
-                          title="model calls")
-            for c in d["model_calls"]:
-                calls.add_row(f"{c['attempt']}.{c['call_index']}", escape(str(c["backend"])),
-                              escape(str(c["route"])), escape(str(c["model"])),
-                              f"{c['prompt_tokens']}+{c['completion_tokens']}",
-                              f"${c['cost_usd']}", f"{float(c['duration_seconds'] or 0):.3f}",
-                              escape(str(c["error"] or "")))
-            out.print(calls)
+def _print_detail(d: dict[str, Any]) -> None:
+    import json
 
-    @app.command()
-    @guarded
-    def escalations(json_: JsonOpt = False) -> None:
-        """The tasks waiting for a person, oldest first, with the rule that stopped them."""
-        with opened() as store:
-            items = [escalation_json(r) for r in store.escalations()]
-        if json_:
-            print_json(items)
-            return
-        if not items:
-            out.print("no escalations")
-            return
-        out.print(f"[bold]{len(items)} escalated[/], oldest first")
-        for e in items:
-            block = Table.grid(padding=(0, 2))
-            block.add_column(style="bold", no_wrap=True)
-            block.add_column(ratio=1)
-            block.add_row("rule", escape(e["rule"] or "-"))
-            block.add_row("error", f"[red]{escape(e['error'] or '-')}[/]")
-            block.add_row("root", f"{e['root_id'][:8]}  {escape(e['root_goal'] or '')}")
-            out.print(f"\n[bold yellow]{e['id']}[/]  {escape(e['agent'])} ({escape(e['type'])})"
-                      f"  since {_when(e['escalated_at'] or e['completed_at'])} UTC")
-            out.print(Padding(block, (0, 0, 0, 2)))
-        err.print("[dim]resolve with: orgchart resolve TASK_ID --retry | --done | --fail | "
-                  "--reassign AGENT [--note TEXT][/]")
+    fields = Table.grid(padding=(0, 2))
+    fields.add_column(style="bold")
+    fields.add_column()
+    verdict = d.get("verdict")
+    rows: list[tuple[str, str]] = [
+        ("id", d["id"]), ("status", styled(d["status"])),
+        ("agent", f"{escape(d['agent'])} ({escape(d['type'])})"),
+        ("root", d["root_id"]), ("parent", d["parent_id"] or "-"),
+        ("priority", str(d["priority"])),
+        ("spend", f"{d['spent_tokens']} tokens, ${d['spent_usd']} "
+                  f"(own: {d['own_tokens']} tokens, ${d['own_usd']})"),
+        ("budget", f"{d['budget_tokens']} tokens, {d['budget_seconds']} s, "
+                   f"${d['budget_usd']}"),
+        ("duration", f"{d['duration_seconds']:.3f} s"),
+        ("route", escape(f"{d['route']}:{d['model']}") if d.get("route") else "-"),
+        ("deliveries", f"{d['delivery_count']} (retries {d['retry_count']})"),
+        ("created", str(d["created_at"])), ("started", str(d["started_at"] or "-")),
+        ("completed", str(d["completed_at"] or "-")),
+    ]
+    if verdict:
+        rows.append(("verdict", escape(json.dumps(verdict, default=str))))
+    if d.get("error"):
+        rows.append(("error", f"[red]{escape(str(d['error']))}[/]"))
+    for name, value in rows:
+        fields.add_row(name, value)
+    out.print(fields)
+    out.print("[bold]payload[/]", escape(json.dumps(d["payload"], indent=2)))
+    if d.get("result") is not None:
+        out.print("[bold]result[/]", escape(json.dumps(d["result"], indent=2)))
+    events = Table.grid(padding=(0, 2))
+    events.add_column(no_wrap=True, style="dim")
+    events.add_column(no_wrap=True)
+    events.add_column(style="dim", max_width=28)
+    events.add_column(ratio=1)
+    for e in d["events"]:
+        events.add_row(_clock(e["at"]), (e["from_status"] or "") + " -> "
+                       + styled(e["to_status"]), escape(e["worker"] or "-"),
+                       escape(e["detail"] or ""))
+    out.print("[bold]history[/] (UTC)")
+    out.print(events)
+    if d["children"]:
+        kids = Table("id", "agent", "status", title=f"children ({len(d['children'])})")
+        for c in d["children"]:
+            kids.add_row(c["id"], escape(c["agent"]), styled(c["status"]))
+        out.print(kids)
+    if d["model_calls"]:
+        calls = Table("#", "backend", "route", "model", "tokens", "cost", "seconds", "error",
+                      title="model calls")
+        for c in d["model_calls"]:
+            calls.add_row(f"{c['attempt']}.{c['call_index']}", escape(str(c["backend"])),
+                          escape(str(c["route"])), escape(str(c["model"])),
+                          f"{c['prompt_tokens']}+{c['completion_tokens']}",
+                          f"${c['cost_usd']}", f"{float(c['duration_seconds'] or 0):.3f}",
+                          escape(str(c["error"] or "")))
+        out.print(calls)
 
-    @app.command()
-    @guarded
-    def resolve(
-        task_id: Annotated[str, typer.Argument(help="The escalated task's id.")],
-        retry: Annotated[bool, typer.Option("--retry", help="Send it back to pending.")] = False,
-        done: Annotated[bool, typer.Option("--done", help="Accept it as done.")] = False,
-        fail_: Annotated[bool, typer.Option("--fail", help="Mark it failed.")] = False,
-        reassign: Annotated[str | None, typer.Option(
-            "--reassign", metavar="AGENT", help="Retry it with another agent.")] = None,
-        note: Annotated[str | None, typer.Option(help="Why (kept in the history).")] = None,
-        agents_module: ModulesOpt = None,
-        json_: JsonOpt = False,
-    ) -> None:
-        """Resolve an escalated task: exactly one of --retry, --done, --fail, --reassign."""
-        chosen = [name for name, on in (("retry", retry), ("done", done), ("fail", fail_),
-                                        ("reassign", reassign is not None)) if on]
-        if len(chosen) != 1:
-            fail("give exactly one of --retry, --done, --fail, --reassign AGENT"
-                 + (f" (got {', '.join('--' + c for c in chosen)})" if chosen else ""),
-                 EXIT_BAD_INPUT)
-        tid = parse_task_id(task_id)
-        if reassign is not None:
-            from runtime.wiring import load_registry
+def escalations(json_: JsonOpt = False) -> None:
+    """The tasks waiting for a person, oldest first, with the rule that stopped them."""
+    with opened_store() as store:
+        items = [escalation_json(r) for r in store.escalations()]
+    if json_:
+        print_json(items)
+        return
+    if not items:
+        out.print("no escalations")
+        return
+    out.print(f"[bold]{len(items)} escalated[/], oldest first")
+    for e in items:
+        block = Table.grid(padding=(0, 2))
+        block.add_column(style="bold", no_wrap=True)
+        block.add_column(ratio=1)
+        block.add_row("rule", escape(e["rule"] or "-"))
+        block.add_row("error", f"[red]{escape(e['error'] or '-')}[/]")
+        block.add_row("root", f"{e['root_id'][:8]}  {escape(e['root_goal'] or '')}")
+        out.print(f"\n[bold yellow]{e['id']}[/]  {escape(e['agent'])} ({escape(e['type'])})"
+                  f"  since {_when(e['escalated_at'] or e['completed_at'])} UTC")
+        out.print(Padding(block, (0, 0, 0, 2)))
+    err.print("[dim]resolve with: orgchart resolve TASK_ID --retry | --done | --fail | "
+              "--reassign AGENT [--note TEXT][/]")
 
-            load_registry(settings(), agents_module or []).get(reassign)  # unknown: exit 2
-        with opened() as store:
-            before = store.get(tid)["status"]
-            task = store.resolve(tid, chosen[0], actor="cli", note=note, reassign_to=reassign)
-        if json_:
-            print_json(task_json(task))
-            return
-        out.print(f"task {tid}: {styled(before)} -> {styled(task['status'])} ({chosen[0]}"
-                  + (f" to {escape(reassign)}" if reassign else "") + ")")
-
-    @app.command()
-    @guarded
-    def metrics(json_: JsonOpt = False) -> None:
-        """Tasks by status, average retries, reclaimed work, mean duration, cost by route."""
-        with opened() as store:
-            m = store.metrics()
-        if json_:
-            print_json(m)
-            return
-        table = Table("status", "tasks", title="tasks by status")
-        for status, n in sorted(m["by_status"].items()):
-            table.add_row(styled(status), str(n))
-        out.print(table)
-        out.print(f"average retries       {m['avg_retry']:.3f}")
-        out.print(f"reclaimed (reaped)    {m['reclaimed_count']}")
-        out.print(f"average duration      {m['avg_duration_seconds']:.3f} s")
-        if not m["cost_by_route"]:
-            out.print("spend by route        no model calls yet")
-            return
-        routes = Table("route", "tokens", "cost (USD)", title="spend by route")
-        for route, cost in sorted(m["cost_by_route"].items()):
-            routes.add_row(escape(str(route)), str(m.get("tokens_by_route", {}).get(route, "")),
-                           cost)
-        out.print(routes)
-
-    @app.command()
-    @guarded
-    def prune(
-        older_than: Annotated[str, typer.Option(
-            "--older-than", help="Age of the finished trees to delete: 30m, 12h, 7d, 2w.")],
-        json_: JsonOpt = False,
-    ) -> None:
-        """Delete whole finished trees whose root completed longer ago than --older-than."""
-        from runtime.wiring import parse_duration
-
-        age = parse_duration(older_than)
-        with opened() as store:
-            trees, tasks = store.prune(age)
-        if json_:
-            print_json({"trees": trees, "tasks": tasks, "older_than_seconds":
-                        age.total_seconds()})
-            return
-        out.print(f"removed {trees} trees ({tasks} tasks) finished more than {older_than} ago")
-
-    @app.command()
-    @guarded
-    def serve(
-        host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-        port: Annotated[int, typer.Option(help="Port to listen on.", min=0, max=65535)] = 8000,
-        agents_module: ModulesOpt = None,
-        log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
-    ) -> None:
-        """Serve the HTTP API and the live tree page (FastAPI on uvicorn)."""
-        import uvicorn
-
-        from runtime.http.api import create_app
+def resolve(
+    task_id: Annotated[str, typer.Argument(help="The escalated task's id.")],
+    retry: Annotated[bool, typer.Option("--retry", help="Send it back to pending.")] = False,
+    done: Annotated[bool, typer.Option("--done", help="Accept it as done.")] = False,
+    fail_: Annotated[bool, typer.Option("--fail", help="Mark it failed.")] = False,
+    reassign: Annotated[str | None, typer.Option(
+        "--reassign", metavar="AGENT", help="Retry it with another agent.")] = None,
+    note: Annotated[str | None, typer.Option(help="Why (kept in the history).")] = None,
+    agents_module: ModulesOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Resolve an escalated task: exactly one of --retry, --done, --fail, --reassign."""
+    chosen = [name for name, on in (("retry", retry), ("done", done), ("fail", fail_),
+                                    ("reassign", reassign is not None)) if on]
+    if len(chosen) != 1:
+        fail("give exactly one of --retry, --done, --fail, --reassign AGENT"
+             + (f" (got {', '.join('--' + c for c in chosen)})" if chosen else ""),
+             EXIT_BAD_INPUT)
+    tid = parse_task_id(task_id)
+    if reassign is not None:
         from runtime.wiring import load_registry
 
-        token = api_token()
-        if not is_loopback(host) and token is None:
-            fail(f"refusing to listen on {host} without {API_TOKEN_ENV}: anyone who can reach "
-                 f"it could submit and resolve tasks. Set {API_TOKEN_ENV} (clients then send "
-                 "'Authorization: Bearer <token>') or listen on 127.0.0.1", EXIT_BAD_INPUT)
-        cfg = settings()
-        api = create_app(settings=cfg, registry=load_registry(cfg, agents_module or []))
-        logging.getLogger("uvicorn.access").addFilter(_RedactTokens())
-        where = f"[{host}]" if ":" in host else host
-        err.print(f"[dim]serving on http://{where}:{port}/ (API docs at /docs"
-                  + ("; bearer token required" if token else "") + ")[/]", highlight=False)
-        uvicorn.run(api, host=host, port=port, log_level=log_level.lower())
+        load_registry(settings(), agents_module or []).get(reassign)  # unknown: exit 2
+    with opened_store() as store:
+        before = store.get(tid)["status"]
+        task = store.resolve(tid, chosen[0], actor="cli", note=note, reassign_to=reassign)
+    if json_:
+        print_json(task_json(task))
+        return
+    out.print(f"task {tid}: {styled(before)} -> {styled(task['status'])} ({chosen[0]}"
+              + (f" to {escape(reassign)}" if reassign else "") + ")")
+
+def metrics(json_: JsonOpt = False) -> None:
+    """Tasks by status, average retries, reclaimed work, mean duration, cost by route."""
+    with opened_store() as store:
+        m = store.metrics()
+    if json_:
+        print_json(m)
+        return
+    table = Table("status", "tasks", title="tasks by status")
+    for status, n in sorted(m["by_status"].items()):
+        table.add_row(styled(status), str(n))
+    out.print(table)
+    out.print(f"average retries       {m['avg_retry']:.3f}")
+    out.print(f"reclaimed (reaped)    {m['reclaimed_count']}")
+    out.print(f"average duration      {m['avg_duration_seconds']:.3f} s")
+    if not m["cost_by_route"]:
+        out.print("spend by route        no model calls yet")
+        return
+    routes = Table("route", "tokens", "cost (USD)", title="spend by route")
+    for route, cost in sorted(m["cost_by_route"].items()):
+        routes.add_row(escape(str(route)), str(m.get("tokens_by_route", {}).get(route, "")),
+                       cost)
+    out.print(routes)
+
+def prune(
+    older_than: Annotated[str, typer.Option(
+        "--older-than", help="Age of the finished trees to delete: 30m, 12h, 7d, 2w.")],
+    json_: JsonOpt = False,
+) -> None:
+    """Delete whole finished trees whose root completed longer ago than --older-than."""
+    from runtime.wiring import parse_duration
+
+    age = parse_duration(older_than)
+    with opened_store() as store:
+        trees, tasks = store.prune(age)
+    if json_:
+        print_json({"trees": trees, "tasks": tasks, "older_than_seconds":
+                    age.total_seconds()})
+        return
+    out.print(f"removed {trees} trees ({tasks} tasks) finished more than {older_than} ago")
+
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.", min=0, max=65535)] = 8000,
+    agents_module: ModulesOpt = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve the HTTP API and the live tree page (FastAPI on uvicorn)."""
+    import uvicorn
+
+    from runtime.http.api import create_app
+    from runtime.wiring import load_registry
+
+    token = api_token()
+    if not is_loopback(host) and token is None:
+        fail(f"refusing to listen on {host} without {API_TOKEN_ENV}: anyone who can reach "
+             f"it could submit and resolve tasks. Set {API_TOKEN_ENV} (clients then send "
+             "'Authorization: Bearer <token>') or listen on 127.0.0.1", EXIT_BAD_INPUT)
+    cfg = settings()
+    api = create_app(settings=cfg, registry=load_registry(cfg, agents_module or []))
+    logging.getLogger("uvicorn.access").addFilter(_RedactTokens())
+    where = f"[{host}]" if ":" in host else host
+    err.print(f"[dim]serving on http://{where}:{port}/ (API docs at /docs"
+              + ("; bearer token required" if token else "") + ")[/]", highlight=False)
+    uvicorn.run(api, host=host, port=port, log_level=log_level.lower())

@@ -1,4 +1,4 @@
-"""Operating the fleet: ``orgchart fire`` (one fire of the decider) and ``orgchart doctor``.
+"""Operating orgchart: ``fire`` (one fire of the decider), ``doctor``, ``db upgrade``, ``db url``.
 
 ``fire`` takes the fire lock, respects the daily cap, runs hygiene, plans, fans out
 disposable workers and prints the rollup note (``--json``: the whole
@@ -9,21 +9,23 @@ lock, the daily cap is reached) says so and exits 0: that is the system working.
 ``doctor`` exits 1 with one line per problem when the last fire is overdue, work is
 stranded, or an escalation has waited too long; 0 with a short all-clear otherwise.
 Schedule ``fire`` and alert on ``doctor`` (see ``docs/operations.md``).
+
+``db upgrade`` runs the migrations (they also run on first use); ``db url`` prints the
+database URL orgchart uses, password hidden.
 """
 
 from __future__ import annotations
 
-import functools
 import signal
-from collections.abc import Callable
 from typing import Annotated, Any
 
-import sqlalchemy as sa
 import typer
+
+from runtime.cli.common import EXIT_FAILED, JsonOpt, err, out, print_json, settings
+from runtime.store.db import redacted, resolve_url, upgrade
 
 
 def _settings_and_store() -> tuple[Any, Any]:
-    from runtime.cli.app import settings
     from runtime.wiring import open_store
 
     s = settings()
@@ -43,10 +45,9 @@ def fire(
     agents_module: Annotated[list[str] | None, typer.Option(
         "--agents-module", help="Import agents from this module (passed to the workers); "
                                 "repeatable.")] = None,
-    json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    json_: JsonOpt = False,
 ) -> None:
     """One fire: lock, daily cap, hygiene, plan, fan out capped workers, print the rollup."""
-    from runtime.cli.app import err, out, print_json
     from runtime.fleet.orchestrator import FireConfig, Orchestrator
 
     s, store = _settings_and_store()
@@ -74,9 +75,8 @@ def fire(
             err.print(f"[dim]{result.message}[/]", highlight=False)
 
 
-def doctor(json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+def doctor(json_: JsonOpt = False) -> None:
     """Exit 1 naming each problem (overdue fire, stranded work, old escalations); else 0."""
-    from runtime.cli.app import EXIT_FAILED, out, print_json
     from runtime.fleet.doctor import DoctorLimits, check
 
     s, store = _settings_and_store()
@@ -92,24 +92,13 @@ def doctor(json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = 
         raise typer.Exit(EXIT_FAILED)
 
 
-def _database_errors(fn: Callable[..., None]) -> Callable[..., None]:
-    """An unreachable database is exit 1 with one clear line, not a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        from runtime.cli.app import EXIT_FAILED, fail
-
-        try:
-            fn(*args, **kwargs)
-        except sa.exc.DBAPIError as exc:
-            fail(f"cannot reach the database: {str(exc.orig).strip()}", EXIT_FAILED)
-
-    return wrapper
+def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
+    """Run the migrations (they also run automatically on first use)."""
+    url = resolve_url(settings().database.url)
+    upgrade(url, revision)
+    out.print(f"database at {redacted(url)} is at {revision}", highlight=False)
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``fire`` and ``doctor`` to the CLI."""
-    from runtime.cli.app import guarded
-
-    app.command("fire")(guarded(_database_errors(fire)))
-    app.command("doctor")(guarded(_database_errors(doctor)))
+def db_url() -> None:
+    """Print the database URL orgchart uses (password hidden)."""
+    out.print(redacted(resolve_url(settings().database.url)), highlight=False)

@@ -9,15 +9,13 @@ prints :meth:`policies.loader.PolicySet.describe`. A configuration error (unknow
 from __future__ import annotations
 
 import json
-import sys
-from typing import Annotated, Any
+from typing import Any
 
-import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-EXIT_BAD_INPUT = 2
+from runtime.cli.common import JsonOpt, out, print_json
+from runtime.errors import BadInput
 
 
 def _settings_text(settings: dict[str, Any]) -> str:
@@ -65,23 +63,13 @@ def policies_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``policies`` to the CLI."""
-
-    @app.command("policies")
-    def policies_command(
-        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    ) -> None:
-        """List the policy rules: active or not, source, settings."""
-        from runtime.config import ConfigError
-
-        try:
-            rows = describe_policies()
-        except (ConfigError, ImportError, ValueError) as exc:
-            Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False,
-                                       soft_wrap=True)
-            raise typer.Exit(EXIT_BAD_INPUT) from None
-        if as_json:
-            sys.stdout.write(json.dumps(rows, indent=2, default=str) + "\n")
-            return
-        Console().print(policies_table(rows))
+def policies(as_json: JsonOpt = False) -> None:
+    """List the policy rules: active or not, source, settings."""
+    try:
+        rows = describe_policies()
+    except ValueError as exc:  # a rule's own settings (a bad pattern...): bad input
+        raise BadInput(str(exc)) from exc
+    if as_json:
+        print_json(rows)
+        return
+    out.print(policies_table(rows))

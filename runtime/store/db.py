@@ -21,6 +21,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
 
+from runtime.store.queries import TEXT
+
 log = logging.getLogger(__name__)
 
 HOME_ENV = "ORGCHART_HOME"
@@ -98,14 +100,29 @@ def redacted(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def create_db_engine(url: str, pool_size: int = 10) -> Engine:
-    """Create the engine used by the store (psycopg 3, pre-ping for restarts)."""
+def create_db_engine(url: str, pool_size: int = 10, statement_timeout_ms: int = 0) -> Engine:
+    """Create the engine used by the store (psycopg 3, pre-ping for restarts).
+
+    Args:
+        url: the database URL.
+        pool_size: connections kept open (as many again may overflow).
+        statement_timeout_ms: ``[database] statement_timeout_ms``: the server cancels any
+            statement running longer (libpq ``options=-c statement_timeout=N``); 0 sets
+            nothing, so the server's own setting (none by default) applies.
+
+    """
+    if statement_timeout_ms < 0:
+        raise ValueError(f"statement_timeout_ms cannot be negative (got {statement_timeout_ms})")
+    connect_args: dict[str, Any] = {}
+    if statement_timeout_ms:
+        connect_args["options"] = f"-c statement_timeout={int(statement_timeout_ms)}"
     return sa.create_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,
         pool_recycle=1800,
+        connect_args=connect_args,
     )
 
 
@@ -127,7 +144,7 @@ def upgrade(url: str, revision: str = "head") -> None:
     try:
         with engine.connect() as conn:
             # Several processes may start at once on a fresh database; one migrates.
-            conn.execute(sa.text("SELECT pg_advisory_lock(hashtext('orgchart:migrate'))"))
+            conn.execute(TEXT["migration_lock_acquire"])
             conn.commit()
             try:
                 cfg = alembic_config(url)
@@ -138,7 +155,7 @@ def upgrade(url: str, revision: str = "head") -> None:
                 conn.rollback()
                 raise
             finally:
-                conn.execute(sa.text("SELECT pg_advisory_unlock(hashtext('orgchart:migrate'))"))
+                conn.execute(TEXT["migration_lock_release"])
                 conn.commit()
     except sa.exc.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot reach {redacted(url)}: {exc.orig}") from exc
@@ -168,9 +185,8 @@ def current_revision(url: str) -> str | None:
     engine = sa.create_engine(sqlalchemy_url(url), poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as conn:
-            exists = conn.execute(sa.text("SELECT to_regclass('alembic_version')")).scalar()
-            if exists is None:
+            if conn.execute(TEXT["migration_version_table_exists"]).scalar() is None:
                 return None
-            return conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
+            return conn.execute(TEXT["migration_version_get"]).scalar()
     finally:
         engine.dispose()

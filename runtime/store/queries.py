@@ -1,7 +1,12 @@
 """The named SQL of ``runtime/store/queries.sql``, parsed once into ``{name: statement}``.
 
 A block starts with ``-- name --``, then a one-line description, then the SQL
-(procrastinate's ``queries.sql`` layout). Only the store executes them.
+(procrastinate's ``queries.sql`` layout). Only the store executes them (and ``db.py``
+its migration lock and version check).
+
+``{tasks_channel}`` in the SQL is replaced at load time by :data:`TASKS_CHANNEL`, the
+one LISTEN/NOTIFY channel: every ``pg_notify`` and the ``channel_listen_tasks``
+statement name it from here (``LISTEN`` takes no bound parameter).
 """
 
 from __future__ import annotations
@@ -15,12 +20,19 @@ import sqlalchemy as sa
 QUERIES_FILE = Path(__file__).with_name("queries.sql")
 _BLOCK = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
 
+#: The LISTEN/NOTIFY channel on which new or released work is announced; the payload is
+#: the agent name (``judge`` for the judge stage). Listen with ``channel_listen_tasks``.
+TASKS_CHANNEL = "orgchart_tasks"
+_CHANNEL_TOKEN = "{tasks_channel}"
+
 Task = dict[str, Any]
 
 
 def load_queries(path: Path = QUERIES_FILE) -> dict[str, LiteralString]:
     """Parse ``queries.sql`` into ``{name: sql}``."""
-    text = path.read_text(encoding="utf-8")
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", TASKS_CHANNEL):
+        raise ValueError(f"TASKS_CHANNEL {TASKS_CHANNEL!r} is not a plain identifier")
+    text = path.read_text(encoding="utf-8").replace(_CHANNEL_TOKEN, TASKS_CHANNEL)
     parts = _BLOCK.split(text)
     queries: dict[str, LiteralString] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):

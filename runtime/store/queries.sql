@@ -3,6 +3,8 @@
 -- Every state change is one statement that writes the new state (guarded by the old
 -- status and, for leased work, the lease token) and its task_events rows together.
 -- Parameters use SQLAlchemy's :name style; arrays are cast explicitly.
+-- {tasks_channel} is replaced at load time by runtime.store.queries.TASKS_CHANNEL, the one
+-- LISTEN/NOTIFY channel (NOTIFY's payload is the agent name, 'judge' for the judge stage).
 
 -- task_insert_root --
 -- Insert a root task (root_id = id) and its 'submitted' event; a repeated idempotency key inserts nothing.
@@ -20,7 +22,7 @@ WITH ins AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, NULL, 'pending', :actor, 'submitted' FROM ins
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', to_agent) FROM ins
+    SELECT pg_notify('{tasks_channel}', to_agent) FROM ins
 )
 SELECT ins.*, (SELECT count(*) FROM notify) AS notified FROM ins;
 
@@ -38,7 +40,7 @@ WITH input AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, NULL, 'pending', :actor, 'submitted' FROM ins
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', a) FROM (SELECT DISTINCT to_agent AS a FROM ins) d
+    SELECT pg_notify('{tasks_channel}', a) FROM (SELECT DISTINCT to_agent AS a FROM ins) d
 )
 SELECT count(*) AS inserted, (SELECT count(*) FROM notify) AS notified FROM ins;
 
@@ -157,7 +159,7 @@ WITH input AS (
     ) e
     ORDER BY id, step
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
+    SELECT pg_notify('{tasks_channel}', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
     FROM (SELECT DISTINCT status AS s, to_agent AS a FROM upd
           WHERE status IN ('judging', 'pending')) d
 )
@@ -210,7 +212,7 @@ WITH upd AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, 'waiting', 'ready_to_aggregate', :worker, 'fan-in: last child finished' FROM upd
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', a) FROM (SELECT DISTINCT to_agent AS a FROM upd) d
+    SELECT pg_notify('{tasks_channel}', a) FROM (SELECT DISTINCT to_agent AS a FROM upd) d
 )
 SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
 
@@ -237,7 +239,7 @@ WITH ready AS (
     SELECT id, 'waiting', 'ready_to_aggregate', :worker, 'fan-in sweep: all children terminal'
     FROM upd
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', a) FROM (SELECT DISTINCT to_agent AS a FROM upd) d
+    SELECT pg_notify('{tasks_channel}', a) FROM (SELECT DISTINCT to_agent AS a FROM upd) d
 )
 SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
 
@@ -281,7 +283,7 @@ WITH parent AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, NULL, 'pending', :worker, 'delegated by parent' FROM kids
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', a) FROM (SELECT DISTINCT to_agent AS a FROM kids) d
+    SELECT pg_notify('{tasks_channel}', a) FROM (SELECT DISTINCT to_agent AS a FROM kids) d
 )
 SELECT (SELECT count(*) FROM parent) AS delegated,
        (SELECT count(*) FROM kids) AS inserted,
@@ -304,6 +306,15 @@ WITH parent AS (
 ), pev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, 'running', 'waiting', :worker, :detail FROM parent
+), old AS (
+    -- Lock the children and read the status they leave: an UPDATE's RETURNING only sees
+    -- the new row, so the event's from_status comes from here (as in task_reap_expired).
+    SELECT c.id, c.status
+    FROM tasks c
+    WHERE c.parent_id = :id
+      AND c.id = ANY(CAST(:child_ids AS uuid[]))
+      AND c.status IN ('failed', 'escalated')
+    FOR UPDATE
 ), kids AS (
     UPDATE tasks c
     SET status = 'pending',
@@ -317,16 +328,16 @@ WITH parent AS (
         delivery_count = 0,
         retry_count = c.retry_count + 1,
         updated_at = now()
-    FROM parent p
+    FROM parent p, old o
     WHERE c.parent_id = p.id
-      AND c.id = ANY(CAST(:child_ids AS uuid[]))
+      AND c.id = o.id
       AND c.status IN ('failed', 'escalated')
-    RETURNING c.id, c.status AS old_status, c.to_agent
+    RETURNING c.id, o.status AS old_status, c.to_agent
 ), kev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
-    SELECT id, NULL, 'pending', :worker, :detail FROM kids
+    SELECT id, old_status, 'pending', :worker, :detail FROM kids
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', a) FROM (SELECT DISTINCT to_agent AS a FROM kids) d
+    SELECT pg_notify('{tasks_channel}', a) FROM (SELECT DISTINCT to_agent AS a FROM kids) d
 )
 SELECT (SELECT count(*) FROM parent) AS parents, (SELECT count(*) FROM kids) AS children,
        (SELECT count(*) FROM notify) AS notified;
@@ -404,7 +415,7 @@ WITH expired AS (
                 ELSE 'lease expired on delivery ' || delivery_count || '; released' END
     FROM upd
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
+    SELECT pg_notify('{tasks_channel}', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
     FROM (SELECT DISTINCT to_status AS s, to_agent AS a FROM upd WHERE to_status <> 'failed') d
 )
 SELECT id, parent_id, from_status, to_status, (SELECT count(*) FROM notify) AS notified
@@ -460,7 +471,7 @@ WITH upd AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, 'escalated', status, :actor, :detail FROM upd
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', to_agent) FROM upd WHERE status = 'pending'
+    SELECT pg_notify('{tasks_channel}', to_agent) FROM upd WHERE status = 'pending'
 )
 SELECT id, parent_id, status, (SELECT count(*) FROM notify) AS notified FROM upd;
 
@@ -562,14 +573,26 @@ WHERE p.status = 'waiting'
 
 -- task_delete_finished_trees --
 -- Remove whole finished trees whose root completed before :before, with their events.
-WITH old_roots AS (
+-- Every row of a candidate tree is locked first, SKIP LOCKED: a tree with a row another
+-- transaction holds (a resolution reopening a task) is passed over, never waited for,
+-- and a tree is deleted only when all its rows were locked here and are still finished.
+WITH candidates AS (
     SELECT r.id
     FROM tasks r
     WHERE r.parent_id IS NULL
       AND r.status IN ('done', 'failed', 'escalated')
       AND r.completed_at < :before
-      AND NOT EXISTS (SELECT 1 FROM tasks x WHERE x.root_id = r.id
-                      AND x.status NOT IN ('done', 'failed', 'escalated'))
+), locked AS (
+    SELECT t.id, t.root_id, t.status
+    FROM tasks t
+    WHERE t.root_id IN (SELECT id FROM candidates)
+    FOR UPDATE SKIP LOCKED
+), old_roots AS (
+    SELECT l.root_id AS id
+    FROM locked l
+    GROUP BY l.root_id
+    HAVING bool_and(l.status IN ('done', 'failed', 'escalated'))
+       AND count(*) = (SELECT count(*) FROM tasks x WHERE x.root_id = l.root_id)
 ), gone AS (
     DELETE FROM tasks t USING old_roots o WHERE t.root_id = o.id RETURNING t.id
 ), gone_events AS (
@@ -618,7 +641,7 @@ WITH upd AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, from_status, status, :worker, 'released by a worker shutting down' FROM upd
 ), notify AS (
-    SELECT pg_notify('orgchart_tasks', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
+    SELECT pg_notify('{tasks_channel}', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
     FROM (SELECT DISTINCT status AS s, to_agent AS a FROM upd) d
 )
 SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
@@ -677,3 +700,23 @@ LIMIT :limit;
 -- db_ping --
 -- The cheapest statement that proves the database answers (health checks).
 SELECT 1;
+
+-- channel_listen_tasks --
+-- Subscribe this connection to the task channel (a worker waits on it between claims).
+LISTEN {tasks_channel};
+
+-- migration_lock_acquire --
+-- Serialise migrations: several processes may start at once on a fresh database; one migrates.
+SELECT pg_advisory_lock(hashtext('orgchart:migrate'));
+
+-- migration_lock_release --
+-- Release the migration lock taken by migration_lock_acquire.
+SELECT pg_advisory_unlock(hashtext('orgchart:migrate'));
+
+-- migration_version_table_exists --
+-- Whether Alembic's version table exists (NULL on an empty database).
+SELECT to_regclass('alembic_version');
+
+-- migration_version_get --
+-- The database's Alembic revision.
+SELECT version_num FROM alembic_version;

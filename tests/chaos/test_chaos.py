@@ -15,10 +15,14 @@ calls recorded), nothing failed except by the chaos itself (a task whose lease e
 ``max_delivery`` times is poison by design), no worker died on its own, and workers that
 lived through each fault kept working afterwards on their own. The run prints what it
 did and what held.
+
+The kills are drawn from a seeded random generator. The seed is printed at the start
+(``chaos seed N``); set ``ORGCHART_CHAOS_SEED=N`` to replay the same kill sequence.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import time
@@ -49,6 +53,11 @@ from tests.chaos.helpers import (
 from tests.factories import terminal_event_counts
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
+
+#: Set to replay a run's kill sequence. Read at import: the test's fixtures clear
+#: ``ORGCHART_*`` from the environment before the test body runs.
+SEED_ENV = "ORGCHART_CHAOS_SEED"
+SEED_FROM_ENV = os.environ.get(SEED_ENV)
 
 WORKERS = 4
 LEASE_SECONDS = 2
@@ -264,10 +273,21 @@ def _report(journal: Journal, fleet: Fleet, o: Outcome, tolerated: list[WorkerPr
         print(f"    {agent} {status}: {(error or '')[:300]}")
 
 
+def chaos_seed(configured: str | None) -> int:
+    """The seed of this run: ``ORGCHART_CHAOS_SEED`` when set, else a fresh random one."""
+    if configured is None or not configured.strip():
+        return random.randrange(1 << 30)
+    try:
+        return int(configured)
+    except ValueError:
+        raise pytest.UsageError(f"{SEED_ENV} must be an integer, not {configured!r}") from None
+
+
 def test_workers_and_server_die_and_every_task_is_recorded_once(
         store: Store, db_url: str, make_fleet: Callable[[list[str]], Fleet],
         server_ctl: ServerControl | None) -> None:
-    journal = Journal(seed=random.randrange(1 << 30))
+    journal = Journal(seed=chaos_seed(SEED_FROM_ENV))
+    print(f"\nchaos seed {journal.seed} (replay with {SEED_ENV}={journal.seed})", flush=True)
     fleet = make_fleet(["--agents-module", MODULE, "--agents", "spend_fanout,spender,judge",
                         "--lease-seconds", str(LEASE_SECONDS)])
     _submit_roots(store)

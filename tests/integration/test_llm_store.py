@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 from pydantic import BaseModel, Field
 from typer.testing import CliRunner
 
-from runtime.cli.models import register
+from runtime.cli.app import app
 from runtime.config import Settings
 from runtime.errors import (
     BudgetExceeded,
@@ -238,8 +237,6 @@ def test_cli_record_writes_a_replay_file_and_check_says_why(
         monkeypatch: pytest.MonkeyPatch) -> None:
     row = claim_new(store)
     llm_for(store, row).complete(PROMPT, schema=Findings)
-    app = typer.Typer()
-    register(app)
     runner = CliRunner()
     out = tmp_path / "tree.jsonl"
     result = runner.invoke(app, ["llm", "record", str(row["id"]), "--out", str(out)])

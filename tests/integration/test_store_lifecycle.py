@@ -376,9 +376,10 @@ def test_pickup_is_signalled_by_notify(db_url: str, store: Store) -> None:
     import psycopg
 
     from runtime.store.db import libpq_url
+    from runtime.store.queries import QUERIES
 
     with psycopg.connect(libpq_url(db_url), autocommit=True) as listener:
-        listener.execute("LISTEN orgchart_tasks")
+        listener.execute(QUERIES["channel_listen_tasks"])
         submit(store, agent="echo")
         notes = list(listener.notifies(timeout=5.0, stop_after=1))
     assert [n.payload for n in notes] == ["echo"]

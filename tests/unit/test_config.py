@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,3 +91,86 @@ def test_example_config_at_the_root_is_valid() -> None:
     example = Path(__file__).resolve().parents[2] / "orgchart.toml"
     assert example.exists()
     load_settings(example, env={})
+
+
+def test_each_value_says_where_it_came_from(tmp_path: Path) -> None:
+    cfg = tmp_path / "orgchart.toml"
+    cfg.write_text('[retry]\nmax_retry = 5\n[ollama]\nurl = "http://a:1"\n')
+    s = load_settings(cfg, env={"ORGCHART_OLLAMA__URL": "http://b:2",
+                                "DATABASE_URL": "postgresql://u:secret@db/x"})
+    assert s.origin("retry", "max_retry") == str(cfg)
+    assert s.origin("ollama", "url") == "ORGCHART_OLLAMA__URL"
+    assert s.origin("database", "url") == "DATABASE_URL"
+    assert s.origin("worker", "lease_seconds") == "default"
+    explained = {(section, key): (value, origin) for section, key, value, origin in s.explain()}
+    assert explained[("retry", "max_retry")] == (5, str(cfg))
+    assert explained[("cost", "local_per_token")] == ("0.00001", "default")
+
+
+def _run_config(*args: str, env: dict[str, str]) -> Any:
+    from typer.testing import CliRunner
+
+    from runtime.cli.app import app
+
+    return CliRunner().invoke(app, ["config", *args], env=env)
+
+
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in [k for k in os.environ if k.startswith("ORGCHART_") or k == "DATABASE_URL"]:
+        monkeypatch.delenv(key)
+
+
+def test_orgchart_config_json_and_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _clean_env(monkeypatch)
+    cfg = tmp_path / "orgchart.toml"
+    cfg.write_text("[worker]\nconcurrency = 9\n")
+    env = {"ORGCHART_CONFIG": str(cfg), "ORGCHART_LLM__BACKEND": "offline",
+           "ORGCHART_DATABASE_URL": "postgresql://u:secret@db.example/x", "COLUMNS": "200"}
+    as_json = _run_config("--json", env=env)
+    assert as_json.exit_code == 0, as_json.output
+    values = json.loads(as_json.stdout)
+    assert values["worker"]["concurrency"] == 9
+    assert values["llm"]["backend"] == "offline"
+    assert "secret" not in as_json.stdout and "db.example" in values["database"]["url"]
+    table = _run_config(env=env)
+    assert table.exit_code == 0, table.output
+    line = {row.split()[1]: row for row in table.stdout.splitlines() if row.count("│") >= 3}
+    assert str(cfg.name) in line["worker.concurrency"]
+    assert "ORGCHART_LLM__BACKEND" in line["llm.backend"]
+    assert "default" in line["retry.max_retry"]
+
+
+def test_orgchart_config_names_the_bad_key(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    _clean_env(monkeypatch)
+    result = _run_config(env={"ORGCHART_WORKER__CONCURENCY": "3"})
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: environment variable ORGCHART_WORKER__CONCURENCY: unknown key "
+        "'worker.concurency'; did you mean 'concurrency'?"]
+
+
+def _keys_named_in(toml_text: str) -> set[str]:
+    """``section.key`` for every key the file sets or shows commented out."""
+    named: set[str] = set()
+    section = ""
+    for line in toml_text.splitlines():
+        header = re.match(r"^\[([a-z_]+)\]", line)
+        if header:
+            section = header.group(1)
+            continue
+        key = re.match(r"^#?\s*([a-z_]+)\s*=", line)
+        if key and section:
+            named.add(f"{section}.{key.group(1)}")
+    return named
+
+
+def test_the_example_config_names_every_key_orgchart_config_prints(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _clean_env(monkeypatch)
+    example = Path(__file__).resolve().parents[2] / "orgchart.toml"
+    result = _run_config("--json", env={"ORGCHART_CONFIG": str(example)})
+    assert result.exit_code == 0, result.output
+    printed = {f"{section}.{key}" for section, body in json.loads(result.stdout).items()
+               for key in body}
+    assert printed - _keys_named_in(example.read_text(encoding="utf-8")) == set()

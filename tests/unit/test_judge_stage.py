@@ -1,7 +1,7 @@
 """The judge stage: kill criteria, then schema and checks, then a rubric scored by a model.
 
-Models are scripted stand-ins (no live model); one test judges a real row read back from
-PostgreSQL so the row types (Decimal, timestamptz, jsonb) are the real ones.
+Models are scripted stand-ins (no live model). Judging a real row read back from
+PostgreSQL is in ``tests/integration/test_judge_stage_rows.py``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from agents.judge import Judge, JudgeOutput, score_rubric
 from runtime.config import Settings
 from runtime.engine.judge_stage import judge_task
 from runtime.errors import LeaseLost, TransientModelError, UnknownPrice
-from runtime.store.rows import NewTask
-from runtime.store.store import Store
 
 SETTINGS = Settings()
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)
@@ -300,21 +298,3 @@ def test_score_rubric_decides_passed_from_the_threshold() -> None:
     scored = score_rubric(ScriptedLLM({"score": 0.2, "passed": True}), rubric="r",
                           result={}, threshold=0.5)
     assert scored.passed is False and scored.model == "judge-model:1b"
-
-
-# ---------------------------------------------------------------------- a real row
-def test_judging_a_row_read_back_from_postgres(store: Store) -> None:
-    success = {"schema": SCHEMA, "checks": [{"path": "prices.0", "op": ">=", "value": 1}]}
-    kill = {"max_cost_usd": 0.25, "deadline": "2999-01-01T00:00:00Z"}
-    task, _ = store.submit(NewTask(to_agent="competitor_scout", type="task",
-                                   payload={"goal": "prices"}, success_criteria=success,
-                                   kill_criteria=kill))
-    stored = store.get(task["id"])
-    stored["result"] = {"prices": [1.5]}
-    assert isinstance(stored["spent_usd"], Decimal)
-    judgement = judge_task(stored, store.children(task["id"]), None, SETTINGS)
-    assert judgement.to_status == "done", judgement.verdict
-    stored["spent_usd"] = Decimal("0.30")
-    judgement = judge_task(stored, [], None, SETTINGS)
-    assert judgement.to_status == "escalated"
-    assert judgement.error == "kill criteria: max_cost_usd: spent $0.30 > limit $0.25"

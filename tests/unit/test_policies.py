@@ -22,7 +22,7 @@ from policies import base
 from policies.base import DuplicatePolicy, Policy, Violation
 from policies.builtin import ForbiddenOutput, payload_bytes
 from policies.loader import PolicySet, load_policy_set
-from runtime.cli import policies as cli_policies
+from runtime.cli.app import app
 from runtime.config import ConfigError, PoliciesSettings, Settings
 
 
@@ -336,13 +336,6 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> typer.Typer:
     config = tmp_path / "orgchart.toml"
     config.write_text("[policies]\nmax_depth = 3\n")
     monkeypatch.setenv("ORGCHART_CONFIG", str(config))
-    app = typer.Typer()
-
-    @app.callback()
-    def main() -> None:
-        """Test app."""
-
-    cli_policies.register(app)
     return app
 
 

@@ -1,0 +1,154 @@
+"""What every ``orgchart`` command shares: the consoles, exit codes, the one error handler.
+
+:func:`handled` wraps every command (``runtime.cli.app`` applies it when it adds them), so
+all commands fail alike:
+
+- bad input (a malformed id, an unknown agent or rule, a bad configuration, a refused
+  resolution, a module that cannot be imported): exit 2, one line ``error: ...``;
+- the database cannot be reached, or goes away in the middle of a command: exit 1, one
+  line naming the server (password hidden), never a traceback (a statement cancelled by
+  ``[database] statement_timeout_ms`` says so instead);
+- anything else: exit 1, one line naming the exception (``-v`` adds the traceback).
+
+Commands that decide on a failure themselves call :func:`fail`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+
+import click
+import psycopg
+import sqlalchemy as sa
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from agents.registry import DuplicateAgent, UnknownAgent
+from runtime.config import DATABASE_URL_ENVS, ConfigError, Settings, load_settings
+from runtime.errors import BadInput
+from runtime.store.db import HOME_ENV, DatabaseUnavailable, redacted, sqlalchemy_url
+from runtime.store.rows import IdempotencyConflict, NotFound, ResolveRefused
+
+if TYPE_CHECKING:
+    from runtime.store.store import Store
+
+log = logging.getLogger("runtime.cli")
+
+out = Console()
+err = Console(stderr=True)
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+#: Errors that mean "the input (arguments, configuration, modules) is wrong": exit 2.
+BAD_INPUT_ERRORS: tuple[type[BaseException], ...] = (
+    BadInput, UnknownAgent, DuplicateAgent, IdempotencyConflict, ResolveRefused, ConfigError,
+    NotFound, ImportError,
+)
+#: Errors that mean "the database is unreachable or went away": exit 1 naming the server.
+DATABASE_ERRORS: tuple[type[BaseException], ...] = (
+    sa.exc.OperationalError, sa.exc.InterfaceError, psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# ---------------------------------------------------------------------- shared options
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+ModulesOpt = Annotated[list[str] | None, typer.Option(
+    "--agents-module", help="Import agents (and policies) from this module; repeatable.")]
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with ``code``."""
+    err.print(Text.assemble(("error: ", "bold red"), message), highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def print_json(value: Any) -> None:
+    """Print JSON on stdout (no colour, stable key order)."""
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def settings() -> Settings:
+    """Load the configuration (``--config`` was turned into ``ORGCHART_CONFIG``)."""
+    return load_settings()
+
+
+def server_name(config: Settings | None = None) -> str:
+    """The database server a command talks to, for messages: its URL (password hidden).
+
+    Never starts anything: without a configured URL it names the embedded server's home.
+    """
+    url = next((os.environ[n] for n in DATABASE_URL_ENVS if os.environ.get(n)), None)
+    if url is None:
+        try:
+            url = (config or load_settings()).database.url
+        except ConfigError:
+            url = None
+    if url:
+        try:
+            return redacted(sqlalchemy_url(url))
+        except sa.exc.ArgumentError:
+            return "the configured database (unparsable URL)"
+    return f"the embedded PostgreSQL under ${HOME_ENV} ({os.environ.get(HOME_ENV) or '.orgchart'})"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return " ".join(text.split()) or type(exc).__name__
+
+
+def handled(fn: F) -> F:
+    """The one error handler of every command: known errors become one line and an exit code.
+
+    See the module docstring for the mapping. ``typer.Exit``, click's usage errors and
+    ``KeyboardInterrupt`` pass through untouched.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.ClickException,
+                click.Abort):
+            raise
+        except BAD_INPUT_ERRORS as exc:
+            fail(str(exc), EXIT_BAD_INPUT)
+        except DatabaseUnavailable as exc:  # its message names the server already
+            fail(_one_line(exc), EXIT_FAILED)
+        except DATABASE_ERRORS as exc:
+            if isinstance(getattr(exc, "orig", exc), psycopg.errors.QueryCanceled):
+                fail(f"the database at {server_name()} cancelled a statement "
+                     f"([database] statement_timeout_ms?): {_one_line(exc)}", EXIT_FAILED)
+            fail(f"cannot reach the database at {server_name()}: {_one_line(exc)}", EXIT_FAILED)
+        except Exception as exc:
+            log.debug("command failed", exc_info=True)
+            hint = "" if log.isEnabledFor(logging.INFO) else " (run with -v for the traceback)"
+            if log.isEnabledFor(logging.INFO):
+                import traceback
+
+                traceback.print_exc(file=sys.stderr)
+            fail(f"unexpected {type(exc).__name__}: {_one_line(exc)}{hint}", EXIT_FAILED)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@contextmanager
+def opened_store(config: Settings | None = None) -> Iterator[Store]:
+    """A Store on the configured database (migrated), disposed of at the end."""
+    from runtime.wiring import open_store  # not at import time: the CLI loads this early
+
+    store = open_store(config or settings())
+    try:
+        yield store
+    finally:
+        store.dispose()

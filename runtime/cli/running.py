@@ -1,0 +1,265 @@
+"""Running goals: ``submit``, ``run``, ``worker`` and ``agents``.
+
+``submit`` and ``run`` take the same options (:class:`GoalOptions`, added to both by
+:func:`with_goal_options`): the agent that receives the goal, its type and priority, the
+tree's budgets, an extra payload, success and kill criteria, an idempotency key and the
+modules to import agents from. ``run`` exits 1 when the root ends failed or escalated (or
+is still running after ``--timeout``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from runtime.cli.common import (
+    EXIT_FAILED,
+    JsonOpt,
+    ModulesOpt,
+    err,
+    fail,
+    out,
+    print_json,
+    settings,
+)
+from runtime.store.models import TERMINAL_STATUSES
+from runtime.store.rows import NewTask
+
+if TYPE_CHECKING:
+    from agents.registry import Registry
+    from runtime.config import Settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class GoalOptions:
+    """The options ``submit`` and ``run`` share (one field per command-line option)."""
+
+    agent: str = "ceo"
+    type_: str | None = None
+    priority: int = NewTask.priority
+    budget_tokens: int = NewTask.budget_tokens
+    budget_seconds: int = NewTask.budget_seconds
+    budget_usd: str = str(NewTask.budget_usd)
+    payload: str | None = None
+    success: str | None = None
+    kill: str | None = None
+    idempotency_key: str | None = None
+    agents_module: list[str] | None = None
+
+    def new_task(self, registry: Registry, config: Settings, goal: str) -> NewTask:
+        """Validate these options and ``goal``; return the root task to insert.
+
+        Raises:
+            BadInput: an unknown agent, a bad payload, budget or criterion.
+
+        """
+        from runtime.wiring import build_root, parse_json_option
+
+        return build_root(
+            registry, config, goal=goal, agent=self.agent, type_=self.type_,
+            priority=self.priority, budget_tokens=self.budget_tokens,
+            budget_seconds=self.budget_seconds, budget_usd=self.budget_usd,
+            payload=parse_json_option("--payload", self.payload),
+            success=parse_json_option("--success", self.success),
+            kill=parse_json_option("--kill", self.kill), idempotency_key=self.idempotency_key,
+        )
+
+
+#: The command-line form of each :class:`GoalOptions` field.
+GOAL_OPTION_TYPES: dict[str, Any] = {
+    "agent": Annotated[str, typer.Option("--agent", help="Agent that receives the goal.")],
+    "type_": Annotated[str | None, typer.Option("--type", help="Task type (agent's default).")],
+    "priority": Annotated[int, typer.Option("--priority", help="Lower is more urgent.")],
+    "budget_tokens": Annotated[int, typer.Option("--budget-tokens",
+                                                 help="Tree-wide token budget.")],
+    "budget_seconds": Annotated[int, typer.Option("--budget-seconds", help="Seconds per run.")],
+    "budget_usd": Annotated[str, typer.Option("--budget-usd", help="Tree-wide USD budget.")],
+    "payload": Annotated[str | None, typer.Option("--payload", help="Extra payload (JSON).")],
+    "success": Annotated[str | None, typer.Option("--success", help="success_criteria JSON.")],
+    "kill": Annotated[str | None, typer.Option("--kill", help="kill_criteria JSON.")],
+    "idempotency_key": Annotated[str | None, typer.Option("--idempotency-key",
+                                                          help="Deduplicates submits.")],
+    "agents_module": ModulesOpt,
+}
+
+
+def with_goal_options(fn: F) -> F:
+    """Give a command every :class:`GoalOptions` option; it receives them as ``options``.
+
+    ``fn(goal, options, **rest)`` becomes a command taking ``goal``, the goal options,
+    then ``rest`` (its own options), as Typer reads signatures.
+    """
+    own = inspect.signature(fn, eval_str=True).parameters
+    names = [f.name for f in fields(GoalOptions)]
+    shared = [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                default=f.default, annotation=GOAL_OPTION_TYPES[f.name])
+              for f in fields(GoalOptions)]
+    params = [own["goal"], *shared,
+              *(p for name, p in own.items() if name not in ("goal", "options"))]
+
+    def command(*args: Any, **kwargs: Any) -> Any:
+        bound = command.__signature__.bind(*args, **kwargs)  # type: ignore[attr-defined]
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        options = GoalOptions(**{name: values.pop(name) for name in names})
+        return fn(options=options, **values)
+
+    command.__name__, command.__qualname__ = fn.__name__, fn.__qualname__
+    command.__doc__, command.__module__ = fn.__doc__, fn.__module__
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    return command  # type: ignore[return-value]
+
+
+def _runtime(modules: list[str] | None) -> Any:
+    from runtime.wiring import build_runtime
+
+    runtime = build_runtime(settings(), modules or [])
+    if getattr(runtime.llm_factory, "announcement", None):
+        err.print(runtime.llm_factory.announcement, style="dim", markup=False, highlight=False)
+    return runtime
+
+
+def _install_stop_signals(stop: Callable[[str], None]) -> None:
+    def handler(signum: int, _frame: Any) -> None:
+        stop(f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+@with_goal_options
+def submit(goal: str, options: GoalOptions, json_: JsonOpt = False) -> None:
+    """Submit a root goal; print its id (the root id)."""
+    from runtime.views import task_json
+    from runtime.wiring import load_registry, open_store
+
+    # Submitting needs the agents' schemas and the database, not the model backend.
+    config = settings()
+    registry = load_registry(config, options.agents_module or [])
+    new = options.new_task(registry, config, goal)
+    task, created = open_store(config).submit(new, actor="cli")
+    if json_:
+        print_json({**task_json(task), "created": created})
+    else:
+        out.print(str(task["id"]), highlight=False)
+        if not created:
+            err.print("[dim]idempotency key seen before: returned the existing task[/]")
+
+
+@with_goal_options
+def run(goal: str, options: GoalOptions, json_: JsonOpt = False,
+        timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 600,
+        ) -> None:
+    """Submit a goal and drain it in this process, drawing the tree live; print the result."""
+    from runtime.cli.render import render_tree
+    from runtime.views import tree_json
+
+    runtime = _runtime(options.agents_module)
+    task, _ = runtime.store.submit(options.new_task(runtime.registry, runtime.settings, goal),
+                                   actor="cli")
+    root_id = task["id"]
+    worker = runtime.worker(poll_interval_seconds=0.2, maintenance_interval_seconds=0.5)
+    _install_stop_signals(worker.stop)
+    thread = threading.Thread(target=worker.run, name="worker", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    live_screen = out.is_terminal and not json_
+
+    def current() -> dict[str, Any]:
+        tree = tree_json(runtime.store.tree_rows(root_id))
+        assert tree is not None
+        return tree
+
+    def waiting(tree: dict[str, Any]) -> bool:
+        return (tree["status"] not in TERMINAL_STATUSES and time.monotonic() < deadline
+                and thread.is_alive())
+
+    tree = current()
+    if live_screen:
+        with Live(render_tree(tree), console=out, refresh_per_second=8) as live:
+            while waiting(tree):
+                time.sleep(0.2)
+                tree = current()
+                live.update(render_tree(tree))
+    else:
+        while waiting(tree):
+            time.sleep(0.1)
+            tree = current()
+    worker.stop("run finished")
+    thread.join(timeout=30)
+    tree = current()
+    if json_:
+        print_json(tree)
+    elif not live_screen:
+        out.print(render_tree(tree))
+    err.print(f"root {root_id} (orgchart tree {root_id})", style="dim", markup=False,
+              highlight=False)
+    if tree["status"] not in TERMINAL_STATUSES:
+        fail(f"root {root_id} is still {tree['status']} after {timeout:g}s", EXIT_FAILED)
+    if tree["status"] != "done":
+        err.print(f"root {root_id} ended {tree['status']}: {tree.get('error') or ''}",
+                  markup=False, highlight=False)
+        raise typer.Exit(EXIT_FAILED)
+
+
+def worker(
+    agents: Annotated[str | None, typer.Option(
+        help="Comma-separated agents to serve ('judge' = the judge stage); default all.")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="Tasks run at once.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Most tasks per claim.")] = None,
+    task_cap: Annotated[int | None, typer.Option(help="Exit after claiming N tasks.")] = None,
+    wall_clock: Annotated[float | None, typer.Option(help="Exit after S seconds.")] = None,
+    lease_seconds: Annotated[float | None, typer.Option(help="Lease length.")] = None,
+    once: Annotated[bool, typer.Option(help="Exit when the queue is empty.")] = False,
+    no_maintenance: Annotated[bool, typer.Option(
+        help="Do not run the reaper, watchdog and sweeper.")] = False,
+    worker_id: Annotated[str | None, typer.Option(
+        help="Name written as lease_owner and in task_events (default host:pid:random).")]
+    = None,
+    agents_module: ModulesOpt = None, json_: JsonOpt = False,
+) -> None:
+    """Claim and run tasks until stopped (SIGTERM/SIGINT), a cap, or an empty queue."""
+    runtime = _runtime(agents_module)
+    names = [a.strip() for a in agents.split(",") if a.strip()] if agents else None
+    w = runtime.worker(names, concurrency=concurrency, batch_size=batch_size,
+                       task_cap=task_cap, wall_clock_seconds=wall_clock,
+                       lease_seconds=lease_seconds, once=once,
+                       maintenance=not no_maintenance, worker_id=worker_id)
+    _install_stop_signals(w.stop)
+    err.print(f"worker {w.config.worker_id} serving {', '.join(w.config.agents)}",
+              style="dim", markup=False, highlight=False)
+    stats = w.run()
+    if json_:
+        print_json({"worker": w.config.worker_id, **stats.as_dict()})
+    else:
+        err.print(f"worker {w.config.worker_id} stopped ({stats.stop_reason}): claimed "
+                  f"{stats.claimed}, outcomes {dict(stats.outcomes)}, delegated "
+                  f"{stats.delegated}, stale {stats.stale}", markup=False, highlight=False)
+
+
+def agents(agents_module: ModulesOpt = None, json_: JsonOpt = False) -> None:
+    """List registered agents: types, delegation targets, input and output schemas."""
+    from runtime.wiring import load_registry
+
+    described = load_registry(settings(), agents_module or []).describe()
+    if json_:
+        print_json(described)
+        return
+    table = Table("agent", "types", "delegates to", "input fields", "output fields", "module")
+    for a in described:
+        table.add_row(a["name"], ", ".join(a["types"]), ", ".join(a["delegates_to"]) or "-",
+                      ", ".join(a["input_schema"].get("properties", {})),
+                      ", ".join(a["output_schema"].get("properties", {})), a["module"])
+    out.print(table)
