@@ -99,6 +99,8 @@ log = logging.getLogger(__name__)
 MIN_COMPLETION_TOKENS = 16
 #: Costs are kept to the precision of the database's money columns.
 USD_QUANTUM = Decimal("0.00000001")
+#: How much of a bad reply a repair sends back to the model.
+MAX_REPAIR_ECHO_CHARS = 2000
 #: The longest ``Retry-After`` honoured as given (longer ones are cut to this).
 MAX_RETRY_AFTER_SECONDS = 300.0
 
@@ -407,11 +409,13 @@ class TaskLLM:
             except BadModelReply as exc:
                 errors.append(str(exc))
                 bad = exc.reply.text if exc.reply is not None else ""
-                conversation = [*conversation,
-                                {"role": "assistant", "content": bad},
+                # Only the first request and the latest failure: a repair's prompt does not
+                # grow with every attempt (it is paid for, and must fit the budget).
+                conversation = [*messages,
+                                {"role": "assistant", "content": bad[:MAX_REPAIR_ECHO_CHARS]},
                                 {"role": "user", "content": (
-                                    f"Your reply failed: {exc}. Answer again with only JSON "
-                                    "that fits the schema.")}]
+                                    f"Your reply failed: {exc.reason[:300]}. Answer again "
+                                    "with only JSON that fits the schema.")}]
         raise BadModelReply(
             f"model {call.route.model!r} gave no reply that fits the schema in {rounds} "
             f"attempt(s) ({call.rows} request(s)); last error: {errors[-1]}")

@@ -66,9 +66,12 @@ class ModelReply:
 class BadModelReply(OrgchartError):
     """The model's reply is not valid JSON for the requested schema (an agent failure)."""
 
-    def __init__(self, message: str, reply: ModelReply | None = None) -> None:
+    def __init__(self, message: str, reply: ModelReply | None = None,
+                 reason: str | None = None) -> None:
         super().__init__(message)
         self.reply = reply
+        #: What was wrong, without the reply's text (what a repair tells the model).
+        self.reason = reason or message
 
 
 class RetryableModelError(TransientModelError):
@@ -170,9 +173,10 @@ def parse_structured(text: str, schema: Mapping[str, Any], model: str) -> Any:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
+        reason = f"the reply is not JSON ({exc.msg} at position {exc.pos})"
         raise BadModelReply(
             f"model {model!r} was asked for JSON but replied with text that is not JSON "
-            f"({exc.msg} at position {exc.pos}): {text[:200]!r}"
+            f"({exc.msg} at position {exc.pos}): {text[:200]!r}", reason=reason
         ) from None
     error = jsonschema.exceptions.best_match(
         jsonschema.Draft202012Validator(schema).iter_errors(data))
@@ -200,7 +204,7 @@ def checked_reply(reply: ModelReply, schema: Mapping[str, Any] | None) -> ModelR
     try:
         data = parse_structured(reply.text, schema, reply.model)
     except BadModelReply as exc:
-        raise BadModelReply(str(exc), reply) from None
+        raise BadModelReply(str(exc), reply, exc.reason) from None
     return ModelReply(reply.text, data, reply.prompt_tokens, reply.completion_tokens,
                       reply.duration_seconds, reply.model, reply.backend, reply.offline,
                       reply.thinking, reply.done_reason)

@@ -221,7 +221,7 @@ def test_failed_calls_are_recorded_with_their_error(store: Store,
         c["prompt_tokens"] + c["completion_tokens"] for c in bad)
     # Each repair carried the bad reply and the error back to the model.
     repair = fake_ollama.requests[-1]["messages"]
-    assert [m["role"] for m in repair] == ["user", "assistant", "user", "assistant", "user"]
+    assert [m["role"] for m in repair] == ["user", "assistant", "user"]
     assert repair[1]["content"] == "not json" and "Your reply failed" in repair[2]["content"]
 
 
