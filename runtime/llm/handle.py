@@ -30,6 +30,7 @@ Cost is ``(prompt + completion tokens) x the per-token price``, in ``Decimal``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -206,8 +207,17 @@ class LLMFactory:
         limit = o.cloud_max_parallel if route.route == "cloud" else o.max_parallel
         return self.calls.slot(host, route.model, limit)
 
+    async def aclose(self) -> None:
+        """Release the backend's connections from a coroutine on the factory's loop."""
+        aclose = getattr(self.backend, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
     def close(self) -> None:
-        """Release the backend's connections and stop the factory's own loop."""
+        """Release the backend's connections and stop the factory's own loop.
+
+        From a coroutine running on a loop given as ``loop=``, await :meth:`aclose` first.
+        """
         aclose = getattr(self.backend, "aclose", None)
         self.calls.close(aclose() if aclose is not None else None)
         close = getattr(self.backend, "close", None)
@@ -565,7 +575,7 @@ class TaskLLM:
                            recorded.backend, offline=recorded.backend == OfflineBackend.name,
                            thinking=recorded.thinking)
         charge = self._row(call, "call", reply, 0, 0, 0.0, Decimal(0), None)
-        await self._charge(ModelCharge(**{**charge.__dict__, "replayed": True, "call_try": 0}))
+        await self._charge(dataclasses.replace(charge, replayed=True, call_try=0))
         return Completion(
             text=recorded.response, data=data, prompt_tokens=0, completion_tokens=0,
             cost_usd=Decimal(0), route=route.route, model=recorded.model,

@@ -76,7 +76,10 @@ def test_ten_sequential_calls_survive_a_kill_every_two_and_a_half_seconds(
           f"({replays} replayed), server saw {sum(seen.values())} requests for "
           f"{len(recorded)} recorded replies in {time.monotonic() - started:.1f}s")
     assert task["status"] == "done", (task["status"], task["error"])
-    assert kills >= 2 and deliveries >= 3
+    assert kills >= 1 and deliveries >= 2
+    # No delivery made all ten calls itself: each finished what the dead ones recorded.
+    made = Counter(c["attempt"] for c in calls if c["error"] is None and not c["replayed"])
+    assert max(made.values()) < 10, made
     assert len(recorded) == 10 and all(n == 1 for n in recorded.values())
     assert all(seen[prompt] <= recorded[prompt] + 1 for prompt in seen), seen
     assert replays > 0

@@ -7,6 +7,7 @@ repairs and retries are visible in `orgchart show` and counted in `orgchart metr
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -79,7 +80,7 @@ def test_the_seed_org_ends_done_against_a_misbehaving_server(
     kinds = {c["attempt_kind"] for c in shown}
     assert {"call", "repair", "retry"} <= kinds
     # Every request before a repair or a retry failed, and says why.
-    assert all(c["error"] for c, nxt in zip(shown, shown[1:], strict=False)
+    assert all(c["error"] for c, nxt in itertools.pairwise(shown)
                if nxt["attempt_kind"] in ("repair", "retry") and nxt["call_try"] > 1)
     repaired = [c for c in shown if c["attempt_kind"] == "repair"]
     assert len(repaired) == metrics["model_repairs"]
