@@ -292,3 +292,52 @@ def test_durable_calls_can_be_turned_off(store: Store, fake_ollama: FakeOllama,
     reply = llm_for(factories, store, again, settings,
                     OllamaBackend(fake_ollama.url, 5.0)).complete(PROMPT)
     assert not reply.replayed and fake_ollama.received == 2
+
+
+# ---------------------------------------------------------------------- the loop
+def test_a_factory_runs_calls_on_the_loop_it_is_given(store: Store,
+                                                      fake_ollama: FakeOllama) -> None:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    factory = LLMFactory(make_settings(), StoreLedger(store),
+                         backend=OllamaBackend(fake_ollama.url, 5.0), announcement="t",
+                         loop=loop)
+    try:
+        row = claim_new(store)
+        llm = factory.for_task(row, row["lease_token"], threading.Event())
+        # A synchronous agent in a worker thread: complete() waits on the given loop.
+        assert llm.complete(PROMPT).text.startswith("fake: ")
+        assert factory.calls.loop is loop
+
+        async def on_the_loop() -> Any:
+            assert asyncio.get_running_loop() is loop
+            with pytest.raises(RuntimeError, match="await acomplete"):
+                llm.complete(PROMPT)
+            return await llm.acomplete("Summarise them")
+
+        reply = asyncio.run_coroutine_threadsafe(on_the_loop(), loop).result(10)
+        assert reply.call_index == 1 and not reply.replayed
+        asyncio.run_coroutine_threadsafe(factory.aclose(), loop).result(10)
+    finally:
+        factory.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+    assert not thread.is_alive()
+
+
+def test_a_recorded_call_is_found_when_the_route_changed(
+        store: Store, fake_ollama: FakeOllama, factories: Any) -> None:
+    row = claim_new(store)
+    local = make_settings(routing={"pending_threshold": 100})
+    made = llm_for(factories, store, row, local,
+                   OllamaBackend(fake_ollama.url, 5.0)).complete(PROMPT)
+    assert made.route == "local"
+    again = redeliver(store, row)
+    store.submit(NewTask(to_agent="other", type="task", payload={}))  # a queue now
+    cloud = make_settings(routing={"pending_threshold": 0})
+    served = llm_for(factories, store, again, cloud,
+                     OllamaBackend(fake_ollama.url, 5.0)).complete(PROMPT)
+    assert served.replayed and served.text == made.text and served.route == "local"
+    assert fake_ollama.received == 1
