@@ -5,7 +5,9 @@ Adds to ``model_calls``: ``phase`` and ``position`` (where the call stands in it
 (``call``, ``retry`` after a transient error, ``repair`` after a bad reply), ``call_try``
 (the request's number within its call), ``replayed`` (served from the record, charged
 zero) and ``thinking`` (a thinking model's reasoning, kept apart from the answer); and a
-partial index to find a call's recorded successful reply.
+partial index to find a call's recorded successful reply. The index is not unique: with
+``[llm] record = false`` or ``durable = false`` every delivery records its own successful
+row for the same identity, and the lookup takes the latest.
 
 Revision ID: 0002
 Revises: 0001

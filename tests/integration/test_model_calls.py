@@ -26,6 +26,7 @@ from runtime.llm.ollama import OllamaBackend
 from runtime.llm.reply import BadModelReply
 from runtime.store.rows import NewTask
 from runtime.store.store import Store
+from runtime.views import task_detail_json
 from tests.factories import expire_leases
 from tests.fake_ollama import FakeOllama, fake_ollama_server  # noqa: F401
 
@@ -247,6 +248,12 @@ def test_a_redelivered_task_is_served_its_recorded_calls_at_zero_cost(
         (2, "0", Decimal(0)), (2, "key:rank", Decimal(0))]
     assert spent(store, row["id"]) == paid + charged([c for c in calls if c["attempt"] == 2])
     assert store.metrics()["model_replays"] == 2
+    # The task's history (orgchart show, GET /tasks/ID) says which were served from the record.
+    shown = task_detail_json(store, row["id"])["model_calls"]
+    assert [(c["attempt"], c["position"], c["replayed"]) for c in shown] == [
+        (1, "0", False), (1, "1", False), (1, "key:rank", False),
+        (2, "0", True), (2, "1", False), (2, "key:rank", True), (2, "3", False)]
+    assert all(c["cost_usd"] == "0.00000000" for c in shown if c["replayed"])
 
 
 def test_parallel_calls_keep_their_positions_across_deliveries(
