@@ -194,6 +194,15 @@ class LLMFactory:
         self.announcement = announcement or f"using the {backend.name} backend"
         self.calls = CallLoop(loop)
 
+    def use_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Make calls on ``loop`` (a worker that starts its loop after the factory was built).
+
+        Raises:
+            RuntimeError: calls already ran on the factory's own loop, or on another.
+
+        """
+        self.calls.bind(loop)
+
     def for_task(self, task_row: dict[str, Any], lease_token: uuid.UUID,
                  lease_lost: threading.Event) -> TaskLLM:
         """Return the model handle for one leased task (``ctx.llm``)."""

@@ -29,6 +29,18 @@ class CallLoop:
         self._lock = threading.Lock()
         self._slots: dict[tuple[str, str], asyncio.Semaphore] = {}
 
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Make calls on ``loop`` from now on (before the first call).
+
+        Raises:
+            RuntimeError: calls already run on another loop.
+
+        """
+        with self._lock:
+            if self._loop is not None and self._loop is not loop:
+                raise RuntimeError("the model layer already runs its calls on another loop")
+            self._loop = loop
+
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """The loop calls run on; the first use starts the owned one when none was given."""

@@ -308,8 +308,8 @@ def test_a_factory_runs_calls_on_the_loop_it_is_given(store: Store,
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     factory = LLMFactory(make_settings(), StoreLedger(store),
-                         backend=OllamaBackend(fake_ollama.url, 5.0), announcement="t",
-                         loop=loop)
+                         backend=OllamaBackend(fake_ollama.url, 5.0), announcement="t")
+    factory.use_loop(loop)  # as a worker that starts its loop after build_runtime
     try:
         row = claim_new(store)
         llm = factory.for_task(row, row["lease_token"], threading.Event())
@@ -325,6 +325,10 @@ def test_a_factory_runs_calls_on_the_loop_it_is_given(store: Store,
 
         reply = asyncio.run_coroutine_threadsafe(on_the_loop(), loop).result(10)
         assert reply.call_index == 1 and not reply.replayed
+        other = asyncio.new_event_loop()
+        with pytest.raises(RuntimeError, match="another loop"):
+            factory.use_loop(other)
+        other.close()
         asyncio.run_coroutine_threadsafe(factory.aclose(), loop).result(10)
     finally:
         factory.close()
