@@ -102,12 +102,20 @@ class CostSettings(_Section):
 
 
 class OllamaSettings(_Section):
-    """``[ollama]``: where the Ollama server is and how long to wait for it."""
+    """``[ollama]``: where the Ollama server is, how long to wait, how much to ask at once.
+
+    ``max_parallel`` bounds the calls in flight to one model on the local server (and the
+    HTTP connections to it); ``cloud_max_parallel`` does the same for the cloud route.
+    ``think`` turns a thinking model's reasoning on (off by default, for every call).
+    """
 
     url: str = "http://localhost:11434"
     timeout_seconds: float = Field(60.0, gt=0)
     cloud_url: str | None = None
     num_predict: int = Field(1024, ge=1)
+    max_parallel: int = Field(8, ge=1, le=1024)
+    cloud_max_parallel: int = Field(8, ge=1, le=1024)
+    think: bool = False
 
 
 class DatabaseSettings(_Section):
@@ -119,11 +127,26 @@ class DatabaseSettings(_Section):
 
 
 class LLMSettings(_Section):
-    """``[llm]``: which backend serves model calls."""
+    """``[llm]``: which backend serves model calls, and how one call recovers.
+
+    ``output_retries``: a structured reply that is bad (not JSON, wrong shape, empty, cut
+    at the token limit) is asked again this many times in the same call.
+    ``call_retries``: a transient failure (unreachable, timeout, 429, 5xx) is retried this
+    many times in the call, with backoff from ``retry_base_seconds`` doubling up to
+    ``retry_max_seconds`` (full jitter; ``Retry-After`` wins); a 503 "busy" waits its turn
+    without spending a retry for up to ``busy_wait_seconds``. ``durable``: a call whose
+    reply is recorded is served from the record when the task is delivered again.
+    """
 
     backend: Literal["auto", "ollama", "offline", "replay"] = "auto"
     replay_file: str | None = None
     record: bool = True
+    output_retries: int = Field(2, ge=0, le=10)
+    call_retries: int = Field(3, ge=0, le=20)
+    retry_base_seconds: float = Field(0.5, ge=0)
+    retry_max_seconds: float = Field(30.0, ge=0)
+    busy_wait_seconds: float = Field(120.0, ge=0)
+    durable: bool = True
 
 
 class AgentsSettings(_Section):

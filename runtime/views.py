@@ -111,11 +111,18 @@ def event_json(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def model_call_json(row: dict[str, Any]) -> dict[str, Any]:
-    """One ``model_calls`` row."""
+    """One ``model_calls`` row: one request of a model call.
+
+    ``attempt_kind`` is ``call``, ``retry`` or ``repair``; ``replayed`` rows were served
+    from the record of an earlier delivery and charged zero.
+    """
     out = {k: _scalar(row.get(k)) for k in (
         "id", "attempt", "call_index", "backend", "route", "model", "prompt", "response",
-        "prompt_tokens", "completion_tokens", "duration_seconds", "error", "created_at")}
+        "prompt_tokens", "completion_tokens", "duration_seconds", "error", "created_at",
+        "phase", "position", "attempt_kind", "call_try", "thinking")}
     out["cost_usd"] = money(row.get("cost_usd"))
+    out["replayed"] = bool(row.get("replayed"))
+    out["thinking_present"] = bool(row.get("thinking"))
     return out
 
 

@@ -6,6 +6,7 @@ they agree on what "the configured runtime" is.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import logging
@@ -83,15 +84,21 @@ class Runtime:
 
 
 def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
-                  store: Store | None = None) -> Runtime:
-    """Build every part from ``settings`` (the model backend is probed here for ``auto``)."""
+                  store: Store | None = None,
+                  loop: asyncio.AbstractEventLoop | None = None) -> Runtime:
+    """Build every part from ``settings`` (the model backend is probed here for ``auto``).
+
+    ``loop``: a running event loop for model calls (the async worker's); without one the
+    model layer runs its own loop thread.
+    """
     from policies.loader import load_policy_set
+    from runtime.engine.ledger import StoreLedger
     from runtime.llm.handle import LLMFactory
 
     registry = load_registry(settings, extra_modules)
     store = store or open_store(settings)
     policies = load_policy_set(settings, registry)
-    llm_factory = LLMFactory(settings, store)
+    llm_factory = LLMFactory(settings, StoreLedger(store), loop=loop)
     return Runtime(settings, store, registry, policies, llm_factory)
 
 

@@ -8,6 +8,15 @@ false, or true as NDJSON chunks whose last one carries ``done: true`` and the co
 every chat slow (timeout tests); ``reply_text`` forces the reply (bad-JSON tests). It
 counts the tokens it reported so tests can compare sums.
 
+Misbehaviour (:data:`MODES`): ``script`` is a list of modes used one per chat request, in
+order; ``every_call`` (``{7: "500"}``: every 7th chat request) and ``every_structured``
+(``{3: "broken_json"}``: every 3rd structured reply) are standing rules, applied when the
+script is empty (the first matching rule wins). ``429`` and ``503`` carry ``Retry-After:
+retry_after`` seconds; ``hang`` sleeps ``hang_seconds`` before answering. A request with
+``think: true`` gets ``message.thinking``, its tokens counted in ``eval_count``.
+``seen`` counts every chat request by its identity (model, messages, format, options) and
+``answered`` the ones that got a good reply.
+
 Use it with ``from tests.fake_ollama import fake_ollama_server  # noqa: F401`` and a test
 argument named ``fake_ollama`` (the fixture's name differs from the function's so that
 ruff does not read the argument as a redefinition of the import).
@@ -16,9 +25,11 @@ ruff does not read the argument as a redefinition of the import).
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -29,6 +40,17 @@ from runtime.llm.backends import estimate_tokens
 from runtime.llm.schema_instance import instance_for_schema, prompt_snippet
 
 DEFAULT_MODELS = ("llama3.2:latest", "qwen3:14b")
+#: What the server can be told to do with a chat request.
+MODES = ("ok", "broken_json", "wrong_shape", "empty", "length", "429", "500", "502", "503",
+         "hang")
+ERROR_STATUSES = {"429": 429, "500": 500, "502": 502, "503": 503}
+
+
+def request_identity(body: dict[str, Any]) -> str:
+    """A chat request's identity: sha256 of its model, messages, format and options."""
+    canonical = json.dumps({k: body.get(k) for k in ("model", "messages", "format", "options")},
+                           sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -50,6 +72,18 @@ class FakeOllama:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.chats = 0
+        self.script: list[str] = []
+        self.every_call: dict[int, str] = {}
+        self.every_structured: dict[int, str] = {}
+        self.retry_after: float | None = 1.0
+        self.hang_seconds = 5.0
+        self.received = 0
+        self.structured = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.modes: Counter[str] = Counter()
+        self.seen: Counter[str] = Counter()
+        self.answered: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._server = _QuietServer(("127.0.0.1", 0), _handler_for(self))
         self._thread = threading.Thread(target=self._server.serve_forever,
@@ -73,13 +107,50 @@ class FakeOllama:
         self._server.server_close()
 
     # ------------------------------------------------------------------ behaviour
-    def answer(self, body: dict[str, Any]) -> tuple[str, int, int]:
-        """Return ``(content, prompt_tokens, completion_tokens)`` for a chat request."""
+    def next_mode(self, body: dict[str, Any]) -> str:
+        """Choose what to do with one chat request (script, then rules, else ``ok``)."""
+        with self._lock:
+            self.received += 1
+            self.seen[request_identity(body)] += 1
+            mode = "ok"
+            if self.script:
+                mode = self.script.pop(0)
+            else:
+                for n, rule in sorted(self.every_call.items()):
+                    if self.received % n == 0:
+                        mode = rule
+                        break
+                if mode == "ok" and isinstance(body.get("format"), dict):
+                    self.structured += 1
+                    for n, rule in sorted(self.every_structured.items()):
+                        if self.structured % n == 0:
+                            mode = rule
+                            break
+            if mode not in MODES:
+                raise ValueError(f"unknown fake mode {mode!r}")
+            self.modes[mode] += 1
+            return mode
+
+    def enter(self) -> None:
+        """A chat request starts being served (tracks the most served at once)."""
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+
+    def leave(self) -> None:
+        """A chat request was served."""
+        with self._lock:
+            self.in_flight -= 1
+
+    def answer(self, body: dict[str, Any], mode: str = "ok") -> dict[str, Any]:
+        """Return the content, thinking, done reason and token counts for a chat request."""
         messages = body.get("messages") or []
+        # The conversation's first user prompt: a repair asks again about the same thing.
         prompt = "\n".join(str(m.get("content", "")) for m in messages)
-        user = next((str(m.get("content", "")) for m in reversed(messages)
+        user = next((str(m.get("content", "")) for m in messages
                      if m.get("role") == "user"), prompt)
         fmt = body.get("format")
+        done_reason = "stop"
         if self.reply_text is not None:
             content = self.reply_text
         elif isinstance(fmt, dict):
@@ -88,15 +159,29 @@ class FakeOllama:
             content = json.dumps({"text": f"fake: {prompt_snippet(user)}"})
         else:
             content = f"fake: {prompt_snippet(user)}"
+        if mode == "broken_json":
+            content = content[: max(1, len(content) // 2)]
+        elif mode == "wrong_shape":
+            content = json.dumps({"unexpected": "fake: wrong shape"})
+        elif mode == "empty":
+            content = ""
+        elif mode == "length":
+            content, done_reason = content[: max(1, len(content) // 3)], "length"
+        thinking = (f"fake thinking: the user asks about {prompt_snippet(user)}"
+                    if body.get("think") else None)
         num_predict = int((body.get("options") or {}).get("num_predict") or 1 << 30)
         prompt_tokens = sum(estimate_tokens(str(m.get("content", ""))) for m in messages)
-        completion_tokens = min(estimate_tokens(content), num_predict)
+        completion_tokens = min(estimate_tokens(content) + estimate_tokens(thinking),
+                                num_predict)
         with self._lock:
             self.requests.append(body)
             self.chats += 1
             self.prompt_tokens += prompt_tokens
             self.completion_tokens += completion_tokens
-        return content, prompt_tokens, completion_tokens
+            if mode == "ok" and self.reply_text is None:
+                self.answered[request_identity(body)] += 1
+        return {"content": content, "thinking": thinking, "done_reason": done_reason,
+                "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
 
 
 def _handler_for(fake: FakeOllama) -> type[BaseHTTPRequestHandler]:
@@ -106,9 +191,12 @@ def _handler_for(fake: FakeOllama) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             pass
 
-        def _json(self, status: int, body: dict[str, Any]) -> None:
+        def _json(self, status: int, body: dict[str, Any],
+                  headers: dict[str, str] | None = None) -> None:
             raw = json.dumps(body).encode()
             self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(raw)))
             self.end_headers()
@@ -139,19 +227,42 @@ def _handler_for(fake: FakeOllama) -> type[BaseHTTPRequestHandler]:
             if model not in fake.models:
                 self._json(404, {"error": f"model '{model}' not found"})
                 return
+            mode = fake.next_mode(body)
+            fake.enter()
+            try:
+                self._chat(body, model, mode)
+            finally:
+                fake.leave()
+
+        def _chat(self, body: dict[str, Any], model: str, mode: str) -> None:
             if fake.delay_seconds:
                 time.sleep(fake.delay_seconds)
+            if mode in ERROR_STATUSES:
+                status = ERROR_STATUSES[mode]
+                headers = ({"Retry-After": f"{fake.retry_after:g}"}
+                           if status in (429, 503) and fake.retry_after is not None else {})
+                message = {429: "too many requests", 503: "server busy, please try again"}
+                self._json(status, {"error": message.get(status, "internal server error")},
+                           headers)
+                return
+            if mode == "hang":
+                time.sleep(fake.hang_seconds)
             started = time.monotonic_ns()
-            content, prompt_tokens, completion_tokens = fake.answer(body)
+            answer = fake.answer(body, mode)
+            content = answer["content"]
             now = dt.datetime.now(dt.UTC).isoformat()
             final = {
-                "model": model, "created_at": now, "done": True, "done_reason": "stop",
+                "model": model, "created_at": now, "done": True,
+                "done_reason": answer["done_reason"],
                 "total_duration": time.monotonic_ns() - started, "load_duration": 0,
-                "prompt_eval_count": prompt_tokens, "prompt_eval_duration": 0,
-                "eval_count": completion_tokens, "eval_duration": 0,
+                "prompt_eval_count": answer["prompt_tokens"], "prompt_eval_duration": 0,
+                "eval_count": answer["completion_tokens"], "eval_duration": 0,
             }
             if body.get("stream", True) is False:
-                self._json(200, {**final, "message": {"role": "assistant", "content": content}})
+                message = {"role": "assistant", "content": content}
+                if answer["thinking"]:
+                    message["thinking"] = answer["thinking"]
+                self._json(200, {**final, "message": message})
                 return
             self.send_response(200)
             self.send_header("Content-Type", "application/x-ndjson")

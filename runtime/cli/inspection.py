@@ -165,10 +165,16 @@ def _print_detail(d: dict[str, Any]) -> None:
             kids.add_row(c["id"], escape(c["agent"]), styled(c["status"]))
         out.print(kids)
     if d["model_calls"]:
-        calls = Table("#", "backend", "route", "model", "tokens", "cost", "seconds", "error",
-                      title="model calls")
+        calls = Table("#", "kind", "backend", "route", "model", "tokens", "cost", "seconds",
+                      "error", title="model calls")
         for c in d["model_calls"]:
-            calls.add_row(f"{c['attempt']}.{c['call_index']}", escape(str(c["backend"])),
+            kind = "replayed" if c.get("replayed") else str(c.get("attempt_kind") or "call")
+            if int(c.get("call_try") or 1) > 1:
+                kind += f" #{c['call_try']}"
+            if c.get("thinking_present"):
+                kind += " +thinking"
+            calls.add_row(f"{c['attempt']}.{c['call_index']}", escape(kind),
+                          escape(str(c["backend"])),
                           escape(str(c["route"])), escape(str(c["model"])),
                           f"{c['prompt_tokens']}+{c['completion_tokens']}",
                           f"${c['cost_usd']}", f"{float(c['duration_seconds'] or 0):.3f}",

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 from sqlalchemy import TIMESTAMP as _TIMESTAMP
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Double,
     ForeignKey,
@@ -212,7 +213,11 @@ class TaskEvent(Base):
 
 
 class ModelCall(Base):
-    """One model call made for a task: prompt, response, tokens, cost, duration."""
+    """One request of a model call made for a task: prompt, response, tokens, cost, duration.
+
+    A call that was retried or repaired has several rows (``attempt_kind``, ``call_try``);
+    one served from the record of an earlier delivery has a ``replayed`` row charged zero.
+    """
 
     __tablename__ = "model_calls"
 
@@ -235,8 +240,22 @@ class ModelCall(Base):
     created_at: Mapped[dt.datetime] = mapped_column(
         TIMESTAMPTZ, nullable=False, server_default=text("now()")
     )
+    # Durable calls (migration 0002): the call's identity, the request's kind, the record.
+    phase: Mapped[str] = mapped_column(Text, nullable=False, server_default="run")
+    position: Mapped[str | None] = mapped_column(Text)
+    request_hash: Mapped[str | None] = mapped_column(Text)
+    attempt_kind: Mapped[str] = mapped_column(Text, nullable=False, server_default="call")
+    call_try: Mapped[int] = mapped_column(Integer, nullable=False, server_default="1")
+    replayed: Mapped[bool] = mapped_column(Boolean, nullable=False,
+                                           server_default=text("false"))
+    thinking: Mapped[str | None] = mapped_column(Text)
 
-    __table_args__ = (Index("ix_model_calls_task_id_attempt", "task_id", "attempt"),)
+    __table_args__ = (
+        Index("ix_model_calls_task_id_attempt", "task_id", "attempt"),
+        Index("ix_model_calls_recorded", "task_id", "phase", "position", "request_hash",
+              postgresql_where=text("error IS NULL AND NOT replayed")),
+        CheckConstraint("attempt_kind IN ('call', 'retry', 'repair')", name="attempt_kind"),
+    )
 
 
 class Fire(Base):

@@ -359,9 +359,11 @@ WITH me AS (
 )
 INSERT INTO model_calls (task_id, attempt, call_index, backend, route, model, prompt,
                          response, prompt_tokens, completion_tokens, duration_seconds,
-                         cost_usd, error)
+                         cost_usd, error, phase, position, request_hash, attempt_kind,
+                         call_try, replayed, thinking)
 SELECT id, :attempt, :call_index, :backend, :route, :model, :prompt, :response,
-       :prompt_tokens, :completion_tokens, :duration_seconds, :usd, :error
+       :prompt_tokens, :completion_tokens, :duration_seconds, :usd, :error, :phase,
+       :position, :request_hash, :attempt_kind, :call_try, :replayed, :thinking
 FROM me
 RETURNING task_id, (SELECT parent_id FROM me) AS parent_id;
 
@@ -559,6 +561,25 @@ FROM tasks;
 SELECT route, sum(cost_usd) AS cost_usd, sum(prompt_tokens + completion_tokens) AS tokens,
        count(*) AS calls
 FROM model_calls GROUP BY route ORDER BY route;
+
+-- model_call_get_recorded --
+-- The recorded successful reply of one durable call: the task's phase, position and
+-- request (one of the hashes), made by a real request (not itself a replay).
+SELECT id, request_hash, response, thinking, model, route, backend, prompt_tokens,
+       completion_tokens
+FROM model_calls
+WHERE task_id = :task_id AND phase = :phase AND position = :position
+  AND request_hash = ANY(CAST(:hashes AS text[]))
+  AND error IS NULL AND NOT replayed AND response IS NOT NULL
+ORDER BY id DESC
+LIMIT 1;
+
+-- model_call_count_kinds --
+-- Model call rows that were repairs, in-call retries, or served from the record.
+SELECT count(*) FILTER (WHERE attempt_kind = 'repair') AS repairs,
+       count(*) FILTER (WHERE attempt_kind = 'retry') AS retries,
+       count(*) FILTER (WHERE replayed) AS replays
+FROM model_calls;
 
 -- task_list_stranded --
 -- Work that needs hygiene: expired leases, and waiting parents whose children are all terminal.

@@ -70,6 +70,13 @@ class StoreReads:
         """Return the model calls made for a task."""
         return self.query("task_list_model_calls", id=task_id)
 
+    def recorded_call(self, task_id: uuid.UUID, phase: str, position: str,
+                      hashes: Sequence[str]) -> Task | None:
+        """The recorded successful reply of a durable model call, or None."""
+        rows = self.query("model_call_get_recorded", task_id=task_id, phase=phase,
+                          position=position, hashes=list(hashes))
+        return rows[0] if rows else None
+
     def escalations(self) -> list[Task]:
         """Return the escalation inbox, oldest first."""
         return self.query("task_list_escalated")
@@ -97,6 +104,7 @@ class StoreReads:
             by_status = {r.status: int(r.n) for r in conn.execute(_TEXT["task_count_by_status"])}
             m = conn.execute(_TEXT["task_metrics"]).one()
             routes = conn.execute(_TEXT["model_call_cost_by_route"]).all()
+            kinds = conn.execute(_TEXT["model_call_count_kinds"]).one()
         return {
             "by_status": by_status,
             "avg_retry": float(m.avg_retry),
@@ -104,6 +112,9 @@ class StoreReads:
             "avg_duration_seconds": round(float(m.avg_duration_seconds), 6),
             "cost_by_route": {r.route: f"{Decimal(r.cost_usd):.8f}" for r in routes},
             "tokens_by_route": {r.route: int(r.tokens) for r in routes},
+            "model_repairs": int(kinds.repairs),
+            "model_retries": int(kinds.retries),
+            "model_replays": int(kinds.replays),
         }
 
     def prune(self, older_than: dt.timedelta) -> tuple[int, int]:

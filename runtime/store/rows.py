@@ -129,6 +129,18 @@ class ModelCharge:
     duration_seconds: float
     cost_usd: Decimal
     error: str | None = None
+    #: The call's identity: the task's phase (run, aggregate, judge), its position in that
+    #: phase (the order of issue, or ``key:<key>``) and the sha256 of the request.
+    phase: str = "run"
+    position: str | None = None
+    request_hash: str | None = None
+    #: ``call`` (the first request), ``retry`` (after a transient error) or ``repair``
+    #: (asked again after a bad reply); ``call_try`` numbers the requests of one call.
+    attempt_kind: str = "call"
+    call_try: int = 1
+    #: Served from the record of an earlier delivery (charged zero).
+    replayed: bool = False
+    thinking: str | None = None
 
 
 @dataclass(frozen=True)

@@ -314,6 +314,10 @@ class Store(StoreReads):
                     "response": charge.response, "prompt_tokens": charge.prompt_tokens,
                     "completion_tokens": charge.completion_tokens,
                     "duration_seconds": charge.duration_seconds, "error": charge.error,
+                    "phase": charge.phase, "position": charge.position,
+                    "request_hash": charge.request_hash, "attempt_kind": charge.attempt_kind,
+                    "call_try": charge.call_try, "replayed": charge.replayed,
+                    "thinking": charge.thinking,
                 },
             ).first()
             if row is None:

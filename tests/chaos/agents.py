@@ -67,3 +67,26 @@ class SpendingFanout(Agent):
         if failed:
             return Escalate(f"{len(failed)} of {len(children)} children did not end done")
         return Result({"parts": len(children), "tokens": _spend(ctx, task, "aggregate")})
+
+
+class TenCalls(Agent):
+    """Drafts, critiques and revises in ten sequential model calls (durable-call chaos).
+
+    Each prompt is built from the task's payload and the previous reply only, as the
+    durable-call contract asks, so a re-delivered task asks the same things in the same
+    order and is served the recorded replies.
+    """
+
+    name = "ten_calls"
+    input_model = AnyInput
+    output_model = AnyOutput
+
+    def run(self, ctx: AgentContext, task: TaskView) -> Result:
+        previous = str(task.payload.get("goal", ""))
+        replayed = 0
+        for step in range(10):
+            reply = ctx.llm.complete(f"step {step} of 10; revise: {previous[:80]}",
+                                     max_tokens=CALL_MAX_TOKENS)
+            replayed += int(bool(getattr(reply, "replayed", False)))
+            previous = reply.text
+        return Result({"last": previous, "replayed_in_this_delivery": replayed})

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from runtime.cli.app import app
 from runtime.config import Settings
+from runtime.engine.ledger import StoreLedger
 from runtime.errors import (
     BudgetExceeded,
     LeaseLost,
@@ -57,7 +58,7 @@ def claim_new(store: Store, **budget: Any) -> dict[str, Any]:
 def llm_for(store: Store, row: dict[str, Any], settings: Settings | None = None,
             backend: Any = None, token: uuid.UUID | None = None,
             lost: threading.Event | None = None) -> TaskLLM:
-    factory = LLMFactory(settings or make_settings(), store,
+    factory = LLMFactory(settings or make_settings(), StoreLedger(store),
                          backend=backend or OfflineBackend(), announcement="test")
     return factory.for_task(row, token or row["lease_token"], lost or threading.Event())
 
@@ -197,20 +198,30 @@ def test_failed_calls_are_recorded_with_their_error(store: Store,
     settings = make_settings(models={"local": "missing:1b"})
     with pytest.raises(ModelNotFound, match="missing:1b"):
         llm_for(store, row, settings, OllamaBackend(fake_ollama.url, 5.0)).complete(PROMPT)
-    with pytest.raises(TransientModelError):
-        llm_for(store, row, backend=OllamaBackend(closed_port_url(), 2.0)).complete(PROMPT)
+    fast = make_settings(llm={"call_retries": 1, "retry_base_seconds": 0.01})
+    with pytest.raises(TransientModelError, match="gave up after 2 request"):
+        llm_for(store, row, fast, OllamaBackend(closed_port_url(), 2.0)).complete(PROMPT)
     fake_ollama.reply_text = "not json"
-    with pytest.raises(BadModelReply):
+    with pytest.raises(BadModelReply, match=r"in 3 attempt\(s\)"):
         llm_for(store, row, backend=OllamaBackend(fake_ollama.url, 5.0)).complete(
             PROMPT, schema=Findings)
     calls = store.model_calls(row["id"])
-    assert [c["error"].split(":")[0] for c in calls] == ["ModelNotFound", "TransientModelError",
-                                                         "BadModelReply"]
+    assert [c["error"].split(":")[0] for c in calls] == [
+        "ModelNotFound", "TransientModelError", "TransientModelError",
+        "BadModelReply", "BadModelReply", "BadModelReply"]
+    assert [c["attempt_kind"] for c in calls] == ["call", "call", "retry", "call", "repair",
+                                                  "repair"]
+    assert [c["call_try"] for c in calls] == [1, 1, 2, 1, 2, 3]
     assert calls[0]["response"] is None and calls[0]["prompt_tokens"] == 0
-    # The bad reply still used tokens, and they are charged.
-    assert calls[2]["response"] == "not json" and calls[2]["completion_tokens"] > 0
-    assert store.get(row["id"])["spent_tokens"] == calls[2]["prompt_tokens"] \
-        + calls[2]["completion_tokens"]
+    # The bad replies still used tokens, and they are charged; the retries cost nothing.
+    bad = calls[3:]
+    assert all(c["response"] == "not json" and c["completion_tokens"] > 0 for c in bad)
+    assert store.get(row["id"])["spent_tokens"] == sum(
+        c["prompt_tokens"] + c["completion_tokens"] for c in bad)
+    # Each repair carried the bad reply and the error back to the model.
+    repair = fake_ollama.requests[-1]["messages"]
+    assert [m["role"] for m in repair] == ["user", "assistant", "user"]
+    assert repair[1]["content"] == "not json" and "Your reply failed" in repair[2]["content"]
 
 
 def test_record_and_replay_give_the_same_answers(store: Store, tmp_path: Path) -> None:

@@ -434,3 +434,66 @@ def test_malformed_replay_file_names_the_line(tmp_path: Path) -> None:
         out.write('{"key": "abc"}\n')
     with pytest.raises(BackendConfigError, match=r"bad.jsonl:2: missing prompt"):
         load_replay_file(path)
+
+
+# ---------------------------------------------------------------------- repair helpers
+def test_request_hash_covers_model_messages_schema_and_options() -> None:
+    from runtime.llm.handle import request_hash
+
+    messages = [{"role": "user", "content": PROMPT}]
+    base = request_hash("m", messages, None, 100, False)
+    assert base == request_hash("m", [dict(m) for m in messages], None, 100, False)
+    assert len({base, request_hash("n", messages, None, 100, False),
+                request_hash("m", [{"role": "user", "content": "other"}], None, 100, False),
+                request_hash("m", messages, {"type": "object"}, 100, False),
+                request_hash("m", messages, None, 101, False),
+                request_hash("m", messages, None, 100, True)}) == 6
+
+
+def test_a_structured_reply_cut_at_the_token_limit_is_bad() -> None:
+    from runtime.llm.reply import ModelReply, checked_reply
+
+    schema = Competitor.model_json_schema()
+    cut = ModelReply('{"name": "Ac', None, 5, 64, 0.0, "m", "ollama", done_reason="length")
+    with pytest.raises(BadModelReply, match="token limit") as err:
+        checked_reply(cut, schema)
+    assert err.value.reply is cut
+    with pytest.raises(BadModelReply, match="replied with nothing"):
+        checked_reply(ModelReply("  ", None, 5, 0, 0.0, "m", "ollama"), schema)
+    plain = ModelReply("not json, and fine", None, 5, 3, 0.0, "m", "ollama")
+    assert checked_reply(plain, None) is plain
+
+
+def test_retry_after_is_read_in_seconds() -> None:
+    from runtime.llm.ollama import retry_after_seconds
+
+    assert retry_after_seconds("3") == 3.0 and retry_after_seconds(" 0.5 ") == 0.5
+    assert retry_after_seconds(None) is None
+    assert retry_after_seconds("Wed, 21 Oct 2026 07:28:00 GMT") is None
+
+
+def test_the_offline_backend_misbehaves_as_scripted_then_behaves() -> None:
+    schema = Competitor.model_json_schema()
+    backend = OfflineBackend(script=["broken_json", "wrong_shape", "empty", "length"])
+    for expected in ("not JSON", "does not fit", "nothing", "token limit"):
+        with pytest.raises(BadModelReply, match=expected):
+            backend.chat("m", PROMPT, None, schema, 500)
+    assert Competitor.model_validate(backend.chat("m", PROMPT, None, schema, 500).data)
+    with pytest.raises(ValueError, match="unknown offline behaviours"):
+        OfflineBackend(script=["sulk"])
+
+
+def test_the_fake_server_answers_429_with_retry_after_and_thinks_on_request(
+        fake_ollama: FakeOllama) -> None:
+    fake_ollama.script = ["429"]
+    fake_ollama.retry_after = 7
+    backend = OllamaBackend(fake_ollama.url, 5.0)
+    with pytest.raises(TransientModelError, match="429") as err:
+        backend.chat("llama3.2:latest", PROMPT, None, None, 10)
+    assert getattr(err.value, "status", None) == 429
+    assert getattr(err.value, "retry_after", None) == 7.0
+    reply = backend.chat("qwen3:14b", PROMPT, None, None, 200, think=True)
+    assert reply.thinking and reply.thinking.startswith("fake thinking")
+    assert not reply.text.startswith("fake thinking")
+    assert reply.completion_tokens == estimate_tokens(reply.text) + estimate_tokens(
+        reply.thinking)

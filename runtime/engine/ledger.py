@@ -1,0 +1,38 @@
+"""The model layer's :class:`~runtime.llm.ledger.CallLedger` over the Store."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from runtime.llm.ledger import RecordedCall
+from runtime.store.rows import ModelCharge
+from runtime.store.store import Store
+
+
+class StoreLedger:
+    """Queue depth, charging and the record of replies, read and written through a Store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def pending_depth(self) -> int:
+        """How many tasks are pending."""
+        return self.store.pending_depth()
+
+    def charge(self, charge: ModelCharge) -> bool:
+        """Record and charge one model call row; False when the task's lease is gone."""
+        return self.store.charge(charge)
+
+    def recorded_call(self, task_id: uuid.UUID, phase: str, position: str,
+                      request_hashes: Sequence[str]) -> RecordedCall | None:
+        """The task's recorded successful reply at ``(phase, position)`` for these hashes."""
+        row = self.store.recorded_call(task_id, phase, position, list(request_hashes))
+        if row is None:
+            return None
+        return RecordedCall(
+            call_id=int(row["id"]), request_hash=str(row["request_hash"]),
+            response=str(row["response"]), thinking=row.get("thinking"),
+            model=str(row["model"]), route=str(row["route"]), backend=str(row["backend"]),
+            prompt_tokens=int(row["prompt_tokens"] or 0),
+            completion_tokens=int(row["completion_tokens"] or 0))

@@ -1,0 +1,88 @@
+"""The offline backend: deterministic answers with no network, every one labelled offline.
+
+A schema gets a schema-valid instance derived from a hash of the prompt
+(:func:`~runtime.llm.schema_instance.instance_for_schema`); plain text is
+``offline: <the prompt's start>``. For tests it can be told to misbehave: ``script`` is a
+list of behaviours used one per call, in order (then it behaves again):
+
+- ``"ok"``: a good answer;
+- ``"broken_json"``, ``"wrong_shape"``, ``"empty"``, ``"length"``: a bad structured reply
+  (not JSON, JSON that misses the schema, nothing, cut at the token limit);
+- ``"transient"``: a :class:`~runtime.llm.reply.RetryableModelError` (HTTP 503).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from runtime.llm.reply import (
+    Message,
+    ModelReply,
+    RetryableModelError,
+    checked_reply,
+    estimate_tokens,
+    first_messages,
+)
+from runtime.llm.schema_instance import instance_for_schema, offline_text
+
+#: Behaviours the offline backend can be scripted with.
+BEHAVIOURS = ("ok", "broken_json", "wrong_shape", "empty", "length", "transient")
+
+
+class OfflineBackend:
+    """Deterministic answers with no network; everything it says is labelled offline."""
+
+    name = "offline"
+
+    def __init__(self, script: Iterable[str] = ()) -> None:
+        self.script = list(script)
+        unknown = [b for b in self.script if b not in BEHAVIOURS]
+        if unknown:
+            raise ValueError(f"unknown offline behaviours {unknown}; known: {BEHAVIOURS}")
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def _next_behaviour(self) -> str:
+        with self._lock:
+            self.calls += 1
+            return self.script.pop(0) if self.script else "ok"
+
+    async def achat(self, model: str, messages: Sequence[Message],
+                    schema: dict[str, Any] | None, max_tokens: int, *,
+                    route: str = "local", think: bool = False) -> ModelReply:
+        """Answer the conversation's first user prompt (see :meth:`chat`)."""
+        return self._answer(model, messages, schema, max_tokens)
+
+    def chat(self, model: str, prompt: str, system: str | None, schema: dict[str, Any] | None,
+             max_tokens: int, *, route: str = "local", think: bool = False) -> ModelReply:
+        """Answer from a hash of the prompt: a schema-valid instance, or ``offline: ...``."""
+        return self._answer(model, first_messages(prompt, system), schema, max_tokens)
+
+    def _answer(self, model: str, messages: Sequence[Message], schema: dict[str, Any] | None,
+                max_tokens: int) -> ModelReply:
+        behaviour = self._next_behaviour()
+        if behaviour == "transient":
+            raise RetryableModelError(f"offline backend told to fail ({model!r} busy)", 503)
+        prompt = next((m["content"] for m in messages if m.get("role") == "user"), "")
+        done_reason = "stop"
+        if schema:
+            data = instance_for_schema(schema, prompt)
+            text = json.dumps(data, ensure_ascii=False)
+            if behaviour == "broken_json":
+                text = text[: max(1, len(text) // 2)]
+            elif behaviour == "wrong_shape":
+                text = json.dumps({"unexpected": "offline: wrong shape"})
+            elif behaviour == "empty":
+                text = ""
+            elif behaviour == "length":
+                done_reason = "length"
+        else:
+            text = offline_text(prompt)
+        prompt_tokens = sum(estimate_tokens(m.get("content")) for m in messages)
+        completion_tokens = min(estimate_tokens(text), max(int(max_tokens), 0))
+        reply = ModelReply(text, None, prompt_tokens, completion_tokens, 0.0, model, self.name,
+                           offline=True, done_reason=done_reason)
+        return checked_reply(reply, schema)

@@ -1,0 +1,209 @@
+"""The Ollama backend: ``/api/chat`` through the official async client.
+
+Calls go to ``[ollama] url``, and to ``[ollama] cloud_url`` for the cloud route when it is
+set. One :class:`ollama.AsyncClient` per server and event loop, its connection pool sized by
+``[ollama] max_parallel`` / ``cloud_max_parallel``. Failures are classified here:
+
+- unreachable, reset, timed out, or HTTP 408/425/429/5xx ->
+  :class:`~runtime.llm.reply.RetryableModelError` (with the ``Retry-After`` seconds the
+  server sent on 429/503, read by an httpx response hook);
+- 404 -> :class:`~runtime.errors.ModelNotFound`; any other refusal ->
+  :class:`~runtime.llm.reply.ModelRequestError`;
+- a structured reply that does not parse -> :class:`~runtime.llm.reply.BadModelReply`.
+
+This is the only module that imports ``ollama``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import ollama
+
+from runtime.config import Settings
+from runtime.errors import ModelNotFound
+from runtime.llm.reply import (
+    PROBE_TIMEOUT_SECONDS,
+    TRANSIENT_STATUSES,
+    Message,
+    ModelReply,
+    ModelRequestError,
+    RetryableModelError,
+    checked_reply,
+    estimate_tokens,
+    first_messages,
+)
+
+log = logging.getLogger(__name__)
+
+#: Where the response hook leaves the ``Retry-After`` of the request being made.
+_RETRY_AFTER: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar(
+    "orgchart_retry_after", default=None)
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """Read a ``Retry-After`` header given in seconds; None when absent or a date."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value.strip()))
+    except ValueError:
+        return None
+
+
+async def _note_retry_after(response: httpx.Response) -> None:
+    box = _RETRY_AFTER.get()
+    if box is not None and response.status_code in (429, 503):
+        seconds = retry_after_seconds(response.headers.get("retry-after"))
+        if seconds is not None:
+            box["retry_after"] = seconds
+
+
+class OllamaBackend:
+    """Ollama through the official client; the cloud route may go to a second server."""
+
+    name = "ollama"
+
+    def __init__(self, url: str, timeout_seconds: float, cloud_url: str | None = None,
+                 max_parallel: int = 8, cloud_max_parallel: int = 8) -> None:
+        self.url = url
+        self.cloud_url = cloud_url or None
+        self.timeout_seconds = timeout_seconds
+        self.max_parallel = max_parallel
+        self.cloud_max_parallel = cloud_max_parallel
+        self._clients: dict[tuple[int, str], ollama.AsyncClient] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> OllamaBackend:
+        """Build from ``[ollama] url, timeout_seconds, cloud_url, max_parallel, ...``."""
+        o = settings.ollama
+        return cls(o.url, o.timeout_seconds, o.cloud_url, o.max_parallel,
+                   o.cloud_max_parallel)
+
+    def host_for(self, route: str) -> str:
+        """Return the server a route's calls go to."""
+        return self.cloud_url if route == "cloud" and self.cloud_url else self.url
+
+    def parallel_for(self, route: str) -> int:
+        """How many calls may be in flight at once to one model on ``route``'s server."""
+        return self.cloud_max_parallel if route == "cloud" else self.max_parallel
+
+    def _new_client(self, host: str, parallel: int) -> ollama.AsyncClient:
+        limits = httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)
+        return ollama.AsyncClient(host=host, timeout=self.timeout_seconds, limits=limits,
+                                  event_hooks={"response": [_note_retry_after]})
+
+    def _client_for(self, route: str) -> ollama.AsyncClient:
+        host = self.host_for(route)
+        key = (id(asyncio.get_running_loop()), host)
+        client = self._clients.get(key)
+        if client is None:
+            client = self._clients[key] = self._new_client(host, self.parallel_for(route))
+        return client
+
+    async def achat(self, model: str, messages: Sequence[Message],
+                    schema: dict[str, Any] | None, max_tokens: int, *,
+                    route: str = "local", think: bool = False) -> ModelReply:
+        """Call ``/api/chat`` once (no streaming) on the running loop.
+
+        Raises:
+            RetryableModelError: unreachable, timed out, or busy (429, 5xx).
+            ModelNotFound: the server does not have ``model`` (404).
+            ModelRequestError: any other refusal.
+            BadModelReply: a schema was given and the reply does not fit it.
+
+        """
+        return await self._send(self._client_for(route), self.host_for(route), model,
+                                messages, schema, max_tokens, think)
+
+    async def _send(self, client: ollama.AsyncClient, host: str, model: str,
+                    messages: Sequence[Message], schema: dict[str, Any] | None,
+                    max_tokens: int, think: bool) -> ModelReply:
+        box: dict[str, float] = {}
+        token = _RETRY_AFTER.set(box)
+        started = time.monotonic()
+        try:
+            response = await client.chat(model=model, messages=list(messages),
+                                         format=schema or None,
+                                         options={"num_predict": max_tokens}, stream=False,
+                                         think=think)
+        except ollama.ResponseError as exc:
+            if exc.status_code == 404:
+                raise ModelNotFound(model, f"{host} answered 404: {exc.error}") from exc
+            if exc.status_code in TRANSIENT_STATUSES or exc.status_code < 0:
+                raise RetryableModelError(
+                    f"model server {host} answered {exc.status_code} for {model!r}: "
+                    f"{exc.error}", exc.status_code, box.get("retry_after")) from exc
+            raise ModelRequestError(
+                f"model server {host} refused the request for {model!r} "
+                f"(HTTP {exc.status_code}): {exc.error}"
+            ) from exc
+        except httpx.TimeoutException as exc:
+            raise RetryableModelError(
+                f"model server {host} did not answer within {self.timeout_seconds} s "
+                f"(ollama.timeout_seconds) for {model!r}"
+            ) from exc
+        except (httpx.TransportError, ConnectionError) as exc:
+            raise RetryableModelError(f"model server {host} is unreachable: {exc}") from exc
+        finally:
+            _RETRY_AFTER.reset(token)
+        duration = time.monotonic() - started
+        text = response.message.content or ""
+        thinking = response.message.thinking or None
+        # Ollama leaves prompt_eval_count out when the whole prompt was cached: estimate
+        # rather than charge nothing. eval_count includes the thinking tokens.
+        prompt_tokens = response.prompt_eval_count
+        if prompt_tokens is None:
+            prompt_tokens = sum(estimate_tokens(m.get("content")) for m in messages)
+        completion_tokens = response.eval_count
+        if completion_tokens is None:
+            completion_tokens = estimate_tokens(text) + estimate_tokens(thinking)
+        reply = ModelReply(text, None, int(prompt_tokens), int(completion_tokens), duration,
+                           model, self.name, thinking=thinking,
+                           done_reason=response.done_reason)
+        return checked_reply(reply, schema)
+
+    def chat(self, model: str, prompt: str, system: str | None, schema: dict[str, Any] | None,
+             max_tokens: int, *, route: str = "local", think: bool = False) -> ModelReply:
+        """Call ``/api/chat`` once from synchronous code (a fresh client, its own loop).
+
+        Raises the same errors as :meth:`achat`.
+        """
+        async def once() -> ModelReply:
+            client = self._new_client(self.host_for(route), 1)
+            try:
+                return await self._send(client, self.host_for(route), model,
+                                        first_messages(prompt, system), schema, max_tokens,
+                                        think)
+            finally:
+                await client.close()
+
+        return asyncio.run(once())
+
+    def probe(self, timeout: float = PROBE_TIMEOUT_SECONDS) -> bool:
+        """Return True when the local server answers ``/api/tags`` within ``timeout``."""
+        client = ollama.Client(host=self.url, timeout=timeout)
+        try:
+            client.list()
+            return True
+        except Exception as exc:  # any failure means "not usable now"
+            log.debug("ollama probe failed", extra={"url": self.url, "error": str(exc)})
+            return False
+        finally:
+            client.close()
+
+    async def aclose(self) -> None:
+        """Close the connections opened on the running loop."""
+        loop_id = id(asyncio.get_running_loop())
+        for key in [k for k in self._clients if k[0] == loop_id]:
+            await self._clients.pop(key).close()
+
+    def close(self) -> None:
+        """Forget clients of loops that are gone (their sockets close with them)."""
+        self._clients.clear()

@@ -1,0 +1,210 @@
+"""What every model backend shares: the reply, the errors, the request text and parsing.
+
+A backend answers ``achat(model, messages, schema, max_tokens, route=..., think=...)``
+with a :class:`ModelReply`; backends that also serve tools and tests offer the older
+synchronous ``chat(model, prompt, system, schema, max_tokens, route=...)``. A structured
+reply that is not JSON, does not fit its schema, is empty or stopped at the token limit
+raises :class:`BadModelReply` carrying the reply (its tokens were spent); the model layer
+asks again (``[llm] output_retries``). :class:`RetryableModelError` is a transient error
+that knows its HTTP status and the server's ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import jsonschema
+
+from runtime.errors import OrgchartError, TransientModelError
+
+#: How long ``auto`` waits for Ollama to answer at start.
+PROBE_TIMEOUT_SECONDS = 1.0
+#: HTTP statuses from the model server that are worth retrying.
+TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+#: Marks a model_calls prompt whose text was not kept (``[llm] record = false``).
+NOT_RECORDED = "[not recorded]"
+
+Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class ModelReply:
+    """What a backend answered.
+
+    Attributes:
+        text: the reply's text (the JSON text for structured output), thinking excluded.
+        data: the parsed JSON when a schema was given, else None.
+        prompt_tokens: tokens the prompt took (as the server reported, or estimated).
+        completion_tokens: tokens the reply took (thinking included, as Ollama counts).
+        duration_seconds: wall-clock time of the call.
+        model: the model asked for.
+        backend: ``"ollama"``, ``"offline"`` or ``"replay"``.
+        offline: True when the content was made by the offline backend (also when it is
+            replayed from a run recorded offline).
+        thinking: a thinking model's reasoning, kept apart from the answer (or None).
+        done_reason: why the model stopped (``"stop"``, ``"length"``, ...), if reported.
+
+    """
+
+    text: str
+    data: Any | None
+    prompt_tokens: int
+    completion_tokens: int
+    duration_seconds: float
+    model: str
+    backend: str
+    offline: bool = False
+    thinking: str | None = None
+    done_reason: str | None = None
+
+
+class BadModelReply(OrgchartError):
+    """The model's reply is not valid JSON for the requested schema (an agent failure)."""
+
+    def __init__(self, message: str, reply: ModelReply | None = None,
+                 reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reply = reply
+        #: What was wrong, without the reply's text (what a repair tells the model).
+        self.reason = reason or message
+
+
+class RetryableModelError(TransientModelError):
+    """A transient failure of one request: its HTTP status (if any) and ``Retry-After``."""
+
+    def __init__(self, message: str, status: int | None = None,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+
+class ModelRequestError(OrgchartError):
+    """The model server refused the request for a reason retrying will not fix."""
+
+
+class ReplayMiss(OrgchartError):
+    """The replay file has no response for this request (an agent failure)."""
+
+
+class BackendConfigError(OrgchartError, ValueError):
+    """``[llm]`` settings that cannot give a backend (for example replay without a file)."""
+
+
+class Backend(Protocol):
+    """What every model backend offers to the model layer."""
+
+    name: str
+
+    async def achat(self, model: str, messages: Sequence[Message],
+                    schema: dict[str, Any] | None, max_tokens: int, *,
+                    route: str = "local", think: bool = False) -> ModelReply:
+        """Send one conversation and return the reply."""
+        ...
+
+
+# ---------------------------------------------------------------------- helpers
+def estimate_tokens(text: str | None) -> int:
+    """Estimate the tokens of ``text`` without a tokenizer (deterministic, conservative).
+
+    The larger of words x 4/3 and characters / 4, so JSON without spaces is not undercounted.
+    """
+    if not text:
+        return 0
+    return max(round(len(text.split()) * 4 / 3), math.ceil(len(text) / 4), 1)
+
+
+def schema_digest(schema: Mapping[str, Any]) -> str:
+    """Return a short, stable hash of a JSON schema (canonical JSON)."""
+    canonical = json.dumps(schema, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def request_text(prompt: str, system: str | None = None,
+                 schema: Mapping[str, Any] | None = None) -> str:
+    """Return the model-independent text of a request (stored in ``model_calls.prompt``).
+
+    A bare prompt is stored as is; a system prompt and a schema add labelled sections
+    (the schema as its title and a hash), so the stored text identifies the request.
+    """
+    if system is None and not schema:
+        return prompt
+    text = f"[system]\n{system}\n\n[user]\n{prompt}" if system is not None else prompt
+    if schema:
+        title = schema.get("title") or "schema"
+        text += f"\n\n[format] json schema {title} sha256:{schema_digest(schema)}"
+    return text
+
+
+def request_key(prompt: str, system: str | None = None,
+                schema: Mapping[str, Any] | None = None) -> str:
+    """Return the replay key of a request: sha256 of :func:`request_text` (no model name)."""
+    return hashlib.sha256(request_text(prompt, system, schema).encode()).hexdigest()
+
+
+def first_messages(prompt: str, system: str | None) -> list[Message]:
+    """The conversation of a fresh call: an optional system message, then the prompt."""
+    messages = [{"role": "system", "content": system}] if system is not None else []
+    messages.append({"role": "user", "content": prompt})
+    return messages
+
+
+def split_messages(messages: Sequence[Message]) -> tuple[str, str | None]:
+    """Return ``(prompt, system)`` of a conversation: its first user and system messages."""
+    system = next((m["content"] for m in messages if m.get("role") == "system"), None)
+    prompt = next((m["content"] for m in messages if m.get("role") == "user"), "")
+    return prompt, system
+
+
+def parse_structured(text: str, schema: Mapping[str, Any], model: str) -> Any:
+    """Parse a structured reply and check it against ``schema``.
+
+    Raises:
+        BadModelReply: the text is empty or not JSON, or the JSON does not fit the schema.
+
+    """
+    if not text.strip():
+        raise BadModelReply(f"model {model!r} was asked for JSON but replied with nothing")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        reason = f"the reply is not JSON ({exc.msg} at position {exc.pos})"
+        raise BadModelReply(
+            f"model {model!r} was asked for JSON but replied with text that is not JSON "
+            f"({exc.msg} at position {exc.pos}): {text[:200]!r}", reason=reason
+        ) from None
+    error = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(schema).iter_errors(data))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+        raise BadModelReply(
+            f"the JSON reply of model {model!r} does not fit the schema at {where}: "
+            f"{error.message}"
+        )
+    return data
+
+
+def checked_reply(reply: ModelReply, schema: Mapping[str, Any] | None) -> ModelReply:
+    """Return ``reply`` with its parsed data, or raise :class:`BadModelReply` carrying it.
+
+    A structured reply fails when it stopped at the token limit (``done_reason ==
+    "length"``: the JSON is cut), is empty, is not JSON, or does not fit ``schema``.
+    """
+    if not schema:
+        return reply
+    if reply.done_reason == "length":
+        raise BadModelReply(
+            f"the reply of model {reply.model!r} stopped at the token limit "
+            f"({reply.completion_tokens} tokens) before its JSON was complete", reply)
+    try:
+        data = parse_structured(reply.text, schema, reply.model)
+    except BadModelReply as exc:
+        raise BadModelReply(str(exc), reply, exc.reason) from None
+    return ModelReply(reply.text, data, reply.prompt_tokens, reply.completion_tokens,
+                      reply.duration_seconds, reply.model, reply.backend, reply.offline,
+                      reply.thinking, reply.done_reason)
