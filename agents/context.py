@@ -10,7 +10,7 @@ from pathlib import Path
 from string import Template
 from typing import Any, Protocol
 
-from agents.base import TaskView
+from agents.tasks import TaskView
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 
