@@ -42,6 +42,6 @@ def test_embedded_server_starts_from_nothing_and_a_second_process_shares_it(
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True,
                          text=True, timeout=60, check=True)
     assert out.stdout.strip() == str(started)
-    assert db.current_revision(url) == "0001"
+    assert db.current_revision(url) == db.HEAD_REVISION
     server = db._embedded.pop((home / "pgdata").resolve())
     server.cleanup()

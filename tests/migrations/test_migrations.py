@@ -36,12 +36,12 @@ def test_upgrade_downgrade_upgrade_on_an_empty_database(empty_db_url: str) -> No
     db.downgrade(empty_db_url, "base")
     assert _tables(empty_db_url) <= {"alembic_version"}
     db.upgrade(empty_db_url)
-    assert db.current_revision(empty_db_url) == "0001"
+    assert db.current_revision(empty_db_url) == db.HEAD_REVISION
 
 
 def test_upgrade_twice_is_a_no_op(db_url: str) -> None:
     db.upgrade(db_url)
-    assert db.current_revision(db_url) == "0001"
+    assert db.current_revision(db_url) == db.HEAD_REVISION
 
 
 def test_tasks_has_the_seed_columns_with_their_types_and_defaults(db_url: str) -> None:
