@@ -385,6 +385,44 @@ SELECT id, root_id, :attempt, :call_index, :backend, :route, :model, :prompt, :r
 FROM me
 RETURNING task_id;
 
+-- task_charge_running_many --
+-- Charge a batch of model calls (one JSON array) in one statement: each task's row gets
+-- the sum of its calls, guarded by its lease token; a call whose lease is gone changes
+-- nothing and is not recorded. Returns the input positions that were recorded.
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset(CAST(:batch AS jsonb))
+        AS i(n int, id uuid, token uuid, tokens bigint, usd numeric, route text,
+             route_reason text, model text, attempt int, call_index int, backend text,
+             prompt text, response text, prompt_tokens int, completion_tokens int,
+             duration_seconds double precision, error text)
+), per_task AS (
+    SELECT id, token, sum(tokens) AS tokens, sum(usd) AS usd, max(n) AS last
+    FROM input GROUP BY id, token
+), me AS (
+    UPDATE tasks t
+    SET own_tokens = t.own_tokens + p.tokens,
+        own_usd = t.own_usd + p.usd,
+        spent_tokens = t.spent_tokens + p.tokens,
+        spent_usd = t.spent_usd + p.usd,
+        route = i.route,
+        route_reason = i.route_reason,
+        model = i.model,
+        updated_at = now()
+    FROM per_task p JOIN input i ON i.n = p.last
+    WHERE t.id = p.id AND t.lease_token = p.token
+    RETURNING t.id, t.root_id, p.token
+), calls AS (
+    INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model,
+                             prompt, response, prompt_tokens, completion_tokens,
+                             duration_seconds, cost_usd, error)
+    SELECT i.id, me.root_id, i.attempt, i.call_index, i.backend, i.route, i.model, i.prompt,
+           i.response, i.prompt_tokens, i.completion_tokens, i.duration_seconds, i.usd,
+           i.error
+    FROM input i JOIN me ON me.id = i.id AND me.token = i.token
+    ORDER BY i.n
+)
+SELECT i.n FROM input i JOIN me ON me.id = i.id AND me.token = i.token;
+
 -- model_call_spend_by_root --
 -- The live spend of one tree, summed from its model calls (index on root_id): what the
 -- tree has spent so far, including tasks still running.

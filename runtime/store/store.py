@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from runtime.store.models import TERMINAL_STATUSES
@@ -405,6 +406,38 @@ class Store(StoreReads):
             log.warning("late charge ignored: lease gone", extra={"task_id": str(charge.task_id)})
             return False
         return True
+
+    def charge_many(self, charges: Sequence[ModelCharge]) -> list[bool]:
+        """Charge a batch of model calls in one statement; True for each one recorded.
+
+        Each call is guarded by its task's lease token like :meth:`charge`; several calls
+        of one task add up. A batch the database refuses as a whole (a NUL byte in one
+        prompt, say) is retried one call at a time, so a bad row fails alone.
+        """
+        if not charges:
+            return []
+        batch = [
+            {"n": n, "id": str(c.task_id), "token": str(c.lease_token),
+             "tokens": c.prompt_tokens + c.completion_tokens, "usd": str(c.cost_usd),
+             "route": c.route, "route_reason": c.route_reason, "model": c.model,
+             "attempt": c.attempt, "call_index": c.call_index, "backend": c.backend,
+             "prompt": c.prompt, "response": c.response, "prompt_tokens": c.prompt_tokens,
+             "completion_tokens": c.completion_tokens,
+             "duration_seconds": c.duration_seconds, "error": c.error}
+            for n, c in enumerate(charges)
+        ]
+        try:
+            with self.transaction() as conn:
+                done = {r.n for r in conn.execute(_TEXT["task_charge_running_many"],
+                                                  {"batch": _dumps_fast(batch)})}
+        except sa.exc.DataError:
+            if len(charges) == 1:
+                raise
+            return [ok for c in charges for ok in self.charge_many([c])]
+        for n, c in enumerate(charges):
+            if n not in done:
+                log.warning("late charge ignored: lease gone", extra={"task_id": str(c.task_id)})
+        return [n in done for n in range(len(charges))]
 
     def live_spend(self, root_id: uuid.UUID) -> tuple[int, Decimal, int]:
         """``(tokens, usd, calls)`` a tree has spent so far, running tasks included."""
