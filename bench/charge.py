@@ -29,13 +29,13 @@ from typing import Any
 
 from bench.common import ms, open_store, percentile, report, scratch_database
 from runtime.engine.charges import ChargeWriter
-from runtime.store.rows import ChildRow, ModelCharge, NewTask
+from runtime.store.rows import ChildRow, ModelCharge, NewTask, TaskRow
 
 
 def measure(leaves: int = 1000, threads: int = 64, charges: int = 10_000,
-            batched: bool = True) -> dict[str, Any]:
+            batched: bool = True, server: str | None = None) -> dict[str, Any]:
     """Charge ``charges`` calls from ``threads`` threads; return the figures."""
-    with scratch_database("charge") as url:
+    with scratch_database("charge", server) as url:
         store = open_store(url, pool_size=threads)
         try:
             root, _ = store.submit(NewTask(to_agent="planner", type="task",
@@ -47,7 +47,7 @@ def measure(leaves: int = 1000, threads: int = 64, charges: int = 10_000,
             store.delegate(parent.id, parent.lease_token, [
                 ChildRow("leaf", "task", {"goal": f"leaf {i}"}, f"leaf-{i}", 1000, 600,
                          Decimal("0.1")) for i in range(leaves)], "bench-charge")
-            held = []
+            held: list[TaskRow] = []
             while len(held) < leaves:
                 held += store.claim(["leaf"], 1000, "bench-charge", 600)
             latencies: list[float] = []
@@ -84,24 +84,25 @@ def measure(leaves: int = 1000, threads: int = 64, charges: int = 10_000,
         finally:
             store.dispose()
     return {
-        "path": "batched (ChargeWriter)" if batched else "direct (Store.charge)",
-        "leaves_in_flight": leaves,
-        "threads": threads,
-        "charges": len(latencies),
+        "charge_path": "batched (ChargeWriter)" if batched else "direct (Store.charge)",
+        "charge_leaves_in_flight": leaves,
+        "charge_threads": threads,
+        "charge_count": len(latencies),
         "charge_p50_ms": ms(percentile(latencies, 50)),
         "charge_p99_ms": ms(percentile(latencies, 99)),
         "charges_per_second": round(len(latencies) / elapsed),
-        "root_spent_tokens_while_running": int(root_row["spent_tokens"]),
-        "live_tree_spend_tokens": live_tokens,
-        "live_tree_calls": live_calls,
+        "charge_root_spent_tokens_while_running": int(root_row["spent_tokens"]),
+        "charge_live_tree_spend_tokens": live_tokens,
+        "charge_live_tree_calls": live_calls,
     }
 
 
-def main(leaves: int = 1000, threads: int = 64, charges: int = 10_000) -> dict[str, Any]:
+def main(leaves: int = 1000, threads: int = 64, charges: int = 10_000,
+         server: str | None = None) -> dict[str, Any]:
     """Measure both paths and print."""
-    direct = measure(leaves, threads, charges, batched=False)
-    figures = measure(leaves, threads, charges, batched=True)
-    figures.update({f"direct_{k}": direct[k] for k in
+    direct = measure(leaves, threads, charges, batched=False, server=server)
+    figures = measure(leaves, threads, charges, batched=True, server=server)
+    figures.update({f"charge_direct_{k.removeprefix('charge_')}": direct[k] for k in
                     ("charge_p50_ms", "charge_p99_ms", "charges_per_second")})
     return report("charge", figures)
 

@@ -99,11 +99,12 @@ def start_worker(url: str, model_url: str) -> tuple[subprocess.Popen[str], list[
     return proc, lines
 
 
-def measure(leads: int = 30, writers: int = 30, delay: float = 1.0) -> dict[str, Any]:
+def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
+            server: str | None = None) -> dict[str, Any]:
     """Run the tree once; return the figures."""
     expected = 1 + leads + leads * writers
-    with scratch_database("makespan") as url:
-        server, model_url = start_model_server(delay)
+    with scratch_database("makespan", server) as url:
+        model_proc, model_url = start_model_server(delay)
         worker, log_lines = start_worker(url, model_url)
         store = open_store(url)
         try:
@@ -125,7 +126,7 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0) -> dict[str,
             makespan = time.monotonic() - started
             counts = _get(model_url + "/stats")
             with store.engine.connect() as conn:
-                statuses = dict(conn.execute(sa.text(
+                statuses: dict[str, int] = dict(conn.execute(sa.text(
                     "SELECT status, count(*) FROM tasks GROUP BY status")).all())
                 calls = conn.execute(sa.text("SELECT count(*) FROM model_calls")).scalar()
             probe = subprocess.run(
@@ -140,8 +141,8 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0) -> dict[str,
             except subprocess.TimeoutExpired:
                 worker.kill()
                 worker.wait()
-            server.kill()
-            server.wait()
+            model_proc.kill()
+            model_proc.wait()
             store.dispose()
     if status != "done" or sum(statuses.values()) != expected:
         raise RuntimeError(f"the tree did not finish: root {status}, tasks {statuses}\n"
@@ -149,24 +150,25 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0) -> dict[str,
     peak = int(counts["peak"])
     critical = 2 * delay
     return {
-        "tasks": expected,
-        "model_delay_seconds": delay,
+        "makespan_tasks": expected,
+        "makespan_model_delay_seconds": delay,
         "makespan_seconds": round(makespan, 3),
-        "critical_path_seconds": critical,
+        "makespan_critical_path_seconds": critical,
         "makespan_vs_critical_path": round(makespan / critical, 3),
         "peak_calls_in_flight": peak,
-        "model_calls": int(calls or 0),
-        "idle_rss_mb": round(idle_kb / 1024, 1),
-        "peak_rss_mb": round(peak_kb / 1024, 1),
+        "makespan_model_calls": int(calls or 0),
+        "makespan_idle_rss_mb": round(idle_kb / 1024, 1),
+        "makespan_peak_rss_mb": round(peak_kb / 1024, 1),
         "rss_per_task_in_flight_kb": round((peak_kb - idle_kb) / peak, 1) if peak else None,
-        "llm_path": ("await ctx.llm.acomplete" if acomplete
-                     else "ctx.llm.complete in a thread per task (no acomplete yet)"),
+        "makespan_llm_path": ("await ctx.llm.acomplete" if acomplete
+                              else "ctx.llm.complete in a thread per task (no acomplete yet)"),
     }
 
 
-def main(leads: int = 30, writers: int = 30, delay: float = 1.0) -> dict[str, Any]:
+def main(leads: int = 30, writers: int = 30, delay: float = 1.0,
+         server: str | None = None) -> dict[str, Any]:
     """Measure and print."""
-    return report("makespan", measure(leads, writers, delay))
+    return report("makespan", measure(leads, writers, delay, server))
 
 
 if __name__ == "__main__":

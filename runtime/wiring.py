@@ -94,7 +94,10 @@ def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
     registry = load_registry(settings, extra_modules)
     store = store or open_store(settings)
     policies = load_policy_set(settings, registry)
-    llm_factory = LLMFactory(settings, store)
+    from runtime.engine.charges import BatchedChargeStore
+
+    # Model-call charges are batched: what arrives within a few ms is one statement.
+    llm_factory = LLMFactory(settings, BatchedChargeStore(store))  # type: ignore[arg-type]
     return Runtime(settings, store, registry, policies, llm_factory)
 
 

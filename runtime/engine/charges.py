@@ -105,3 +105,27 @@ class ChargeWriter:
         self.charges += len(batch)
         for (_, future), ok in zip(batch, done, strict=True):
             future.set_result(ok)
+
+
+class BatchedChargeStore:
+    """The store as the model layer sees it, with every charge going through a writer.
+
+    ``LLMFactory(settings, store)`` charges with ``store.charge(...)``; handing it this
+    wrapper instead batches those charges (:class:`ChargeWriter`) and leaves every other
+    call to the store itself.
+    """
+
+    def __init__(self, store: Store, writer: ChargeWriter | None = None) -> None:
+        self.store = store
+        self.writer = writer or ChargeWriter(store)
+
+    def charge(self, charge: ModelCharge) -> bool:
+        """Charge one call in the next batch; False when the task's lease is gone."""
+        return self.writer.charge(charge)
+
+    async def acharge(self, charge: ModelCharge) -> bool:
+        """Await one call's charge in the next batch."""
+        return await self.writer.acharge(charge)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)

@@ -246,8 +246,7 @@ class Executor:
 
     def _start(self, row: TaskRow, lease_lost: threading.Event) -> _Started | RunOutcome:
         """Resolve the agent, check the input, build the context (no database, no model)."""
-        assert row.lease_token is not None, "a claimed task has a lease"
-        token: uuid.UUID = row.lease_token
+        token: uuid.UUID = row.lease
         task_id: uuid.UUID = row.id
 
         def outcome(to_status: str, result: Any = None, error: str | None = None,
@@ -334,7 +333,7 @@ class Executor:
                 f"delegated to {len(children)} children: "
                 + ", ".join(sorted({c.to_agent for c in children}))
             )
-            return DelegateAction(view.id, row.lease_token, children, detail)
+            return DelegateAction(view.id, row.lease, children, detail)
         if isinstance(decision, RetryChildren):
             if view.phase != "aggregate":
                 raise DelegationRefused("RetryChildren is only valid from aggregate")
@@ -344,7 +343,7 @@ class Executor:
                     return outcome("escalated", error=str(violation))
             what = (f"reassigned {len(decision.child_ids)} children to {decision.reassign_to}"
                     if decision.reassign_to else f"retried {len(decision.child_ids)} children")
-            return RetryAction(view.id, row.lease_token, list(decision.child_ids),
+            return RetryAction(view.id, row.lease, list(decision.child_ids),
                                decision.reassign_to, decision.note or what)
         raise TypeError(
             f"agent {cls.name!r} returned {type(decision).__name__}; expected Result, Delegate, "
@@ -452,11 +451,11 @@ class Executor:
         try:
             judgement = self.judge(snapshot, children, None, self.settings)
         except Exception as exc:
-            return RunOutcome(row.id, row.lease_token, "escalated", result=result,
+            return RunOutcome(row.id, row.lease, "escalated", result=result,
                               error=f"judge error: {type(exc).__name__}: {exc}",
                               verdict={"passed": False, "score": 0.0, "judge": "rules",
                                        "reasons": [f"the judge could not decide: {exc}"]})
-        return RunOutcome(row.id, row.lease_token, judgement.to_status, result=result,
+        return RunOutcome(row.id, row.lease, judgement.to_status, result=result,
                           error=judgement.error, verdict=judgement.verdict,
                           detail=f"verdict: {judgement.to_status}")
 
@@ -472,17 +471,17 @@ class Executor:
             return Dropped(row.id, f"judge interrupted: {type(exc).__name__}")
         llm = None
         if (row.success_criteria or {}).get("rubric"):
-            llm = self.llm_factory.for_task(row, row.lease_token, lease_lost)
+            llm = self.llm_factory.for_task(row, row.lease, lease_lost)
         try:
             judgement = self.judge(row, children, llm, self.settings)
         except JUDGE_INTERRUPTED as exc:
             # Leave it leased: the reaper hands it back to the judge stage.
             return Dropped(row.id, f"judge interrupted: {type(exc).__name__}")
         except Exception as exc:
-            return JudgeOutcome(row.id, row.lease_token, "escalated",
+            return JudgeOutcome(row.id, row.lease, "escalated",
                                 {"passed": False, "score": 0.0, "judge": "rules",
                                  "reasons": [f"the judge could not decide: {exc}"]},
                                 error=f"judge error: {type(exc).__name__}: {exc}")
-        return JudgeOutcome(row.id, row.lease_token, judgement.to_status,
+        return JudgeOutcome(row.id, row.lease, judgement.to_status,
                             judgement.verdict, error=judgement.error,
                             detail=f"verdict: {judgement.to_status}")

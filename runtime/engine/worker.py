@@ -501,7 +501,7 @@ class Worker:
                 action = await loop.run_in_executor(agent_pool, self.execute, item)
         except Exception as exc:  # the executor catches agent errors; this is a bug
             log.exception("executor crashed", extra={"task_id": str(item.row.id)})
-            action = RunOutcome(item.row.id, item.row.lease_token, "failed",
+            action = RunOutcome(item.row.id, item.row.lease, "failed",
                                 error=f"runtime error: {exc}")
         item.action = action
         queue.put_nowait(item)
@@ -580,7 +580,7 @@ class Worker:
         if not items:
             return 0
         try:
-            held = self.store.heartbeat([i.row.lease_token for i in items],
+            held = self.store.heartbeat([i.row.lease for i in items],
                                         self.config.lease_seconds)
         except DB_ERRORS as exc:
             self._db_error("heartbeat", exc)

@@ -91,9 +91,16 @@ class TaskRow:
     claimed_from: str | None = None
 
     @classmethod
-    def from_mapping(cls, row: Mapping[str, Any]) -> TaskRow:
+    def from_mapping(cls, row: Mapping[Any, Any]) -> TaskRow:
         """Build a row from a result mapping; columns this type does not know are ignored."""
         return cls(**{k: v for k, v in row.items() if k in _TASK_FIELDS})
+
+    @property
+    def lease(self) -> uuid.UUID:
+        """The lease token of a claimed row; a row nobody holds raises ``ValueError``."""
+        if self.lease_token is None:
+            raise ValueError(f"task {self.id} is not leased")
+        return self.lease_token
 
     def get(self, name: str, default: Any = None) -> Any:
         """A column by name (``default`` when this type has no such column)."""
