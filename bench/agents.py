@@ -61,8 +61,20 @@ _FALLBACK_THREADS = 100
 _fallback_pool: ThreadPoolExecutor | None = None
 
 
+class _Simulated:
+    text = "simulated"
+
+
 async def model_call(ctx: AgentContext, prompt: str, max_tokens: int = 8) -> Any:
-    """``await ctx.llm.acomplete(...)``; before the async model layer, ``complete`` in a thread."""
+    """``await ctx.llm.acomplete(...)``; before the async model layer, ``complete`` in a thread.
+
+    With ``simulate`` (seconds) in the task's payload, no model is called: the agent just
+    waits that long (the engine's own share of the makespan, without the model layer).
+    """
+    simulate = ctx.task.payload.get("simulate")
+    if simulate:
+        await asyncio.sleep(float(simulate))
+        return _Simulated()
     acomplete = getattr(ctx.llm, "acomplete", None)
     if acomplete is not None:
         return await acomplete(prompt, max_tokens=max_tokens)
@@ -86,7 +98,9 @@ class MakespanPlanner(Agent):
     async def run(self, ctx: AgentContext, task: TaskView) -> Delegate:
         leads = int(task.payload.get("leads", 30))
         writers = int(task.payload.get("writers", 30))
-        return Delegate([ChildSpec("mk_lead", {"goal": f"lead {i}", "writers": writers},
+        simulate = task.payload.get("simulate")
+        return Delegate([ChildSpec("mk_lead", {"goal": f"lead {i}", "writers": writers,
+                                               "simulate": simulate},
                                    key=f"lead-{i}") for i in range(leads)])
 
     async def aggregate(self, ctx: AgentContext, task: TaskView,
@@ -104,7 +118,8 @@ class MakespanLead(Agent):
     delegates_to = ("mk_writer",)
 
     async def run(self, ctx: AgentContext, task: TaskView) -> Delegate:
-        return Delegate([ChildSpec("mk_writer", {"goal": f"{task.payload['goal']} part {i}"},
+        return Delegate([ChildSpec("mk_writer", {"goal": f"{task.payload['goal']} part {i}",
+                                                 "simulate": task.payload.get("simulate")},
                                    key=f"w-{i}")
                          for i in range(int(task.payload.get("writers", 30)))])
 

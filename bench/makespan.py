@@ -13,6 +13,9 @@ Figures: ``makespan_seconds`` (submit to the root's completion),
 ``makespan_vs_critical_path`` (that / 2 x delay; goal <= 1.25), ``peak_calls_in_flight``
 (at the server; goal >= 1,000 with a tree that wide), ``rss_per_task_in_flight_kb``
 ((peak RSS - idle RSS) / peak calls in flight; goal <= 100 KB), and ``model_calls``.
+Then once more with agents that sleep ``delay`` instead of calling the model
+(``engine_*`` figures): the engine's own share, without the model layer; there every
+task of the tree is in flight at once, so RSS per task is (peak - idle) / tasks.
 ``llm_path`` says whether the agents awaited ``ctx.llm.acomplete`` or, before the async
 model layer, ran ``complete`` in a thread per task.
 """
@@ -58,6 +61,21 @@ def _get(url: str) -> dict[str, Any]:
     return body
 
 
+TIMELINE = """
+SELECT t.to_agent, e.to_status, e.detail LIKE 'claimed for aggregate%' AS agg,
+       round(extract(epoch FROM min(e.at) - (SELECT min(at) FROM task_events))::numeric, 3),
+       round(extract(epoch FROM max(e.at) - (SELECT min(at) FROM task_events))::numeric, 3)
+FROM task_events e JOIN tasks t ON t.id = e.task_id
+GROUP BY 1, 2, 3 ORDER BY 4
+"""
+
+
+def _timeline(conn: sa.Connection) -> list[str]:
+    """When each kind of transition first and last happened, from the submit (seconds)."""
+    return [f"{agent} -> {status}{' (aggregate)' if agg else ''}: {first}..{last}"
+            for agent, status, agg, first, last in conn.execute(sa.text(TIMELINE))]
+
+
 def start_model_server(delay: float) -> tuple[subprocess.Popen[str], str]:
     """Start ``bench.model_server``; return the process and its base URL."""
     proc = subprocess.Popen([sys.executable, "-m", "bench.model_server", "--delay", str(delay)],
@@ -100,8 +118,8 @@ def start_worker(url: str, model_url: str) -> tuple[subprocess.Popen[str], list[
 
 
 def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
-            server: str | None = None) -> dict[str, Any]:
-    """Run the tree once; return the figures."""
+            server: str | None = None, simulate: bool = False) -> dict[str, Any]:
+    """Run the tree once; return the figures (``simulate``: agents sleep, no model)."""
     expected = 1 + leads + leads * writers
     with scratch_database("makespan", server) as url:
         model_proc, model_url = start_model_server(delay)
@@ -112,7 +130,8 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
             _get(model_url + "/stats/reset")
             root, _ = store.submit(NewTask(
                 to_agent="mk_planner", type="task",
-                payload={"goal": "makespan", "leads": leads, "writers": writers},
+                payload={"goal": "makespan", "leads": leads, "writers": writers,
+                         "simulate": delay if simulate else None},
                 budget_tokens=10_000_000, budget_usd=Decimal(1000)))
             started = time.monotonic()
             peak_kb = idle_kb
@@ -129,6 +148,7 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
                 statuses: dict[str, int] = dict(conn.execute(sa.text(
                     "SELECT status, count(*) FROM tasks GROUP BY status")).all())
                 calls = conn.execute(sa.text("SELECT count(*) FROM model_calls")).scalar()
+                timeline = _timeline(conn)
             probe = subprocess.run(
                 [sys.executable, "-c", "from runtime.llm.handle import TaskLLM; "
                  "print(hasattr(TaskLLM, 'acomplete'))"],
@@ -149,6 +169,12 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
                            + "".join(log_lines[-30:]))
     peak = int(counts["peak"])
     critical = 2 * delay
+    if simulate:
+        return {"engine_makespan_seconds": round(makespan, 3),
+                "engine_makespan_vs_critical_path": round(makespan / critical, 3),
+                "engine_peak_rss_mb": round(peak_kb / 1024, 1),
+                "engine_rss_per_task_in_flight_kb": round((peak_kb - idle_kb) / (expected - 1), 1),
+                "engine_timeline_seconds": timeline}
     return {
         "makespan_tasks": expected,
         "makespan_model_delay_seconds": delay,
@@ -167,8 +193,10 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
 
 def main(leads: int = 30, writers: int = 30, delay: float = 1.0,
          server: str | None = None) -> dict[str, Any]:
-    """Measure and print."""
-    return report("makespan", measure(leads, writers, delay, server))
+    """Measure with the model server, then with agents that only sleep; print both."""
+    figures = measure(leads, writers, delay, server)
+    figures.update(measure(leads, writers, delay, server, simulate=True))
+    return report("makespan", figures)
 
 
 if __name__ == "__main__":

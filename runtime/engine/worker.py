@@ -60,7 +60,7 @@ import sqlalchemy as sa
 
 from runtime.engine.executor import Action, DelegateAction, Dropped, Executor, RetryAction
 from runtime.engine.maintenance import Maintenance, MaintenanceConfig
-from runtime.store.db import libpq_url
+from runtime.store.db import create_db_engine, libpq_url
 from runtime.store.rows import JudgeOutcome, RunOutcome, TaskRow
 from runtime.store.store import Store
 
@@ -74,6 +74,8 @@ STOP_GRACE_SECONDS = 10.0
 WRITE_WINDOW_SECONDS = 0.003
 #: Threads that run the blocking database calls (claims, writes, heartbeats, maintenance).
 DB_THREADS = 4
+#: Claims of ``batch_size`` sent at once when there is room for more (without a task cap).
+CLAIMS_AT_ONCE = 3
 #: Errors that mean "the database is unreachable or busy right now": retried, never fatal.
 DB_ERRORS: tuple[type[Exception], ...] = (sa.exc.DBAPIError, sa.exc.TimeoutError,
                                           psycopg.Error)
@@ -191,9 +193,13 @@ class Worker:
         self._inflight: dict[int, _InFlight] = {}
         self._inflight_lock = threading.Lock()
         self._judge_first = False
+        self._claim_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake_event: asyncio.Event | None = None
         self._db_pool: ThreadPoolExecutor | None = None
+        self._agent_pool: ThreadPoolExecutor | None = None
+        self._beat_pool: ThreadPoolExecutor | None = None
+        self._beat_store: Store | None = None
         self._failing: set[str] = set()
         self._async_agents = self._served_async_agents()
         self.maintenance = Maintenance(store, MaintenanceConfig(
@@ -247,8 +253,9 @@ class Worker:
         capacity = min(capacity, cfg.batch_size)
         if capacity <= 0:
             return []
-        order = ["judge", "run"] if self._judge_first else ["run", "judge"]
-        self._judge_first = not self._judge_first
+        with self._claim_lock:
+            order = ["judge", "run"] if self._judge_first else ["run", "judge"]
+            self._judge_first = not self._judge_first
         claimed: list[_InFlight] = []
         for kind in order:
             room = capacity - len(claimed)
@@ -265,7 +272,8 @@ class Worker:
             else:
                 continue
             claimed += [_InFlight(row, kind, threading.Event()) for row in rows]
-        self.stats.claimed += len(claimed)
+        with self._claim_lock:
+            self.stats.claimed += len(claimed)
         return claimed
 
     def execute(self, item: _InFlight) -> Action:
@@ -282,6 +290,19 @@ class Worker:
             self._write_batch(runs, self.store.finish_running)
         if verdicts:
             self._write_batch(verdicts, self.store.finish_judging)
+        delegations = [a for a in actions if isinstance(a, DelegateAction)]
+        if len(delegations) > 1:
+            try:  # one transaction for all of them; a refused payload: one by one below
+                done = self.store.delegate_many(
+                    [(d.task_id, d.lease_token, d.children, d.detail) for d in delegations],
+                    self.config.worker_id)
+            except sa.exc.DataError:
+                pass
+            else:
+                for applied, _ in done:
+                    self.stats.delegated += int(applied)
+                    self.stats.stale += int(not applied)
+                actions = [a for a in actions if not isinstance(a, DelegateAction)]
         for action in actions:
             if isinstance(action, DelegateAction):
                 try:
@@ -385,6 +406,12 @@ class Worker:
             bind(loop)  # the model layer runs its async calls on this loop
         self._db_pool = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="db")
         agent_pool = ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="agent")
+        self._agent_pool = agent_pool
+        # The heartbeat has a thread and a connection of its own: a busy pool never
+        # delays it past a lease.
+        self._beat_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="heartbeat")
+        self._beat_store = Store(create_db_engine(
+            self.store.engine.url.render_as_string(hide_password=False), pool_size=1))
         queue: asyncio.Queue[_InFlight] = asyncio.Queue()
         listener = None
         if cfg.listen:
@@ -404,6 +431,9 @@ class Worker:
             await asyncio.gather(*background, return_exceptions=True)
             agent_pool.shutdown(wait=False, cancel_futures=True)
             self._db_pool.shutdown(wait=True)
+            self._beat_pool.shutdown(wait=True)
+            self._beat_store.dispose()
+            self._beat_store = None
             self._loop = None
 
     async def _db(self, fn: Callable[..., T], *args: Any) -> T:
@@ -411,13 +441,19 @@ class Worker:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._db_pool, functools.partial(fn, *args))
 
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking step of an async agent's task (its checks, a read) in a thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._agent_pool, functools.partial(fn, *args))
+
     def _db_error(self, where: str, exc: BaseException) -> None:
         """Count a database error; log it once per streak of failures in one place."""
         self.stats.db_errors += 1
         if where not in self._failing:
             self._failing.add(where)
-            log.warning(f"database error in the worker's {where}; retrying",
-                        extra={"error": str(getattr(exc, "orig", None) or exc)})
+            error = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:300]
+            log.warning(f"database error in the worker's {where}; retrying: "
+                        f"{type(exc).__name__}: {error}")
 
     def _db_ok(self, where: str) -> None:
         if where in self._failing:
@@ -464,7 +500,7 @@ class Worker:
             items: list[_InFlight] = []
             if room > 0 and (room >= threshold or not self._inflight):
                 try:
-                    items = await self._db(self.claim_batch, room)
+                    items = await self._claim(room)
                     self._db_ok("claims")
                     backoff = 0.1
                 except DB_ERRORS as exc:
@@ -474,7 +510,7 @@ class Worker:
                     continue
             for item in items:
                 self._start(item, queue, agent_pool)
-            if items and len(items) >= min(room, cfg.batch_size) and self._room() > 0:
+            if items and len(items) >= min(room, self._claim_size(room)) and self._room() > 0:
                 await asyncio.sleep(0)  # the queue had more than we took: go again
                 continue
             if cfg.once and not items and not self._inflight:
@@ -482,6 +518,28 @@ class Worker:
                 return
             if not await self._sleep(cfg.poll_interval_seconds):
                 self._judging_may_wait.set()  # the polling fallback covers judging too
+
+    def _claim_size(self, room: int) -> int:
+        """The most one round of claims asks for: several batches at once with room."""
+        if self.config.task_cap is not None:
+            return min(room, self.config.batch_size)  # one claim at a time keeps the cap exact
+        return min(room, self.config.batch_size * CLAIMS_AT_ONCE)
+
+    async def _claim(self, room: int) -> list[_InFlight]:
+        """Claim up to ``room`` tasks: concurrent claims of ``batch_size`` (SKIP LOCKED)."""
+        size, batch = self._claim_size(room), self.config.batch_size
+        sizes = [min(batch, size - n) for n in range(0, size, batch)]
+        if len(sizes) == 1:
+            return await self._db(self.claim_batch, sizes[0])
+        claimed = await asyncio.gather(*(self._db(self.claim_batch, n) for n in sizes),
+                                       return_exceptions=True)
+        items = [i for c in claimed if isinstance(c, list) for i in c]
+        errors = [c for c in claimed if isinstance(c, BaseException)]
+        if errors and not items:
+            raise errors[0]
+        for error in errors:  # what the other claims got still runs
+            self._db_error("claims", error)
+        return items
 
     def _start(self, item: _InFlight, queue: asyncio.Queue[_InFlight],
                agent_pool: ThreadPoolExecutor) -> None:
@@ -496,7 +554,7 @@ class Worker:
         try:
             if item.kind == "run" and self._async_agents and self.executor.is_async(item.row):
                 action: Action = await self.executor.aexecute(item.row, item.lease_lost,
-                                                              self._db)
+                                                              self._off_loop)
             else:
                 action = await loop.run_in_executor(agent_pool, self.execute, item)
         except Exception as exc:  # the executor catches agent errors; this is a bug
@@ -534,7 +592,8 @@ class Worker:
         while True:
             await asyncio.sleep(interval)
             try:
-                await self._db(self.heartbeat_once)
+                await asyncio.get_running_loop().run_in_executor(self._beat_pool,
+                                                                 self.heartbeat_once)
             except Exception as exc:  # never let the heartbeat die
                 self._db_error("heartbeat", exc)
 
@@ -580,8 +639,8 @@ class Worker:
         if not items:
             return 0
         try:
-            held = self.store.heartbeat([i.row.lease for i in items],
-                                        self.config.lease_seconds)
+            held = (self._beat_store or self.store).heartbeat([i.row.lease for i in items],
+                                                              self.config.lease_seconds)
         except DB_ERRORS as exc:
             self._db_error("heartbeat", exc)
             return 0

@@ -106,10 +106,26 @@ RETURNING t.*, 'judging' AS claimed_from;
 
 -- task_heartbeat_leased --
 -- Extend the leases a worker still holds; the tokens not returned were taken away.
-UPDATE tasks
-SET lease_expires_at = now() + make_interval(secs => :lease_seconds)
-WHERE lease_token = ANY(CAST(:tokens AS uuid[]))
-RETURNING lease_token;
+-- Rows are locked in id order and rows locked right now are skipped (SKIP LOCKED): a
+-- heartbeat over a thousand leases never waits on, or deadlocks with, the worker's own
+-- outcome writes. A skipped row whose token is still there is returned too (held, not
+-- extended this time: it is being written, or the next beat extends it).
+WITH target AS (
+    SELECT id FROM tasks
+    WHERE lease_token = ANY(CAST(:tokens AS uuid[]))
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE tasks t
+    SET lease_expires_at = now() + make_interval(secs => :lease_seconds)
+    FROM target
+    WHERE t.id = target.id AND t.lease_token = ANY(CAST(:tokens AS uuid[]))
+    RETURNING t.id, t.lease_token
+)
+SELECT lease_token FROM upd
+UNION ALL
+SELECT lease_token FROM tasks
+WHERE lease_token = ANY(CAST(:tokens AS uuid[])) AND id NOT IN (SELECT id FROM target);
 
 -- task_finish_running --
 -- Move leased running tasks to judging, failed, escalated or back to pending (a retry

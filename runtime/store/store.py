@@ -330,6 +330,29 @@ class Store(StoreReads):
         Returns ``(applied, inserted)``: ``applied`` is False when the lease was gone
         (nothing changed); ``inserted`` counts children that did not exist yet.
         """
+        with self.transaction() as conn:
+            return self._delegate(conn, task_id, lease_token, children, worker, detail)
+
+    def delegate_many(self, delegations: Sequence[tuple[uuid.UUID, uuid.UUID, Sequence[ChildRow],
+                                                        str | None]],
+                      worker: str) -> list[tuple[bool, int]]:
+        """Several delegations ``(task_id, lease_token, children, detail)`` in one transaction.
+
+        Each is the same guarded statement as :meth:`delegate` (in task id order); one
+        commit for all. Raises like :meth:`delegate` (a payload the database refuses fails
+        the whole call: retry them one by one).
+        """
+        order = sorted(range(len(delegations)), key=lambda n: delegations[n][0])
+        done: dict[int, tuple[bool, int]] = {}
+        with self.transaction() as conn:
+            for n in order:
+                task_id, token, children, detail = delegations[n]
+                done[n] = self._delegate(conn, task_id, token, children, worker, detail)
+        return [done[n] for n in range(len(delegations))]
+
+    def _delegate(self, conn: Connection, task_id: uuid.UUID, lease_token: uuid.UUID,
+                  children: Sequence[ChildRow], worker: str,
+                  detail: str | None) -> tuple[bool, int]:
         payload = [
             {
                 "id": str(uuid.uuid4()),
@@ -346,16 +369,15 @@ class Store(StoreReads):
             }
             for c in children
         ]
-        with self.transaction() as conn:
-            row = conn.execute(
-                _TEXT["task_delegate_running"],
-                {"id": task_id, "token": lease_token, "children": _dumps(payload),
-                 "worker": worker, "detail": detail or f"delegated to {len(children)} children"},
-            ).one()
-            if row.delegated:
-                # A re-run parent may find every child already finished.
-                self._fan_in(conn, {task_id}, worker)
-        if not row.delegated:
+        row = conn.execute(
+            _TEXT["task_delegate_running"],
+            {"id": task_id, "token": lease_token, "children": _dumps(payload),
+             "worker": worker, "detail": detail or f"delegated to {len(children)} children"},
+        ).one()
+        if row.delegated:
+            # A re-run parent may find every child already finished.
+            self._fan_in(conn, {task_id}, worker)
+        else:
             log.warning("late delegation ignored: lease gone", extra={"task_id": str(task_id)})
         return bool(row.delegated), int(row.inserted)
 

@@ -493,3 +493,17 @@ def test_maintenance_skips_while_another_worker_holds_the_lock(store: Store) -> 
         assert Maintenance(store, MaintenanceConfig(interval_seconds=0)).run_once() is None
         conn.rollback()
     assert Maintenance(store, MaintenanceConfig(interval_seconds=0)).run_once() is not None
+
+
+def test_delegate_many_is_one_transaction_of_guarded_delegations(store: Store) -> None:
+    for _ in range(2):
+        submit(store, "fanout")
+    a, b = store.claim(["fanout"], 2, "w", 30)
+    done = store.delegate_many([(a.id, a.lease, child_rows(3, prefix="a"), None),
+                                (b.id, uuid.uuid4(), child_rows(2, prefix="b"), "stale")], "w")
+    assert done == [(True, 3), (False, 0)]
+    assert store.get(a.id)["status"] == "waiting" and len(store.children(a.id)) == 3
+    assert store.get(b.id)["status"] == "running" and store.children(b.id) == []
+    # Idempotent: the same keys again insert nothing (the parent is no longer running).
+    assert store.delegate_many([(a.id, a.lease, child_rows(3, prefix="a"), None)], "w") == \
+        [(False, 0)]
