@@ -32,8 +32,37 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from agents.tasks import (
+    DEFAULT_BUDGET_SECONDS,
+    DEFAULT_BUDGET_TOKENS,
+    DEFAULT_BUDGET_USD,
+    ChildView,
+    TaskView,
+)
+
 if TYPE_CHECKING:
     from agents.context import AgentContext
+
+__all__ = [
+    "DEFAULT_BUDGET_SECONDS",
+    "DEFAULT_BUDGET_TOKENS",
+    "DEFAULT_BUDGET_USD",
+    "Agent",
+    "AgentError",
+    "AggregateOutput",
+    "ChildSpec",
+    "ChildView",
+    "Delegate",
+    "Escalate",
+    "Fail",
+    "GoalInput",
+    "Result",
+    "RetryChildren",
+    "RunOutput",
+    "TaskView",
+    "TextOutput",
+    "agent_logger",
+]
 
 
 class GoalInput(BaseModel):
@@ -51,104 +80,6 @@ class TextOutput(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     text: str
-
-
-@dataclass(frozen=True)
-class TaskView:
-    """What an agent (and a policy) sees of a task: no database handle, no lease."""
-
-    id: uuid.UUID
-    root_id: uuid.UUID
-    parent_id: uuid.UUID | None
-    agent: str
-    type: str
-    payload: dict[str, Any]
-    depth: int
-    priority: int
-    budget_tokens: int
-    budget_seconds: int
-    budget_usd: Decimal
-    spent_tokens: int = 0
-    spent_usd: Decimal = Decimal(0)
-    own_tokens: int = 0
-    own_usd: Decimal = Decimal(0)
-    phase: str = "run"
-    attempt: int = 1
-    from_agent: str | None = None
-    success_criteria: dict[str, Any] | None = None
-    kill_criteria: dict[str, Any] | None = None
-    result: Any = None
-    input: Any = None
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any], input_value: Any = None) -> TaskView:
-        """Build a view from a ``tasks`` row."""
-        return cls(
-            id=row["id"],
-            root_id=row["root_id"],
-            parent_id=row.get("parent_id"),
-            agent=row["to_agent"],
-            type=row["type"],
-            payload=row["payload"] if isinstance(row["payload"], dict) else {},
-            depth=int(row.get("depth") or 0),
-            priority=int(row["priority"] if row.get("priority") is not None else 5),
-            budget_tokens=int(row["budget_tokens"] if row.get("budget_tokens") is not None
-                              else 50_000),
-            budget_seconds=int(row["budget_seconds"] if row.get("budget_seconds") is not None
-                               else 300),
-            budget_usd=Decimal(row["budget_usd"] if row.get("budget_usd") is not None else 1),
-            spent_tokens=int(row.get("spent_tokens") or 0),
-            spent_usd=Decimal(row.get("spent_usd") or 0),
-            own_tokens=int(row.get("own_tokens") or 0),
-            own_usd=Decimal(row.get("own_usd") or 0),
-            phase=row.get("phase") or "run",
-            attempt=int(row.get("delivery_count") or 1),
-            from_agent=row.get("from_agent"),
-            success_criteria=row.get("success_criteria"),
-            kill_criteria=row.get("kill_criteria"),
-            result=row.get("result"),
-            input=input_value,
-        )
-
-
-@dataclass(frozen=True)
-class ChildView:
-    """A finished child, as ``aggregate`` sees it.
-
-    ``retries`` counts how often the child went back to pending: transient-error retries
-    and retries by its parent's ``aggregate`` alike (the task's ``retry_count``).
-    """
-
-    id: uuid.UUID
-    agent: str
-    type: str
-    key: str | None
-    status: str
-    payload: dict[str, Any]
-    result: Any
-    error: str | None
-    verdict: dict[str, Any] | None
-    spent_tokens: int
-    spent_usd: Decimal
-    retries: int = 0
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> ChildView:
-        """Build a view from a ``tasks`` row."""
-        return cls(
-            id=row["id"], agent=row["to_agent"], type=row["type"],
-            key=row.get("idempotency_key"), status=row["status"],
-            payload=row["payload"] if isinstance(row["payload"], dict) else {},
-            result=row.get("result"), error=row.get("error"), verdict=row.get("verdict"),
-            spent_tokens=int(row.get("spent_tokens") or 0),
-            spent_usd=Decimal(row.get("spent_usd") or 0),
-            retries=int(row.get("retry_count") or 0),
-        )
-
-    @property
-    def ok(self) -> bool:
-        """True when the child ended ``done``."""
-        return self.status == "done"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 from string import Template
 from typing import Any, Protocol
 
-from agents.base import TaskView
+from agents.tasks import TaskView
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 
@@ -23,8 +23,13 @@ class LLM(Protocol):
     """What ``ctx.llm`` offers (implemented by ``runtime.llm.handle.TaskLLM``)."""
 
     def complete(self, prompt: str, *, schema: Any = None, system: str | None = None,
-                 max_tokens: int | None = None) -> Any:
+                 max_tokens: int | None = None, key: str | None = None) -> Any:
         """Call the model; see ``runtime.llm.handle.TaskLLM.complete``."""
+        ...
+
+    async def acomplete(self, prompt: str, *, schema: Any = None, system: str | None = None,
+                        max_tokens: int | None = None, key: str | None = None) -> Any:
+        """Call the model from an ``async`` agent; several may run at once (``gather``)."""
         ...
 
 

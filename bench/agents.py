@@ -2,15 +2,23 @@
 
 ``stamp`` records the wall-clock time at which its ``run`` starts, so the pickup
 benchmark can measure submit-commit -> agent start on one machine's clock.
+
+``mk_planner`` -> ``mk_lead`` -> ``mk_writer`` is the makespan tree (``bench.makespan``):
+``async def`` agents whose only waits are model calls; the critical path is a writer's
+call then the planner's aggregate call.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from agents.base import Agent, Result, TaskView
+from agents.base import Agent, ChildSpec, ChildView, Delegate, Result, TaskView
 from agents.context import AgentContext
 
 
@@ -28,6 +36,12 @@ class StampOutput(BaseModel):
     started: float
 
 
+class AnyResult(BaseModel):
+    """Any result."""
+
+    model_config = ConfigDict(extra="allow")
+
+
 class Stamp(Agent):
     """Returns the time its run started."""
 
@@ -37,3 +51,90 @@ class Stamp(Agent):
 
     def run(self, ctx: AgentContext, task: TaskView) -> Result:
         return Result({"started": time.time()})
+
+
+# ---------------------------------------------------------------------- makespan
+#: Threads for the fallback when ``ctx.llm.acomplete`` does not exist yet (a sync call
+#: in a thread per task in flight): before the async model layer, this is the only way
+#: a coroutine agent can wait on the blocking client.
+_FALLBACK_THREADS = 100
+_fallback_pool: ThreadPoolExecutor | None = None
+
+
+class _Simulated:
+    text = "simulated"
+
+
+async def model_call(ctx: AgentContext, prompt: str, max_tokens: int = 8) -> Any:
+    """``await ctx.llm.acomplete(...)``; before the async model layer, ``complete`` in a thread.
+
+    With ``simulate`` (seconds) in the task's payload, no model is called: the agent just
+    waits that long (the engine's own share of the makespan, without the model layer).
+    """
+    simulate = ctx.task.payload.get("simulate")
+    if simulate:
+        await asyncio.sleep(float(simulate))
+        return _Simulated()
+    acomplete = getattr(ctx.llm, "acomplete", None)
+    if acomplete is not None:
+        return await acomplete(prompt, max_tokens=max_tokens)
+    global _fallback_pool
+    if _fallback_pool is None:
+        _fallback_pool = ThreadPoolExecutor(max_workers=_FALLBACK_THREADS,
+                                            thread_name_prefix="bench-complete")
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(
+        _fallback_pool, functools.partial(ctx.llm.complete, prompt, max_tokens=max_tokens))
+
+
+class MakespanPlanner(Agent):
+    """Delegates ``leads`` leads; aggregates with one model call (the critical path's 2nd)."""
+
+    name = "mk_planner"
+    input_model = StampInput
+    output_model = AnyResult
+    delegates_to = ("mk_lead",)
+
+    async def run(self, ctx: AgentContext, task: TaskView) -> Delegate:
+        leads = int(task.payload.get("leads", 30))
+        writers = int(task.payload.get("writers", 30))
+        simulate = task.payload.get("simulate")
+        return Delegate([ChildSpec("mk_lead", {"goal": f"lead {i}", "writers": writers,
+                                               "simulate": simulate},
+                                   key=f"lead-{i}") for i in range(leads)])
+
+    async def aggregate(self, ctx: AgentContext, task: TaskView,
+                        children: list[ChildView]) -> Result:
+        reply = await model_call(ctx, f"sum up {len(children)} leads")
+        return Result({"leads": len(children), "text": reply.text})
+
+
+class MakespanLead(Agent):
+    """Delegates ``writers`` writers; aggregates without a model call."""
+
+    name = "mk_lead"
+    input_model = StampInput
+    output_model = AnyResult
+    delegates_to = ("mk_writer",)
+
+    async def run(self, ctx: AgentContext, task: TaskView) -> Delegate:
+        return Delegate([ChildSpec("mk_writer", {"goal": f"{task.payload['goal']} part {i}",
+                                                 "simulate": task.payload.get("simulate")},
+                                   key=f"w-{i}")
+                         for i in range(int(task.payload.get("writers", 30)))])
+
+    async def aggregate(self, ctx: AgentContext, task: TaskView,
+                        children: list[ChildView]) -> Result:
+        return Result({"writers": len(children)})
+
+
+class MakespanWriter(Agent):
+    """One model call (the critical path's 1st)."""
+
+    name = "mk_writer"
+    input_model = StampInput
+    output_model = AnyResult
+
+    async def run(self, ctx: AgentContext, task: TaskView) -> Result:
+        reply = await model_call(ctx, f"write {task.payload['goal']}")
+        return Result({"text": reply.text})

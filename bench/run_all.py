@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    charge,
     claim_latency,
     drain,
     fanin,
+    makespan,
     pgqueuer_drain,
     pickup,
     reference,
@@ -32,7 +34,7 @@ from bench import (
 from bench.common import RESULTS_DIR, machine, server_url
 
 ORDER = ("reference", "drain", "pgqueuer", "pickup", "fanin", "claim_latency", "tree_read",
-         "worker_memory")
+         "worker_memory", "makespan", "charge")
 
 FULL: dict[str, dict[str, Any]] = {
     "reference": {"n": 20_000, "threads": 4},
@@ -43,6 +45,8 @@ FULL: dict[str, dict[str, Any]] = {
     "claim_latency": {"pending": 1_000, "finished": 1_000_000, "samples": 500},
     "tree_read": {"nodes": 10_000, "repeats": 7},
     "worker_memory": {"n": 20_000},
+    "makespan": {"leads": 30, "writers": 30, "delay": 1.0},
+    "charge": {"leaves": 1000, "threads": 64, "charges": 10_000},
 }
 
 QUICK: dict[str, dict[str, Any]] = {
@@ -54,6 +58,8 @@ QUICK: dict[str, dict[str, Any]] = {
     "claim_latency": {"pending": 200, "finished": 2_000, "samples": 20, "deep": 500},
     "tree_read": {"nodes": 200, "repeats": 2},
     "worker_memory": {"n": 200},
+    "makespan": {"leads": 2, "writers": 3, "delay": 0.1},
+    "charge": {"leaves": 20, "threads": 4, "charges": 40},
 }
 
 MAINS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -65,6 +71,8 @@ MAINS: dict[str, Callable[..., dict[str, Any]]] = {
     "claim_latency": claim_latency.main,
     "tree_read": tree_read.main,
     "worker_memory": worker_memory.main,
+    "makespan": makespan.main,
+    "charge": charge.main,
 }
 
 
@@ -128,7 +136,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "reference_after_drain_tasks_per_s", "drain_vs_reference",
                 "pgqueuer_jobs_per_s", "drain_vs_pgqueuer",
                 "pickup_p50_ms", "pickup_p95_ms", "fanin_p95_ms", "claim_ms_small_table",
-                "claim_ms_1m_finished", "tree_ms_10k", "worker_peak_rss_mb"):
+                "claim_ms_1m_finished", "tree_ms_10k", "worker_peak_rss_mb",
+                "makespan_vs_critical_path", "peak_calls_in_flight",
+                "rss_per_task_in_flight_kb", "charge_p99_ms", "charge_direct_p99_ms"):
         if key in result:
             print(f"  {key}: {result[key]}")
     return result

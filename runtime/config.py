@@ -198,6 +198,10 @@ class WorkerSettings(_Section):
     batch_size: int = Field(50, ge=1, le=1000)
     poll_interval_seconds: float = Field(1.0, gt=0)
     maintenance_interval_seconds: float = Field(1.0, gt=0)
+    #: Tasks one worker process holds at once (claimed and not yet written).
+    max_in_flight: int = Field(1000, ge=1, le=100_000)
+    #: Threads that run sync agents (``def run``); ``async def`` agents run on the loop.
+    sync_threads: int = Field(32, ge=1, le=1024)
 
 
 class Settings(_Section):

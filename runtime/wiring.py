@@ -18,6 +18,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from agents.registry import Registry, load_modules
+from agents.tasks import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
 from runtime.config import Settings
 from runtime.errors import BadInput
 from runtime.store.db import create_db_engine, ensure_schema, resolve_url
@@ -72,13 +73,16 @@ class Runtime:
             self.registry.get(name)  # unknown names fail here, with a suggestion
         options: dict[str, Any] = {
             "agents": names,
-            "concurrency": w.concurrency,
+            "max_in_flight": w.max_in_flight,
+            "sync_threads": w.sync_threads,
             "batch_size": w.batch_size,
             "lease_seconds": w.lease_seconds,
             "poll_interval_seconds": w.poll_interval_seconds,
             "maintenance_interval_seconds": w.maintenance_interval_seconds,
             "max_delivery": self.settings.retry.max_delivery,
         }
+        if "concurrency" in w.model_fields_set:  # the old name for sync threads, if set
+            options["concurrency"] = w.concurrency
         options.update({k: v for k, v in overrides.items() if v is not None})
         return Worker(self.store, self.executor(), WorkerConfig(**options))
 
@@ -92,13 +96,16 @@ def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
     model layer runs its own loop thread.
     """
     from policies.loader import load_policy_set
+    from runtime.engine.charges import ChargeWriter
     from runtime.engine.ledger import StoreLedger
     from runtime.llm.handle import LLMFactory
 
     registry = load_registry(settings, extra_modules)
     store = store or open_store(settings)
     policies = load_policy_set(settings, registry)
-    llm_factory = LLMFactory(settings, StoreLedger(store), loop=loop)
+    # Model-call charges are batched (ChargeWriter): what arrives within a few ms is one
+    # statement, each call still guarded by its task's lease token.
+    llm_factory = LLMFactory(settings, StoreLedger(store, ChargeWriter(store)), loop=loop)
     return Runtime(settings, store, registry, policies, llm_factory)
 
 
@@ -115,8 +122,10 @@ def parse_json_option(name: str, text: str | None) -> Any:
 
 
 def build_root(registry: Registry, settings: Settings, *, goal: str | None, agent: str = "ceo",
-               type_: str | None = None, priority: int = 5, budget_tokens: int = 50_000,
-               budget_seconds: int = 300, budget_usd: Decimal | float | str = Decimal("1.0"),
+               type_: str | None = None, priority: int = 5,
+               budget_tokens: int = DEFAULT_BUDGET_TOKENS,
+               budget_seconds: int = DEFAULT_BUDGET_SECONDS,
+               budget_usd: Decimal | float | str = DEFAULT_BUDGET_USD,
                payload: dict[str, Any] | None = None, success: Any = None, kill: Any = None,
                idempotency_key: str | None = None) -> NewTask:
     """Validate a root goal and return the task to insert; raise :class:`BadInput` if bad.

@@ -48,9 +48,10 @@ def expire_leases(store: Store, minutes: int = 10, where: str = "lease_token IS 
 
 
 def backdate_claims(store: Store, seconds: int) -> None:
-    """Pretend running tasks were claimed ``seconds`` ago (for the watchdog)."""
+    """Pretend running tasks were claimed ``seconds`` ago (for the watchdog's deadline)."""
     with store.transaction() as conn:
-        conn.execute(sa.text("UPDATE tasks SET claimed_at = now() - make_interval(secs => :s) "
+        conn.execute(sa.text("UPDATE tasks SET claimed_at = now() - make_interval(secs => :s), "
+                             "deadline_at = deadline_at - make_interval(secs => :s) "
                              "WHERE status = 'running'"), {"s": seconds})
 
 

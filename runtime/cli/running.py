@@ -161,6 +161,8 @@ def submit(goal: str, options: GoalOptions, json_: JsonOpt = False) -> None:
 @with_goal_options
 def run(goal: str, options: GoalOptions, json_: JsonOpt = False,
         timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 600,
+        max_in_flight: Annotated[int | None, typer.Option(
+            help="Most tasks held at once (default [worker] max_in_flight).")] = None,
         ) -> None:
     """Submit a goal and drain it in this process, drawing the tree live; print the result."""
     from runtime.cli.render import render_tree
@@ -170,7 +172,8 @@ def run(goal: str, options: GoalOptions, json_: JsonOpt = False,
     task, _ = runtime.store.submit(options.new_task(runtime.registry, runtime.settings, goal),
                                    actor="cli")
     root_id = task["id"]
-    worker = runtime.worker(poll_interval_seconds=0.2, maintenance_interval_seconds=0.5)
+    worker = runtime.worker(poll_interval_seconds=0.2, maintenance_interval_seconds=0.5,
+                            max_in_flight=max_in_flight)
     _install_stop_signals(worker.stop)
     thread = threading.Thread(target=worker.run, name="worker", daemon=True)
     thread.start()
@@ -217,7 +220,11 @@ def run(goal: str, options: GoalOptions, json_: JsonOpt = False,
 def worker(
     agents: Annotated[str | None, typer.Option(
         help="Comma-separated agents to serve ('judge' = the judge stage); default all.")] = None,
-    concurrency: Annotated[int | None, typer.Option(help="Tasks run at once.")] = None,
+    concurrency: Annotated[int | None, typer.Option(
+        help="Threads for sync agents (default [worker] sync_threads).")] = None,
+    max_in_flight: Annotated[int | None, typer.Option(
+        help="Most tasks this process holds at once (default [worker] max_in_flight).")]
+    = None,
     batch_size: Annotated[int | None, typer.Option(help="Most tasks per claim.")] = None,
     task_cap: Annotated[int | None, typer.Option(help="Exit after claiming N tasks.")] = None,
     wall_clock: Annotated[float | None, typer.Option(help="Exit after S seconds.")] = None,
@@ -233,7 +240,8 @@ def worker(
     """Claim and run tasks until stopped (SIGTERM/SIGINT), a cap, or an empty queue."""
     runtime = _runtime(agents_module)
     names = [a.strip() for a in agents.split(",") if a.strip()] if agents else None
-    w = runtime.worker(names, concurrency=concurrency, batch_size=batch_size,
+    w = runtime.worker(names, concurrency=concurrency, max_in_flight=max_in_flight,
+                       batch_size=batch_size,
                        task_cap=task_cap, wall_clock_seconds=wall_clock,
                        lease_seconds=lease_seconds, once=once,
                        maintenance=not no_maintenance, worker_id=worker_id)

@@ -15,11 +15,14 @@ exceptions end ``failed``; ``BudgetExceeded`` ends ``failed`` with ``budget: ...
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import inspect
 import logging
 import threading
 import traceback
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Protocol
@@ -30,17 +33,16 @@ from pydantic import BaseModel
 from agents.base import (
     Agent,
     ChildSpec,
-    ChildView,
     Delegate,
     Escalate,
     Fail,
     Result,
     RetryChildren,
-    TaskView,
     agent_logger,
 )
 from agents.context import PROMPTS_DIR, AgentContext
 from agents.registry import InvalidInput, Registry, UnknownAgent
+from agents.tasks import ChildView, TaskView
 from policies.criteria import validate_criteria
 from runtime.config import Settings
 from runtime.errors import (
@@ -52,7 +54,7 @@ from runtime.errors import (
     UnknownPrice,
 )
 from runtime.store.models import TERMINAL_STATUSES
-from runtime.store.rows import ChildRow, JudgeOutcome, RunOutcome
+from runtime.store.rows import ChildRow, JudgeOutcome, RunOutcome, TaskRow
 from runtime.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,7 @@ class LLMFactoryLike(Protocol):
 
     offline: bool
 
-    def for_task(self, task_row: dict[str, Any], lease_token: uuid.UUID,
+    def for_task(self, task_row: Any, lease_token: uuid.UUID,
                  lease_lost: threading.Event) -> Any:
         """A ``ctx.llm`` bound to one leased task."""
 
@@ -84,7 +86,7 @@ class LLMFactoryLike(Protocol):
 class JudgeFn(Protocol):
     """``runtime.engine.judge_stage.judge_task``."""
 
-    def __call__(self, task: dict[str, Any], children: list[dict[str, Any]], llm: Any,
+    def __call__(self, task: Any, children: list[Any], llm: Any,
                  settings: Settings) -> Any:
         """Judge one task; returns a ``Judgement``."""
 
@@ -133,6 +135,28 @@ class DelegationRefused(Exception):
     """A delegation the runtime will not write (bad child, budget, unknown agent)."""
 
 
+@dataclass(frozen=True)
+class _Started:
+    """A task ready for its agent: the row, the agent, what it sees, and how to end it."""
+
+    row: TaskRow
+    cls: type[Agent]
+    agent: Agent
+    view: TaskView
+    ctx: AgentContext
+    llm: Any
+    outcome: Callable[..., RunOutcome]
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+def _typed(row: TaskRow | dict[str, Any]) -> TaskRow:
+    """The engine works on typed rows; a mapping (a test, a caller by hand) is typed here."""
+    return row if isinstance(row, TaskRow) else TaskRow.from_mapping(row)
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
@@ -160,10 +184,70 @@ class Executor:
         self.inline_judge = False
 
     # ------------------------------------------------------------------ run stage
-    def execute(self, row: dict[str, Any], lease_lost: threading.Event) -> Action:
-        """Run (or aggregate) one claimed ``running`` task and return its action."""
-        token: uuid.UUID = row["lease_token"]
-        task_id: uuid.UUID = row["id"]
+    def is_async(self, row: TaskRow) -> bool:
+        """Whether the agent method this task needs (``run`` or ``aggregate``) is ``async``."""
+        try:
+            cls = self.registry.get(row.to_agent)
+        except UnknownAgent:
+            return False
+        method = cls.aggregate if row.phase == "aggregate" else cls.run
+        return inspect.iscoroutinefunction(method)
+
+    def execute(self, row: TaskRow | dict[str, Any], lease_lost: threading.Event) -> Action:
+        """Run (or aggregate) one claimed ``running`` task and return its action.
+
+        Blocking: meant for a worker thread. An ``async def`` agent method is run to the
+        end on a private event loop (the worker awaits those with :meth:`aexecute`).
+        """
+        started = self._start(_typed(row), lease_lost)
+        if not isinstance(started, _Started):
+            return started
+        try:
+            children: list[TaskRow] = []
+            if started.view.phase == "aggregate":
+                children = self.store.child_rows(started.row.id)
+                if any(c.status not in TERMINAL_STATUSES for c in children):
+                    return started.outcome("waiting",
+                                           detail="fan-in raced a retry: waiting again")
+            decision = self._call(started, children)
+            if inspect.isawaitable(decision):
+                decision = asyncio.run(_awaited(decision))
+            return self._decide(started.cls, started.view, started.row, decision, started.llm,
+                                started.outcome)
+        except Exception as exc:
+            return self._failed(started, exc)
+
+    async def aexecute(self, row: TaskRow, lease_lost: threading.Event,
+                       blocking: Callable[..., Awaitable[Any]]) -> Action:
+        """Like :meth:`execute`, for an ``async def`` agent, awaited on the worker's loop.
+
+        ``blocking(fn, *args)`` runs a blocking call (a database read, the decision's
+        checks) off the loop and returns its result.
+        """
+        started = self._start(_typed(row), lease_lost)
+        if not isinstance(started, _Started):
+            return started
+        try:
+            children: list[TaskRow] = []
+            if started.view.phase == "aggregate":
+                children = await blocking(self.store.child_rows, started.row.id)
+                if any(c.status not in TERMINAL_STATUSES for c in children):
+                    return started.outcome("waiting",
+                                           detail="fan-in raced a retry: waiting again")
+            decision = self._call(started, children)
+            if inspect.isawaitable(decision):
+                decision = await decision
+            action: Action = await blocking(self._decide, started.cls, started.view,
+                                            started.row, decision, started.llm,
+                                            started.outcome)
+            return action
+        except Exception as exc:
+            return self._failed(started, exc)
+
+    def _start(self, row: TaskRow, lease_lost: threading.Event) -> _Started | RunOutcome:
+        """Resolve the agent, check the input, build the context (no database, no model)."""
+        token: uuid.UUID = row.lease
+        task_id: uuid.UUID = row.id
 
         def outcome(to_status: str, result: Any = None, error: str | None = None,
                     delay: float = 0.0, detail: str | None = None) -> RunOutcome:
@@ -171,37 +255,39 @@ class Executor:
                               delay_seconds=delay, detail=detail or error)
 
         try:
-            cls = self.registry.get(row["to_agent"])
+            cls = self.registry.get(row.to_agent)
         except UnknownAgent as exc:
             return outcome("failed", error=str(exc))
         try:
-            input_value = self.registry.validate_input(row["to_agent"], row["payload"])
+            input_value = self.registry.validate_input(row.to_agent, row.payload)
         except InvalidInput as exc:
             return outcome("escalated", error=f"policy input_schema: {exc}")
         view = TaskView.from_row(row, input_value)
         violation = self.policies.validate_input(view)
         if violation is not None:
             return outcome("escalated", error=str(violation))
-        agent = cls()
         llm = self.llm_factory.for_task(row, token, lease_lost)
         ctx = AgentContext(llm=llm, task=view, log=agent_logger(cls.name), lease_lost=lease_lost,
                            offline=bool(getattr(self.llm_factory, "offline", False)),
                            prompts_dir=cls.prompts_dir or PROMPTS_DIR)
-        try:
-            if view.phase == "aggregate":
-                children = self.store.children(task_id)
-                if any(c["status"] not in TERMINAL_STATUSES for c in children):
-                    return outcome("waiting", detail="fan-in raced a retry: waiting again")
-                decision: Any = agent.aggregate(ctx, view, [ChildView.from_row(c)
-                                                            for c in children])
-            else:
-                decision = agent.run(ctx, view)
-            return self._decide(cls, view, row, decision, llm, outcome)
-        except LeaseLost:
-            return Dropped(task_id, "lease lost while the agent worked")
-        except TRANSIENT_ERRORS as exc:
+        return _Started(row, cls, cls(), view, ctx, llm, outcome)
+
+    @staticmethod
+    def _call(started: _Started, children: list[TaskRow]) -> Any:
+        """Call ``run`` or ``aggregate``: a decision, or a coroutine that returns one."""
+        if started.view.phase == "aggregate":
+            return started.agent.aggregate(started.ctx, started.view,
+                                           [ChildView.from_row(c) for c in children])
+        return started.agent.run(started.ctx, started.view)
+
+    def _failed(self, started: _Started, exc: Exception) -> Action:
+        """Turn an error raised while the agent worked into the task's action."""
+        outcome, row = started.outcome, started.row
+        if isinstance(exc, LeaseLost):
+            return Dropped(row.id, "lease lost while the agent worked")
+        if isinstance(exc, TRANSIENT_ERRORS):
             # The model server or the database went away mid-task: infrastructure, retried.
-            retries = int(row.get("retry_count") or 0)
+            retries = int(row.retry_count or 0)
             if retries < self.settings.retry.max_retry:
                 delay = backoff_seconds(retries)
                 return outcome("pending", delay=delay,
@@ -209,20 +295,18 @@ class Executor:
                                detail=f"transient error, retry {retries + 1} in {delay:g}s: {exc}")
             return outcome("failed", error=f"transient error persisted after {retries} retries: "
                            f"{exc}")
-        except ModelNotFound as exc:
+        if isinstance(exc, ModelNotFound | BudgetExceeded):
             return outcome("failed", error=str(exc))
-        except BudgetExceeded as exc:
-            return outcome("failed", error=str(exc))
-        except UnknownPrice as exc:
+        if isinstance(exc, UnknownPrice):
             return outcome("escalated", error=f"policy {UnknownPrice.rule}: {exc}")
-        except DelegationRefused as exc:
+        if isinstance(exc, DelegationRefused):
             return outcome("failed", error=f"delegation refused: {exc}")
-        except Exception as exc:
-            log.warning("agent raised", extra={"task_id": str(task_id), "agent": cls.name,
-                                               "trace": traceback.format_exc()})
-            return outcome("failed", error=f"agent error: {type(exc).__name__}: {exc}")
+        log.warning("agent raised", extra={
+            "task_id": str(row.id), "agent": started.cls.name,
+            "trace": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))})
+        return outcome("failed", error=f"agent error: {type(exc).__name__}: {exc}")
 
-    def _decide(self, cls: type[Agent], view: TaskView, row: dict[str, Any], decision: Any,
+    def _decide(self, cls: type[Agent], view: TaskView, row: TaskRow, decision: Any,
                 llm: Any, outcome: Any) -> Action:
         if isinstance(decision, Result):
             result = _jsonable(decision.output)
@@ -249,7 +333,7 @@ class Executor:
                 f"delegated to {len(children)} children: "
                 + ", ".join(sorted({c.to_agent for c in children}))
             )
-            return DelegateAction(view.id, row["lease_token"], children, detail)
+            return DelegateAction(view.id, row.lease, children, detail)
         if isinstance(decision, RetryChildren):
             if view.phase != "aggregate":
                 raise DelegationRefused("RetryChildren is only valid from aggregate")
@@ -259,7 +343,7 @@ class Executor:
                     return outcome("escalated", error=str(violation))
             what = (f"reassigned {len(decision.child_ids)} children to {decision.reassign_to}"
                     if decision.reassign_to else f"retried {len(decision.child_ids)} children")
-            return RetryAction(view.id, row["lease_token"], list(decision.child_ids),
+            return RetryAction(view.id, row.lease, list(decision.child_ids),
                                decision.reassign_to, decision.note or what)
         raise TypeError(
             f"agent {cls.name!r} returned {type(decision).__name__}; expected Result, Delegate, "
@@ -273,19 +357,19 @@ class Executor:
             self.registry.get(agent)
         except UnknownAgent as exc:
             raise DelegationRefused(str(exc)) from None
-        children = {c["id"]: c for c in self.store.children(view.id)}
+        children = {c.id: c for c in self.store.child_rows(view.id)}
         specs = []
         for child_id in decision.child_ids:
             child = children.get(child_id)
             if child is None:
                 raise DelegationRefused(f"{child_id} is not a child of {view.id}")
             try:
-                self.registry.validate_input(agent, child["payload"])
+                self.registry.validate_input(agent, child.payload)
             except InvalidInput as exc:
                 raise DelegationRefused(f"reassigning {child_id}: {exc}") from None
-            specs.append(ChildSpec(agent=agent, payload=child["payload"],
-                                   key=child.get("idempotency_key") or str(child_id),
-                                   type=child["type"]))
+            specs.append(ChildSpec(agent=agent, payload=child.payload,
+                                   key=child.idempotency_key or str(child_id),
+                                   type=child.type))
         return self.policies.validate_delegation(view, specs)
 
     def _carve(self, parent: TaskView, specs: list[ChildSpec], llm: Any) -> list[ChildRow]:
@@ -353,49 +437,51 @@ class Executor:
             for s in specs
         ]
 
-    def _judged_inline(self, row: dict[str, Any], result: Any, llm: Any) -> RunOutcome:
+    def _judged_inline(self, row: TaskRow, result: Any, llm: Any) -> RunOutcome:
         """Judge a fresh result in the worker that produced it (no model needed)."""
-        snapshot = dict(row, result=result)
+        snapshot = row.replace(result=result)
         if hasattr(llm, "remaining_tokens"):
-            snapshot["spent_tokens"] = int(row.get("budget_tokens") or 0) - llm.remaining_tokens()
-            snapshot["spent_usd"] = Decimal(row.get("budget_usd") or 0) - llm.remaining_usd()
-        if row.get("claimed_at") is not None:
-            running = (dt.datetime.now(dt.UTC) - row["claimed_at"]).total_seconds()
-            snapshot["duration_seconds"] = float(row.get("duration_seconds") or 0) + running
-        kill = row.get("kill_criteria") or {}
-        children = self.store.children(row["id"]) if "max_child_failures" in kill else []
+            snapshot.spent_tokens = int(row.budget_tokens or 0) - llm.remaining_tokens()
+            snapshot.spent_usd = Decimal(row.budget_usd or 0) - llm.remaining_usd()
+        if row.claimed_at is not None:
+            running = (dt.datetime.now(dt.UTC) - row.claimed_at).total_seconds()
+            snapshot.duration_seconds = float(row.duration_seconds or 0) + running
+        kill = row.kill_criteria or {}
+        children = self.store.child_rows(row.id) if "max_child_failures" in kill else []
         try:
             judgement = self.judge(snapshot, children, None, self.settings)
         except Exception as exc:
-            return RunOutcome(row["id"], row["lease_token"], "escalated", result=result,
+            return RunOutcome(row.id, row.lease, "escalated", result=result,
                               error=f"judge error: {type(exc).__name__}: {exc}",
                               verdict={"passed": False, "score": 0.0, "judge": "rules",
                                        "reasons": [f"the judge could not decide: {exc}"]})
-        return RunOutcome(row["id"], row["lease_token"], judgement.to_status, result=result,
+        return RunOutcome(row.id, row.lease, judgement.to_status, result=result,
                           error=judgement.error, verdict=judgement.verdict,
                           detail=f"verdict: {judgement.to_status}")
 
     # ------------------------------------------------------------------ judge stage
-    def judge_one(self, row: dict[str, Any], lease_lost: threading.Event) -> JudgeOutcome | Dropped:
+    def judge_one(self, row: TaskRow | dict[str, Any],
+                  lease_lost: threading.Event) -> JudgeOutcome | Dropped:
         """Judge one leased ``judging`` task against its success and kill criteria."""
-        kill = row.get("kill_criteria") or {}
+        row = _typed(row)
+        kill = row.kill_criteria or {}
         try:
-            children = self.store.children(row["id"]) if "max_child_failures" in kill else []
+            children = self.store.child_rows(row.id) if "max_child_failures" in kill else []
         except DATABASE_GONE as exc:
-            return Dropped(row["id"], f"judge interrupted: {type(exc).__name__}")
+            return Dropped(row.id, f"judge interrupted: {type(exc).__name__}")
         llm = None
-        if (row.get("success_criteria") or {}).get("rubric"):
-            llm = self.llm_factory.for_task(row, row["lease_token"], lease_lost)
+        if (row.success_criteria or {}).get("rubric"):
+            llm = self.llm_factory.for_task(row, row.lease, lease_lost)
         try:
             judgement = self.judge(row, children, llm, self.settings)
         except JUDGE_INTERRUPTED as exc:
             # Leave it leased: the reaper hands it back to the judge stage.
-            return Dropped(row["id"], f"judge interrupted: {type(exc).__name__}")
+            return Dropped(row.id, f"judge interrupted: {type(exc).__name__}")
         except Exception as exc:
-            return JudgeOutcome(row["id"], row["lease_token"], "escalated",
+            return JudgeOutcome(row.id, row.lease, "escalated",
                                 {"passed": False, "score": 0.0, "judge": "rules",
                                  "reasons": [f"the judge could not decide: {exc}"]},
                                 error=f"judge error: {type(exc).__name__}: {exc}")
-        return JudgeOutcome(row["id"], row["lease_token"], judgement.to_status,
+        return JudgeOutcome(row.id, row.lease, judgement.to_status,
                             judgement.verdict, error=judgement.error,
                             detail=f"verdict: {judgement.to_status}")

@@ -1,10 +1,16 @@
-"""The model layer's :class:`~runtime.llm.ledger.CallLedger` over the Store."""
+"""The model layer's :class:`~runtime.llm.ledger.CallLedger` over the Store.
+
+Charges go through a :class:`~runtime.engine.charges.ChargeWriter` when one is given, so
+the charges of many calls in flight are written in batches (one guarded statement per
+batch); without one, each charge is its own transaction.
+"""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
 
+from runtime.engine.charges import ChargeWriter
 from runtime.llm.ledger import RecordedCall
 from runtime.store.rows import ModelCharge
 from runtime.store.store import Store
@@ -13,8 +19,9 @@ from runtime.store.store import Store
 class StoreLedger:
     """Queue depth, charging and the record of replies, read and written through a Store."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, writer: ChargeWriter | None = None) -> None:
         self.store = store
+        self.writer = writer
 
     def pending_depth(self) -> int:
         """How many tasks are pending."""
@@ -22,6 +29,8 @@ class StoreLedger:
 
     def charge(self, charge: ModelCharge) -> bool:
         """Record and charge one model call row; False when the task's lease is gone."""
+        if self.writer is not None:
+            return self.writer.charge(charge)
         return self.store.charge(charge)
 
     def recorded_call(self, task_id: uuid.UUID, phase: str, position: str,

@@ -19,6 +19,11 @@ orchestrator's hygiene step and the tests call, and returns what it did.
   set-based, one statement backed by the partial index on ``waiting`` rows and the
   ``(parent_id, status)`` index; the UPDATE re-checks ``status = 'waiting'``.
 
+The worker runs the three together through :class:`Maintenance`: one pass per
+``interval`` across every worker (a transaction-level advisory lock plus the time of the
+last pass, in the database), so a fleet of a hundred workers does not reap a hundred times
+a second. The watchdog reads the indexed ``deadline_at`` (set at claim).
+
 Failure modes: none of their own; concurrent passes skip each other's rows.
 """
 
@@ -27,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runtime.store.rows import Reaped, Swept, TimedOut
-from runtime.store.store import Store
+from runtime.store.store import Maintained, Store
 
 REAP_BATCH_LIMIT = 1000
 WATCHDOG_BATCH_LIMIT = 1000
@@ -110,3 +115,31 @@ class Sweeper:
     def run_once(self) -> Swept:
         """One sweep; returns how many parents became ready."""
         return self.store.sweep(worker=self.config.worker, limit=self.config.batch_limit)
+
+
+@dataclass(frozen=True)
+class MaintenanceConfig:
+    """How the worker's combined maintenance pass runs."""
+
+    max_delivery: int = 3
+    interval_seconds: float = 1.0
+
+    def __post_init__(self) -> None:
+        _at_least_one("max_delivery", self.max_delivery)
+        if self.interval_seconds < 0:
+            raise ValueError("interval_seconds must not be negative")
+
+
+class Maintenance:
+    """Reaper, watchdog and sweeper in one pass, run by one worker per interval."""
+
+    def __init__(self, store: Store, config: MaintenanceConfig) -> None:
+        self.store = store
+        self.config = config
+
+    def run_once(self) -> Maintained | None:
+        """One pass if no other worker ran one within the interval; None when skipped."""
+        return self.store.maintain(self.config.max_delivery, self.config.interval_seconds,
+                                   reap_limit=REAP_BATCH_LIMIT,
+                                   timeout_limit=WATCHDOG_BATCH_LIMIT,
+                                   sweep_limit=SWEEP_BATCH_LIMIT)

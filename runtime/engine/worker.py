@@ -1,29 +1,50 @@
 """``orgchart worker``: claims tasks, runs agents and the judge, writes the outcomes.
 
-The main loop claims batches (``FOR UPDATE SKIP LOCKED``) up to its free capacity, hands
-each task to a thread pool, and applies finished actions in batches: one statement for
-all run outcomes, one for all verdicts, one per delegation. It wakes on LISTEN/NOTIFY
-(``orgchart_tasks``; the payload is the agent name, ``judge`` for the judge stage) and
-polls every ``poll_interval_seconds`` as a fallback.
+One event loop per worker process (:meth:`Worker.run`). On it run:
 
-Beside it run three threads: the heartbeat (every third of ``lease_seconds`` it extends
-every lease it holds and flags the tasks whose lease was taken away), the listener, and
-maintenance (reaper, watchdog and fan-in sweeper ``run_once()`` every
-``maintenance_interval_seconds``; any number of workers may do this at once).
+- **the claim loop**: claims batches (``FOR UPDATE SKIP LOCKED``) for what there is room
+  for: at most ``max_in_flight`` tasks held at once (claimed and not yet written), and,
+  when every agent served is a sync one, no more than ``sync_threads``. It wakes on
+  LISTEN/NOTIFY (``orgchart_tasks``; the payload is the agent name, ``judge`` for the
+  judge stage; a listener thread), on room freed, and polls every
+  ``poll_interval_seconds`` as a fallback;
+- **one coroutine per task in flight**: an ``async def run/aggregate`` agent is awaited on
+  the loop (its ``ctx.llm`` calls can run in parallel); a sync agent and the judge stage
+  run in a bounded thread pool (``sync_threads``);
+- **the writer**: actions that arrive within :data:`WRITE_WINDOW_SECONDS` are written
+  together: one statement for all run outcomes, one for all verdicts (each row guarded by
+  status and lease token, each transition its event in the same statement; a row the
+  database refuses fails alone), then the delegations. A task stays held (and
+  heartbeated) until its outcome is written;
+- **the heartbeat** (every third of ``lease_seconds``: extends every lease held in one
+  statement and flags the tasks whose lease was taken away) and **maintenance** (reaper,
+  watchdog and fan-in sweeper: one pass per ``maintenance_interval_seconds`` across all
+  workers, see :class:`runtime.engine.maintenance.Maintenance`).
 
-Options (``WorkerConfig``): agents, concurrency, batch size, lease, task cap, wall clock,
-``once`` (exit when the queue is empty). It stops on ``stop()`` (SIGTERM/SIGINT in the
-CLI): no more claims, in-flight work gets ``stop_grace_seconds`` to finish, whatever is
-left is released back to the queue.
+Blocking database calls run in a small thread pool (:data:`DB_THREADS`), off the loop.
+Model calls run on the model layer's own loop (:class:`runtime.llm.loop.CallLoop`, one
+per process): an async agent awaiting ``ctx.llm.acomplete`` hands the call over to it, so
+the model connections outlive any one worker's loop.
 
-Failure modes: a database error in the loop is logged and retried with backoff (the
-engine's pre-ping reconnects after a server restart); outcomes that could not be written
-are kept and written again; if the lease expired meanwhile, the write matches nothing
-and the task runs again elsewhere (at-least-once execution, exactly-once outcome).
+Options (``WorkerConfig``): agents, max in flight, sync threads, batch size, lease, task
+cap, wall clock, ``once`` (exit when the queue is empty). It stops on ``stop()``
+(SIGTERM/SIGINT in the CLI): no more claims, in-flight work gets ``stop_grace_seconds`` to
+finish and be written, whatever is left is released back to the queue.
+
+Failure modes: a database error (a dropped connection, a pool timeout, a server restart)
+in any coroutine is logged once per streak, counted and retried with backoff; the
+heartbeat never dies of one. Outcomes that could not be written are kept and written
+again; if the lease expired meanwhile, the write matches nothing and the task runs again
+elsewhere (at-least-once execution, exactly-once outcome). SIGKILL loses nothing: the
+leases expire and the reaper hands the tasks back.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
+import inspect
 import logging
 import os
 import socket
@@ -31,17 +52,18 @@ import threading
 import time
 import uuid
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import sqlalchemy as sa
 
 from runtime.engine.executor import Action, DelegateAction, Dropped, Executor, RetryAction
-from runtime.engine.maintenance import Reaper, ReaperConfig, Sweeper, Watchdog
-from runtime.store.db import libpq_url
-from runtime.store.rows import JudgeOutcome, RunOutcome
+from runtime.engine.maintenance import Maintenance, MaintenanceConfig
+from runtime.store.db import create_db_engine, libpq_url
+from runtime.store.rows import JudgeOutcome, RunOutcome, TaskRow
 from runtime.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -50,6 +72,17 @@ NOTIFY_CHANNEL = "orgchart_tasks"
 JUDGE = "judge"
 DB_RETRY_MAX_SECONDS = 5.0
 STOP_GRACE_SECONDS = 10.0
+#: How long the writer waits for more actions before it writes a batch.
+WRITE_WINDOW_SECONDS = 0.003
+#: Threads that run the blocking database calls (claims, writes, heartbeats, maintenance).
+DB_THREADS = 4
+#: Claims of ``batch_size`` sent at once when there is room for more (without a task cap).
+CLAIMS_AT_ONCE = 3
+#: Errors that mean "the database is unreachable or busy right now": retried, never fatal.
+DB_ERRORS: tuple[type[Exception], ...] = (sa.exc.DBAPIError, sa.exc.TimeoutError,
+                                          psycopg.Error)
+
+T = TypeVar("T")
 
 
 def new_worker_id() -> str:
@@ -63,7 +96,10 @@ class WorkerConfig:
 
     agents: tuple[str, ...]
     worker_id: str = field(default_factory=new_worker_id)
-    concurrency: int = 4
+    #: Threads for sync agents (the old name of ``sync_threads``; wins when given).
+    concurrency: int | None = None
+    max_in_flight: int = 1000
+    sync_threads: int = 32
     batch_size: int = 50
     lease_seconds: float = 30.0
     poll_interval_seconds: float = 1.0
@@ -79,14 +115,19 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if not self.agents:
             raise ValueError("a worker needs at least one agent to serve")
-        if self.concurrency < 1 or self.batch_size < 1:
-            raise ValueError("concurrency and batch_size must be at least 1")
+        if self.threads < 1 or self.batch_size < 1 or self.max_in_flight < 1:
+            raise ValueError("sync_threads, max_in_flight and batch_size must be at least 1")
         if self.lease_seconds <= 0 or self.poll_interval_seconds <= 0:
             raise ValueError("lease_seconds and poll_interval_seconds must be positive")
         if self.task_cap is not None and self.task_cap < 1:
             raise ValueError("task_cap must be at least 1")
         if self.wall_clock_seconds is not None and self.wall_clock_seconds <= 0:
             raise ValueError("wall_clock_seconds must be positive")
+
+    @property
+    def threads(self) -> int:
+        """Threads that run sync agents and the judge stage."""
+        return self.concurrency if self.concurrency is not None else self.sync_threads
 
     @property
     def run_agents(self) -> list[str]:
@@ -128,11 +169,15 @@ class WorkerStats:
         }
 
 
-@dataclass
+@dataclass(eq=False)
 class _InFlight:
-    row: dict[str, Any]
+    """One held task: its row, its stage, its lease flag, and (once done) its action."""
+
+    row: TaskRow
     kind: str  # "run" or "judge"
     lease_lost: threading.Event
+    action: Action | None = None
+    job: asyncio.Task[None] | None = None
 
 
 class Worker:
@@ -144,25 +189,57 @@ class Worker:
         self.config = config
         executor.inline_judge = config.judges
         self.stats = WorkerStats()
-        self._wake = threading.Event()
         self._stopping = threading.Event()
         self._judging_may_wait = threading.Event()
         self._judging_may_wait.set()
-        self._inflight: dict[Future[Action], _InFlight] = {}
+        self._inflight: dict[int, _InFlight] = {}
         self._inflight_lock = threading.Lock()
-        self._unwritten: list[Action] = []
         self._judge_first = False
-        self.reaper = Reaper(store, ReaperConfig(max_delivery=config.max_delivery))
-        self.watchdog = Watchdog(store)
-        self.sweeper = Sweeper(store)
+        self._claim_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake_event: asyncio.Event | None = None
+        self._db_pool: ThreadPoolExecutor | None = None
+        self._agent_pool: ThreadPoolExecutor | None = None
+        self._beat_pool: ThreadPoolExecutor | None = None
+        self._beat_store: Store | None = None
+        self._failing: set[str] = set()
+        self._async_agents = self._served_async_agents()
+        self.maintenance = Maintenance(store, MaintenanceConfig(
+            max_delivery=config.max_delivery,
+            interval_seconds=config.maintenance_interval_seconds))
 
     # ------------------------------------------------------------------ control
     def stop(self, reason: str = "stopped") -> None:
-        """Stop claiming; in-flight work finishes (or is released) and ``run`` returns."""
+        """Stop claiming; in-flight work finishes (or is released) and ``run`` returns.
+
+        Safe from any thread and from a signal handler.
+        """
         if not self._stopping.is_set():
             self.stats.stop_reason = self.stats.stop_reason or reason
             self._stopping.set()
-            self._wake.set()
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wake the claim loop (from any thread)."""
+        loop, event = self._loop, self._wake_event
+        if loop is not None and event is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                loop.call_soon_threadsafe(event.set)
+
+    def _served_async_agents(self) -> bool:
+        """Whether any agent this worker serves has an ``async def`` run or aggregate."""
+        registry = getattr(self.executor, "registry", None)
+        if registry is None:
+            return False
+        for name in self.config.run_agents:
+            try:
+                cls = registry.get(name)
+            except Exception:  # an unknown agent fails its tasks; it is not async
+                continue
+            if inspect.iscoroutinefunction(cls.run) or \
+                    inspect.iscoroutinefunction(cls.aggregate):
+                return True
+        return False
 
     @property
     def stopping(self) -> bool:
@@ -178,8 +255,9 @@ class Worker:
         capacity = min(capacity, cfg.batch_size)
         if capacity <= 0:
             return []
-        order = ["judge", "run"] if self._judge_first else ["run", "judge"]
-        self._judge_first = not self._judge_first
+        with self._claim_lock:
+            order = ["judge", "run"] if self._judge_first else ["run", "judge"]
+            self._judge_first = not self._judge_first
         claimed: list[_InFlight] = []
         for kind in order:
             room = capacity - len(claimed)
@@ -196,7 +274,8 @@ class Worker:
             else:
                 continue
             claimed += [_InFlight(row, kind, threading.Event()) for row in rows]
-        self.stats.claimed += len(claimed)
+        with self._claim_lock:
+            self.stats.claimed += len(claimed)
         return claimed
 
     def execute(self, item: _InFlight) -> Action:
@@ -213,6 +292,19 @@ class Worker:
             self._write_batch(runs, self.store.finish_running)
         if verdicts:
             self._write_batch(verdicts, self.store.finish_judging)
+        delegations = [a for a in actions if isinstance(a, DelegateAction)]
+        if len(delegations) > 1:
+            try:  # one transaction for all of them; a refused payload: one by one below
+                done = self.store.delegate_many(
+                    [(d.task_id, d.lease_token, d.children, d.detail) for d in delegations],
+                    self.config.worker_id)
+            except sa.exc.DataError:
+                pass
+            else:
+                for applied, _ in done:
+                    self.stats.delegated += int(applied)
+                    self.stats.stale += int(not applied)
+                actions = [a for a in actions if not isinstance(a, DelegateAction)]
         for action in actions:
             if isinstance(action, DelegateAction):
                 try:
@@ -283,149 +375,262 @@ class Worker:
         self.apply(actions)
         return len(items)
 
-    def maintain_once(self) -> None:
-        """One pass of the reaper, the watchdog and the fan-in sweeper."""
-        reaped = self.reaper.run_once()
-        timed_out = self.watchdog.run_once()
-        swept = self.sweeper.run_once()
-        self.stats.reaped += reaped.released
-        self.stats.poisoned += reaped.poisoned
-        self.stats.timed_out += timed_out.failed
-        self.stats.swept += swept.ready
+    def maintain_once(self) -> bool:
+        """One pass of the reaper, the watchdog and the fan-in sweeper; False when skipped.
+
+        Skipped when another worker is running one, or ran one within
+        ``maintenance_interval_seconds``.
+        """
+        done = self.maintenance.run_once()
+        if done is None:
+            return False
+        self.stats.reaped += done.reaped.released
+        self.stats.poisoned += done.reaped.poisoned
+        self.stats.timed_out += done.timed_out.failed
+        self.stats.swept += done.swept.ready
+        return True
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> WorkerStats:
         """Work until stopped, the task cap, the wall clock, or (``once``) an empty queue."""
-        cfg = self.config
-        started = time.monotonic()
-        threads = [threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)]
-        if cfg.listen:
-            threads.append(threading.Thread(target=self._listen_loop, name="listen", daemon=True))
-        if cfg.maintenance:
-            threads.append(threading.Thread(target=self._maintenance_loop, name="maintenance",
-                                            daemon=True))
-        for t in threads:
-            t.start()
-        pool = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="agent")
-        backoff = 0.1
-        try:
-            while True:
-                if cfg.wall_clock_seconds is not None and \
-                        time.monotonic() - started >= cfg.wall_clock_seconds:
-                    self.stop("wall clock reached")
-                if cfg.task_cap is not None and self.stats.claimed >= cfg.task_cap:
-                    self.stop("task cap reached")
-                if self.stopping:
-                    break
-                try:
-                    self._flush()
-                    free = cfg.concurrency - len(self._inflight)
-                    # Claim when half the slots are free (or none is busy): fewer, larger
-                    # claims; one statement per claim is where throughput comes from.
-                    worth_it = free >= max(1, cfg.concurrency // 2) or not self._inflight
-                    items = self.claim_batch(free) if free > 0 and worth_it else []
-                    backoff = 0.1
-                except sa.exc.DBAPIError as exc:
-                    self.stats.db_errors += 1
-                    log.warning("database error in the worker loop; retrying",
-                                extra={"error": str(exc.orig), "backoff": backoff})
-                    self._wake.wait(backoff)
-                    backoff = min(backoff * 2, DB_RETRY_MAX_SECONDS)
-                    continue
-                for item in items:
-                    self._submit(pool, item)
-                if self._collect():
-                    continue
-                if items and len(items) >= min(free, cfg.batch_size):
-                    continue  # the queue had more than we took: go again
-                with self._inflight_lock:
-                    idle = not self._inflight
-                if cfg.once and idle and not items and not self._unwritten:
-                    self.stop("queue empty")
-                    break
-                if not self._wake.wait(cfg.poll_interval_seconds):
-                    self._judging_may_wait.set()  # the polling fallback covers judging too
-                self._wake.clear()
-        finally:
-            self._drain(pool)
+        asyncio.run(self._main())
         return self.stats
 
-    def _submit(self, pool: ThreadPoolExecutor, item: _InFlight) -> None:
-        future = pool.submit(self.execute, item)
-        with self._inflight_lock:
-            self._inflight[future] = item
-        future.add_done_callback(lambda _f: self._wake.set())
+    async def _main(self) -> None:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._wake_event = asyncio.Event()
+        if self._stopping.is_set():
+            self._wake_event.set()
+        self._db_pool = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="db")
+        agent_pool = ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="agent")
+        self._agent_pool = agent_pool
+        # The heartbeat has a thread and a connection of its own: a busy pool never
+        # delays it past a lease.
+        self._beat_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="heartbeat")
+        self._beat_store = Store(create_db_engine(
+            self.store.engine.url.render_as_string(hide_password=False), pool_size=1))
+        queue: asyncio.Queue[_InFlight] = asyncio.Queue()
+        listener = None
+        if cfg.listen:
+            listener = threading.Thread(target=self._listen_loop, name="listen", daemon=True)
+            listener.start()
+        background = [loop.create_task(self._heartbeat_loop(), name="heartbeat"),
+                      loop.create_task(self._writer_loop(queue), name="writer")]
+        if cfg.maintenance:
+            background.append(loop.create_task(self._maintenance_loop(), name="maintenance"))
+        try:
+            await self._claim_loop(queue, agent_pool)
+        finally:
+            self._stopping.set()
+            await self._drain()
+            for job in background:
+                job.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            agent_pool.shutdown(wait=False, cancel_futures=True)
+            self._db_pool.shutdown(wait=True)
+            self._beat_pool.shutdown(wait=True)
+            self._beat_store.dispose()
+            self._beat_store = None
+            self._loop = None
 
-    def _collect(self) -> bool:
+    async def _db(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking database call off the loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._db_pool, functools.partial(fn, *args))
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking step of an async agent's task (its checks, a read) in a thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._agent_pool, functools.partial(fn, *args))
+
+    def _db_error(self, where: str, exc: BaseException) -> None:
+        """Count a database error; log it once per streak of failures in one place."""
+        self.stats.db_errors += 1
+        if where not in self._failing:
+            self._failing.add(where)
+            error = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:300]
+            log.warning(f"database error in the worker's {where}; retrying: "
+                        f"{type(exc).__name__}: {error}")
+
+    def _db_ok(self, where: str) -> None:
+        if where in self._failing:
+            self._failing.discard(where)
+            log.info(f"the worker's {where} reaches the database again")
+
+    async def _sleep(self, seconds: float) -> bool:
+        """Wait for a wake-up or ``seconds``; True when woken."""
+        assert self._wake_event is not None
+        try:
+            await asyncio.wait_for(self._wake_event.wait(), seconds)
+            woken = True
+        except TimeoutError:
+            woken = False
+        self._wake_event.clear()
+        return woken
+
+    def _room(self) -> int:
+        """How many more tasks this process may claim now."""
+        cfg = self.config
+        held = len(self._inflight)
+        room = cfg.max_in_flight - held
+        if not self._async_agents:
+            room = min(room, cfg.threads - held)  # sync work cannot run more at once
+        return room
+
+    async def _claim_loop(self, queue: asyncio.Queue[_InFlight],
+                          agent_pool: ThreadPoolExecutor) -> None:
+        cfg = self.config
+        started = time.monotonic()
+        limit = cfg.max_in_flight if self._async_agents else min(cfg.max_in_flight, cfg.threads)
+        threshold = max(1, min(cfg.batch_size, limit // 2))
+        backoff = 0.1
+        while True:
+            if cfg.wall_clock_seconds is not None and \
+                    time.monotonic() - started >= cfg.wall_clock_seconds:
+                self.stop("wall clock reached")
+            if cfg.task_cap is not None and self.stats.claimed >= cfg.task_cap:
+                self.stop("task cap reached")
+            if self.stopping:
+                return
+            room = self._room()
+            # Claim when enough room is free (or nothing is held): fewer, larger claims.
+            items: list[_InFlight] = []
+            if room > 0 and (room >= threshold or not self._inflight):
+                try:
+                    items = await self._claim(room)
+                    self._db_ok("claims")
+                    backoff = 0.1
+                except DB_ERRORS as exc:
+                    self._db_error("claims", exc)
+                    await self._sleep(backoff)
+                    backoff = min(backoff * 2, DB_RETRY_MAX_SECONDS)
+                    continue
+            for item in items:
+                self._start(item, queue, agent_pool)
+            if items and len(items) >= min(room, self._claim_size(room)) and self._room() > 0:
+                await asyncio.sleep(0)  # the queue had more than we took: go again
+                continue
+            if cfg.once and not items and not self._inflight:
+                self.stop("queue empty")
+                return
+            if not await self._sleep(cfg.poll_interval_seconds):
+                self._judging_may_wait.set()  # the polling fallback covers judging too
+
+    def _claim_size(self, room: int) -> int:
+        """The most one round of claims asks for: several batches at once with room."""
+        if self.config.task_cap is not None:
+            return min(room, self.config.batch_size)  # one claim at a time keeps the cap exact
+        return min(room, self.config.batch_size * CLAIMS_AT_ONCE)
+
+    async def _claim(self, room: int) -> list[_InFlight]:
+        """Claim up to ``room`` tasks: concurrent claims of ``batch_size`` (SKIP LOCKED)."""
+        size, batch = self._claim_size(room), self.config.batch_size
+        sizes = [min(batch, size - n) for n in range(0, size, batch)]
+        if len(sizes) == 1:
+            return await self._db(self.claim_batch, sizes[0])
+        claimed = await asyncio.gather(*(self._db(self.claim_batch, n) for n in sizes),
+                                       return_exceptions=True)
+        items = [i for c in claimed if isinstance(c, list) for i in c]
+        errors = [c for c in claimed if isinstance(c, BaseException)]
+        if errors and not items:
+            raise errors[0]
+        for error in errors:  # what the other claims got still runs
+            self._db_error("claims", error)
+        return items
+
+    def _start(self, item: _InFlight, queue: asyncio.Queue[_InFlight],
+               agent_pool: ThreadPoolExecutor) -> None:
         with self._inflight_lock:
-            done = [f for f in self._inflight if f.done()]
-            items = [self._inflight.pop(f) for f in done]
-        if not done:
-            return False
-        for future, item in zip(done, items, strict=True):
+            self._inflight[id(item)] = item
+        item.job = asyncio.get_running_loop().create_task(self._work(item, queue, agent_pool))
+
+    async def _work(self, item: _InFlight, queue: asyncio.Queue[_InFlight],
+                    agent_pool: ThreadPoolExecutor) -> None:
+        """Run one task to its action and hand the action to the writer."""
+        loop = asyncio.get_running_loop()
+        try:
+            if item.kind == "run" and self._async_agents and self.executor.is_async(item.row):
+                action: Action = await self.executor.aexecute(item.row, item.lease_lost,
+                                                              self._off_loop)
+            else:
+                action = await loop.run_in_executor(agent_pool, self.execute, item)
+        except Exception as exc:  # the executor catches agent errors; this is a bug
+            log.exception("executor crashed", extra={"task_id": str(item.row.id)})
+            action = RunOutcome(item.row.id, item.row.lease, "failed",
+                                error=f"runtime error: {exc}")
+        item.action = action
+        queue.put_nowait(item)
+
+    async def _writer_loop(self, queue: asyncio.Queue[_InFlight]) -> None:
+        """Write what arrives within a few milliseconds together; retry on database errors."""
+        while True:
+            batch = [await queue.get()]
+            await asyncio.sleep(WRITE_WINDOW_SECONDS)
+            while not queue.empty():
+                batch.append(queue.get_nowait())
+            backoff = 0.1
+            while True:
+                try:
+                    await self._db(self.apply, [i.action for i in batch if i.action is not None])
+                    self._db_ok("writer")
+                    break
+                except DB_ERRORS as exc:
+                    self._db_error("writer", exc)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, DB_RETRY_MAX_SECONDS)
+            with self._inflight_lock:
+                for item in batch:
+                    self._inflight.pop(id(item), None)
+            self._wake()
+
+    async def _heartbeat_loop(self) -> None:
+        """Extend the leases held, every third of the lease, until the worker is done."""
+        interval = self.config.lease_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
             try:
-                self._unwritten.append(future.result())
-            except Exception as exc:  # the executor catches agent errors; this is a bug
-                log.exception("executor crashed", extra={"task_id": str(item.row["id"])})
-                self._unwritten.append(RunOutcome(item.row["id"], item.row["lease_token"],
-                                                  "failed", error=f"runtime error: {exc}"))
-        try:
-            self._flush()
-        except sa.exc.DBAPIError as exc:  # kept in _unwritten; the loop retries with backoff
-            self.stats.db_errors += 1
-            log.warning("could not write outcomes; will retry", extra={"error": str(exc.orig)})
-        return True
+                await asyncio.get_running_loop().run_in_executor(self._beat_pool,
+                                                                 self.heartbeat_once)
+            except Exception as exc:  # never let the heartbeat die
+                self._db_error("heartbeat", exc)
 
-    def _flush(self) -> None:
-        if not self._unwritten:
-            return
-        actions, self._unwritten = self._unwritten, []
-        try:
-            self.apply(actions)
-        except sa.exc.DBAPIError:
-            self._unwritten = actions + self._unwritten
-            raise
+    async def _maintenance_loop(self) -> None:
+        interval = self.config.maintenance_interval_seconds
+        while not self.stopping:
+            await asyncio.sleep(interval)
+            try:
+                await self._db(self.maintain_once)
+                self._db_ok("maintenance")
+            except DB_ERRORS as exc:
+                self._db_error("maintenance", exc)
 
-    def _drain(self, pool: ThreadPoolExecutor) -> None:
-        """Let in-flight work finish within the grace period, then release the rest."""
+    async def _drain(self) -> None:
+        """Let in-flight work finish and be written within the grace, then release the rest."""
         deadline = time.monotonic() + self.config.stop_grace_seconds
         while self._inflight and time.monotonic() < deadline:
-            self._wake.wait(0.05)
-            self._wake.clear()
-            try:
-                self._collect()
-            except sa.exc.DBAPIError:
-                time.sleep(0.2)
+            await self._sleep(min(0.05, max(0.0, deadline - time.monotonic())))
         with self._inflight_lock:
             leftover = list(self._inflight.values())
             self._inflight.clear()
+        for item in leftover:
+            item.lease_lost.set()
+            if item.job is not None:
+                item.job.cancel()
+        tokens = [i.row.lease_token for i in leftover if i.row.lease_token is not None]
         for attempt in range(5):
-            try:
-                self._flush()
-                if leftover:
-                    self.stats.released += self.store.release(
-                        [i.row["lease_token"] for i in leftover], self.config.worker_id)
-                    for item in leftover:
-                        item.lease_lost.set()
-                    leftover = []
+            if not tokens:
                 break
-            except sa.exc.DBAPIError:
-                time.sleep(0.2 * (attempt + 1))
-        pool.shutdown(wait=False, cancel_futures=True)
+            try:
+                self.stats.released += await self._db(self.store.release, tokens,
+                                                      self.config.worker_id)
+                break
+            except DB_ERRORS as exc:
+                self._db_error("release", exc)
+                await asyncio.sleep(0.2 * (attempt + 1))
 
     # ------------------------------------------------------------------ threads
-    def _heartbeat_loop(self) -> None:
-        interval = self.config.lease_seconds / 3
-        while not self._stopping.wait(interval):
-            self.heartbeat_once()
-        # keep leases alive while draining
-        while True:
-            with self._inflight_lock:
-                if not self._inflight:
-                    return
-            self.heartbeat_once()
-            time.sleep(interval)
-
     def heartbeat_once(self) -> int:
         """Extend every lease held; flag tasks whose lease was lost. Returns how many held."""
         with self._inflight_lock:
@@ -433,27 +638,22 @@ class Worker:
         if not items:
             return 0
         try:
-            held = self.store.heartbeat([i.row["lease_token"] for i in items],
-                                        self.config.lease_seconds)
-        except sa.exc.DBAPIError as exc:
-            log.warning("heartbeat failed", extra={"error": str(exc.orig)})
+            held = (self._beat_store or self.store).heartbeat([i.row.lease for i in items],
+                                                              self.config.lease_seconds)
+        except DB_ERRORS as exc:
+            self._db_error("heartbeat", exc)
             return 0
+        self._db_ok("heartbeat")
         with self._inflight_lock:
             still_running = {id(i) for i in self._inflight.values()}
         for item in items:
             # A task that finished while the heartbeat ran is not lost, just done.
-            if item.row["lease_token"] not in held and id(item) in still_running \
+            if item.row.lease_token not in held and id(item) in still_running \
                     and not item.lease_lost.is_set():
                 item.lease_lost.set()
-                log.warning("lease lost", extra={"task_id": str(item.row["id"])})
+                log.warning("lease lost", extra={"task_id": str(item.row.id)})
         return len(held)
 
-    def _maintenance_loop(self) -> None:
-        while not self._stopping.wait(self.config.maintenance_interval_seconds):
-            try:
-                self.maintain_once()
-            except sa.exc.DBAPIError as exc:
-                log.warning("maintenance failed", extra={"error": str(exc.orig)})
 
     def _listen_loop(self) -> None:
         wanted = set(self.config.run_agents) | ({JUDGE} if self.config.judges else set())
@@ -462,13 +662,13 @@ class Worker:
             try:
                 with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                    self._wake.set()  # anything sent while we were away is in the table
+                    self._wake()  # anything sent while we were away is in the table
                     while not self._stopping.is_set():
                         for note in conn.notifies(timeout=1.0):
                             if note.payload in wanted:
                                 if note.payload == JUDGE:
                                     self._judging_may_wait.set()
-                                self._wake.set()
+                                self._wake()
             except psycopg.Error as exc:
                 log.info("listener reconnecting", extra={"error": str(exc)})
                 self._stopping.wait(1.0)

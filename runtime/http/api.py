@@ -38,6 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agents.registry import Registry, UnknownAgent
+from agents.tasks import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
 from runtime.config import Settings
 from runtime.errors import BadInput
 from runtime.http.auth import API_TOKEN_ENV
@@ -75,9 +76,9 @@ class SubmitRequest(BaseModel):
     agent: str = Field("ceo", description="The agent that receives the goal.")
     type: str | None = Field(None, description="Task type (default: the agent's first).")
     priority: int = Field(5, description="Lower is more urgent.")
-    budget_tokens: int = Field(50_000, description="Tree-wide token budget.")
-    budget_seconds: int = Field(300, description="Seconds per run of each task.")
-    budget_usd: Decimal = Field(Decimal("1.0"), allow_inf_nan=False,
+    budget_tokens: int = Field(DEFAULT_BUDGET_TOKENS, description="Tree-wide token budget.")
+    budget_seconds: int = Field(DEFAULT_BUDGET_SECONDS, description="Seconds per run of each task.")
+    budget_usd: Decimal = Field(DEFAULT_BUDGET_USD, allow_inf_nan=False,
                                 description="Tree-wide USD budget (number or string).")
     payload: dict[str, Any] | None = Field(None, description="Extra payload fields.")
     success_criteria: dict[str, Any] | None = None

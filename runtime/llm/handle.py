@@ -45,6 +45,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from agents.tasks import DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
 from runtime.config import Settings
 from runtime.errors import BadInput, BudgetExceeded, LeaseLost, TransientModelError, UnknownPrice
 from runtime.llm.backends import build_backend
@@ -104,9 +105,6 @@ USD_QUANTUM = Decimal("0.00000001")
 MAX_REPAIR_ECHO_CHARS = 2000
 #: The longest ``Retry-After`` honoured as given (longer ones are cut to this).
 MAX_RETRY_AFTER_SECONDS = 300.0
-
-DEFAULT_BUDGET_TOKENS = 50_000
-DEFAULT_BUDGET_USD = Decimal("1.0")
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from agents.tasks import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
+
 #: Every status a task can have; the CHECK constraint and the code share this tuple.
 STATUSES: tuple[str, ...] = (
     "pending",
@@ -96,9 +98,12 @@ class Task(Base):
     payload: Mapped[Any] = mapped_column(JSONB, nullable=False)
     success_criteria: Mapped[jsonb | None]
     kill_criteria: Mapped[jsonb | None]
-    budget_tokens: Mapped[int | None] = mapped_column(Integer, server_default="50000")
-    budget_seconds: Mapped[int | None] = mapped_column(Integer, server_default="300")
-    budget_usd: Mapped[Decimal | None] = mapped_column(Numeric(10, 4), server_default="1.0")
+    budget_tokens: Mapped[int | None] = mapped_column(Integer,
+                                                       server_default=str(DEFAULT_BUDGET_TOKENS))
+    budget_seconds: Mapped[int | None] = mapped_column(Integer,
+                                                        server_default=str(DEFAULT_BUDGET_SECONDS))
+    budget_usd: Mapped[Decimal | None] = mapped_column(
+        Numeric(10, 4), server_default=str(DEFAULT_BUDGET_USD))
     status: Mapped[str] = mapped_column(Text, nullable=False, server_default="pending")
     priority: Mapped[int | None] = mapped_column(Integer, server_default="5")
     created_at: Mapped[created_at | None]
@@ -133,6 +138,12 @@ class Task(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(
         TIMESTAMPTZ, nullable=False, server_default=text("now()")
     )
+    # --- the engine's (migration 0003) ---
+    #: When a running task times out (set at claim: now() + budget_seconds).
+    deadline_at: Mapped[dt.datetime | None] = mapped_column(TIMESTAMPTZ)
+    #: How much of spent_* has been added to the parent (rolled up at terminal statuses).
+    rolled_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    rolled_usd: Mapped[money]
 
     __table_args__ = (
         CheckConstraint(f"status IN ({_quoted(STATUSES)})", name="status_valid"),
@@ -169,6 +180,9 @@ class Task(Base):
             postgresql_where=text("lease_token IS NOT NULL"),
         ),
         Index("ix_tasks_waiting", "id", postgresql_where=text("status = 'waiting'")),
+        # The watchdog walks running rows by deadline and stops at the first one not due.
+        Index("ix_tasks_running_deadline", "deadline_at",
+              postgresql_where=text("status = 'running'")),
         # Fan-in reads children by parent; roots (most rows in a busy queue) stay out of it.
         Index("ix_tasks_parent_id_status", "parent_id", "status",
               postgresql_where=text("parent_id IS NOT NULL")),
@@ -249,13 +263,25 @@ class ModelCall(Base):
     replayed: Mapped[bool] = mapped_column(Boolean, nullable=False,
                                            server_default=text("false"))
     thinking: Mapped[str | None] = mapped_column(Text)
+    #: The task's tree (migration 0003): a running tree's live spend is summed by root.
+    root_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
 
     __table_args__ = (
         Index("ix_model_calls_task_id_attempt", "task_id", "attempt"),
         Index("ix_model_calls_recorded", "task_id", "phase", "position", "request_hash",
               postgresql_where=text("error IS NULL AND NOT replayed")),
+        Index("ix_model_calls_root_id", "root_id"),
         CheckConstraint("attempt_kind IN ('call', 'retry', 'repair')", name="attempt_kind"),
     )
+
+
+class MaintenancePass(Base):
+    """When a maintenance pass (reaper, watchdog, sweeper) last ran, across all workers."""
+
+    __tablename__ = "maintenance_passes"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    last_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False)
 
 
 class Fire(Base):

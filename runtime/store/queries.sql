@@ -70,6 +70,7 @@ WITH picked AS (
         lease_token = gen_random_uuid(),
         lease_expires_at = now() + make_interval(secs => :lease_seconds),
         claimed_at = now(),
+        deadline_at = now() + make_interval(secs => COALESCE(t.budget_seconds, 300)),
         started_at = COALESCE(t.started_at, now()),
         delivery_count = t.delivery_count + 1,
         updated_at = now()
@@ -107,10 +108,26 @@ RETURNING t.*, 'judging' AS claimed_from;
 
 -- task_heartbeat_leased --
 -- Extend the leases a worker still holds; the tokens not returned were taken away.
-UPDATE tasks
-SET lease_expires_at = now() + make_interval(secs => :lease_seconds)
-WHERE lease_token = ANY(CAST(:tokens AS uuid[]))
-RETURNING lease_token;
+-- Rows are locked in id order and rows locked right now are skipped (SKIP LOCKED): a
+-- heartbeat over a thousand leases never waits on, or deadlocks with, the worker's own
+-- outcome writes. A skipped row whose token is still there is returned too (held, not
+-- extended this time: it is being written, or the next beat extends it).
+WITH target AS (
+    SELECT id FROM tasks
+    WHERE lease_token = ANY(CAST(:tokens AS uuid[]))
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE tasks t
+    SET lease_expires_at = now() + make_interval(secs => :lease_seconds)
+    FROM target
+    WHERE t.id = target.id AND t.lease_token = ANY(CAST(:tokens AS uuid[]))
+    RETURNING t.id, t.lease_token
+)
+SELECT lease_token FROM upd
+UNION ALL
+SELECT lease_token FROM tasks
+WHERE lease_token = ANY(CAST(:tokens AS uuid[])) AND id NOT IN (SELECT id FROM target);
 
 -- task_finish_running --
 -- Move leased running tasks to judging, failed, escalated or back to pending (a retry
@@ -190,12 +207,40 @@ WITH input AS (
 SELECT id, parent_id, status FROM upd;
 
 -- task_lock_parents --
--- Lock waiting parents in id order before the fan-in check, so that two transactions
--- finishing the last two children of one parent serialise and the second sees the first.
+-- Lock the parents of children that just ended, in id order, before their spend is rolled
+-- up and the fan-in check runs: two transactions finishing the last two children of one
+-- parent serialise and the second sees the first.
 SELECT id FROM tasks
-WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'waiting'
+WHERE id = ANY(CAST(:ids AS uuid[]))
 ORDER BY id
 FOR UPDATE;
+
+-- task_roll_up_children --
+-- Children that reached a terminal status hand their spend not yet rolled up to their
+-- parent: marks it rolled and returns the difference per child (a child retried by its
+-- parent's aggregate rolls up only what it spent since). The parents are then updated by
+-- task_add_children_spend in the same transaction.
+UPDATE tasks c
+SET rolled_tokens = c.spent_tokens, rolled_usd = c.spent_usd
+FROM (
+    SELECT id, rolled_tokens, rolled_usd FROM tasks
+    WHERE id = ANY(CAST(:ids AS uuid[]))
+      AND parent_id IS NOT NULL
+      AND status IN ('done', 'failed', 'escalated')
+      AND (spent_tokens <> rolled_tokens OR spent_usd <> rolled_usd)
+) old
+WHERE c.id = old.id
+RETURNING c.parent_id, c.spent_tokens - old.rolled_tokens AS tokens,
+          c.spent_usd - old.rolled_usd AS usd;
+
+-- task_add_children_spend --
+-- Add finished children's spend to their (locked) parents: one row per parent.
+UPDATE tasks p
+SET spent_tokens = p.spent_tokens + x.tokens, spent_usd = p.spent_usd + x.usd
+FROM unnest(CAST(:ids AS uuid[]), CAST(:tokens AS bigint[]), CAST(:usd AS numeric[]))
+    AS x(id, tokens, usd)
+WHERE p.id = x.id
+RETURNING p.id;
 
 -- task_flip_ready_parents --
 -- Fan-in at once: the given waiting parents whose children are all terminal become ready.
@@ -343,7 +388,9 @@ SELECT (SELECT count(*) FROM parent) AS parents, (SELECT count(*) FROM kids) AS 
        (SELECT count(*) FROM notify) AS notified;
 
 -- task_charge_running --
--- Charge one model call to the leased task's own spend and record the call.
+-- Charge one model call to the leased task's own spend and record the call. Only this
+-- task's row is touched (no ancestor: the spend rolls up when the task ends), so a
+-- thousand leaves of one tree never queue on their root.
 WITH me AS (
     UPDATE tasks
     SET own_tokens = own_tokens + :tokens,
@@ -355,25 +402,66 @@ WITH me AS (
         model = :model,
         updated_at = now()
     WHERE id = :id AND lease_token = :token
-    RETURNING id, parent_id, delivery_count
+    RETURNING id, root_id
 )
-INSERT INTO model_calls (task_id, attempt, call_index, backend, route, model, prompt,
-                         response, prompt_tokens, completion_tokens, duration_seconds,
-                         cost_usd, error, phase, position, request_hash, attempt_kind,
-                         call_try, replayed, thinking)
-SELECT id, :attempt, :call_index, :backend, :route, :model, :prompt, :response,
+INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model,
+                         prompt, response, prompt_tokens, completion_tokens,
+                         duration_seconds, cost_usd, error, phase, position, request_hash,
+                         attempt_kind, call_try, replayed, thinking)
+SELECT id, root_id, :attempt, :call_index, :backend, :route, :model, :prompt, :response,
        :prompt_tokens, :completion_tokens, :duration_seconds, :usd, :error, :phase,
        :position, :request_hash, :attempt_kind, :call_try, :replayed, :thinking
 FROM me
-RETURNING task_id, (SELECT parent_id FROM me) AS parent_id;
+RETURNING task_id;
 
--- task_rollup_spend --
--- Add a charge to one ancestor's tree-wide spend (called leaf to root, so every
--- transaction locks a shared ancestor chain in the same order).
-UPDATE tasks
-SET spent_tokens = spent_tokens + :tokens, spent_usd = spent_usd + :usd
-WHERE id = :id
-RETURNING parent_id;
+-- task_charge_running_many --
+-- Charge a batch of model calls (one JSON array) in one statement: each task's row gets
+-- the sum of its calls, guarded by its lease token; a call whose lease is gone changes
+-- nothing and is not recorded. Returns the input positions that were recorded.
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset(CAST(:batch AS jsonb))
+        AS i(n int, id uuid, token uuid, tokens bigint, usd numeric, route text,
+             route_reason text, model text, attempt int, call_index int, backend text,
+             prompt text, response text, prompt_tokens int, completion_tokens int,
+             duration_seconds double precision, error text, phase text, position text,
+             request_hash text, attempt_kind text, call_try int, replayed boolean,
+             thinking text)
+), per_task AS (
+    SELECT id, token, sum(tokens) AS tokens, sum(usd) AS usd, max(n) AS last
+    FROM input GROUP BY id, token
+), me AS (
+    UPDATE tasks t
+    SET own_tokens = t.own_tokens + p.tokens,
+        own_usd = t.own_usd + p.usd,
+        spent_tokens = t.spent_tokens + p.tokens,
+        spent_usd = t.spent_usd + p.usd,
+        route = i.route,
+        route_reason = i.route_reason,
+        model = i.model,
+        updated_at = now()
+    FROM per_task p JOIN input i ON i.n = p.last
+    WHERE t.id = p.id AND t.lease_token = p.token
+    RETURNING t.id, t.root_id, p.token
+), calls AS (
+    INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model,
+                             prompt, response, prompt_tokens, completion_tokens,
+                             duration_seconds, cost_usd, error, phase, position,
+                             request_hash, attempt_kind, call_try, replayed, thinking)
+    SELECT i.id, me.root_id, i.attempt, i.call_index, i.backend, i.route, i.model, i.prompt,
+           i.response, i.prompt_tokens, i.completion_tokens, i.duration_seconds, i.usd,
+           i.error, i.phase, i.position, i.request_hash, i.attempt_kind, i.call_try,
+           i.replayed, i.thinking
+    FROM input i JOIN me ON me.id = i.id AND me.token = i.token
+    ORDER BY i.n
+)
+SELECT i.n FROM input i JOIN me ON me.id = i.id AND me.token = i.token;
+
+-- model_call_spend_by_root --
+-- The live spend of one tree, summed from its model calls (index on root_id): what the
+-- tree has spent so far, including tasks still running.
+SELECT COALESCE(sum(prompt_tokens + completion_tokens), 0) AS tokens,
+       COALESCE(sum(cost_usd), 0) AS usd, count(*) AS calls
+FROM model_calls WHERE root_id = :root_id;
 
 -- task_reap_expired --
 -- The reaper: tasks whose lease expired go back to where they were claimed from
@@ -423,14 +511,28 @@ WITH expired AS (
 SELECT id, parent_id, from_status, to_status, (SELECT count(*) FROM notify) AS notified
 FROM upd;
 
+-- maintenance_pass_begin --
+-- Start a maintenance pass (reaper, watchdog, sweeper) if no other worker is running one
+-- (a transaction-level advisory lock: the others skip, and it is released at commit) and
+-- none ran in the last :interval seconds. Returns a row only when this worker should run it.
+WITH lock AS (
+    SELECT pg_try_advisory_xact_lock(:key) AS locked
+)
+INSERT INTO maintenance_passes AS m (name, last_at)
+SELECT :name, now() FROM lock WHERE locked
+ON CONFLICT (name) DO UPDATE SET last_at = now()
+WHERE m.last_at <= now() - make_interval(secs => :interval)
+RETURNING name;
+
 -- task_fail_timed_out --
--- The watchdog (seed 003): a task running past budget_seconds ends failed with 'timeout'.
+-- The watchdog (seed 003): a task running past its deadline_at (set at claim to
+-- now() + budget_seconds; a partial index on running rows) ends failed with 'timeout'.
 -- Clearing the lease token makes the late worker's completion a no-op.
 WITH late AS (
     SELECT id
     FROM tasks
-    WHERE status = 'running'
-      AND claimed_at + make_interval(secs => COALESCE(budget_seconds, 300)) < now()
+    WHERE status = 'running' AND deadline_at < now()
+    ORDER BY deadline_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), upd AS (

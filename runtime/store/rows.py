@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import hashlib
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
+
+from agents.tasks import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
 
 
 class IdempotencyConflict(ValueError):
@@ -29,6 +34,95 @@ class NotFound(LookupError):
     """No task with that id."""
 
 
+@dataclass(slots=True)
+class TaskRow:
+    """One ``tasks`` row as the engine holds it: typed, read from the database in one place.
+
+    Every Store read that hands tasks to the engine (claims, a parent's children) builds
+    them with :meth:`from_mapping`; public JSON views keep their mappings. ``get`` and
+    ``[name]`` read a column by name, so code written against the old mapping rows (the
+    model handle, the judge, tests) keeps working.
+    """
+
+    id: uuid.UUID
+    to_agent: str
+    type: str
+    payload: Any
+    status: str
+    parent_id: uuid.UUID | None = None
+    root_id: uuid.UUID | None = None
+    from_agent: str | None = None
+    hypothesis_id: uuid.UUID | None = None
+    success_criteria: dict[str, Any] | None = None
+    kill_criteria: dict[str, Any] | None = None
+    budget_tokens: int | None = DEFAULT_BUDGET_TOKENS
+    budget_seconds: int | None = DEFAULT_BUDGET_SECONDS
+    budget_usd: Decimal | None = DEFAULT_BUDGET_USD
+    priority: int | None = 5
+    created_at: dt.datetime | None = None
+    started_at: dt.datetime | None = None
+    completed_at: dt.datetime | None = None
+    result: Any = None
+    error: str | None = None
+    depth: int = 0
+    phase: str = "run"
+    available_at: dt.datetime | None = None
+    lease_owner: str | None = None
+    lease_token: uuid.UUID | None = None
+    lease_expires_at: dt.datetime | None = None
+    claimed_at: dt.datetime | None = None
+    deadline_at: dt.datetime | None = None
+    delivery_count: int = 0
+    retry_count: int = 0
+    idempotency_key: str | None = None
+    request_hash: str | None = None
+    own_tokens: int = 0
+    own_usd: Decimal = Decimal(0)
+    spent_tokens: int = 0
+    spent_usd: Decimal = Decimal(0)
+    rolled_tokens: int = 0
+    rolled_usd: Decimal = Decimal(0)
+    duration_seconds: float = 0.0
+    route: str | None = None
+    route_reason: str | None = None
+    model: str | None = None
+    verdict: dict[str, Any] | None = None
+    updated_at: dt.datetime | None = None
+    claimed_from: str | None = None
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[Any, Any]) -> TaskRow:
+        """Build a row from a result mapping; columns this type does not know are ignored."""
+        return cls(**{k: v for k, v in row.items() if k in _TASK_FIELDS})
+
+    @property
+    def lease(self) -> uuid.UUID:
+        """The lease token of a claimed row; a row nobody holds raises ``ValueError``."""
+        if self.lease_token is None:
+            raise ValueError(f"task {self.id} is not leased")
+        return self.lease_token
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """A column by name (``default`` when this type has no such column)."""
+        return getattr(self, name, default) if name in _TASK_FIELDS else default
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in _TASK_FIELDS:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def replace(self, **changes: Any) -> TaskRow:
+        """A copy with some columns changed."""
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Column name -> value."""
+        return {name: getattr(self, name) for name in _TASK_FIELDS}
+
+
+_TASK_FIELDS = frozenset(f.name for f in dataclasses.fields(TaskRow))
+
+
 @dataclass(frozen=True)
 class NewTask:
     """A root task to submit."""
@@ -37,9 +131,9 @@ class NewTask:
     type: str
     payload: dict[str, Any]
     priority: int = 5
-    budget_tokens: int = 50_000
-    budget_seconds: int = 300
-    budget_usd: Decimal = Decimal("1.0")
+    budget_tokens: int = DEFAULT_BUDGET_TOKENS
+    budget_seconds: int = DEFAULT_BUDGET_SECONDS
+    budget_usd: Decimal = DEFAULT_BUDGET_USD
     success_criteria: dict[str, Any] | None = None
     kill_criteria: dict[str, Any] | None = None
     idempotency_key: str | None = None

@@ -6,19 +6,28 @@ named blocks. Each state change is one guarded statement that also writes its
 terminal), the parents are locked and flipped in that same transaction. A write from a
 worker whose lease was taken away matches no row, changes nothing, and is logged.
 
-Tasks travel as plain dicts (column name -> value), the rows as the database returns
-them; :func:`runtime.views.task_json` turns one into the public JSON shape.
+Tasks handed to the engine (claims, a parent's children) are typed rows
+(:class:`~runtime.store.rows.TaskRow`, built in one place: ``TaskRow.from_mapping``); the
+public reads return plain dicts that :func:`runtime.views.task_json` turns into JSON.
+
+Spend: a model call charges only its own task (and its ``model_calls`` row). A child's
+spend rolls up to its parent when the child reaches a terminal status, in the transaction
+that already locks the parent for fan-in; a running tree's live spend is summed from
+``model_calls`` by root (:meth:`Store.live_spend`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from runtime.store.models import TERMINAL_STATUSES
@@ -37,14 +46,32 @@ from runtime.store.rows import (
     ResolveRefused,
     RunOutcome,
     Swept,
+    TaskRow,
     TimedOut,
     canonical_json,
 )
 
 __all__ = [
-    "QUERIES", "QUERIES_FILE", "ChildRow", "Finished", "IdempotencyConflict", "JudgeOutcome",
-    "ModelCharge", "NewTask", "NotFound", "Reaped", "ResolveRefused", "RunOutcome", "Store",
-    "Swept", "Task", "TimedOut", "load_queries",
+    "MAINTENANCE_LOCK_KEY",
+    "QUERIES",
+    "QUERIES_FILE",
+    "ChildRow",
+    "Finished",
+    "IdempotencyConflict",
+    "JudgeOutcome",
+    "Maintained",
+    "ModelCharge",
+    "NewTask",
+    "NotFound",
+    "Reaped",
+    "ResolveRefused",
+    "RunOutcome",
+    "Store",
+    "Swept",
+    "Task",
+    "TaskRow",
+    "TimedOut",
+    "load_queries",
 ]
 
 log = logging.getLogger(__name__)
@@ -59,6 +86,20 @@ def _dumps_fast(value: Any) -> str:
 
 def _json_or_none(value: Any) -> str | None:
     return None if value is None else _dumps(value)
+
+
+#: The advisory lock key of the maintenance pass (distinct from the orchestrator's fire lock).
+MAINTENANCE_LOCK_KEY = int.from_bytes(hashlib.sha256(b"orgchart:maintenance").digest()[:8],
+                                      "big", signed=True)
+
+
+@dataclass(frozen=True)
+class Maintained:
+    """What one maintenance pass did (reaper, watchdog and sweeper, in one transaction)."""
+
+    reaped: Reaped
+    timed_out: TimedOut
+    swept: Swept
 
 
 class Store(StoreReads):
@@ -139,22 +180,33 @@ class Store(StoreReads):
         return int(row.inserted)
 
     # ------------------------------------------------------------------ claim
+    def _task_rows(self, conn: Connection, name: str, **params: Any) -> list[TaskRow]:
+        """Run a named read and type its rows (the one place tasks become ``TaskRow``)."""
+        return [TaskRow.from_mapping(r._mapping)
+                for r in conn.execute(_TEXT[name], params)]
+
     def claim(self, agents: Sequence[str], limit: int, worker: str,
-              lease_seconds: float) -> list[Task]:
+              lease_seconds: float) -> list[TaskRow]:
         """Claim up to ``limit`` pending or ready-to-aggregate tasks for ``agents``."""
         if not agents or limit <= 0:
             return []
         with self.transaction() as conn:
-            return self._rows(conn, "task_claim_available", agents=list(agents), limit=limit,
-                              worker=worker, lease_seconds=float(lease_seconds))
+            return self._task_rows(conn, "task_claim_available", agents=list(agents),
+                                   limit=limit, worker=worker,
+                                   lease_seconds=float(lease_seconds))
 
-    def claim_judging(self, limit: int, worker: str, lease_seconds: float) -> list[Task]:
+    def claim_judging(self, limit: int, worker: str, lease_seconds: float) -> list[TaskRow]:
         """Lease up to ``limit`` tasks waiting for the judge stage."""
         if limit <= 0:
             return []
         with self.transaction() as conn:
-            return self._rows(conn, "task_claim_judging", limit=limit, worker=worker,
-                              lease_seconds=float(lease_seconds))
+            return self._task_rows(conn, "task_claim_judging", limit=limit, worker=worker,
+                                   lease_seconds=float(lease_seconds))
+
+    def child_rows(self, task_id: uuid.UUID) -> list[TaskRow]:
+        """The children of one task as typed rows, in creation order (for the engine)."""
+        with self.engine.connect() as conn:
+            return self._task_rows(conn, "task_list_children", id=task_id)
 
     def heartbeat(self, tokens: Iterable[uuid.UUID], lease_seconds: float) -> set[uuid.UUID]:
         """Extend leases; return the tokens still held (the others were taken away)."""
@@ -191,9 +243,9 @@ class Store(StoreReads):
             rows = conn.execute(_TEXT["task_finish_running"],
                                 {"batch": _dumps_fast(batch), "worker": worker}).all()
             done.applied = [r.id for r in rows]
-            parents = {r.parent_id for r in rows
-                       if r.parent_id is not None and r.status in TERMINAL_STATUSES}
-            done.parents_ready = self._fan_in(conn, parents, worker)
+            ended = [r for r in rows
+                     if r.parent_id is not None and r.status in TERMINAL_STATUSES]
+            done.parents_ready = self._children_ended(conn, ended, worker)
         self._log_stale(outcomes, done)
         return done
 
@@ -211,10 +263,43 @@ class Store(StoreReads):
             rows = conn.execute(_TEXT["task_finish_judging"],
                                 {"batch": _dumps_fast(batch), "worker": worker}).all()
             done.applied = [r.id for r in rows]
-            parents = {r.parent_id for r in rows if r.parent_id is not None}
-            done.parents_ready = self._fan_in(conn, parents, worker)
+            ended = [r for r in rows if r.parent_id is not None]
+            done.parents_ready = self._children_ended(conn, ended, worker)
         self._log_stale(outcomes, done)
         return done
+
+    def _children_ended(self, conn: Connection, ended: Sequence[Any],
+                        worker: str) -> list[uuid.UUID]:
+        """Children reached a terminal status: roll their spend up, then fan in.
+
+        ``ended`` are rows with ``id`` and ``parent_id``. Runs in the caller's transaction:
+        the parents are locked (in id order), the children's spend not yet rolled up is
+        added to them, and the waiting parents whose children are now all terminal flip.
+        """
+        parents = {r.parent_id for r in ended if r.parent_id is not None}
+        if not parents:
+            return []
+        ids = sorted(parents)
+        conn.execute(_TEXT["task_lock_parents"], {"ids": ids})
+        self._roll_up(conn, [r.id for r in ended])
+        rows = conn.execute(_TEXT["task_flip_ready_parents"], {"ids": ids, "worker": worker})
+        return [r.id for r in rows]
+
+    @staticmethod
+    def _roll_up(conn: Connection, child_ids: Sequence[uuid.UUID]) -> None:
+        """Add terminal children's spend since their last roll-up to their locked parents."""
+        rolled = conn.execute(_TEXT["task_roll_up_children"], {"ids": list(child_ids)}).all()
+        if not rolled:
+            return
+        tokens: dict[uuid.UUID, int] = {}
+        usd: dict[uuid.UUID, Decimal] = {}
+        for r in rolled:
+            tokens[r.parent_id] = tokens.get(r.parent_id, 0) + int(r.tokens)
+            usd[r.parent_id] = usd.get(r.parent_id, Decimal(0)) + Decimal(r.usd)
+        ids = sorted(tokens)
+        conn.execute(_TEXT["task_add_children_spend"],
+                     {"ids": ids, "tokens": [tokens[i] for i in ids],
+                      "usd": [usd[i] for i in ids]})
 
     def _fan_in(self, conn: Connection, parent_ids: set[uuid.UUID], worker: str) -> list[uuid.UUID]:
         """Flip the waiting parents whose children are now all terminal (same transaction)."""
@@ -245,6 +330,29 @@ class Store(StoreReads):
         Returns ``(applied, inserted)``: ``applied`` is False when the lease was gone
         (nothing changed); ``inserted`` counts children that did not exist yet.
         """
+        with self.transaction() as conn:
+            return self._delegate(conn, task_id, lease_token, children, worker, detail)
+
+    def delegate_many(self, delegations: Sequence[tuple[uuid.UUID, uuid.UUID, Sequence[ChildRow],
+                                                        str | None]],
+                      worker: str) -> list[tuple[bool, int]]:
+        """Several delegations ``(task_id, lease_token, children, detail)`` in one transaction.
+
+        Each is the same guarded statement as :meth:`delegate` (in task id order); one
+        commit for all. Raises like :meth:`delegate` (a payload the database refuses fails
+        the whole call: retry them one by one).
+        """
+        order = sorted(range(len(delegations)), key=lambda n: delegations[n][0])
+        done: dict[int, tuple[bool, int]] = {}
+        with self.transaction() as conn:
+            for n in order:
+                task_id, token, children, detail = delegations[n]
+                done[n] = self._delegate(conn, task_id, token, children, worker, detail)
+        return [done[n] for n in range(len(delegations))]
+
+    def _delegate(self, conn: Connection, task_id: uuid.UUID, lease_token: uuid.UUID,
+                  children: Sequence[ChildRow], worker: str,
+                  detail: str | None) -> tuple[bool, int]:
         payload = [
             {
                 "id": str(uuid.uuid4()),
@@ -261,16 +369,15 @@ class Store(StoreReads):
             }
             for c in children
         ]
-        with self.transaction() as conn:
-            row = conn.execute(
-                _TEXT["task_delegate_running"],
-                {"id": task_id, "token": lease_token, "children": _dumps(payload),
-                 "worker": worker, "detail": detail or f"delegated to {len(children)} children"},
-            ).one()
-            if row.delegated:
-                # A re-run parent may find every child already finished.
-                self._fan_in(conn, {task_id}, worker)
-        if not row.delegated:
+        row = conn.execute(
+            _TEXT["task_delegate_running"],
+            {"id": task_id, "token": lease_token, "children": _dumps(payload),
+             "worker": worker, "detail": detail or f"delegated to {len(children)} children"},
+        ).one()
+        if row.delegated:
+            # A re-run parent may find every child already finished.
+            self._fan_in(conn, {task_id}, worker)
+        else:
             log.warning("late delegation ignored: lease gone", extra={"task_id": str(task_id)})
         return bool(row.delegated), int(row.inserted)
 
@@ -297,8 +404,9 @@ class Store(StoreReads):
 
     # ------------------------------------------------------------------ spend
     def charge(self, charge: ModelCharge) -> bool:
-        """Record one model call and charge it to the task, rolled up to the root.
+        """Record one model call and charge it to its task only (one row, one insert).
 
+        The spend reaches the ancestors when the task ends (:meth:`_children_ended`).
         Returns False (nothing written) when the task's lease is gone.
         """
         with self.transaction() as conn:
@@ -320,28 +428,83 @@ class Store(StoreReads):
                     "thinking": charge.thinking,
                 },
             ).first()
-            if row is None:
-                log.warning("late charge ignored: lease gone",
-                            extra={"task_id": str(charge.task_id)})
-                return False
-            parent = row.parent_id
-            tokens = charge.prompt_tokens + charge.completion_tokens
-            while parent is not None:  # leaf to root: one lock order for every chain
-                parent = conn.execute(
-                    _TEXT["task_rollup_spend"],
-                    {"id": parent, "tokens": tokens, "usd": charge.cost_usd},
-                ).scalar()
+        if row is None:
+            log.warning("late charge ignored: lease gone", extra={"task_id": str(charge.task_id)})
+            return False
         return True
 
+    def charge_many(self, charges: Sequence[ModelCharge]) -> list[bool]:
+        """Charge a batch of model calls in one statement; True for each one recorded.
+
+        Each call is guarded by its task's lease token like :meth:`charge`; several calls
+        of one task add up. A batch the database refuses as a whole (a NUL byte in one
+        prompt, say) is retried one call at a time, so a bad row fails alone.
+        """
+        if not charges:
+            return []
+        batch = [
+            {"n": n, "id": str(c.task_id), "token": str(c.lease_token),
+             "tokens": c.prompt_tokens + c.completion_tokens, "usd": str(c.cost_usd),
+             "route": c.route, "route_reason": c.route_reason, "model": c.model,
+             "attempt": c.attempt, "call_index": c.call_index, "backend": c.backend,
+             "prompt": c.prompt, "response": c.response, "prompt_tokens": c.prompt_tokens,
+             "completion_tokens": c.completion_tokens,
+             "duration_seconds": c.duration_seconds, "error": c.error, "phase": c.phase,
+             "position": c.position, "request_hash": c.request_hash,
+             "attempt_kind": c.attempt_kind, "call_try": c.call_try, "replayed": c.replayed,
+             "thinking": c.thinking}
+            for n, c in enumerate(charges)
+        ]
+        try:
+            with self.transaction() as conn:
+                done = {r.n for r in conn.execute(_TEXT["task_charge_running_many"],
+                                                  {"batch": _dumps_fast(batch)})}
+        except sa.exc.DataError:
+            if len(charges) == 1:
+                raise
+            return [ok for c in charges for ok in self.charge_many([c])]
+        for n, c in enumerate(charges):
+            if n not in done:
+                log.warning("late charge ignored: lease gone", extra={"task_id": str(c.task_id)})
+        return [n in done for n in range(len(charges))]
+
+    def live_spend(self, root_id: uuid.UUID) -> tuple[int, Decimal, int]:
+        """``(tokens, usd, calls)`` a tree has spent so far, running tasks included."""
+        with self.engine.connect() as conn:
+            row = conn.execute(_TEXT["model_call_spend_by_root"], {"root_id": root_id}).one()
+        return int(row.tokens), Decimal(row.usd), int(row.calls)
+
     # ------------------------------------------------------------------ hygiene
+    def maintain(self, max_delivery: int, interval_seconds: float, *, reap_limit: int = 1000,
+                 timeout_limit: int = 1000, sweep_limit: int = 10_000,
+                 name: str = "maintenance") -> Maintained | None:
+        """One maintenance pass for all workers: reaper, watchdog and sweeper, once per interval.
+
+        Runs in one transaction under a transaction-level advisory lock: while one worker
+        runs it the others skip, and a pass that ran less than ``interval_seconds`` ago
+        (by the database clock) is not repeated. Returns None when skipped.
+        """
+        with self.transaction() as conn:
+            began = conn.execute(_TEXT["maintenance_pass_begin"],
+                                 {"key": MAINTENANCE_LOCK_KEY, "name": name,
+                                  "interval": float(interval_seconds)}).first()
+            if began is None:
+                return None
+            reaped = self._reap(conn, max_delivery, "reaper", reap_limit)
+            timed_out = self._time_out(conn, "watchdog", timeout_limit)
+            swept = self._sweep(conn, "sweeper", sweep_limit)
+        return Maintained(reaped, timed_out, swept)
+
     def reap(self, max_delivery: int, worker: str = "reaper", limit: int = 1000) -> Reaped:
         """Release expired leases; poison tasks delivered ``max_delivery`` times."""
         with self.transaction() as conn:
-            rows = conn.execute(_TEXT["task_reap_expired"],
-                                {"max_delivery": max_delivery, "worker": worker,
-                                 "limit": limit}).all()
-            parents = {r.parent_id for r in rows if r.to_status == "failed" and r.parent_id}
-            self._fan_in(conn, parents, worker)
+            return self._reap(conn, max_delivery, worker, limit)
+
+    def _reap(self, conn: Connection, max_delivery: int, worker: str, limit: int) -> Reaped:
+        rows = conn.execute(_TEXT["task_reap_expired"],
+                            {"max_delivery": max_delivery, "worker": worker,
+                             "limit": limit}).all()
+        self._children_ended(conn, [r for r in rows if r.to_status == "failed"], worker)
         poisoned = sum(1 for r in rows if r.to_status == "failed")
         return Reaped(released=len(rows) - poisoned, poisoned=poisoned,
                       ids=tuple(r.id for r in rows))
@@ -349,16 +512,23 @@ class Store(StoreReads):
     def time_out(self, worker: str = "watchdog", limit: int = 1000) -> TimedOut:
         """Fail tasks running past their ``budget_seconds`` with ``error = 'timeout'``."""
         with self.transaction() as conn:
-            rows = conn.execute(_TEXT["task_fail_timed_out"],
-                                {"worker": worker, "limit": limit}).all()
-            self._fan_in(conn, {r.parent_id for r in rows if r.parent_id}, worker)
+            return self._time_out(conn, worker, limit)
+
+    def _time_out(self, conn: Connection, worker: str, limit: int) -> TimedOut:
+        rows = conn.execute(_TEXT["task_fail_timed_out"],
+                            {"worker": worker, "limit": limit}).all()
+        self._children_ended(conn, rows, worker)
         return TimedOut(failed=len(rows), ids=tuple(r.id for r in rows))
 
     def sweep(self, worker: str = "sweeper", limit: int = 10_000) -> Swept:
         """Mark waiting parents whose children are all terminal ``ready_to_aggregate``."""
         with self.transaction() as conn:
-            rows = conn.execute(_TEXT["task_sweep_ready_parents"],
-                                {"worker": worker, "limit": limit}).all()
+            return self._sweep(conn, worker, limit)
+
+    @staticmethod
+    def _sweep(conn: Connection, worker: str, limit: int) -> Swept:
+        rows = conn.execute(_TEXT["task_sweep_ready_parents"],
+                            {"worker": worker, "limit": limit}).all()
         return Swept(ready=len(rows), ids=tuple(r.id for r in rows))
 
     # ------------------------------------------------------------------ resolve
@@ -408,7 +578,7 @@ class Store(StoreReads):
             if not rows:
                 raise ResolveRefused(f"task {task_id} changed while resolving; try again")
             if to_status != "pending" and task.parent_id is not None:
-                self._fan_in(conn, {task.parent_id}, actor)
+                self._children_ended(conn, [task], actor)
             fresh = self._rows(conn, "task_get", id=task_id)[0]
         return fresh
 

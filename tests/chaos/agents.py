@@ -1,5 +1,7 @@
 """Agents for the chaos suite: every task spends model tokens, so spend roll-ups are checked.
 
+The leaves (``spender``) are ``async def``: a worker holds hundreds of them at once.
+
 Loaded with ``--agents-module tests.chaos.agents`` (the repository root on the path); it
 also registers ``tests.support_agents`` (echo, fanout, ...). With the offline backend a
 model call is deterministic, needs no network, and is still charged and recorded like a
@@ -9,7 +11,7 @@ nodes after workers died in the middle of charging.
 
 from __future__ import annotations
 
-import time
+import asyncio
 from typing import Any
 
 from agents.base import Agent, ChildSpec, Delegate, Escalate, Result, TaskView
@@ -26,16 +28,31 @@ def _spend(ctx: AgentContext, task: TaskView, what: str) -> int:
     return int(reply.prompt_tokens + reply.completion_tokens)
 
 
+async def _aspend(ctx: AgentContext, task: TaskView, what: str) -> int:
+    """``_spend`` from a coroutine: ``acomplete`` when the model layer has it."""
+    prompt = f"chaos {what}: {task.payload.get('goal', '')}"
+    acomplete = getattr(ctx.llm, "acomplete", None)
+    if acomplete is not None:
+        reply = await acomplete(prompt, max_tokens=CALL_MAX_TOKENS)
+    else:
+        reply = await asyncio.to_thread(ctx.llm.complete, prompt, max_tokens=CALL_MAX_TOKENS)
+    return int(reply.prompt_tokens + reply.completion_tokens)
+
+
 class Spender(Agent):
-    """A leaf that sleeps ``sleep`` seconds, then makes one (offline) model call."""
+    """A leaf that naps ``sleep`` seconds, then makes one (offline) model call.
+
+    ``async def``: a worker holds every leaf it can claim (up to ``max_in_flight``) at
+    once, so the kills and the server faults hit hundreds of tasks in flight.
+    """
 
     name = "spender"
     input_model = AnyInput
     output_model = AnyOutput
 
-    def run(self, ctx: AgentContext, task: TaskView) -> Result:
-        time.sleep(float(task.payload.get("sleep", 0)))
-        return Result({"tokens": _spend(ctx, task, "leaf")})
+    async def run(self, ctx: AgentContext, task: TaskView) -> Result:
+        await asyncio.sleep(float(task.payload.get("sleep", 0)))
+        return Result({"tokens": await _aspend(ctx, task, "leaf")})
 
 
 class SpendingFanout(Agent):

@@ -1,10 +1,12 @@
 """Chaos: four real workers drain about 1,100 tasks while we kill, restart and cut them.
 
 While 200 root goals (190 two-level trees of 5 tasks, 10 three-level trees of 17) drain
-through ``orgchart worker`` processes with a 2-second lease:
+through ``orgchart worker`` processes with a 2-second lease, each holding up to
+``MAX_IN_FLIGHT`` tasks at once (the leaves are ``async def``):
 
-- every second a random worker is SIGKILLed and a new one started (one "witness" worker
-  is never killed, so we can see a process live through every fault);
+- every second a random worker is SIGKILLed (one holding tasks, when there is one) and a
+  new one started (one "witness" worker is never killed, so we can see a process live
+  through every fault);
 - at a quarter of the way the PostgreSQL server is stopped, left down for a moment and
   started again;
 - at half and three quarters every session on the database is terminated.
@@ -66,6 +68,10 @@ NESTED_ROOTS, NESTED_BRANCHES, NESTED_LEAVES = 10, 4, 3
 EXPECTED_TASKS = (FLAT_ROOTS * (1 + FLAT_CHILDREN)
                   + NESTED_ROOTS * (1 + NESTED_BRANCHES * (1 + NESTED_LEAVES)))
 LEAF_SLEEP_SECONDS = 0.05
+#: Tasks each worker holds at once (its leaves are async): enough that every kill and
+#: every fault lands on many tasks in flight, few enough that one worker cannot hold the
+#: whole queue (the kills would then hit only idle workers).
+MAX_IN_FLIGHT = 50
 KILL_EVERY_SECONDS = 1.0
 FIRST_KILL_AFTER_SECONDS = 3.0  # let the first workers boot and claim
 RESTART_AT = 0.25  # fraction of tasks terminal
@@ -141,8 +147,12 @@ def _run_chaos(store: Store, db_url: str, fleet: Fleet, server_ctl: ServerContro
 
         if now >= next_kill:
             victims = [w for w in fleet.alive() if w is not witness]
+            # A worker holding tasks when there is one: a worker still booting holds
+            # nothing, and killing only those would test nothing.
+            busy = [w for w in victims
+                    if _try(lambda pid=w.pid: len(held_by(store, pid)), 0) > 0]
             if victims:
-                victim = rng.choice(victims)
+                victim = rng.choice(busy or victims)
                 fleet.sigkill(victim)
                 held = _try(lambda pid=victim.pid: held_by(store, pid), [])
                 journal.kills.append((victim.pid, len(held)))
@@ -289,7 +299,8 @@ def test_workers_and_server_die_and_every_task_is_recorded_once(
     journal = Journal(seed=chaos_seed(SEED_FROM_ENV))
     print(f"\nchaos seed {journal.seed} (replay with {SEED_ENV}={journal.seed})", flush=True)
     fleet = make_fleet(["--agents-module", MODULE, "--agents", "spend_fanout,spender,judge",
-                        "--lease-seconds", str(LEASE_SECONDS)])
+                        "--lease-seconds", str(LEASE_SECONDS),
+                        "--max-in-flight", str(MAX_IN_FLIGHT)])
     _submit_roots(store)
     witness = _run_chaos(store, db_url, fleet, server_ctl, journal)
     exit_codes = _stop_all(fleet)

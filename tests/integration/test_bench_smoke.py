@@ -10,9 +10,11 @@ import pytest
 import sqlalchemy as sa
 
 from bench import (
+    charge,
     claim_latency,
     drain,
     fanin,
+    makespan,
     pgqueuer_drain,
     pickup,
     reference,
@@ -157,3 +159,17 @@ def test_scratch_database_is_dropped_on_error(server_url: str) -> None:
         raise RuntimeError("boom")
     assert names[0].startswith("bench_smoke_")
     assert not _database_exists(server_url, names[0])
+
+
+def test_makespan(server_url: str) -> None:
+    figures = makespan.main(leads=2, writers=3, delay=0.1, server=server_url)
+    _numbers(figures, "makespan_seconds", "makespan_vs_critical_path", "peak_calls_in_flight")
+    assert figures["makespan_tasks"] == 9 and figures["makespan_model_calls"] == 7
+    assert figures["peak_calls_in_flight"] >= 1
+
+
+def test_charge(server_url: str) -> None:
+    figures = charge.main(leaves=20, threads=4, charges=40, server=server_url)
+    _numbers(figures, "charge_p50_ms", "charge_p99_ms", "charge_direct_p99_ms")
+    assert figures["charge_count"] == 40 and figures["charge_live_tree_calls"] == 40
+    assert figures["charge_root_spent_tokens_while_running"] == 0

@@ -33,7 +33,7 @@ from runtime.llm.backends import (
     write_replay_file,
 )
 from runtime.llm.handle import LLMFactory, TaskLLM
-from runtime.store.rows import ChildRow, NewTask
+from runtime.store.rows import ChildRow, NewTask, RunOutcome
 from runtime.store.store import Store
 from tests.fake_ollama import FakeOllama, fake_ollama_server  # noqa: F401
 
@@ -124,13 +124,17 @@ def test_deep_pending_queue_routes_to_the_cloud(store: Store) -> None:
     assert reply.route_reason == "pending queue 6 > pending_threshold 5"
 
 
-def test_spend_rolls_up_to_the_parent(store: Store) -> None:
+def test_spend_rolls_up_to_the_parent_when_the_child_ends(store: Store) -> None:
     parent = claim_new(store, budget_tokens=10_000)
     store.delegate(parent["id"], parent["lease_token"],
                    [ChildRow("kid", "task", {"goal": "c"}, "k1", 4000, 60, Decimal("0.5"))], "w")
     (child,) = store.claim(["kid"], 1, "w", 30)
     reply = llm_for(store, child).complete(PROMPT)
     tokens = reply.prompt_tokens + reply.completion_tokens
+    # A charge touches only its own task; the tree's live spend is summed from its calls.
+    assert store.get(parent["id"])["spent_tokens"] == 0
+    assert store.live_spend(parent["root_id"])[0] == tokens
+    store.finish_running([RunOutcome(child.id, child.lease_token, "failed", error="x")], "w")
     assert store.get(parent["id"])["spent_tokens"] == tokens
     assert store.get(parent["id"])["own_tokens"] == 0
 

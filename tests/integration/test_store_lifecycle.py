@@ -5,17 +5,29 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 
 import pytest
 import sqlalchemy as sa
 
-from runtime.engine.maintenance import Reaper, ReaperConfig, Sweeper, Watchdog
+from runtime.engine.charges import ChargeWriter
+from runtime.engine.maintenance import (
+    Maintenance,
+    MaintenanceConfig,
+    Reaper,
+    ReaperConfig,
+    Sweeper,
+    Watchdog,
+)
 from runtime.store.rows import (
     IdempotencyConflict,
     JudgeOutcome,
+    ModelCharge,
     NewTask,
     ResolveRefused,
     RunOutcome,
+    TaskRow,
 )
 from runtime.store.store import Store
 from tests.factories import (
@@ -401,3 +413,98 @@ def test_prune_removes_whole_finished_trees_with_their_events(store: Store) -> N
                             {"ids": [parent["id"], *(c["id"] for c in children)]}).scalar()
     assert left == 0
     assert store.get(unfinished["id"])["status"] == "pending"
+
+
+def _charge(row: TaskRow, tokens: int, n: int = 0, token: uuid.UUID | None = None) -> ModelCharge:
+    return ModelCharge(task_id=row.id, lease_token=token or row.lease_token or uuid.uuid4(),
+                       attempt=1, call_index=n, backend="test", route="local",
+                       route_reason="test", model="m", prompt="p", response="r",
+                       prompt_tokens=tokens, completion_tokens=0, duration_seconds=0.0,
+                       cost_usd=Decimal(tokens) / 1000)
+
+
+def test_claims_return_typed_rows_with_a_deadline(store: Store) -> None:
+    submit(store, "echo", budget_seconds=120)
+    (row,) = store.claim(["echo"], 1, "w", 30)
+    assert isinstance(row, TaskRow) and row["id"] == row.id and row.get("nope") is None
+    assert row.claimed_at is not None and row.deadline_at is not None
+    assert round((row.deadline_at - row.claimed_at).total_seconds()) == 120
+
+
+def test_a_charge_touches_only_its_task_and_spend_rolls_up_when_it_ends(store: Store) -> None:
+    root, _ = parent_with_children(store, 2)
+    a, b = store.claim(["echo"], 2, "w", 30)
+    assert store.charge(_charge(a, 10)) and store.charge(_charge(b, 5))
+    assert store.get(root["id"])["spent_tokens"] == 0  # no hot root row
+    assert store.live_spend(root["id"])[:2] == (15, Decimal("0.015"))
+    store.finish_running([RunOutcome(a.id, a.lease_token, "failed", error="x")], "w")
+    assert store.get(root["id"])["spent_tokens"] == 10
+    store.finish_running([RunOutcome(b.id, b.lease_token, "failed", error="x")], "w")
+    parent = store.get(root["id"])
+    assert parent["spent_tokens"] == 15 and parent["status"] == "ready_to_aggregate"
+    # A child retried by its parent rolls up only what it spends afterwards.
+    (agg,) = store.claim([root["to_agent"]], 1, "w", 30)
+    store.retry_children(agg.id, agg.lease_token, [a.id], "w")
+    (again,) = store.claim(["echo"], 1, "w", 30)
+    assert store.charge(_charge(again, 7))
+    store.finish_running([RunOutcome(again.id, again.lease_token, "failed", error="x")], "w")
+    assert store.get(root["id"])["spent_tokens"] == 22 == store.live_spend(root["id"])[0]
+
+
+def test_charge_many_sums_per_task_and_skips_a_lost_lease(store: Store) -> None:
+    root, _ = parent_with_children(store, 2)
+    a, b = store.claim(["echo"], 2, "w", 30)
+    done = store.charge_many([_charge(a, 3, 0), _charge(a, 4, 1), _charge(b, 5, 0),
+                              _charge(b, 9, 1, token=uuid.uuid4())])
+    assert done == [True, True, True, False]
+    assert store.get(a.id)["own_tokens"] == 7 and store.get(b.id)["own_tokens"] == 5
+    calls = store.model_calls(a.id) + store.model_calls(b.id)
+    assert len(calls) == 3 and {c["root_id"] for c in calls} == {root["id"]}
+
+
+def test_the_charge_writer_batches_concurrent_charges(store: Store) -> None:
+    store.submit_many("echo", "task", [{"goal": str(i)} for i in range(200)])
+    rows = store.claim(["echo"], 200, "w", 30)
+    writer = ChargeWriter(store)
+    try:
+        with ThreadPoolExecutor(max_workers=200) as pool:
+            results = list(pool.map(lambda r: writer.charge(_charge(r, 2)), rows))
+        stale = writer.charge(_charge(rows[0], 2, token=uuid.uuid4()))
+    finally:
+        writer.close()
+    assert all(results) and stale is False
+    assert writer.charges == 201 and writer.batches < 201
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT sum(own_tokens) FROM tasks")).scalar() == 400
+
+
+def test_maintenance_runs_once_per_interval_across_workers(store: Store) -> None:
+    one = Maintenance(store, MaintenanceConfig(interval_seconds=60))
+    other = Maintenance(store, MaintenanceConfig(interval_seconds=60))
+    assert one.run_once() is not None
+    assert other.run_once() is None and one.run_once() is None
+    assert Maintenance(store, MaintenanceConfig(interval_seconds=0)).run_once() is not None
+
+
+def test_maintenance_skips_while_another_worker_holds_the_lock(store: Store) -> None:
+    from runtime.store.store import MAINTENANCE_LOCK_KEY
+
+    with store.engine.connect() as conn:
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": MAINTENANCE_LOCK_KEY})
+        assert Maintenance(store, MaintenanceConfig(interval_seconds=0)).run_once() is None
+        conn.rollback()
+    assert Maintenance(store, MaintenanceConfig(interval_seconds=0)).run_once() is not None
+
+
+def test_delegate_many_is_one_transaction_of_guarded_delegations(store: Store) -> None:
+    for _ in range(2):
+        submit(store, "fanout")
+    a, b = store.claim(["fanout"], 2, "w", 30)
+    done = store.delegate_many([(a.id, a.lease, child_rows(3, prefix="a"), None),
+                                (b.id, uuid.uuid4(), child_rows(2, prefix="b"), "stale")], "w")
+    assert done == [(True, 3), (False, 0)]
+    assert store.get(a.id)["status"] == "waiting" and len(store.children(a.id)) == 3
+    assert store.get(b.id)["status"] == "running" and store.children(b.id) == []
+    # Idempotent: the same keys again insert nothing (the parent is no longer running).
+    assert store.delegate_many([(a.id, a.lease, child_rows(3, prefix="a"), None)], "w") == \
+        [(False, 0)]

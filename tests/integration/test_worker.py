@@ -2,18 +2,46 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
+from agents.base import Agent, Result, TaskView
+from agents.context import AgentContext
 from runtime.config import load_settings
 from runtime.store.store import Store
 from runtime.wiring import Runtime, build_runtime
 from tests.factories import events, expire_leases, submit, terminal_event_counts
+from tests.support_agents import AnyInput, AnyOutput
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "writing-agents.md"
+
+
+class AsyncNapper(Agent):
+    """``async def run``: naps ``nap`` seconds on the loop; counts how many nap at once."""
+
+    name = "async_napper"
+    input_model = AnyInput
+    output_model = AnyOutput
+    now = 0
+    peak = 0
+
+    async def run(self, ctx: AgentContext, task: TaskView) -> Result:
+        cls = type(self)
+        cls.now += 1  # one event loop: no lock needed
+        cls.peak = max(cls.peak, cls.now)
+        try:
+            await asyncio.sleep(float(task.payload.get("nap", 0.5)))
+        finally:
+            cls.now -= 1
+        return Result({"napped": True})
 
 
 @pytest.fixture
@@ -196,3 +224,53 @@ def test_a_reassignment_outside_the_org_chart_escalates_the_parent(runtime: Runt
     row = runtime.store.get(root["id"])
     assert row["status"] == "escalated"
     assert row["error"].startswith("policy delegation_edges:"), row["error"]
+
+
+def test_async_agents_are_awaited_on_the_loop_many_at_once(runtime: Runtime) -> None:
+    ids = [submit(runtime.store, "async_napper", {"goal": str(i), "nap": 1.0})["id"]
+           for i in range(200)]
+    AsyncNapper.peak = 0
+    # Two threads for sync work: the 200 naps still overlap, because they are coroutines.
+    worker = runtime.worker(["async_napper", "judge"], once=True, sync_threads=2,
+                            max_in_flight=1000, batch_size=100, maintenance=False,
+                            listen=False)
+    stats = worker.run()
+    assert stats.stop_reason == "queue empty"
+    assert all(runtime.store.get(i)["status"] == "done" for i in ids)
+    assert AsyncNapper.peak >= 100, AsyncNapper.peak
+
+
+def test_max_in_flight_bounds_what_one_worker_holds(runtime: Runtime) -> None:
+    for i in range(60):
+        submit(runtime.store, "async_napper", {"goal": str(i), "nap": 0.3})
+    AsyncNapper.peak = 0
+    worker = runtime.worker(["async_napper", "judge"], once=True, max_in_flight=7,
+                            batch_size=50, maintenance=False, listen=False)
+    assert worker.run().stop_reason == "queue empty"
+    assert 1 < AsyncNapper.peak <= 7
+
+
+def test_an_async_agent_also_runs_when_stepped_by_hand(runtime: Runtime) -> None:
+    task = submit(runtime.store, "async_napper", {"goal": "g", "nap": 0})
+    drain(runtime, ["async_napper", "judge"])
+    assert runtime.store.get(task["id"])["status"] == "done"
+
+
+def test_the_docs_async_example_makes_two_calls_in_one_task(runtime: Runtime,
+                                                            tmp_path: Path) -> None:
+    from runtime.llm.handle import TaskLLM
+
+    if not hasattr(TaskLLM, "acomplete"):
+        pytest.skip("ctx.llm.acomplete comes with the async model layer (models branch)")
+    fence = re.compile(r'^```python title="async_agents.py"\n(?P<code>.*?)^```$', re.M | re.S)
+    match = fence.search(DOC.read_text(encoding="utf-8"))
+    assert match, "docs/writing-agents.md lost its async example"
+    namespace: dict[str, Any] = {"__name__": "docs_async_agents"}
+    exec(compile(match["code"], str(DOC), "exec"), namespace)  # registers two_takes
+    task = submit(runtime.store, "two_takes", {"goal": "first snow"})
+    worker = runtime.worker(["two_takes", "judge"], once=True, maintenance=False,
+                            listen=False)
+    worker.run()
+    row = runtime.store.get(task["id"])
+    assert row["status"] == "done", row["error"]
+    assert len(runtime.store.model_calls(task["id"])) == 2

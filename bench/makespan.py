@@ -1,0 +1,208 @@
+"""Makespan: a 931-task tree against models that take 1 s, on one worker process.
+
+    python -m bench.makespan [--leads 30] [--writers 30] [--delay 1.0]
+
+A planner delegates to ``leads`` leads, each delegating to ``writers`` writers; every
+writer makes one model call, the planner one more when it aggregates, so the critical
+path is two calls: 2 x ``delay`` seconds. The model server is ``bench.model_server`` on
+loopback (its own process; it counts calls in flight). One ``orgchart worker`` runs at
+the default settings, except ``[ollama] max_parallel`` raised to 2,000 where the model
+layer has it.
+
+Figures: ``makespan_seconds`` (submit to the root's completion),
+``makespan_vs_critical_path`` (that / 2 x delay; goal <= 1.25), ``peak_calls_in_flight``
+(at the server; goal >= 1,000 with a tree that wide), ``rss_per_task_in_flight_kb``
+((peak RSS - idle RSS) / peak calls in flight; goal <= 100 KB), and ``model_calls``.
+Then once more with agents that sleep ``delay`` instead of calling the model
+(``engine_*`` figures): the engine's own share, without the model layer; there every
+task of the tree is in flight at once, so RSS per task is (peak - idle) / tasks.
+``llm_path`` says whether the agents awaited ``ctx.llm.acomplete`` or, before the async
+model layer, ran ``complete`` in a thread per task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from bench.common import REPO_ROOT, open_store, report, scratch_database, worker_env
+from runtime.config import OllamaSettings
+from runtime.store.rows import NewTask
+
+TERMINAL = ("done", "failed", "escalated")
+WORKER_BOOT = ("import resource; s, h = resource.getrlimit(resource.RLIMIT_NOFILE); "
+               "resource.setrlimit(resource.RLIMIT_NOFILE, (h, h)); "
+               "from runtime.cli.app import main; main()")
+
+
+def _vm_kb(pid: int, field: str) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None
+
+
+def _get(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        body: dict[str, Any] = json.loads(resp.read())
+    return body
+
+
+TIMELINE = """
+SELECT t.to_agent, e.to_status, e.detail LIKE 'claimed for aggregate%' AS agg,
+       round(extract(epoch FROM min(e.at) - (SELECT min(at) FROM task_events))::numeric, 3),
+       round(extract(epoch FROM max(e.at) - (SELECT min(at) FROM task_events))::numeric, 3)
+FROM task_events e JOIN tasks t ON t.id = e.task_id
+GROUP BY 1, 2, 3 ORDER BY 4
+"""
+
+
+def _timeline(conn: sa.Connection) -> list[str]:
+    """When each kind of transition first and last happened, from the submit (seconds)."""
+    return [f"{agent} -> {status}{' (aggregate)' if agg else ''}: {first}..{last}"
+            for agent, status, agg, first, last in conn.execute(sa.text(TIMELINE))]
+
+
+def start_model_server(delay: float) -> tuple[subprocess.Popen[str], str]:
+    """Start ``bench.model_server``; return the process and its base URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench.model_server", "--delay", str(delay)],
+                            cwd=str(REPO_ROOT), stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.startswith("port "):
+        proc.kill()
+        raise RuntimeError(f"model server did not start: {line!r}")
+    return proc, f"http://127.0.0.1:{line.split()[1]}"
+
+
+def start_worker(url: str, model_url: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start one ``orgchart worker`` on the makespan agents; wait until it serves."""
+    env = worker_env(url)
+    env.update({"ORGCHART_LLM__BACKEND": "ollama", "ORGCHART_OLLAMA__URL": model_url})
+    if "max_parallel" in OllamaSettings.model_fields:
+        env["ORGCHART_OLLAMA__MAX_PARALLEL"] = "2000"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WORKER_BOOT, "worker", "--agents",
+         "mk_planner,mk_lead,mk_writer,judge", "--agents-module", "bench.agents"],
+        env=env, cwd=str(REPO_ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if "serving" in line:
+                ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not ready.wait(60):
+        proc.kill()
+        raise RuntimeError("the worker did not start:\n" + "".join(lines[-20:]))
+    time.sleep(1.0)  # its LISTEN connection and first poll
+    return proc, lines
+
+
+def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
+            server: str | None = None, simulate: bool = False) -> dict[str, Any]:
+    """Run the tree once; return the figures (``simulate``: agents sleep, no model)."""
+    expected = 1 + leads + leads * writers
+    with scratch_database("makespan", server) as url:
+        model_proc, model_url = start_model_server(delay)
+        worker, log_lines = start_worker(url, model_url)
+        store = open_store(url)
+        try:
+            idle_kb = _vm_kb(worker.pid, "VmRSS") or 0
+            _get(model_url + "/stats/reset")
+            root, _ = store.submit(NewTask(
+                to_agent="mk_planner", type="task",
+                payload={"goal": "makespan", "leads": leads, "writers": writers,
+                         "simulate": delay if simulate else None},
+                budget_tokens=10_000_000, budget_usd=Decimal(1000)))
+            started = time.monotonic()
+            peak_kb = idle_kb
+            status = "pending"
+            while time.monotonic() - started < 600:
+                status = store.get(root["id"])["status"]
+                peak_kb = max(peak_kb, _vm_kb(worker.pid, "VmRSS") or 0)
+                if status in TERMINAL:
+                    break
+                time.sleep(0.02)
+            makespan = time.monotonic() - started
+            counts = _get(model_url + "/stats")
+            with store.engine.connect() as conn:
+                statuses: dict[str, int] = dict(conn.execute(sa.text(
+                    "SELECT status, count(*) FROM tasks GROUP BY status")).all())
+                calls = conn.execute(sa.text("SELECT count(*) FROM model_calls")).scalar()
+                timeline = _timeline(conn)
+            probe = subprocess.run(
+                [sys.executable, "-c", "from runtime.llm.handle import TaskLLM; "
+                 "print(hasattr(TaskLLM, 'acomplete'))"],
+                cwd=str(REPO_ROOT), capture_output=True, text=True, check=False)
+            acomplete = probe.stdout.strip() == "True"
+        finally:
+            worker.terminate()
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+            model_proc.kill()
+            model_proc.wait()
+            store.dispose()
+    if status != "done" or sum(statuses.values()) != expected:
+        raise RuntimeError(f"the tree did not finish: root {status}, tasks {statuses}\n"
+                           + "".join(log_lines[-30:]))
+    peak = int(counts["peak"])
+    critical = 2 * delay
+    if simulate:
+        return {"engine_makespan_seconds": round(makespan, 3),
+                "engine_makespan_vs_critical_path": round(makespan / critical, 3),
+                "engine_peak_rss_mb": round(peak_kb / 1024, 1),
+                "engine_rss_per_task_in_flight_kb": round((peak_kb - idle_kb) / (expected - 1), 1),
+                "engine_timeline_seconds": timeline}
+    return {
+        "makespan_tasks": expected,
+        "makespan_model_delay_seconds": delay,
+        "makespan_seconds": round(makespan, 3),
+        "makespan_critical_path_seconds": critical,
+        "makespan_vs_critical_path": round(makespan / critical, 3),
+        "peak_calls_in_flight": peak,
+        "makespan_model_calls": int(calls or 0),
+        "makespan_idle_rss_mb": round(idle_kb / 1024, 1),
+        "makespan_peak_rss_mb": round(peak_kb / 1024, 1),
+        "rss_per_task_in_flight_kb": round((peak_kb - idle_kb) / peak, 1) if peak else None,
+        "makespan_llm_path": ("await ctx.llm.acomplete" if acomplete
+                              else "ctx.llm.complete in a thread per task (no acomplete yet)"),
+    }
+
+
+def main(leads: int = 30, writers: int = 30, delay: float = 1.0,
+         server: str | None = None) -> dict[str, Any]:
+    """Measure with the model server, then with agents that only sleep; print both."""
+    figures = measure(leads, writers, delay, server)
+    figures.update(measure(leads, writers, delay, server, simulate=True))
+    return report("makespan", figures)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--leads", type=int, default=30)
+    parser.add_argument("--writers", type=int, default=30)
+    parser.add_argument("--delay", type=float, default=1.0)
+    a = parser.parse_args()
+    main(a.leads, a.writers, a.delay)

@@ -1,0 +1,138 @@
+"""A loopback Ollama-compatible server that answers every chat after a fixed delay.
+
+    python -m bench.model_server [--port 0] [--delay 1.0]
+
+Prints ``port N`` once it listens. Speaks just enough HTTP/1.1 (keep-alive,
+``Content-Length`` bodies) for the official client: ``POST /api/chat`` (non-streaming;
+a ``format`` schema gets ``{}``-shaped JSON text, which the bench agents do not use),
+``GET /api/tags``, ``GET /api/version``; and ``GET /stats`` (calls answered, calls in
+flight now, peak in flight) and ``POST /stats/reset`` for the benchmark. One asyncio loop,
+no thread per connection, so a thousand concurrent calls cost a thousand sockets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import resource
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Counts:
+    """What the server saw."""
+
+    answered: int = 0
+    in_flight: int = 0
+    peak: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """JSON-ready."""
+        return {"answered": self.answered, "in_flight": self.in_flight, "peak": self.peak}
+
+
+def raise_open_files_limit() -> int:
+    """Raise the soft limit of open files to the hard limit (a thousand sockets); return it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def _response(status: str, body: dict[str, Any]) -> bytes:
+    data = json.dumps(body).encode()
+    head = (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n")
+    return head.encode() + data
+
+
+class ModelServer:
+    """The server: ``delay`` seconds per chat, counting calls in flight."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.counts = Counts()
+
+    async def chat(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One chat: wait ``delay``, answer with token counts like Ollama's."""
+        c = self.counts
+        c.in_flight += 1
+        c.peak = max(c.peak, c.in_flight)
+        try:
+            await asyncio.sleep(self.delay)
+        finally:
+            c.in_flight -= 1
+        c.answered += 1
+        prompt = " ".join(str(m.get("content", "")) for m in request.get("messages", []))
+        text = json.dumps({"text": "ok"}) if request.get("format") else "ok: an answer"
+        return {
+            "model": request.get("model", "bench"),
+            "created_at": dt.datetime.now(dt.UTC).isoformat(),
+            "message": {"role": "assistant", "content": text},
+            "done": True, "done_reason": "stop",
+            "total_duration": int(self.delay * 1e9), "load_duration": 0,
+            "prompt_eval_count": max(1, len(prompt) // 4), "prompt_eval_duration": 0,
+            "eval_count": 4, "eval_duration": int(self.delay * 1e9),
+        }
+
+    async def route(self, method: str, path: str, body: bytes) -> bytes:
+        """Answer one request."""
+        if method == "POST" and path == "/api/chat":
+            return _response("200 OK", await self.chat(json.loads(body or b"{}")))
+        if path == "/api/tags":
+            return _response("200 OK", {"models": [{"name": "llama3.2:latest"},
+                                                   {"name": "qwen3:14b"}]})
+        if path == "/api/version":
+            return _response("200 OK", {"version": "0.6.0"})
+        if path == "/stats":
+            return _response("200 OK", self.counts.as_dict())
+        if path == "/stats/reset":
+            self.counts = Counts(in_flight=self.counts.in_flight)
+            return _response("200 OK", self.counts.as_dict())
+        return _response("404 Not Found", {"error": f"no {path}"})
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve one keep-alive connection."""
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = {k.strip().lower(): v.strip() for k, _, v in
+                           (line.partition(":") for line in lines[1:] if line)}
+                size = int(headers.get("content-length", "0"))
+                body = await reader.readexactly(size) if size else b""
+                writer.write(await self.route(method, path.split("?")[0], body))
+                await writer.drain()
+                if headers.get("connection", "").lower() == "close":
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+
+async def serve(port: int, delay: float) -> None:
+    """Listen on loopback and serve forever."""
+    server = ModelServer(delay)
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", port, backlog=4096)
+    print(f"port {listener.sockets[0].getsockname()[1]}", flush=True)
+    async with listener:
+        await listener.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--delay", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    raise_open_files_limit()
+    asyncio.run(serve(args.port, args.delay))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Batched model-call charges: what arrives within a few milliseconds is one statement.
+
+A thousand tasks in flight make a thousand charges a second; one transaction each means
+a thousand commits (and WAL flushes) a second, queued on a connection pool. The
+:class:`ChargeWriter` collects the charges that arrive within
+:data:`CHARGE_WINDOW_SECONDS` and writes them with one ``Store.charge_many`` (each call
+still guarded by its task's lease token; a call whose lease is gone is not recorded and
+its caller gets False, exactly as from ``Store.charge``).
+
+Callers: :meth:`ChargeWriter.charge` blocks the calling thread until its batch is written
+(a sync ``ctx.llm.complete`` in an agent thread); :meth:`ChargeWriter.acharge` awaits it
+(an ``async`` model call on the worker's loop). Both return what ``Store.charge`` returns.
+
+Failure modes: a database error fails every charge of its batch with that error (the
+caller's model call then fails as ``Store.charge`` would have); the writer thread goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+
+from runtime.store.rows import ModelCharge
+from runtime.store.store import Store
+
+log = logging.getLogger(__name__)
+
+#: How long the writer waits for more charges after the first one of a batch.
+CHARGE_WINDOW_SECONDS = 0.002
+#: The most charges written by one statement.
+CHARGE_BATCH_LIMIT = 500
+
+
+class ChargeWriter:
+    """One thread that writes model-call charges in batches (see the module doc)."""
+
+    def __init__(self, store: Store, window_seconds: float = CHARGE_WINDOW_SECONDS,
+                 batch_limit: int = CHARGE_BATCH_LIMIT) -> None:
+        self.store = store
+        self.window_seconds = window_seconds
+        self.batch_limit = batch_limit
+        self.batches = 0
+        self.charges = 0
+        self._queue: queue.SimpleQueue[tuple[ModelCharge, Future[bool]] | None] = \
+            queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="charges", daemon=True)
+        self._thread.start()
+
+    def submit(self, charge: ModelCharge) -> Future[bool]:
+        """Queue one charge; the future holds True (recorded) or False (lease gone)."""
+        future: Future[bool] = Future()
+        self._queue.put((charge, future))
+        return future
+
+    def charge(self, charge: ModelCharge) -> bool:
+        """Charge one call and wait for its batch to be written (from any thread)."""
+        return self.submit(charge).result()
+
+    async def acharge(self, charge: ModelCharge) -> bool:
+        """Charge one call and await its batch (from a coroutine)."""
+        return await asyncio.wrap_future(self.submit(charge))
+
+    def close(self) -> None:
+        """Write what is queued, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.monotonic() + self.window_seconds
+            closing = False
+            while len(batch) < self.batch_limit:
+                left = deadline - time.monotonic()
+                try:
+                    item = self._queue.get(timeout=left) if left > 0 else \
+                        self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    closing = True
+                    break
+                batch.append(item)
+            self._write(batch)
+            if closing:
+                return
+
+    def _write(self, batch: list[tuple[ModelCharge, Future[bool]]]) -> None:
+        try:
+            done = self.store.charge_many([c for c, _ in batch])
+        except Exception as exc:  # the callers see the error their own charge would raise
+            log.warning("a batch of charges failed", extra={"size": len(batch),
+                                                            "error": str(exc)})
+            for _, future in batch:
+                future.set_exception(exc)
+            return
+        self.batches += 1
+        self.charges += len(batch)
+        for (_, future), ok in zip(batch, done, strict=True):
+            future.set_result(ok)
