@@ -6,8 +6,8 @@ A planner delegates to ``leads`` leads, each delegating to ``writers`` writers; 
 writer makes one model call, the planner one more when it aggregates, so the critical
 path is two calls: 2 x ``delay`` seconds. The model server is ``bench.model_server`` on
 loopback (its own process; it counts calls in flight). One ``orgchart worker`` runs at
-the default settings, except ``[ollama] max_parallel`` raised to 2,000 where the model
-layer has it.
+the default settings, except ``[ollama] max_parallel`` and ``cloud_max_parallel`` raised
+to 2,000 (a deep queue routes calls to the cloud model).
 
 Figures: ``makespan_seconds`` (submit to the root's completion),
 ``makespan_vs_critical_path`` (that / 2 x delay; goal <= 1.25), ``peak_calls_in_flight``
@@ -36,7 +36,6 @@ from typing import Any
 import sqlalchemy as sa
 
 from bench.common import REPO_ROOT, open_store, report, scratch_database, worker_env
-from runtime.config import OllamaSettings
 from runtime.store.rows import NewTask
 
 TERMINAL = ("done", "failed", "escalated")
@@ -92,8 +91,9 @@ def start_worker(url: str, model_url: str) -> tuple[subprocess.Popen[str], list[
     """Start one ``orgchart worker`` on the makespan agents; wait until it serves."""
     env = worker_env(url)
     env.update({"ORGCHART_LLM__BACKEND": "ollama", "ORGCHART_OLLAMA__URL": model_url})
-    if "max_parallel" in OllamaSettings.model_fields:
-        env["ORGCHART_OLLAMA__MAX_PARALLEL"] = "2000"
+    # Both routes: a deep queue routes calls to the cloud model (routing.pending_threshold).
+    env["ORGCHART_OLLAMA__MAX_PARALLEL"] = "2000"
+    env["ORGCHART_OLLAMA__CLOUD_MAX_PARALLEL"] = "2000"
     proc = subprocess.Popen(
         [sys.executable, "-c", WORKER_BOOT, "worker", "--agents",
          "mk_planner,mk_lead,mk_writer,judge", "--agents-module", "bench.agents"],

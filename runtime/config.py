@@ -113,8 +113,8 @@ class OllamaSettings(_Section):
     timeout_seconds: float = Field(60.0, gt=0)
     cloud_url: str | None = None
     num_predict: int = Field(1024, ge=1)
-    max_parallel: int = Field(8, ge=1, le=1024)
-    cloud_max_parallel: int = Field(8, ge=1, le=1024)
+    max_parallel: int = Field(8, ge=1, le=100_000)
+    cloud_max_parallel: int = Field(8, ge=1, le=100_000)
     think: bool = False
 
 

@@ -39,9 +39,11 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -73,6 +75,8 @@ from runtime.llm.reply import (
 from runtime.llm.routing import Route, decide_route
 from runtime.store.rows import ModelCharge
 
+T = TypeVar("T")
+
 __all__ = [
     "MIN_COMPLETION_TOKENS",
     "Backend",
@@ -103,6 +107,8 @@ MIN_COMPLETION_TOKENS = 16
 USD_QUANTUM = Decimal("0.00000001")
 #: How much of a bad reply a repair sends back to the model.
 MAX_REPAIR_ECHO_CHARS = 2000
+#: Threads for the ledger's blocking reads (record look-ups, queue depth).
+LEDGER_THREADS = 32
 #: The longest ``Retry-After`` honoured as given (longer ones are cut to this).
 MAX_RETRY_AFTER_SECONDS = 300.0
 
@@ -191,6 +197,21 @@ class LLMFactory:
         self.offline = _is_offline(backend)
         self.announcement = announcement or f"using the {backend.name} backend"
         self.calls = CallLoop(loop)
+        # The ledger's blocking reads run here, not in asyncio's default executor (a few
+        # threads per core): a thousand calls in flight each look up their record.
+        self._ledger_pool = ThreadPoolExecutor(max_workers=LEDGER_THREADS,
+                                               thread_name_prefix="llm-ledger")
+
+    async def in_ledger(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run one blocking ledger call off the loop, in the factory's ledger threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._ledger_pool, fn, *args)
+
+    async def charge(self, charge: ModelCharge) -> bool:
+        """Charge one call through the ledger (awaited without a thread when it can be)."""
+        acharge = getattr(self.ledger, "acharge", None)
+        if acharge is not None:
+            return bool(await acharge(charge))
+        return await self.in_ledger(self.ledger.charge, charge)
 
     def use_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """Make calls on ``loop`` (a worker that starts its loop after the factory was built).
@@ -230,6 +251,7 @@ class LLMFactory:
         close = getattr(self.backend, "close", None)
         if close is not None:
             close()
+        self._ledger_pool.shutdown(wait=False)
 
 
 @dataclass
@@ -379,14 +401,14 @@ class TaskLLM:
         hashes = {model: request_hash(model, messages, json_schema, asked, think)
                   for model in (settings.models.local, settings.models.cloud)}
         if settings.llm.durable and settings.llm.record:
-            recorded = await asyncio.to_thread(self._ledger.recorded_call, self.task_id,
+            recorded = await self._factory.in_ledger(self._ledger.recorded_call, self.task_id,
                                                self.phase, position, sorted(set(hashes.values())))
             if recorded is not None:
                 replayed = await self._replayed(recorded, prompt, system, json_schema,
                                                 model_cls, call_index, position)
                 if replayed is not None:
                     return replayed
-        depth = await asyncio.to_thread(self._ledger.pending_depth)
+        depth = await self._factory.in_ledger(self._ledger.pending_depth)
         route = decide_route(prompt, depth, settings)
         price = settings.cost.price_for(route.route, route.model)
         if price is None:
@@ -532,7 +554,7 @@ class TaskLLM:
             thinking=reply.thinking if reply is not None and record else None)
 
     async def _charge(self, charge: ModelCharge) -> None:
-        if not await asyncio.to_thread(self._ledger.charge, charge):
+        if not await self._factory.charge(charge):
             raise LeaseLost(f"task {self.task_id}: lease lost; the model call was not charged "
                             "and its answer is dropped")
 
@@ -551,7 +573,7 @@ class TaskLLM:
         charge = self._row(call, kind, reply, prompt_tokens, completion_tokens, duration,
                            cost, f"{_error_name(exc)}: {exc}")
         try:
-            applied = await asyncio.to_thread(self._ledger.charge, charge)
+            applied = await self._factory.charge(charge)
         except Exception:  # never hide the call's own error behind a recording error
             log.exception("could not record a failed model call",
                           extra={"task_id": str(self.task_id)})
