@@ -9,6 +9,7 @@ are its own. The root's ``totals`` sum every node's own spend, so they equal the
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import uuid
 from collections import Counter
@@ -32,7 +33,7 @@ def _scalar(value: Any) -> Any:
     if isinstance(value, dt.datetime):
         return value.isoformat()
     if isinstance(value, Decimal):
-        return str(value.normalize()) if value == value.to_integral() else str(value)
+        return format(value.normalize(), "f") if value == value.to_integral() else str(value)
     return value
 
 
@@ -150,6 +151,77 @@ def escalation_json(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _not_a_root(store: Store, root_id: uuid.UUID) -> NotFound:
+    task = store.get(root_id)  # raises NotFound "no task ..."
+    return NotFound(f"task {root_id} is not a root; its tree is {task['root_id']}")
+
+
+def assemble_tree(rows: list[tuple[Any, ...]], top: uuid.UUID) -> str | None:
+    """Nest node JSON texts from ``Store.tree_json_rows`` under ``top``, as one JSON text.
+
+    The database built every node (and the totals); this only splices each node's
+    children, in creation order, into its text, without parsing anything.
+    """
+    top_id = str(top)
+    totals = ""
+    texts: dict[str, str] = {}
+    kids: dict[str, list[tuple[Any, str]]] = {}
+    for node_id, parent_id, _depth, created, text, _ in rows:
+        if node_id is None:
+            totals = text
+            continue
+        texts[node_id] = text
+        if node_id != top_id:
+            kids.setdefault(parent_id, []).append((created, node_id))
+    if top_id not in texts:
+        return None
+    # Depth-first without recursion (a chain of any depth), emitting fragments that are
+    # joined once at the end: a single allocation of the whole text.
+    parts: list[str] = []
+    stack: list[str | tuple[str]] = [(top_id,)]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            parts.append(item)
+            continue
+        node_id = item[0]
+        parts.append(texts[node_id][:-1])
+        parts.append(',"children":[')
+        mine = kids.get(node_id)
+        stack.append("]}" if node_id != top_id else '],"totals":' + totals + "}")
+        if mine:
+            mine.sort(reverse=True)
+            for n, (_, child) in enumerate(mine):
+                stack.append((child,))
+                if n < len(mine) - 1:
+                    stack.append(",")
+    return "".join(parts)
+
+
+def tree_text(store: Store, root_id: uuid.UUID, under: uuid.UUID | None = None,
+              depth: int | None = None) -> tuple[str, int]:
+    """The tree under ``root_id`` (or the subtree under ``under``) as JSON text.
+
+    The same shape and values as :func:`tree_json` of the rows (``totals`` on the top
+    node count what was fetched), read in one query that builds the JSON in the database.
+    Returns the text and the newest ``task_events`` id at the time of the read (follow
+    the tree from there with ``Store.tree_changes``).
+
+    Raises:
+        NotFound: no such task, the task is not a root, or ``under`` is not in the tree.
+
+    """
+    if depth is not None and depth < 0:
+        raise BadInput(f"depth must be 0 or more, not {depth}")
+    rows = store.tree_json_rows(root_id, under, depth)
+    text = assemble_tree(rows, under or root_id)
+    if text is not None:
+        return text, int(next(row[5] for row in rows if row[0] is None))
+    if under is not None and len(store.tree_json_rows(root_id, None, 0)) > 1:
+        raise NotFound(f"task {under} is not in tree {root_id}")
+    raise _not_a_root(store, root_id)
+
+
 def tree_for(store: Store, root_id: uuid.UUID) -> dict[str, Any]:
     """The tree under ``root_id`` in the public shape.
 
@@ -157,11 +229,27 @@ def tree_for(store: Store, root_id: uuid.UUID) -> dict[str, Any]:
         NotFound: no such task, or the task is not a root (the message names its root).
 
     """
-    tree = tree_json(store.tree_rows(root_id))
-    if tree is not None:
-        return tree
-    task = store.get(root_id)  # raises NotFound "no task ..."
-    raise NotFound(f"task {root_id} is not a root; its tree is {task['root_id']}")
+    return json.loads(tree_text(store, root_id)[0])  # type: ignore[no-any-return]
+
+
+def tree_changes_json(store: Store, root_id: uuid.UUID, after: int,
+                      limit: int = 5000) -> dict[str, Any]:
+    """What changed in a tree after event ``after``: its events and the changed tasks.
+
+    ``tasks`` are the changed tasks' current rows in the task shape (no ``children``);
+    ``last_event_id`` is the cursor for the next call (``after`` again when nothing
+    changed); ``more`` says the page was cut at ``limit`` events.
+    """
+    events = store.tree_changes(root_id, after, limit)
+    ids = list(dict.fromkeys(e["task_id"] for e in events))
+    return {
+        "root_id": str(root_id),
+        "after": after,
+        "last_event_id": int(events[-1]["id"]) if events else after,
+        "more": len(events) >= limit,
+        "events": [event_json(e) for e in events],
+        "tasks": [task_json(t) for t in store.tasks_by_ids(ids)],
+    }
 
 
 def task_detail_json(store: Store, task_id: uuid.UUID, model_calls: bool = True) -> dict[str, Any]:

@@ -62,6 +62,30 @@ class StoreReads:
         """Return every node of a tree (parents before children)."""
         return self.query("task_list_tree", root_id=root_id)
 
+    def tree_json_rows(self, root_id: uuid.UUID, under: uuid.UUID | None = None,
+                       depth: int | None = None) -> list[tuple[Any, ...]]:
+        """A tree's nodes as JSON text built in the database (``task_tree_json``).
+
+        Returns ``(id, parent_id, depth, created_at, json_text, last_event_id)`` tuples:
+        the totals row (``id`` None, with the newest ``task_events`` id) and one
+        row per node. ``under`` limits it to that task's
+        subtree, ``depth`` to that many levels below the top.
+        """
+        with self.engine.connect() as conn:
+            result = conn.execute(_TEXT["task_tree_json"],
+                                  {"root_id": root_id, "under": under, "depth": depth})
+            return [tuple(row) for row in result]
+
+    def tree_changes(self, root_id: uuid.UUID, after: int, limit: int = 5000) -> list[Task]:
+        """Transitions of a tree's tasks after ``task_events`` id ``after``, oldest first."""
+        return self.query("task_tree_changes", root_id=root_id, after=after, limit=limit)
+
+    def tasks_by_ids(self, ids: Sequence[uuid.UUID]) -> list[Task]:
+        """The current rows of the given tasks."""
+        if not ids:
+            return []
+        return self.query("task_list_by_ids", ids=list(ids))
+
     def events(self, task_id: uuid.UUID) -> list[Task]:
         """Return a task's transitions, oldest first."""
         return self.query("task_list_events", id=task_id)
