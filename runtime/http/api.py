@@ -23,6 +23,7 @@ import html
 import json
 import logging
 import os
+import threading
 import urllib.parse
 import uuid
 from decimal import Decimal
@@ -408,10 +409,28 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
                              reassign_to=body.agent)
         return task_json(task)
 
-    @app.get("/metrics", tags=["operations"])
-    def get_metrics() -> dict[str, Any]:
-        """Tasks by status, average retries, reclaimed count, mean duration, cost by route."""
-        return store.metrics()
+    scrape: dict[str, Any] = {}
+    scrape_lock = threading.Lock()
+
+    @app.get("/metrics", tags=["operations"],
+             responses={200: {"content": {"text/plain": {}, "application/openmetrics-text": {}},
+                              "description": "JSON, or Prometheus text for a scrape"}})
+    def get_metrics(accept: Annotated[str | None, Header()] = None) -> Any:
+        """Tasks by status, average retries, reclaimed count, mean duration, cost by route.
+
+        With ``Accept: text/plain`` or ``application/openmetrics-text`` (what Prometheus
+        sends), the Prometheus exposition format instead (docs/operations.md).
+        """
+        fmt = _wants_prometheus(accept)
+        if fmt is None:
+            return store.metrics()
+        from runtime.telemetry import prometheus  # imported on the first scrape only
+
+        with scrape_lock:
+            if "registry" not in scrape:
+                scrape["registry"] = prometheus.registry_for(store)
+        body, content_type = prometheus.exposition(scrape["registry"], fmt)
+        return Response(body, headers={"Content-Type": content_type})
 
     @app.get("/healthz", tags=["operations"],
              responses={503: {"description": "the database does not answer"}})
@@ -419,6 +438,14 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
         """200 when the database answers a trivial query, else 503."""
         store.ping()  # errors map to 503
         return {"status": "ok", "database": "ok"}
+
+
+def _wants_prometheus(accept: str | None) -> str | None:
+    """"openmetrics", "text" or None (JSON) for an ``Accept`` header."""
+    accept = (accept or "").lower()
+    if "application/openmetrics-text" in accept:
+        return "openmetrics"
+    return "text" if "text/plain" in accept else None
 
 
 def _page(name: str, token_query: str, **values: str) -> str:

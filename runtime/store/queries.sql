@@ -757,3 +757,90 @@ LIMIT :limit;
 -- task_list_by_ids --
 -- The current rows of the given tasks (the ones a change feed names).
 SELECT * FROM tasks WHERE id = ANY(CAST(:ids AS uuid[])) ORDER BY depth, created_at, id;
+
+-- metrics_live_tasks --
+-- Unfinished tasks by status and agent, with the oldest claimable one's creation time
+-- (index range scans on status: finished rows, however many, are never read).
+SELECT status, to_agent AS agent, count(*) AS n,
+       min(created_at) FILTER (WHERE status IN ('pending', 'ready_to_aggregate')
+                               AND available_at <= now()) AS oldest_claimable
+FROM tasks
+WHERE status IN ('pending', 'running', 'waiting', 'ready_to_aggregate', 'judging')
+GROUP BY status, to_agent;
+
+-- metrics_leases_by_owner --
+-- Tasks leased (running, or being judged) per worker, from the leased-rows index.
+SELECT lease_owner AS worker, status, count(*) AS n
+FROM tasks WHERE lease_token IS NOT NULL
+GROUP BY lease_owner, status;
+
+-- metrics_cursors --
+-- The newest task_events and model_calls ids (where a scraping process starts counting).
+SELECT (SELECT COALESCE(max(id), 0) FROM task_events) AS event_id,
+       (SELECT COALESCE(max(id), 0) FROM model_calls) AS call_id;
+
+-- metrics_events_after --
+-- Transitions after task_events id :after (at most :limit), by kind and agent, with how
+-- many were the reaper's and poisonings; transitions to a final status also carry the
+-- task's wall time (created_at to completed_at) as a histogram bucket of :bounds and a
+-- sum of seconds. max_id is the new cursor.
+WITH ev AS (
+    SELECT e.id, e.task_id, e.from_status, e.to_status, e.worker, e.detail
+    FROM task_events e WHERE e.id > :after ORDER BY e.id LIMIT :limit
+), timed AS (
+    SELECT ev.*, t.to_agent AS agent,
+           CASE WHEN ev.to_status IN ('done', 'failed', 'escalated')
+                THEN EXTRACT(epoch FROM t.completed_at - t.created_at)::float8 END AS wall
+    FROM ev LEFT JOIN tasks t ON t.id = ev.task_id
+)
+SELECT from_status, to_status, agent, width_bucket(wall, CAST(:bounds AS float8[])) AS bucket,
+       count(*) AS n, count(*) FILTER (WHERE worker = 'reaper') AS reaped,
+       count(*) FILTER (WHERE detail LIKE 'poison%') AS poisoned,
+       COALESCE(sum(wall), 0) AS seconds, max(id) AS max_id
+FROM timed GROUP BY from_status, to_status, agent, bucket;
+
+-- metrics_model_calls_after --
+-- Model calls after model_calls id :after (at most :limit) by route, model and latency
+-- bucket (:bounds, seconds): calls, failed calls, tokens, cost; max_id is the new cursor.
+WITH mc AS (
+    SELECT id, route, model, duration_seconds, prompt_tokens, completion_tokens, cost_usd,
+           error
+    FROM model_calls WHERE id > :after ORDER BY id LIMIT :limit
+)
+SELECT route, model, width_bucket(duration_seconds, CAST(:bounds AS float8[])) AS bucket,
+       count(*) AS n, count(*) FILTER (WHERE error IS NOT NULL) AS errors,
+       sum(prompt_tokens) AS input_tokens, sum(completion_tokens) AS output_tokens,
+       sum(cost_usd) AS cost_usd, sum(duration_seconds) AS seconds, max(id) AS max_id
+FROM mc GROUP BY route, model, bucket;
+
+-- trace_list_ended_after --
+-- Tasks that reached a final status after task_events id :after, oldest first, at most
+-- :limit, leaving out events younger than :settle_seconds (an event id is taken when the
+-- row is written, so a younger one may still have a lower id uncommitted before it).
+SELECT id, task_id FROM task_events
+WHERE id > :after AND to_status IN ('done', 'failed', 'escalated')
+  AND at < clock_timestamp() - make_interval(secs => :settle_seconds)
+ORDER BY id
+LIMIT :limit;
+
+-- trace_list_tasks --
+-- The columns a trace span needs, for the given tasks.
+SELECT id, parent_id, root_id, to_agent, type, status, depth, spent_tokens, spent_usd,
+       own_tokens, own_usd, verdict, delivery_count, retry_count, route, model, error,
+       created_at, started_at, completed_at
+FROM tasks WHERE id = ANY(CAST(:ids AS uuid[]));
+
+-- trace_list_events --
+-- The transitions of the given tasks, oldest first (span events).
+SELECT task_id, from_status, to_status, at, worker, detail
+FROM task_events WHERE task_id = ANY(CAST(:ids AS uuid[])) ORDER BY task_id, id;
+
+-- trace_list_model_calls --
+-- The model calls of the given tasks without prompts or responses (child spans).
+SELECT id, task_id, attempt, call_index, backend, route, model, prompt_tokens,
+       completion_tokens, duration_seconds, cost_usd, error, created_at
+FROM model_calls WHERE task_id = ANY(CAST(:ids AS uuid[])) ORDER BY task_id, id;
+
+-- trace_list_tree_ids --
+-- Every task id of one tree (to export or time a whole tree).
+SELECT id FROM tasks WHERE root_id = :root_id;

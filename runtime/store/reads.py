@@ -130,6 +130,51 @@ class StoreReads:
             "tokens_by_route": {r.route: int(r.tokens) for r in routes},
         }
 
+    def metrics_scrape(self, event_after: int | None, call_after: int | None,
+                       duration_bounds: Sequence[float], latency_bounds: Sequence[float],
+                       limit: int = 1_000_000) -> dict[str, Any]:
+        """What a Prometheus scrape reads, on one connection, in a few cheap statements.
+
+        ``live`` (unfinished tasks by status and agent, oldest claimable) and ``leases``
+        (leased tasks per worker) are read whole; ``events`` and ``calls`` are what
+        happened after the given ``task_events``/``model_calls`` ids (None: nothing yet,
+        only the cursors are read, so a new process starts counting from now).
+        ``cursors`` are the newest ids seen.
+        """
+        out: dict[str, Any] = {"events": [], "calls": []}
+        with self.engine.connect() as conn:
+            out["live"] = self._rows(conn, "metrics_live_tasks")
+            out["leases"] = self._rows(conn, "metrics_leases_by_owner")
+            if event_after is None or call_after is None:
+                row = conn.execute(_TEXT["metrics_cursors"]).one()
+                out["cursors"] = (int(row.event_id), int(row.call_id))
+                return out
+            out["events"] = self._rows(conn, "metrics_events_after", after=event_after,
+                                       limit=limit, bounds=list(duration_bounds))
+            out["calls"] = self._rows(conn, "metrics_model_calls_after", after=call_after,
+                                      limit=limit, bounds=list(latency_bounds))
+        out["cursors"] = (max([event_after] + [int(r["max_id"]) for r in out["events"]]),
+                          max([call_after] + [int(r["max_id"]) for r in out["calls"]]))
+        return out
+
+    def ended_after(self, after: int, settle_seconds: float = 5.0,
+                    limit: int = 1000) -> list[Task]:
+        """``(id, task_id)`` of final transitions after event ``after``, oldest first."""
+        return self.query("trace_list_ended_after", after=after,
+                          settle_seconds=settle_seconds, limit=limit)
+
+    def trace_rows(self, task_ids: Sequence[uuid.UUID]) -> dict[str, list[Task]]:
+        """What spans are built from: ``tasks``, their ``events`` and ``model_calls``."""
+        ids = list(task_ids)
+        with self.engine.connect() as conn:
+            return {"tasks": self._rows(conn, "trace_list_tasks", ids=ids),
+                    "events": self._rows(conn, "trace_list_events", ids=ids),
+                    "model_calls": self._rows(conn, "trace_list_model_calls", ids=ids)}
+
+    def tree_ids(self, root_id: uuid.UUID) -> list[uuid.UUID]:
+        """Every task id of one tree."""
+        return [r["id"] for r in self.query("trace_list_tree_ids", root_id=root_id)]
+
     def prune(self, older_than: dt.timedelta) -> tuple[int, int]:
         """Delete whole finished trees whose root completed before ``now - older_than``.
 
