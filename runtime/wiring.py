@@ -78,6 +78,9 @@ class Runtime:
             "max_delivery": self.settings.retry.max_delivery,
         }
         options.update({k: v for k, v in overrides.items() if v is not None})
+        from runtime.telemetry.traces import start_trace_export
+
+        start_trace_export(self.store)  # OTLP traces, only when OTEL_EXPORTER_OTLP_* is set
         return Worker(self.store, self.executor(), WorkerConfig(**options))
 
 
