@@ -262,3 +262,33 @@ def task_detail_json(store: Store, task_id: uuid.UUID, model_calls: bool = True)
     if model_calls:
         detail["model_calls"] = [model_call_json(c) for c in store.model_calls(task_id)]
     return detail
+
+
+def timeline_for(store: Store, root_id: uuid.UUID) -> str:
+    """The tree on a time axis with its critical path, as JSON text (``/timeline``).
+
+    Raises:
+        NotFound: no such task, or the task is not a root.
+
+    """
+    from runtime.telemetry.critical_path import timeline_text
+
+    rows = store.timeline_rows(root_id)
+    if not rows:
+        raise _not_a_root(store, root_id)
+    return timeline_text(rows, str(root_id))
+
+
+def critical_path_summary(store: Store, root_id: uuid.UUID) -> str:
+    """One line: ``critical path 2.1 s of 2.4 s; 0.3 s queued (planner > lead > ...)``.
+
+    Raises:
+        NotFound: no such task, or the task is not a root.
+
+    """
+    from runtime.telemetry.critical_path import critical_path
+
+    rows = store.timeline_rows(root_id)
+    if not rows:
+        raise _not_a_root(store, root_id)
+    return critical_path(rows, str(root_id)).summary()

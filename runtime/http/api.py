@@ -4,7 +4,8 @@ Endpoints (all JSON; shapes from :mod:`runtime.views`, documented in ``docs/api.
 
 - ``POST /tasks``: submit a root goal (``Idempotency-Key`` header deduplicates);
 - ``GET /tasks/{id}``, ``GET /trees/{root_id}`` (``?under=&depth=``),
-  ``GET /trees/{root_id}/events?after=``, ``GET /roots``, ``GET /escalations``;
+  ``GET /trees/{root_id}/events?after=``, ``GET /trees/{root_id}/timeline``,
+  ``GET /roots``, ``GET /escalations``;
 - ``POST /tasks/{id}/resolve``: retry, done, fail or reassign an escalated task;
 - ``GET /metrics``, ``GET /healthz``; OpenAPI at ``/docs``;
 - ``GET /`` (recent roots) and ``GET /ui/trees/{root_id}`` (the live tree), plain HTML.
@@ -50,6 +51,7 @@ from runtime.views import (
     escalation_json,
     task_detail_json,
     task_json,
+    timeline_for,
     tree_changes_json,
     tree_text,
 )
@@ -369,6 +371,14 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
         text, last_event = tree_text(store, root_id, under, depth)
         return Response(text, media_type="application/json",
                         headers={"X-Orgchart-Last-Event": str(last_event)})
+
+    @app.get("/trees/{root_id}/timeline", tags=["trees"], responses=_ERRORS)
+    def get_tree_timeline(root_id: uuid.UUID) -> Response:
+        """The tree on a time axis, with its critical path and one-line ``summary``.
+
+        Each task has its queued/running/waiting/judging segments and its model calls.
+        """
+        return Response(timeline_for(store, root_id), media_type="application/json")
 
     @app.get("/trees/{root_id}/events", tags=["trees"], responses=_ERRORS)
     def get_tree_changes(

@@ -844,3 +844,67 @@ FROM model_calls WHERE task_id = ANY(CAST(:ids AS uuid[])) ORDER BY task_id, id;
 -- trace_list_tree_ids --
 -- Every task id of one tree (to export or time a whole tree).
 SELECT id FROM tasks WHERE root_id = :root_id;
+
+-- timeline_tree --
+-- One tree on a time axis, one row per task, seconds from the root's creation: start
+-- (created), finish (completed, NULL while unfinished), resumed (the last time it left
+-- 'waiting'), own (seconds in every phase but 'waiting'), queued (seconds pending or ready
+-- to aggregate); and the task's JSON for the page, in integer milliseconds from the root's
+-- creation: its phases ("segments": [kind, from, to], each lasting until the next
+-- transition) and its model calls ("calls": [from, to]; a call's row is written when it
+-- returns, so it ends at created_at). date_part gives float8: cheaper than numeric.
+WITH base AS (
+    SELECT created_at AS t0, statement_timestamp() AS now FROM tasks WHERE id = :root_id
+), ev AS (
+    SELECT e.id, e.task_id, e.from_status, e.to_status, e.at,
+           COALESCE(lead(e.at) OVER (PARTITION BY e.task_id ORDER BY e.id), t.completed_at,
+                    (SELECT now FROM base)) AS until,
+           CASE e.to_status WHEN 'pending' THEN 'queued' WHEN 'ready_to_aggregate' THEN 'queued'
+                WHEN 'running' THEN 'running' WHEN 'waiting' THEN 'waiting'
+                WHEN 'judging' THEN 'judging' END AS kind
+    FROM tasks t JOIN task_events e ON e.task_id = t.id
+    WHERE t.root_id = :root_id
+), seg AS (
+    SELECT ev.task_id,
+           string_agg('["' || ev.kind || '",'
+                      || round(date_part('epoch', ev.at - b.t0) * 1000)::bigint || ','
+                      || round(date_part('epoch', ev.until - b.t0) * 1000)::bigint || ']', ','
+                      ORDER BY ev.id) FILTER (WHERE ev.kind IS NOT NULL AND ev.until > ev.at)
+               AS segments,
+           sum(date_part('epoch', ev.until - ev.at))
+               FILTER (WHERE ev.kind <> 'waiting' AND ev.until > ev.at) AS own,
+           sum(date_part('epoch', ev.until - ev.at))
+               FILTER (WHERE ev.kind = 'queued' AND ev.until > ev.at) AS queued,
+           max(ev.at) FILTER (WHERE ev.from_status = 'waiting' AND ev.to_status <> 'waiting')
+               AS resumed
+    FROM ev CROSS JOIN base b
+    GROUP BY ev.task_id
+), calls AS (
+    SELECT c.task_id,
+           string_agg('['
+                      || round((date_part('epoch', c.created_at - b.t0) - c.duration_seconds)
+                               * 1000)::bigint
+                      || ',' || round(date_part('epoch', c.created_at - b.t0) * 1000)::bigint
+                      || ']', ',' ORDER BY c.id) AS calls
+    FROM tasks t JOIN model_calls c ON c.task_id = t.id CROSS JOIN base b
+    WHERE t.root_id = :root_id
+    GROUP BY c.task_id
+)
+SELECT t.id::text AS id, t.parent_id::text AS parent_id, t.to_agent AS agent, t.status,
+       t.depth, date_part('epoch', t.created_at - b.t0) AS start,
+       date_part('epoch', t.completed_at - b.t0) AS finish,
+       date_part('epoch', s.resumed - b.t0) AS resumed,
+       COALESCE(s.own, 0) AS own, COALESCE(s.queued, 0) AS queued,
+       date_part('epoch', b.now - b.t0) AS now, b.t0,
+       '{"id":"' || t.id || '","parent_id":' || COALESCE('"' || t.parent_id || '"', 'null')
+       || ',"agent":' || to_json(t.to_agent) || ',"status":"' || t.status
+       || '","depth":' || t.depth
+       || ',"start":' || round(date_part('epoch', t.created_at - b.t0) * 1000)::bigint
+       || ',"end":' || round(date_part('epoch', COALESCE(t.completed_at, b.now) - b.t0)
+                             * 1000)::bigint
+       || ',"segments":[' || COALESCE(s.segments, '') || '],"calls":['
+       || COALESCE(c.calls, '') || ']}' AS json
+FROM tasks t CROSS JOIN base b
+LEFT JOIN seg s ON s.task_id = t.id
+LEFT JOIN calls c ON c.task_id = t.id
+WHERE t.root_id = :root_id;

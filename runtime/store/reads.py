@@ -175,6 +175,10 @@ class StoreReads:
         """Every task id of one tree."""
         return [r["id"] for r in self.query("trace_list_tree_ids", root_id=root_id)]
 
+    def timeline_rows(self, root_id: uuid.UUID) -> list[Task]:
+        """A tree on a time axis, one row per task (``timeline_tree``; empty if no root)."""
+        return self.query("timeline_tree", root_id=root_id)
+
     def prune(self, older_than: dt.timedelta) -> tuple[int, int]:
         """Delete whole finished trees whose root completed before ``now - older_than``.
 
