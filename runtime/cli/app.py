@@ -233,6 +233,10 @@ def run(goal: str, agent: AgentOpt = "ceo", type_: TypeOpt = None, priority: Pri
         out.print(render_tree(tree))
     err.print(f"root {root_id} (orgchart tree {root_id})", style="dim", markup=False,
               highlight=False)
+    from runtime.views import critical_path_summary
+
+    err.print(critical_path_summary(runtime.store, root_id), markup=False, highlight=False,
+              soft_wrap=True)
     if tree["status"] not in TERMINAL_STATUSES:
         fail(f"root {root_id} is still {tree['status']} after {timeout:g}s", EXIT_FAILED)
     if tree["status"] != "done":

@@ -28,6 +28,7 @@ from runtime.http.auth import API_TOKEN_ENV, api_token, is_loopback
 from runtime.store.models import TERMINAL_STATUSES
 from runtime.store.store import Store
 from runtime.views import (
+    critical_path_summary,
     escalation_json,
     parse_task_id,
     task_detail_json,
@@ -116,10 +117,12 @@ def register(app: typer.Typer) -> None:
             while watch and current["status"] not in TERMINAL_STATUSES:
                 time.sleep(interval)
                 current = tree_for(store, rid)
+            summary = None if json_ else critical_path_summary(store, rid)
         if json_:
             print_json(current)
         else:
             out.print(render_tree(current))
+            out.print(summary, style="dim", markup=False, highlight=False, soft_wrap=True)
 
     @app.command()
     @guarded
