@@ -94,8 +94,8 @@ class StoreCollector:
             self._transitions[key] += int(r["n"])
             self._reaped[agent] += int(r["reaped"])
             self._poisoned[agent] += int(r["poisoned"])
-            if r["from_status"] == "running" and r["to_status"] == "pending":
-                self._retries[agent] += int(r["n"]) - int(r["reaped"])
+            retried = r["from_status"] == "running" and r["to_status"] == "pending"
+            self._retries[agent] += int(r["n"]) - int(r["reaped"]) if retried else 0
             if r["bucket"] is not None:
                 hist = self._durations.setdefault((agent, r["to_status"]),
                                                   _Histogram(TASK_DURATION_BOUNDS))

@@ -274,9 +274,10 @@ class TraceExport:
                                                else settle, BATCH)
                 if not ended:
                     return sent
-                sent += export_tasks(self.store, [r["task_id"] for r in ended], self.exporter)
+                batch = export_tasks(self.store, [r["task_id"] for r in ended], self.exporter)
                 self.cursor = int(ended[-1]["id"])
-                self.exported += sent
+                self.exported += batch
+                sent += batch
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

@@ -129,3 +129,23 @@ def test_openmetrics_for_prometheus_own_accept_header(client: TestClient) -> Non
     names = {f.name for f in openmetrics_families(response.text)}
     assert {"orgchart_tasks", "orgchart_task_transitions", "orgchart_model_calls",
             "orgchart_model_call_duration_seconds", "orgchart_task_duration_seconds"} <= names
+
+
+def test_the_grafana_dashboard_only_uses_metrics_a_scrape_has(client: TestClient,
+                                                              store: Store) -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    client.get("/metrics", headers={"Accept": "text/plain"})
+    build_timed_tree(store, leads=1, writers=1)
+    factories.submit(store, "echo")
+    store.claim(["echo"], 1, "w-dash", 30)
+    factories.submit(store, "echo")
+    text = client.get("/metrics", headers={"Accept": "text/plain"}).text
+    exposed = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    dashboard = json.loads((Path(__file__).parents[2] / "docs" / "grafana-dashboard.json")
+                           .read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"orgchart_[a-z_]+", e)}
+    assert used and used <= exposed, used - exposed
