@@ -147,3 +147,37 @@ def test_otlp_configured_reads_the_standard_variables() -> None:
                                        "OTEL_SDK_DISABLED": "true"})
     assert not traces.otlp_configured({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318",
                                        "OTEL_TRACES_EXPORTER": "none"})
+
+
+def test_a_tree_run_by_a_real_worker_exports_as_one_trace(receiver: type[Receiver],
+                                                          db_url: str, store: Store,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.config import load_settings
+    from runtime.wiring import build_root, build_runtime
+
+    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
+                                  "ORGCHART_LLM__BACKEND": "offline"})
+    runtime = build_runtime(settings, ["tests.support_agents"], store=store)
+    new = build_root(runtime.registry, settings, goal="g", agent="fanout",
+                     payload={"n": 2, "child": "fanout"})
+    root = runtime.store.submit(new, actor="test")[0]["id"]
+    worker = runtime.worker(None, maintenance=False, listen=False)  # starts the exporter
+    try:
+        for _ in range(60):
+            if worker.run_once() == 0 and runtime.store.sweep().ready == 0:
+                break
+        assert runtime.store.get(root)["status"] == "done"
+    finally:
+        traces.stop_trace_export()  # flushes what ended
+    ids = set(runtime.store.tree_ids(root))
+    assert len(ids) == 1 + 2 + 6
+    spans = [s for _, s in receiver.spans if s.trace_id == root.bytes]
+    task_spans = {uuid.UUID(attrs(s)["orgchart.task_id"]): s for s in spans
+                  if "orgchart.task_id" in attrs(s)}
+    assert set(task_spans) == ids and len(spans) == len(ids) + sum(
+        len(runtime.store.model_calls(i)) for i in ids)
+    for task_id, span in task_spans.items():
+        parent = runtime.store.get(task_id)["parent_id"]
+        expected = b"" if parent is None else traces.span_id_for(parent).to_bytes(8, "big")
+        assert span.parent_span_id == expected
+        assert [e.name for e in span.events][-1] == "done"
