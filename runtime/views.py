@@ -17,6 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 from runtime.errors import BadInput
+from runtime.store.models import TERMINAL_STATUSES
 from runtime.store.rows import NotFound
 from runtime.store.store import Store
 
@@ -156,6 +157,9 @@ def _not_a_root(store: Store, root_id: uuid.UUID) -> NotFound:
     return NotFound(f"task {root_id} is not a root; its tree is {task['root_id']}")
 
 
+_NEVER = dt.datetime.max.replace(tzinfo=dt.UTC)
+
+
 def assemble_tree(rows: list[tuple[Any, ...]], top: uuid.UUID) -> str | None:
     """Nest node JSON texts from ``Store.tree_json_rows`` under ``top``, as one JSON text.
 
@@ -171,8 +175,8 @@ def assemble_tree(rows: list[tuple[Any, ...]], top: uuid.UUID) -> str | None:
             totals = text
             continue
         texts[node_id] = text
-        if node_id != top_id:
-            kids.setdefault(parent_id, []).append((created, node_id))
+        if node_id != top_id:  # PostgreSQL sorts a NULL created_at last
+            kids.setdefault(parent_id, []).append((created or _NEVER, node_id))
     if top_id not in texts:
         return None
     # Depth-first without recursion (a chain of any depth), emitting fragments that are
@@ -262,6 +266,91 @@ def task_detail_json(store: Store, task_id: uuid.UUID, model_calls: bool = True)
     if model_calls:
         detail["model_calls"] = [model_call_json(c) for c in store.model_calls(task_id)]
     return detail
+
+
+class TreeFollower:
+    """A live tree kept current by its change feed: read whole once, then what changed.
+
+    Each :meth:`refresh` asks ``Store.tree_changes`` for the transitions after the last
+    event seen and patches the changed tasks into the tree in memory (new children in
+    creation order), recomputing ``totals``. It reads the whole tree again every
+    ``full_every`` refreshes and once when the root has finished, which also picks up
+    what has no event of its own (spend rolled up into ancestors).
+    """
+
+    def __init__(self, store: Store, root_id: uuid.UUID, full_every: int = 30) -> None:
+        self.store = store
+        self.root_id = root_id
+        self.full_every = full_every
+        self.tree: dict[str, Any] | None = None
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._cursor = 0
+        self._polls = 0
+        self._final = False
+
+    def _read_whole(self) -> None:
+        text, self._cursor = tree_text(self.store, self.root_id)
+        self.tree = json.loads(text)
+        self._polls = 0
+        self._nodes = {}
+        stack = [self.tree]
+        while stack:
+            node = stack.pop()
+            self._nodes[node["id"]] = node
+            stack.extend(node["children"])
+
+    def _apply(self, rows: list[dict[str, Any]]) -> bool:
+        for row in rows:
+            task = json.loads(json.dumps(task_json(row), default=str))
+            known = self._nodes.get(task["id"])
+            if known is not None:
+                known.update(task)
+                continue
+            parent = self._nodes.get(task["parent_id"] or "")
+            if parent is None:
+                return False
+            node = {**task, "children": []}
+            parent["children"].append(node)
+            parent["children"].sort(key=lambda n: (n["created_at"] or "", n["id"]))
+            self._nodes[node["id"]] = node
+        return True
+
+    def _totals(self) -> dict[str, Any]:
+        nodes = self._nodes.values()
+        return {
+            "tasks": len(self._nodes),
+            "by_status": dict(Counter(n["status"] for n in nodes)),
+            "spent_tokens": sum(int(n.get("own_tokens") or 0) for n in nodes),
+            "spent_usd": money(sum((Decimal(n.get("own_usd") or 0) for n in nodes),
+                                   Decimal(0))),
+            "duration_seconds": round(sum(float(n.get("duration_seconds") or 0)
+                                          for n in nodes), 6),
+        }
+
+    def refresh(self) -> dict[str, Any]:
+        """The tree as it is now (the public tree shape, ``totals`` on the root)."""
+        whole = self.tree is None or self._polls >= self.full_every
+        if whole:
+            self._read_whole()
+        else:
+            self._polls += 1
+            while True:
+                events = self.store.tree_changes(self.root_id, self._cursor)
+                if not events:
+                    break
+                self._cursor = int(events[-1]["id"])
+                ids = list(dict.fromkeys(e["task_id"] for e in events))
+                if not self._apply(self.store.tasks_by_ids(ids)):
+                    self._read_whole()
+                    break
+            assert self.tree is not None
+            self.tree["totals"] = self._totals()
+        assert self.tree is not None
+        if self.tree["status"] in TERMINAL_STATUSES and not self._final:
+            self._final = True
+            if not whole:
+                self._read_whole()
+        return self.tree
 
 
 def timeline_for(store: Store, root_id: uuid.UUID) -> str:

@@ -193,7 +193,7 @@ def run(goal: str, agent: AgentOpt = "ceo", type_: TypeOpt = None, priority: Pri
         ) -> None:
     """Submit a goal and drain it in this process, drawing the tree live; print the result."""
     from runtime.cli.render import render_tree
-    from runtime.views import tree_json
+    from runtime.views import TreeFollower
 
     runtime = _runtime(agents_module)
     task, _ = _submit(runtime, goal, agent, type_, priority, budget_tokens, budget_seconds,
@@ -206,10 +206,7 @@ def run(goal: str, agent: AgentOpt = "ceo", type_: TypeOpt = None, priority: Pri
     deadline = time.monotonic() + timeout
     live_screen = out.is_terminal and not json_
 
-    def current() -> dict[str, Any]:
-        tree = tree_json(runtime.store.tree_rows(root_id))
-        assert tree is not None
-        return tree
+    current = TreeFollower(runtime.store, root_id).refresh  # reads what changed only
 
     tree = current()
     if live_screen:

@@ -714,34 +714,35 @@ SELECT NULL::text AS id, NULL::text AS parent_id, -1 AS depth, NULL::timestamptz
 FROM by_status
 UNION ALL
 SELECT n.id::text, n.parent_id::text, n.depth, n.created_at,
-    -- Fields whose JSON needs no escaping are concatenated (much cheaper than one
-    -- json_build_object argument each); text and jsonb fields go through it.
-    '{"id":"' || n.id || '","root_id":"' || n.root_id
-    || '","parent_id":' || COALESCE('"' || n.parent_id || '"', 'null')
-    || ',"priority":' || COALESCE(n.priority::text, 'null')
-    || ',"spent_tokens":' || n.spent_tokens || ',"spent_usd":"' || n.spent_usd
-    || '","own_tokens":' || n.own_tokens || ',"own_usd":"' || n.own_usd
-    || '","duration_seconds":' || round(n.duration_seconds * 1e6) / 1e6
-    || ',"created_at":' || COALESCE('"' || replace(to_char(n.created_at, 'YYYY-MM-DD"T"HH24:MI:SS.USTZH:TZM'), '.000000', '')
-                     || '"', 'null')
-    || ',"started_at":' || COALESCE('"' || replace(to_char(n.started_at, 'YYYY-MM-DD"T"HH24:MI:SS.USTZH:TZM'), '.000000', '')
-                     || '"', 'null')
-    || ',"completed_at":' || COALESCE('"' || replace(to_char(n.completed_at, 'YYYY-MM-DD"T"HH24:MI:SS.USTZH:TZM'), '.000000', '')
-                     || '"', 'null')
-    || ',"depth":' || n.depth
-    || ',"budget_tokens":' || COALESCE(n.budget_tokens::text, 'null')
-    || ',"budget_seconds":' || COALESCE(n.budget_seconds::text, 'null')
-    || ',"budget_usd":' || COALESCE('"' || CASE WHEN n.budget_usd = trunc(n.budget_usd)
-                                             THEN trunc(n.budget_usd)::text
-                                             ELSE n.budget_usd::text END || '"', 'null')
-    || ',"retry_count":' || n.retry_count || ',"delivery_count":' || n.delivery_count
-    || ',' || substr(json_build_object(
-        'agent', n.to_agent, 'type', n.type, 'status', n.status, 'payload', n.payload,
-        'result', n.result, 'error', n.error, 'verdict', n.verdict, 'route', n.route,
-        'route_reason', n.route_reason, 'model', n.model, 'from_agent', n.from_agent,
-        'key', CASE WHEN n.parent_id IS NOT NULL THEN n.idempotency_key END,
-        'idempotency_key', CASE WHEN n.parent_id IS NULL THEN n.idempotency_key END,
-        'success_criteria', n.success_criteria, 'kill_criteria', n.kill_criteria)::text, 2),
+    -- One concat() (a single pass: a chain of || copies the growing text at each step)
+    -- for the fields whose JSON needs no escaping; json_build_object for text and jsonb.
+    concat('{"id":"', n.id, '","root_id":"', n.root_id,
+           '","parent_id":', COALESCE('"' || n.parent_id || '"', 'null'),
+           ',"priority":', COALESCE(n.priority::text, 'null'),
+           ',"spent_tokens":', n.spent_tokens, ',"spent_usd":"', n.spent_usd,
+           '","own_tokens":', n.own_tokens, ',"own_usd":"', n.own_usd,
+           '","duration_seconds":', round(n.duration_seconds * 1e6) / 1e6,
+           ',"created_at":', COALESCE('"' || replace(to_char(n.created_at, 'YYYY-MM-DD"T"HH24:MI:SS.USTZH:TZM'), '.000000', '') || '"',
+                    'null'),
+           ',"started_at":', COALESCE('"' || replace(to_char(n.started_at, 'YYYY-MM-DD"T"HH24:MI:SS.USTZH:TZM'), '.000000', '') || '"',
+                    'null'),
+           ',"completed_at":', COALESCE('"' || replace(to_char(n.completed_at, 'YYYY-MM-DD"T"HH24:MI:SS.USTZH:TZM'), '.000000', '') || '"',
+                    'null'),
+           ',"depth":', n.depth,
+           ',"budget_tokens":', COALESCE(n.budget_tokens::text, 'null'),
+           ',"budget_seconds":', COALESCE(n.budget_seconds::text, 'null'),
+           ',"budget_usd":', COALESCE('"' || CASE WHEN n.budget_usd = trunc(n.budget_usd)
+                                                 THEN trunc(n.budget_usd)::text
+                                                 ELSE n.budget_usd::text END || '"', 'null'),
+           ',"retry_count":', n.retry_count, ',"delivery_count":', n.delivery_count, ',',
+           substr(json_build_object(
+               'agent', n.to_agent, 'type', n.type, 'status', n.status, 'payload', n.payload,
+               'result', n.result, 'error', n.error, 'verdict', n.verdict, 'route', n.route,
+               'route_reason', n.route_reason, 'model', n.model, 'from_agent', n.from_agent,
+               'key', CASE WHEN n.parent_id IS NOT NULL THEN n.idempotency_key END,
+               'idempotency_key', CASE WHEN n.parent_id IS NULL THEN n.idempotency_key END,
+               'success_criteria', n.success_criteria,
+               'kill_criteria', n.kill_criteria)::text, 2)),
     NULL
 FROM tasks n JOIN picked USING (id);
 

@@ -136,3 +136,39 @@ def test_a_missing_or_non_root_tree_is_404(client: TestClient, store: Store) -> 
     assert client.get(f"/trees/{uuid.uuid4()}").status_code == 404
     child = client.get(f"/trees/{tree.ids['lead-0']}")
     assert child.status_code == 404 and f"its tree is {tree.root}" in child.json()["error"]
+
+
+def test_a_follower_sees_the_same_tree_as_a_whole_read_at_every_step(runtime: Runtime) -> None:
+    from runtime.views import TreeFollower, tree_for
+
+    store = runtime.store
+    root = store.submit(build_root_task(runtime), actor="test")[0]["id"]
+    follower = TreeFollower(store, root, full_every=1000)
+    worker = runtime.worker(None, maintenance=False, listen=False, batch_size=1,
+                            concurrency=1)
+    steps = 0
+    for _ in range(100):
+        seen = follower.refresh()
+        whole = tree_for(store, root)
+        # Spend rolled up into ancestors has no event of its own: compare the rest.
+        assert strip_spend(seen) == strip_spend(whole)
+        if seen["status"] == "done":
+            break
+        if worker.run_once() == 0:
+            store.sweep()
+        steps += 1
+    assert follower.refresh() == tree_for(store, root)  # the final whole read
+    assert steps > 3 and follower.tree is not None and follower.tree["totals"]["tasks"] == 9
+
+
+def build_root_task(runtime: Runtime) -> Any:
+    from runtime.wiring import build_root
+
+    return build_root(runtime.registry, runtime.settings, goal="g", agent="fanout",
+                      payload={"n": 2, "child": "fanout"})
+
+
+def strip_spend(node: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in node.items() if k not in ("spent_tokens", "spent_usd", "children")}
+    out["children"] = [strip_spend(c) for c in node["children"]]
+    return out

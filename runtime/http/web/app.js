@@ -538,7 +538,7 @@
     walk(0, 0);
     const step = niceStep(total);
     const axis = el("div", { className: "wf-track wf-axis-track" });
-    for (let x = 0; x <= total + 1e-9; x += step) {
+    for (let x = 0; x <= total * 0.94; x += step) { // no label cut off at the right edge
       const tick = el("span", { className: "wf-tick", text: (step < 1 ? x.toFixed(2) : x.toFixed(0)) + " s" });
       tick.style.left = pct(x, total);
       axis.append(tick);
