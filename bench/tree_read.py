@@ -112,7 +112,7 @@ def measure(url: str, nodes: int = 10_101, repeats: int = 7) -> dict[str, Any]:
                            "or differs from tree_json's")
     return {
         "tree_ms_10k": ms(median(total)),
-        "tree_query_ms": ms(median(query)),
+        "tree_read_rows_ms": ms(median(query)),
         "tree_nest_ms": ms(median(nest)),
         "tree_ms_python": ms(median(old)),
         "tree_json_bytes": len(text.encode()),
