@@ -699,7 +699,7 @@ WITH RECURSIVE sub AS (
 ), by_status AS (
     SELECT t.status, count(*) AS n, sum(t.own_tokens) AS tokens, sum(t.own_usd) AS usd,
            sum(t.duration_seconds) AS seconds
-    FROM tasks t JOIN picked USING (id) GROUP BY t.status
+    FROM tasks t JOIN picked USING (id) WHERE t.root_id = :root_id GROUP BY t.status
 )
 SELECT NULL::text AS id, NULL::text AS parent_id, -1 AS depth, NULL::timestamptz AS created_at,
        json_build_object(
@@ -744,14 +744,22 @@ SELECT n.id::text, n.parent_id::text, n.depth, n.created_at,
                'success_criteria', n.success_criteria,
                'kill_criteria', n.kill_criteria)::text, 2)),
     NULL
-FROM tasks n JOIN picked USING (id);
+FROM tasks n JOIN picked USING (id)
+WHERE n.root_id = :root_id;  -- every picked task is in the tree: lets root_id's index lead
 
 -- task_tree_changes --
 -- The transitions of one tree's tasks after task_events id :after, oldest first, at most
 -- :limit (pages and watchers follow a live tree by these instead of re-reading it).
-SELECT e.id, e.task_id, e.from_status, e.to_status, e.at, e.worker, e.detail
-FROM task_events e JOIN tasks t ON t.id = e.task_id
-WHERE e.id > :after AND t.root_id = :root_id
+-- Read per task of the tree on the (task_id, id) index: the cost follows the tree's size,
+-- never the events table's, however old the cursor.
+SELECT e.id, t.id AS task_id, e.from_status, e.to_status, e.at, e.worker, e.detail
+FROM tasks t
+CROSS JOIN LATERAL (
+    SELECT x.id, x.from_status, x.to_status, x.at, x.worker, x.detail
+    FROM task_events x WHERE x.task_id = t.id AND x.id > :after
+    OFFSET 0  -- a fence: the planner must not flatten this into a join over the table
+) e
+WHERE t.root_id = :root_id
 ORDER BY e.id
 LIMIT :limit;
 
@@ -857,13 +865,17 @@ SELECT id FROM tasks WHERE root_id = :root_id;
 WITH base AS (
     SELECT created_at AS t0, statement_timestamp() AS now FROM tasks WHERE id = :root_id
 ), ev AS (
-    SELECT e.id, e.task_id, e.from_status, e.to_status, e.at,
-           COALESCE(lead(e.at) OVER (PARTITION BY e.task_id ORDER BY e.id), t.completed_at,
-                    (SELECT now FROM base)) AS until,
+    -- LATERAL: each task's events by the (task_id, id) index, never a scan of the table.
+    SELECT e.id, t.id AS task_id, e.from_status, e.to_status, e.at,
+           COALESCE(e.next_at, t.completed_at, (SELECT now FROM base)) AS until,
            CASE e.to_status WHEN 'pending' THEN 'queued' WHEN 'ready_to_aggregate' THEN 'queued'
                 WHEN 'running' THEN 'running' WHEN 'waiting' THEN 'waiting'
                 WHEN 'judging' THEN 'judging' END AS kind
-    FROM tasks t JOIN task_events e ON e.task_id = t.id
+    FROM tasks t
+    CROSS JOIN LATERAL (
+        SELECT x.id, x.from_status, x.to_status, x.at, lead(x.at) OVER (ORDER BY x.id) AS next_at
+        FROM task_events x WHERE x.task_id = t.id
+    ) e
     WHERE t.root_id = :root_id
 ), seg AS (
     SELECT ev.task_id,
@@ -887,7 +899,11 @@ WITH base AS (
                                * 1000)::bigint
                       || ',' || round(date_part('epoch', c.created_at - b.t0) * 1000)::bigint
                       || ']', ',' ORDER BY c.id) AS calls
-    FROM tasks t JOIN model_calls c ON c.task_id = t.id CROSS JOIN base b
+    FROM tasks t
+    CROSS JOIN LATERAL (  -- OFFSET 0 keeps it a per-task index lookup (not flattened)
+        SELECT * FROM model_calls x WHERE x.task_id = t.id OFFSET 0
+    ) c
+    CROSS JOIN base b
     WHERE t.root_id = :root_id
     GROUP BY c.task_id
 )
