@@ -13,7 +13,9 @@ The figure ``scrape_ms_1m_finished`` is the median scrape.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import os
 import time
 import warnings
 from typing import Any
@@ -129,7 +131,10 @@ def main(finished: int = 1_000_000, repeats: int = 9, server: str | None = None,
     if write:
         path = RESULTS_DIR / "latest.json"
         latest = json.loads(path.read_text()) if path.exists() else {}
+        latest.pop("tree_json_dumps_ms", None)  # the old path's, no longer measured
         latest.update(figures)
+        latest["scrape_measured_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        latest["scrape_load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         path.write_text(json.dumps(latest, indent=2) + "\n")
     return report(f"Prometheus scrape ({finished} finished tasks)", figures)
 
