@@ -316,8 +316,9 @@ _start_lock = threading.Lock()
 def start_trace_export(store: Store, env: Mapping[str, str] | None = None) -> TraceExport | None:
     """Start this process's trace exporter once, if an OTLP endpoint is configured.
 
-    Returns None (and imports nothing from ``opentelemetry``) when it is not. The
-    exporter flushes at interpreter exit.
+    Returns None (and imports nothing from ``opentelemetry``) when it is not, and None
+    with a warning when it cannot start (traces never stop a worker). The exporter
+    flushes at interpreter exit.
     """
     global _running
     if not otlp_configured(env):
@@ -326,7 +327,12 @@ def start_trace_export(store: Store, env: Mapping[str, str] | None = None) -> Tr
         if _running is None:
             import atexit
 
-            _running = TraceExport(store).start()
+            try:
+                _running = TraceExport(store).start()
+            except Exception:
+                log.warning("OpenTelemetry trace export could not start; running without it",
+                            exc_info=True)
+                return None
             atexit.register(stop_trace_export)
         return _running
 

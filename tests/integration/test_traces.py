@@ -181,3 +181,13 @@ def test_a_tree_run_by_a_real_worker_exports_as_one_trace(receiver: type[Receive
         expected = b"" if parent is None else traces.span_id_for(parent).to_bytes(8, "big")
         assert span.parent_span_id == expected
         assert [e.name for e in span.events][-1] == "done"
+
+
+def test_an_exporter_that_cannot_start_never_stops_the_worker() -> None:
+    class Down:
+        def event_watermark(self) -> int:
+            raise RuntimeError("the database is down")
+
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
+    assert traces.start_trace_export(Down(), env=env) is None  # type: ignore[arg-type]
+    assert traces._running is None
