@@ -184,10 +184,12 @@ def test_a_tree_run_by_a_real_worker_exports_as_one_trace(receiver: type[Receive
 
 
 def test_an_exporter_that_cannot_start_never_stops_the_worker() -> None:
-    class Down:
-        def event_watermark(self) -> int:
-            raise RuntimeError("the database is down")
+    from runtime.store.db import create_db_engine
 
+    down = Store(create_db_engine("postgresql://nobody@127.0.0.1:1/none", pool_size=1))
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
-    assert traces.start_trace_export(Down(), env=env) is None  # type: ignore[arg-type]
-    assert traces._running is None
+    try:
+        assert traces.start_trace_export(down, env=env) is None  # a real unreachable server
+        assert traces._running is None
+    finally:
+        down.dispose()
