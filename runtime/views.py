@@ -9,6 +9,7 @@ are its own. The root's ``totals`` sum every node's own spend, so they equal the
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import uuid
 from collections import Counter
@@ -16,6 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 from runtime.errors import BadInput
+from runtime.store.models import TERMINAL_STATUSES
 from runtime.store.rows import NotFound
 from runtime.store.store import Store
 
@@ -32,7 +34,7 @@ def _scalar(value: Any) -> Any:
     if isinstance(value, dt.datetime):
         return value.isoformat()
     if isinstance(value, Decimal):
-        return str(value.normalize()) if value == value.to_integral() else str(value)
+        return format(value.normalize(), "f") if value == value.to_integral() else str(value)
     return value
 
 
@@ -157,6 +159,80 @@ def escalation_json(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _not_a_root(store: Store, root_id: uuid.UUID) -> NotFound:
+    task = store.get(root_id)  # raises NotFound "no task ..."
+    return NotFound(f"task {root_id} is not a root; its tree is {task['root_id']}")
+
+
+_NEVER = dt.datetime.max.replace(tzinfo=dt.UTC)
+
+
+def assemble_tree(rows: list[tuple[Any, ...]], top: uuid.UUID) -> str | None:
+    """Nest node JSON texts from ``Store.tree_json_rows`` under ``top``, as one JSON text.
+
+    The database built every node (and the totals); this only splices each node's
+    children, in creation order, into its text, without parsing anything.
+    """
+    top_id = str(top)
+    totals = ""
+    texts: dict[str, str] = {}
+    kids: dict[str, list[tuple[Any, str]]] = {}
+    for node_id, parent_id, _depth, created, text, _ in rows:
+        if node_id is None:
+            totals = text
+            continue
+        texts[node_id] = text
+        if node_id != top_id:  # PostgreSQL sorts a NULL created_at last
+            kids.setdefault(parent_id, []).append((created or _NEVER, node_id))
+    if top_id not in texts:
+        return None
+    # Depth-first without recursion (a chain of any depth), emitting fragments that are
+    # joined once at the end: a single allocation of the whole text.
+    parts: list[str] = []
+    stack: list[str | tuple[str]] = [(top_id,)]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            parts.append(item)
+            continue
+        node_id = item[0]
+        parts.append(texts[node_id][:-1])
+        parts.append(',"children":[')
+        mine = kids.get(node_id)
+        stack.append("]}" if node_id != top_id else '],"totals":' + totals + "}")
+        if mine:
+            mine.sort(reverse=True)
+            for n, (_, child) in enumerate(mine):
+                stack.append((child,))
+                if n < len(mine) - 1:
+                    stack.append(",")
+    return "".join(parts)
+
+
+def tree_text(store: Store, root_id: uuid.UUID, under: uuid.UUID | None = None,
+              depth: int | None = None) -> tuple[str, int]:
+    """The tree under ``root_id`` (or the subtree under ``under``) as JSON text.
+
+    The same shape and values as :func:`tree_json` of the rows (``totals`` on the top
+    node count what was fetched), read in one query that builds the JSON in the database.
+    Returns the text and the newest ``task_events`` id at the time of the read (follow
+    the tree from there with ``Store.tree_changes``).
+
+    Raises:
+        NotFound: no such task, the task is not a root, or ``under`` is not in the tree.
+
+    """
+    if depth is not None and depth < 0:
+        raise BadInput(f"depth must be 0 or more, not {depth}")
+    rows = store.tree_json_rows(root_id, under, depth)
+    text = assemble_tree(rows, under or root_id)
+    if text is not None:
+        return text, int(next(row[5] for row in rows if row[0] is None))
+    if under is not None and len(store.tree_json_rows(root_id, None, 0)) > 1:
+        raise NotFound(f"task {under} is not in tree {root_id}")
+    raise _not_a_root(store, root_id)
+
+
 def tree_for(store: Store, root_id: uuid.UUID) -> dict[str, Any]:
     """The tree under ``root_id`` in the public shape.
 
@@ -164,11 +240,27 @@ def tree_for(store: Store, root_id: uuid.UUID) -> dict[str, Any]:
         NotFound: no such task, or the task is not a root (the message names its root).
 
     """
-    tree = tree_json(store.tree_rows(root_id))
-    if tree is not None:
-        return tree
-    task = store.get(root_id)  # raises NotFound "no task ..."
-    raise NotFound(f"task {root_id} is not a root; its tree is {task['root_id']}")
+    return json.loads(tree_text(store, root_id)[0])  # type: ignore[no-any-return]
+
+
+def tree_changes_json(store: Store, root_id: uuid.UUID, after: int,
+                      limit: int = 5000) -> dict[str, Any]:
+    """What changed in a tree after event ``after``: its events and the changed tasks.
+
+    ``tasks`` are the changed tasks' current rows in the task shape (no ``children``);
+    ``last_event_id`` is the cursor for the next call (``after`` again when nothing
+    changed); ``more`` says the page was cut at ``limit`` events.
+    """
+    events = store.tree_changes(root_id, after, limit)
+    ids = list(dict.fromkeys(e["task_id"] for e in events))
+    return {
+        "root_id": str(root_id),
+        "after": after,
+        "last_event_id": int(events[-1]["id"]) if events else after,
+        "more": len(events) >= limit,
+        "events": [event_json(e) for e in events],
+        "tasks": [task_json(t) for t in store.tasks_by_ids(ids)],
+    }
 
 
 def task_detail_json(store: Store, task_id: uuid.UUID, model_calls: bool = True) -> dict[str, Any]:
@@ -181,3 +273,118 @@ def task_detail_json(store: Store, task_id: uuid.UUID, model_calls: bool = True)
     if model_calls:
         detail["model_calls"] = [model_call_json(c) for c in store.model_calls(task_id)]
     return detail
+
+
+class TreeFollower:
+    """A live tree kept current by its change feed: read whole once, then what changed.
+
+    Each :meth:`refresh` asks ``Store.tree_changes`` for the transitions after the last
+    event seen and patches the changed tasks into the tree in memory (new children in
+    creation order), recomputing ``totals``. It reads the whole tree again every
+    ``full_every`` refreshes and once when the root has finished, which also picks up
+    what has no event of its own (spend rolled up into ancestors).
+    """
+
+    def __init__(self, store: Store, root_id: uuid.UUID, full_every: int = 30) -> None:
+        self.store = store
+        self.root_id = root_id
+        self.full_every = full_every
+        self.tree: dict[str, Any] | None = None
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._cursor = 0
+        self._polls = 0
+        self._final = False
+
+    def _read_whole(self) -> None:
+        text, self._cursor = tree_text(self.store, self.root_id)
+        self.tree = json.loads(text)
+        self._polls = 0
+        self._nodes = {}
+        stack = [self.tree]
+        while stack:
+            node = stack.pop()
+            self._nodes[node["id"]] = node
+            stack.extend(node["children"])
+
+    def _apply(self, rows: list[dict[str, Any]]) -> bool:
+        for row in rows:
+            task = json.loads(json.dumps(task_json(row), default=str))
+            known = self._nodes.get(task["id"])
+            if known is not None:
+                known.update(task)
+                continue
+            parent = self._nodes.get(task["parent_id"] or "")
+            if parent is None:
+                return False
+            node = {**task, "children": []}
+            parent["children"].append(node)
+            parent["children"].sort(key=lambda n: (n["created_at"] or "", n["id"]))
+            self._nodes[node["id"]] = node
+        return True
+
+    def _totals(self) -> dict[str, Any]:
+        nodes = self._nodes.values()
+        return {
+            "tasks": len(self._nodes),
+            "by_status": dict(Counter(n["status"] for n in nodes)),
+            "spent_tokens": sum(int(n.get("own_tokens") or 0) for n in nodes),
+            "spent_usd": money(sum((Decimal(n.get("own_usd") or 0) for n in nodes),
+                                   Decimal(0))),
+            "duration_seconds": round(sum(float(n.get("duration_seconds") or 0)
+                                          for n in nodes), 6),
+        }
+
+    def refresh(self) -> dict[str, Any]:
+        """The tree as it is now (the public tree shape, ``totals`` on the root)."""
+        whole = self.tree is None or self._polls >= self.full_every
+        if whole:
+            self._read_whole()
+        else:
+            self._polls += 1
+            while True:
+                events = self.store.tree_changes(self.root_id, self._cursor)
+                if not events:
+                    break
+                self._cursor = int(events[-1]["id"])
+                ids = list(dict.fromkeys(e["task_id"] for e in events))
+                if not self._apply(self.store.tasks_by_ids(ids)):
+                    self._read_whole()
+                    break
+            assert self.tree is not None
+            self.tree["totals"] = self._totals()
+        assert self.tree is not None
+        if self.tree["status"] in TERMINAL_STATUSES and not self._final:
+            self._final = True
+            if not whole:
+                self._read_whole()
+        return self.tree
+
+
+def timeline_for(store: Store, root_id: uuid.UUID) -> str:
+    """The tree on a time axis with its critical path, as JSON text (``/timeline``).
+
+    Raises:
+        NotFound: no such task, or the task is not a root.
+
+    """
+    from runtime.telemetry.critical_path import timeline_text
+
+    rows = store.timeline_rows(root_id)
+    if not rows:
+        raise _not_a_root(store, root_id)
+    return timeline_text(rows, str(root_id))
+
+
+def critical_path_summary(store: Store, root_id: uuid.UUID) -> str:
+    """One line: ``critical path 2.1 s of 2.4 s; 0.3 s queued (planner > lead > ...)``.
+
+    Raises:
+        NotFound: no such task, or the task is not a root.
+
+    """
+    from runtime.telemetry.critical_path import critical_path
+
+    rows = store.timeline_rows(root_id)
+    if not rows:
+        raise _not_a_root(store, root_id)
+    return critical_path(rows, str(root_id)).summary()

@@ -84,6 +84,9 @@ class Runtime:
         if "concurrency" in w.model_fields_set:  # the old name for sync threads, if set
             options["concurrency"] = w.concurrency
         options.update({k: v for k, v in overrides.items() if v is not None})
+        from runtime.telemetry.traces import start_trace_export
+
+        start_trace_export(self.store)  # OTLP traces, only when OTEL_EXPORTER_OTLP_* is set
         return Worker(self.store, self.executor(), WorkerConfig(**options))
 
 

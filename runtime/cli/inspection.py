@@ -36,11 +36,12 @@ from runtime.cli.render import STATUS_STYLE, render_tree
 from runtime.http.auth import API_TOKEN_ENV, api_token, is_loopback
 from runtime.store.models import TERMINAL_STATUSES
 from runtime.views import (
+    TreeFollower,
+    critical_path_summary,
     escalation_json,
     parse_task_id,
     task_detail_json,
     task_json,
-    tree_for,
 )
 
 #: How often ``tree --watch`` redraws.
@@ -86,24 +87,27 @@ def tree(
     """Draw a task tree: statuses, agents, spend, durations, verdicts, errors."""
     rid = parse_task_id(root_id, "root id")
     with opened_store() as store:
-        current = tree_for(store, rid)
+        follow = TreeFollower(store, rid).refresh  # --watch reads what changed only
+        current = follow()
         if watch and not json_ and out.is_terminal:
             try:
                 with Live(render_tree(current), console=out, refresh_per_second=4) as live:
                     while current["status"] not in TERMINAL_STATUSES:
                         time.sleep(interval)
-                        current = tree_for(store, rid)
+                        current = follow()
                         live.update(render_tree(current))
             except KeyboardInterrupt:
                 return
             return
         while watch and current["status"] not in TERMINAL_STATUSES:
             time.sleep(interval)
-            current = tree_for(store, rid)
+            current = follow()
+        summary = None if json_ else critical_path_summary(store, rid)
     if json_:
         print_json(current)
     else:
         out.print(render_tree(current))
+        out.print(summary, style="dim", markup=False, highlight=False, soft_wrap=True)
 
 def show(task_id: Annotated[str, typer.Argument(help="The task's id.")],
          json_: JsonOpt = False) -> None:

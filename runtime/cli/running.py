@@ -166,7 +166,7 @@ def run(goal: str, options: GoalOptions, json_: JsonOpt = False,
         ) -> None:
     """Submit a goal and drain it in this process, drawing the tree live; print the result."""
     from runtime.cli.render import render_tree
-    from runtime.views import tree_json
+    from runtime.views import TreeFollower, critical_path_summary
 
     runtime = _runtime(options.agents_module)
     task, _ = runtime.store.submit(options.new_task(runtime.registry, runtime.settings, goal),
@@ -180,10 +180,7 @@ def run(goal: str, options: GoalOptions, json_: JsonOpt = False,
     deadline = time.monotonic() + timeout
     live_screen = out.is_terminal and not json_
 
-    def current() -> dict[str, Any]:
-        tree = tree_json(runtime.store.tree_rows(root_id))
-        assert tree is not None
-        return tree
+    current = TreeFollower(runtime.store, root_id).refresh  # reads what changed only
 
     def waiting(tree: dict[str, Any]) -> bool:
         return (tree["status"] not in TERMINAL_STATUSES and time.monotonic() < deadline
@@ -209,6 +206,8 @@ def run(goal: str, options: GoalOptions, json_: JsonOpt = False,
         out.print(render_tree(tree))
     err.print(f"root {root_id} (orgchart tree {root_id})", style="dim", markup=False,
               highlight=False)
+    err.print(critical_path_summary(runtime.store, root_id), markup=False, highlight=False,
+              soft_wrap=True)
     if tree["status"] not in TERMINAL_STATUSES:
         fail(f"root {root_id} is still {tree['status']} after {timeout:g}s", EXIT_FAILED)
     if tree["status"] != "done":

@@ -3,7 +3,9 @@
 Endpoints (all JSON; shapes from :mod:`runtime.views`, documented in ``docs/api.md``):
 
 - ``POST /tasks``: submit a root goal (``Idempotency-Key`` header deduplicates);
-- ``GET /tasks/{id}``, ``GET /trees/{root_id}``, ``GET /roots``, ``GET /escalations``;
+- ``GET /tasks/{id}``, ``GET /trees/{root_id}`` (``?under=&depth=``),
+  ``GET /trees/{root_id}/events?after=``, ``GET /trees/{root_id}/timeline``,
+  ``GET /roots``, ``GET /escalations``;
 - ``POST /tasks/{id}/resolve``: retry, done, fail or reassign an escalated task;
 - ``GET /metrics``, ``GET /healthz``; OpenAPI at ``/docs``;
 - ``GET /`` (recent roots) and ``GET /ui/trees/{root_id}`` (the live tree), plain HTML.
@@ -22,11 +24,12 @@ import html
 import json
 import logging
 import os
+import threading
 import urllib.parse
 import uuid
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
 from fastapi import FastAPI, Header, HTTPException, Query, Request
@@ -45,7 +48,14 @@ from runtime.http.auth import API_TOKEN_ENV
 from runtime.store.db import DatabaseUnavailable
 from runtime.store.rows import IdempotencyConflict, NotFound, ResolveRefused
 from runtime.store.store import Store
-from runtime.views import escalation_json, task_detail_json, task_json, tree_for
+from runtime.views import (
+    escalation_json,
+    task_detail_json,
+    task_json,
+    timeline_for,
+    tree_changes_json,
+    tree_text,
+)
 from runtime.wiring import check_storable
 
 log = logging.getLogger(__name__)
@@ -346,9 +356,43 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
         return task_detail_json(store, task_id, model_calls=model_calls)
 
     @app.get("/trees/{root_id}", tags=["trees"], responses=_ERRORS)
-    def get_tree(root_id: uuid.UUID) -> dict[str, Any]:
-        """The whole tree under a root, nested, with ``totals`` on the root."""
-        return tree_for(store, root_id)
+    def get_tree(
+        root_id: uuid.UUID,
+        under: Annotated[uuid.UUID | None, Query(
+            description="Only the subtree under this task of the tree.")] = None,
+        depth: Annotated[int | None, Query(
+            ge=0, description="Only this many levels below the top node.")] = None,
+    ) -> Response:
+        """The tree under a root, nested, with ``totals`` on its top node.
+
+        Built in the database in one query. The ``X-Orgchart-Last-Event`` header carries
+        the newest ``task_events`` id at the time of the read: follow the tree from there
+        with ``GET /trees/{root_id}/events?after=<id>``.
+        """
+        text, last_event = tree_text(store, root_id, under, depth)
+        return Response(text, media_type="application/json",
+                        headers={"X-Orgchart-Last-Event": str(last_event)})
+
+    @app.get("/trees/{root_id}/timeline", tags=["trees"], responses=_ERRORS)
+    def get_tree_timeline(root_id: uuid.UUID) -> Response:
+        """The tree on a time axis, with its critical path and one-line ``summary``.
+
+        Each task has its queued/running/waiting/judging segments and its model calls.
+        """
+        return Response(timeline_for(store, root_id), media_type="application/json")
+
+    @app.get("/trees/{root_id}/events", tags=["trees"], responses=_ERRORS)
+    def get_tree_changes(
+        root_id: uuid.UUID,
+        after: int = Query(0, ge=0, description="A task_events id: changes after it."),
+        limit: int = Query(5000, ge=1, le=50_000),
+    ) -> dict[str, Any]:
+        """What changed in a tree after event ``after``: the events and the changed tasks.
+
+        ``tasks`` are the current rows (no ``children``) of every task named by
+        ``events``; pass ``last_event_id`` as the next ``after``.
+        """
+        return tree_changes_json(store, root_id, after, limit)
 
     @app.get("/roots", tags=["trees"])
     def list_roots(limit: int = Query(50, ge=1, le=500)) -> list[dict[str, Any]]:
@@ -376,10 +420,28 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
                              reassign_to=body.agent)
         return task_json(task)
 
-    @app.get("/metrics", tags=["operations"])
-    def get_metrics() -> dict[str, Any]:
-        """Tasks by status, average retries, reclaimed count, mean duration, cost by route."""
-        return store.metrics()
+    scrape: dict[str, Any] = {}
+    scrape_lock = threading.Lock()
+
+    @app.get("/metrics", tags=["operations"],
+             responses={200: {"content": {"text/plain": {}, "application/openmetrics-text": {}},
+                              "description": "JSON, or Prometheus text for a scrape"}})
+    def get_metrics(accept: Annotated[str | None, Header()] = None) -> Any:
+        """Tasks by status, average retries, reclaimed count, mean duration, cost by route.
+
+        With ``Accept: text/plain`` or ``application/openmetrics-text`` (what Prometheus
+        sends), the Prometheus exposition format instead (docs/operations.md).
+        """
+        fmt = _wants_prometheus(accept)
+        if fmt is None:
+            return store.metrics()
+        from runtime.telemetry import prometheus  # imported on the first scrape only
+
+        with scrape_lock:
+            if "registry" not in scrape:
+                scrape["registry"] = prometheus.registry_for(store)
+        body, content_type = prometheus.exposition(scrape["registry"], fmt)
+        return Response(body, headers={"Content-Type": content_type})
 
     @app.get("/healthz", tags=["operations"],
              responses={503: {"description": "the database does not answer"}})
@@ -387,6 +449,14 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
         """200 when the database answers a trivial query, else 503."""
         store.ping()  # errors map to 503
         return {"status": "ok", "database": "ok"}
+
+
+def _wants_prometheus(accept: str | None) -> str | None:
+    """"openmetrics", "text" or None (JSON) for an ``Accept`` header."""
+    accept = (accept or "").lower()
+    if "application/openmetrics-text" in accept:
+        return "openmetrics"
+    return "text" if "text/plain" in accept else None
 
 
 def _page(name: str, token_query: str, **values: str) -> str:

@@ -843,3 +843,251 @@ SELECT to_regclass('alembic_version');
 -- migration_version_get --
 -- The database's Alembic revision.
 SELECT version_num FROM alembic_version;
+
+-- task_tree_json --
+-- A tree (or the subtree under :under, at most :depth levels below it) as JSON text built
+-- in the database: one row (id NULL) carries the totals and the newest task_events id (one
+-- snapshot), the others one node each in the public task shape (views.task_json). Unordered:
+-- the caller sorts the narrow keys (an ORDER BY here would sort the wide JSON text).
+-- Timestamps are formatted as Python's isoformat() does, so both paths give equal JSON.
+WITH RECURSIVE sub AS (
+    SELECT id, 0 AS rel FROM tasks
+    WHERE id = CAST(:under AS uuid) AND root_id = :root_id
+    UNION ALL
+    SELECT c.id, s.rel + 1 FROM sub s JOIN tasks c ON c.parent_id = s.id
+    WHERE s.rel < COALESCE(CAST(:depth AS integer), 2147483647)
+), picked AS MATERIALIZED (
+    SELECT t.id FROM tasks t
+    WHERE t.root_id = :root_id AND CAST(:under AS uuid) IS NULL
+      AND t.depth <= COALESCE(CAST(:depth AS integer), 2147483647)
+    UNION ALL
+    SELECT id FROM sub
+), by_status AS (
+    SELECT t.status, count(*) AS n, sum(t.own_tokens) AS tokens, sum(t.own_usd) AS usd,
+           sum(t.duration_seconds) AS seconds
+    FROM tasks t JOIN picked USING (id) WHERE t.root_id = :root_id GROUP BY t.status
+)
+SELECT NULL::text AS id, NULL::text AS parent_id, -1 AS depth, NULL::timestamptz AS created_at,
+       json_build_object(
+           'tasks', COALESCE(sum(n), 0),
+           'by_status', COALESCE(json_object_agg(status, n) FILTER (WHERE status IS NOT NULL),
+                                 '{}'::json),
+           'spent_tokens', COALESCE(sum(tokens), 0),
+           'spent_usd', to_char(COALESCE(sum(usd), 0), 'FM99999999990.00000000'),
+           'duration_seconds', round(COALESCE(sum(seconds), 0)::numeric, 6)::float8
+       )::text AS node,
+       (SELECT COALESCE(max(id), 0) FROM task_events) AS last_event_id
+FROM by_status
+UNION ALL
+SELECT n.id::text, n.parent_id::text, n.depth, n.created_at,
+    -- One concat() (a single pass: a chain of || copies the growing text at each step)
+    -- for the fields whose JSON needs no escaping; json_build_object for text and jsonb.
+    concat('{"id":"', n.id, '","root_id":"', n.root_id,
+           '","parent_id":', COALESCE('"' || n.parent_id || '"', 'null'),
+           ',"priority":', COALESCE(n.priority::text, 'null'),
+           ',"spent_tokens":', n.spent_tokens, ',"spent_usd":"', n.spent_usd,
+           '","own_tokens":', n.own_tokens, ',"own_usd":"', n.own_usd,
+           '","duration_seconds":', round(n.duration_seconds * 1e6) / 1e6,
+           ',"created_at":', COALESCE('"' || replace(to_char(n.created_at, 'YYYY-MM-DD"T"HH24:MI:SS.USTZH:TZM'), '.000000', '') || '"',
+                    'null'),
+           ',"started_at":', COALESCE('"' || replace(to_char(n.started_at, 'YYYY-MM-DD"T"HH24:MI:SS.USTZH:TZM'), '.000000', '') || '"',
+                    'null'),
+           ',"completed_at":', COALESCE('"' || replace(to_char(n.completed_at, 'YYYY-MM-DD"T"HH24:MI:SS.USTZH:TZM'), '.000000', '') || '"',
+                    'null'),
+           ',"depth":', n.depth,
+           ',"budget_tokens":', COALESCE(n.budget_tokens::text, 'null'),
+           ',"budget_seconds":', COALESCE(n.budget_seconds::text, 'null'),
+           ',"budget_usd":', COALESCE('"' || CASE WHEN n.budget_usd = trunc(n.budget_usd)
+                                                 THEN trunc(n.budget_usd)::text
+                                                 ELSE n.budget_usd::text END || '"', 'null'),
+           ',"retry_count":', n.retry_count, ',"delivery_count":', n.delivery_count, ',',
+           substr(json_build_object(
+               'agent', n.to_agent, 'type', n.type, 'status', n.status, 'payload', n.payload,
+               'result', n.result, 'error', n.error, 'verdict', n.verdict, 'route', n.route,
+               'route_reason', n.route_reason, 'model', n.model, 'from_agent', n.from_agent,
+               'key', CASE WHEN n.parent_id IS NOT NULL THEN n.idempotency_key END,
+               'idempotency_key', CASE WHEN n.parent_id IS NULL THEN n.idempotency_key END,
+               'success_criteria', n.success_criteria,
+               'kill_criteria', n.kill_criteria)::text, 2)),
+    NULL
+FROM tasks n JOIN picked USING (id)
+WHERE n.root_id = :root_id;  -- every picked task is in the tree: lets root_id's index lead
+
+-- task_tree_changes --
+-- The transitions of one tree's tasks after task_events id :after, oldest first, at most
+-- :limit (pages and watchers follow a live tree by these instead of re-reading it).
+-- Read per task of the tree on the (task_id, id) index: the cost follows the tree's size,
+-- never the events table's, however old the cursor.
+SELECT e.id, t.id AS task_id, e.from_status, e.to_status, e.at, e.worker, e.detail
+FROM tasks t
+CROSS JOIN LATERAL (
+    SELECT x.id, x.from_status, x.to_status, x.at, x.worker, x.detail
+    FROM task_events x WHERE x.task_id = t.id AND x.id > :after
+    OFFSET 0  -- a fence: the planner must not flatten this into a join over the table
+) e
+WHERE t.root_id = :root_id
+ORDER BY e.id
+LIMIT :limit;
+
+-- task_list_by_ids --
+-- The current rows of the given tasks (the ones a change feed names).
+SELECT * FROM tasks WHERE id = ANY(CAST(:ids AS uuid[])) ORDER BY depth, created_at, id;
+
+-- metrics_live_tasks --
+-- Unfinished tasks by status and agent, with the oldest claimable one's creation time
+-- (index range scans on status: finished rows, however many, are never read).
+SELECT status, to_agent AS agent, count(*) AS n,
+       min(created_at) FILTER (WHERE status IN ('pending', 'ready_to_aggregate')
+                               AND available_at <= now()) AS oldest_claimable
+FROM tasks
+WHERE status IN ('pending', 'running', 'waiting', 'ready_to_aggregate', 'judging')
+GROUP BY status, to_agent;
+
+-- metrics_leases_by_owner --
+-- Tasks leased (running, or being judged) per worker, from the leased-rows index.
+SELECT lease_owner AS worker, status, count(*) AS n
+FROM tasks WHERE lease_token IS NOT NULL
+GROUP BY lease_owner, status;
+
+-- metrics_cursors --
+-- The newest task_events and model_calls ids (where a scraping process starts counting).
+SELECT (SELECT COALESCE(max(id), 0) FROM task_events) AS event_id,
+       (SELECT COALESCE(max(id), 0) FROM model_calls) AS call_id;
+
+-- metrics_events_after --
+-- Transitions after task_events id :after (at most :limit), by kind and agent, with how
+-- many were the reaper's and poisonings; transitions to a final status also carry the
+-- task's wall time (created_at to completed_at) as a histogram bucket of :bounds and a
+-- sum of seconds. max_id is the new cursor.
+WITH ev AS (
+    SELECT e.id, e.task_id, e.from_status, e.to_status, e.worker, e.detail
+    FROM task_events e WHERE e.id > :after ORDER BY e.id LIMIT :limit
+), timed AS (
+    SELECT ev.*, t.to_agent AS agent,
+           CASE WHEN ev.to_status IN ('done', 'failed', 'escalated')
+                THEN EXTRACT(epoch FROM t.completed_at - t.created_at)::float8 END AS wall
+    FROM ev LEFT JOIN tasks t ON t.id = ev.task_id
+)
+SELECT from_status, to_status, agent, width_bucket(wall, CAST(:bounds AS float8[])) AS bucket,
+       count(*) AS n, count(*) FILTER (WHERE worker = 'reaper') AS reaped,
+       count(*) FILTER (WHERE detail LIKE 'poison%') AS poisoned,
+       COALESCE(sum(wall), 0) AS seconds, max(id) AS max_id
+FROM timed GROUP BY from_status, to_status, agent, bucket;
+
+-- metrics_model_calls_after --
+-- Model calls after model_calls id :after (at most :limit) by route, model and latency
+-- bucket (:bounds, seconds): calls, failed calls, tokens, cost; max_id is the new cursor.
+WITH mc AS (
+    SELECT id, route, model, duration_seconds, prompt_tokens, completion_tokens, cost_usd,
+           error
+    FROM model_calls WHERE id > :after ORDER BY id LIMIT :limit
+)
+SELECT route, model, width_bucket(duration_seconds, CAST(:bounds AS float8[])) AS bucket,
+       count(*) AS n, count(*) FILTER (WHERE error IS NOT NULL) AS errors,
+       sum(prompt_tokens) AS input_tokens, sum(completion_tokens) AS output_tokens,
+       sum(cost_usd) AS cost_usd, sum(duration_seconds) AS seconds, max(id) AS max_id
+FROM mc GROUP BY route, model, bucket;
+
+-- trace_list_ended_after --
+-- Tasks that reached a final status after task_events id :after, oldest first, at most
+-- :limit, leaving out events younger than :settle_seconds (an event id is taken when the
+-- row is written, so a younger one may still have a lower id uncommitted before it).
+SELECT id, task_id FROM task_events
+WHERE id > :after AND to_status IN ('done', 'failed', 'escalated')
+  AND at < clock_timestamp() - make_interval(secs => :settle_seconds)
+ORDER BY id
+LIMIT :limit;
+
+-- trace_list_tasks --
+-- The columns a trace span needs, for the given tasks.
+SELECT id, parent_id, root_id, to_agent, type, status, depth, spent_tokens, spent_usd,
+       own_tokens, own_usd, verdict, delivery_count, retry_count, route, model, error,
+       created_at, started_at, completed_at
+FROM tasks WHERE id = ANY(CAST(:ids AS uuid[]));
+
+-- trace_list_events --
+-- The transitions of the given tasks, oldest first (span events).
+SELECT task_id, from_status, to_status, at, worker, detail
+FROM task_events WHERE task_id = ANY(CAST(:ids AS uuid[])) ORDER BY task_id, id;
+
+-- trace_list_model_calls --
+-- The model calls of the given tasks without prompts or responses (child spans).
+SELECT id, task_id, attempt, call_index, backend, route, model, prompt_tokens,
+       completion_tokens, duration_seconds, cost_usd, error, created_at
+FROM model_calls WHERE task_id = ANY(CAST(:ids AS uuid[])) ORDER BY task_id, id;
+
+-- trace_list_tree_ids --
+-- Every task id of one tree (to export or time a whole tree).
+SELECT id FROM tasks WHERE root_id = :root_id;
+
+-- timeline_tree --
+-- One tree on a time axis, one row per task, seconds from the root's creation: start
+-- (created), finish (completed, NULL while unfinished), resumed (the last time it left
+-- 'waiting'), own (seconds in every phase but 'waiting'), queued (seconds pending or ready
+-- to aggregate); and the task's JSON for the page, in integer milliseconds from the root's
+-- creation: its phases ("segments": [kind, from, to], each lasting until the next
+-- transition) and its model calls ("calls": [from, to]; a call's row is written when it
+-- returns, so it ends at created_at). date_part gives float8: cheaper than numeric.
+WITH base AS (
+    SELECT created_at AS t0, statement_timestamp() AS now FROM tasks WHERE id = :root_id
+), ev AS (
+    -- LATERAL: each task's events by the (task_id, id) index, never a scan of the table.
+    SELECT e.id, t.id AS task_id, e.from_status, e.to_status, e.at,
+           COALESCE(e.next_at, t.completed_at, (SELECT now FROM base)) AS until,
+           CASE e.to_status WHEN 'pending' THEN 'queued' WHEN 'ready_to_aggregate' THEN 'queued'
+                WHEN 'running' THEN 'running' WHEN 'waiting' THEN 'waiting'
+                WHEN 'judging' THEN 'judging' END AS kind
+    FROM tasks t
+    CROSS JOIN LATERAL (
+        SELECT x.id, x.from_status, x.to_status, x.at, lead(x.at) OVER (ORDER BY x.id) AS next_at
+        FROM task_events x WHERE x.task_id = t.id
+    ) e
+    WHERE t.root_id = :root_id
+), seg AS (
+    SELECT ev.task_id,
+           string_agg('["' || ev.kind || '",'
+                      || round(date_part('epoch', ev.at - b.t0) * 1000)::bigint || ','
+                      || round(date_part('epoch', ev.until - b.t0) * 1000)::bigint || ']', ','
+                      ORDER BY ev.id) FILTER (WHERE ev.kind IS NOT NULL AND ev.until > ev.at)
+               AS segments,
+           sum(date_part('epoch', ev.until - ev.at))
+               FILTER (WHERE ev.kind <> 'waiting' AND ev.until > ev.at) AS own,
+           sum(date_part('epoch', ev.until - ev.at))
+               FILTER (WHERE ev.kind = 'queued' AND ev.until > ev.at) AS queued,
+           max(ev.at) FILTER (WHERE ev.from_status = 'waiting' AND ev.to_status <> 'waiting')
+               AS resumed
+    FROM ev CROSS JOIN base b
+    GROUP BY ev.task_id
+), calls AS (
+    SELECT c.task_id,
+           string_agg('['
+                      || round((date_part('epoch', c.created_at - b.t0) - c.duration_seconds)
+                               * 1000)::bigint
+                      || ',' || round(date_part('epoch', c.created_at - b.t0) * 1000)::bigint
+                      || ']', ',' ORDER BY c.id) AS calls
+    FROM tasks t
+    CROSS JOIN LATERAL (  -- OFFSET 0 keeps it a per-task index lookup (not flattened)
+        SELECT * FROM model_calls x WHERE x.task_id = t.id OFFSET 0
+    ) c
+    CROSS JOIN base b
+    WHERE t.root_id = :root_id
+    GROUP BY c.task_id
+)
+SELECT t.id::text AS id, t.parent_id::text AS parent_id, t.to_agent AS agent, t.status,
+       t.depth, date_part('epoch', t.created_at - b.t0) AS start,
+       date_part('epoch', t.completed_at - b.t0) AS finish,
+       date_part('epoch', s.resumed - b.t0) AS resumed,
+       COALESCE(s.own, 0) AS own, COALESCE(s.queued, 0) AS queued,
+       date_part('epoch', b.now - b.t0) AS now, b.t0,
+       '{"id":"' || t.id || '","parent_id":' || COALESCE('"' || t.parent_id || '"', 'null')
+       || ',"agent":' || to_json(t.to_agent) || ',"status":"' || t.status
+       || '","depth":' || t.depth
+       || ',"start":' || round(date_part('epoch', t.created_at - b.t0) * 1000)::bigint
+       || ',"end":' || round(date_part('epoch', COALESCE(t.completed_at, b.now) - b.t0)
+                             * 1000)::bigint
+       || ',"segments":[' || COALESCE(s.segments, '') || '],"calls":['
+       || COALESCE(c.calls, '') || ']}' AS json
+FROM tasks t CROSS JOIN base b
+LEFT JOIN seg s ON s.task_id = t.id
+LEFT JOIN calls c ON c.task_id = t.id
+WHERE t.root_id = :root_id;

@@ -62,6 +62,30 @@ class StoreReads:
         """Return every node of a tree (parents before children)."""
         return self.query("task_list_tree", root_id=root_id)
 
+    def tree_json_rows(self, root_id: uuid.UUID, under: uuid.UUID | None = None,
+                       depth: int | None = None) -> list[tuple[Any, ...]]:
+        """A tree's nodes as JSON text built in the database (``task_tree_json``).
+
+        Returns ``(id, parent_id, depth, created_at, json_text, last_event_id)`` tuples:
+        the totals row (``id`` None, with the newest ``task_events`` id) and one
+        row per node. ``under`` limits it to that task's
+        subtree, ``depth`` to that many levels below the top.
+        """
+        with self.engine.connect() as conn:
+            result = conn.execute(_TEXT["task_tree_json"],
+                                  {"root_id": root_id, "under": under, "depth": depth})
+            return [tuple(row) for row in result]
+
+    def tree_changes(self, root_id: uuid.UUID, after: int, limit: int = 5000) -> list[Task]:
+        """Transitions of a tree's tasks after ``task_events`` id ``after``, oldest first."""
+        return self.query("task_tree_changes", root_id=root_id, after=after, limit=limit)
+
+    def tasks_by_ids(self, ids: Sequence[uuid.UUID]) -> list[Task]:
+        """The current rows of the given tasks."""
+        if not ids:
+            return []
+        return self.query("task_list_by_ids", ids=list(ids))
+
     def events(self, task_id: uuid.UUID) -> list[Task]:
         """Return a task's transitions, oldest first."""
         return self.query("task_list_events", id=task_id)
@@ -116,6 +140,55 @@ class StoreReads:
             "model_retries": int(kinds.retries),
             "model_replays": int(kinds.replays),
         }
+
+    def metrics_scrape(self, event_after: int | None, call_after: int | None,
+                       duration_bounds: Sequence[float], latency_bounds: Sequence[float],
+                       limit: int = 1_000_000) -> dict[str, Any]:
+        """What a Prometheus scrape reads, on one connection, in a few cheap statements.
+
+        ``live`` (unfinished tasks by status and agent, oldest claimable) and ``leases``
+        (leased tasks per worker) are read whole; ``events`` and ``calls`` are what
+        happened after the given ``task_events``/``model_calls`` ids (None: nothing yet,
+        only the cursors are read, so a new process starts counting from now).
+        ``cursors`` are the newest ids seen.
+        """
+        out: dict[str, Any] = {"events": [], "calls": []}
+        with self.engine.connect() as conn:
+            out["live"] = self._rows(conn, "metrics_live_tasks")
+            out["leases"] = self._rows(conn, "metrics_leases_by_owner")
+            if event_after is None or call_after is None:
+                row = conn.execute(_TEXT["metrics_cursors"]).one()
+                out["cursors"] = (int(row.event_id), int(row.call_id))
+                return out
+            out["events"] = self._rows(conn, "metrics_events_after", after=event_after,
+                                       limit=limit, bounds=list(duration_bounds))
+            out["calls"] = self._rows(conn, "metrics_model_calls_after", after=call_after,
+                                      limit=limit, bounds=list(latency_bounds))
+        out["cursors"] = (max([event_after] + [int(r["max_id"]) for r in out["events"]]),
+                          max([call_after] + [int(r["max_id"]) for r in out["calls"]]))
+        return out
+
+    def ended_after(self, after: int, settle_seconds: float = 5.0,
+                    limit: int = 1000) -> list[Task]:
+        """``(id, task_id)`` of final transitions after event ``after``, oldest first."""
+        return self.query("trace_list_ended_after", after=after,
+                          settle_seconds=settle_seconds, limit=limit)
+
+    def trace_rows(self, task_ids: Sequence[uuid.UUID]) -> dict[str, list[Task]]:
+        """What spans are built from: ``tasks``, their ``events`` and ``model_calls``."""
+        ids = list(task_ids)
+        with self.engine.connect() as conn:
+            return {"tasks": self._rows(conn, "trace_list_tasks", ids=ids),
+                    "events": self._rows(conn, "trace_list_events", ids=ids),
+                    "model_calls": self._rows(conn, "trace_list_model_calls", ids=ids)}
+
+    def tree_ids(self, root_id: uuid.UUID) -> list[uuid.UUID]:
+        """Every task id of one tree."""
+        return [r["id"] for r in self.query("trace_list_tree_ids", root_id=root_id)]
+
+    def timeline_rows(self, root_id: uuid.UUID) -> list[Task]:
+        """A tree on a time axis, one row per task (``timeline_tree``; empty if no root)."""
+        return self.query("timeline_tree", root_id=root_id)
 
     def prune(self, older_than: dt.timedelta) -> tuple[int, int]:
         """Delete whole finished trees whose root completed before ``now - older_than``.

@@ -99,6 +99,14 @@ def test_tree_read(server_url: str) -> None:
     assert figures["tree_nodes"] == 200
 
 
+def test_scrape(server_url: str) -> None:
+    from bench import scrape
+
+    figures = scrape.main(finished=2_000, repeats=2, server=server_url)
+    _numbers(figures, "scrape_ms_1m_finished", "scrape_bytes", "metrics_json_ms_1m_finished")
+    assert figures["scrape_finished_rows"] == 2_000 and figures["scrape_bytes"] > 1000
+
+
 def test_tree_count_is_exact(server_url: str) -> None:
     figures = tree_read.main(nodes=60, repeats=1, server=server_url)  # 1 + 7 + 7 * 7 + 3
     assert figures["tree_nodes"] == 60

@@ -154,3 +154,52 @@ def test_escalated_nodes_get_buttons_that_resolve_them(browser: Any, runtime: Ru
         page.close()
     assert runtime.store.get(root)["status"] == "done"
     assert "resolved from the web page" in runtime.store.events(root)[-1]["detail"]
+
+
+def test_the_waterfall_groups_siblings_and_marks_the_critical_path(browser: Any,
+                                                                   runtime: Runtime) -> None:
+    import re
+    import time
+
+    from runtime.views import critical_path_summary
+    from tests.timed_tree import build_timed_tree
+
+    tree = build_timed_tree(runtime.store, leads=30, writers=30)  # 931 tasks
+    expected = critical_path_summary(runtime.store, tree.root)
+    assert re.fullmatch(r"critical path \d+\.\d s of \d+\.\d s; \d+\.\d s queued "
+                        r"\(planner > lead > wide_writer\)", expected), expected
+    ARTIFACTS.mkdir(exist_ok=True)
+    with serve(runtime) as server:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        t0 = time.perf_counter()
+        page.goto(f"{server.url}/ui/trees/{tree.root}")
+        page.wait_for_selector("#critical-summary:has-text('critical path')",
+                               timeout=TIMEOUT_MS)
+        print(f"931-task waterfall on screen {time.perf_counter() - t0:.2f} s after goto")
+        assert page.text_content("#critical-summary") == expected
+        # The path's three tasks have rows of their own, marked; their siblings are grouped.
+        marked = page.locator(".wf-row.wf-critical")
+        assert [marked.nth(i).get_attribute("data-task-id") for i in range(marked.count())] \
+            == [str(t) for t in tree.critical]
+        groups = page.locator(".wf-row.wf-group")
+        names = [groups.nth(i).locator(".wf-group-name").text_content()
+                 for i in range(groups.count())]
+        # Depth first: the critical lead's writers, then the other leads.
+        assert len(names) == 2, names
+        assert re.fullmatch(r"wide_writer x 29, 1\.\d-1\.\d s", names[0] or ""), names
+        assert re.fullmatch(r"lead x 29, \d\.\d-\d\.\d s", names[1] or ""), names
+        assert page.get_attribute("#waterfall", "data-rows") == "5"
+        segments = page.locator(f'.wf-row[data-task-id="{tree.root}"] .wf-seg')
+        assert segments.count() == 6  # queued, running, waiting, queued, running, judging
+        assert page.locator(f'.wf-row[data-task-id="{tree.root}"] .wf-call').count() == 1
+        page.screenshot(path=str(ARTIFACTS / "waterfall_931.png"), full_page=False)
+        # Opening the group of leads shows them (each lead's writers stay grouped).
+        groups.nth(1).locator("button.wf-toggle").click()
+        page.wait_for_function("document.getElementById('waterfall').dataset.rows !== '5'")
+        rows = int(page.get_attribute("#waterfall", "data-rows") or 0)
+        assert rows == 5 + 29
+        page.screenshot(path=str(ARTIFACTS / "waterfall_931_leads_open.png"), full_page=False)
+        assert errors == []
+        page.close()

@@ -89,8 +89,10 @@ def test_tree_draws_statuses_agents_and_totals(runtime: Runtime) -> None:
     drain(runtime)
     result = cli("tree", str(root))
     assert result.exit_code == 0, result.stderr
-    assert "fanout" in result.stdout and result.stdout.count("echo") == 2
-    assert "done" in result.stdout and "totals: 3 tasks" in result.stdout
+    drawing, _, summary = result.stdout.partition("critical path ")
+    assert "fanout" in drawing and drawing.count("echo") == 2
+    assert "done" in drawing and "totals: 3 tasks" in drawing
+    assert summary.rstrip().endswith("queued (fanout > echo)")
 
 
 def test_tree_watch_on_a_finished_tree_returns_at_once(runtime: Runtime) -> None:

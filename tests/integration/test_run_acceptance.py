@@ -61,6 +61,8 @@ def test_run_drives_the_seed_org_to_done_offline(orgchart_env: dict[str, str]) -
     assert tree["totals"]["spent_tokens"] == sum(n["own_tokens"] for n in every)
     assert tree["spent_tokens"] == tree["totals"]["spent_tokens"]
     assert Decimal(tree["spent_usd"]) == sum(Decimal(n["own_usd"]) for n in every)
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("critical path ") and "(ceo > intel_director > " in last, last
 
 
 def test_agents_json_lists_the_six_agents_with_schemas(orgchart_env: dict[str, str]) -> None:

@@ -118,7 +118,8 @@
   }
 
   // ------------------------------------------------------------------ tree page
-  const state = { rootId: null, lastText: null, timer: null };
+  const state = { rootId: null, lastText: null, timer: null, tree: null, nodes: new Map(),
+                  cursor: 0, polls: 0, finalRead: false };
 
   function verdictText(verdict) {
     if (!verdict) return null;
@@ -185,8 +186,23 @@
           ? details("verdict-" + node.id, "verdict reasons", node.verdict.reasons) : null,
         details("payload-" + node.id, "payload", node.payload),
       ]),
-      children.length ? el("ul", {}, children.map(renderNode)) : null,
+      children.length ? childList(node, children) : null,
     ]);
+  }
+
+  // Big trees draw their first two levels; deeper children are drawn when opened.
+  const BIG_TREE = 200;
+
+  function childList(node, children) {
+    const total = (state.tree && state.tree.totals && state.tree.totals.tasks) || 0;
+    if (total <= BIG_TREE || node.depth < 1) return el("ul", {}, children.map(renderNode));
+    const box = el("details", { className: "kids", "data-key": "kids-" + node.id }, [
+      el("summary", { text: children.length + (children.length === 1 ? " child" : " children") }),
+    ]);
+    box.addEventListener("toggle", () => {
+      if (box.open && box.children.length === 1) box.append(el("ul", {}, children.map(renderNode)));
+    });
+    return box;
   }
 
   function renderTree(tree) {
@@ -214,22 +230,125 @@
     document.title = "orgchart: " + tree.status + " " + (goalOf(tree) || state.rootId);
   }
 
+  // The page reads the whole tree once, then follows it by what changed
+  // (GET /trees/{id}/events?after=<last event id>): changed tasks are patched into the
+  // tree in memory. A full read again every FULL_EVERY polls, and once at the end,
+  // picks up what the change feed does not carry (spend rolled up into ancestors).
+  const FULL_EVERY = 30;
+  const TIMELINE_MS = 2000;
+
+  async function fetchTree() {
+    const headers = { Accept: "application/json" };
+    if (token) headers.Authorization = "Bearer " + token;
+    const response = await fetch("/trees/" + state.rootId, { headers: headers, cache: "no-store" });
+    let data = null;
+    try {
+      data = await response.json();
+    } catch (e) {
+      data = null;
+    }
+    if (!response.ok) {
+      const error = new Error(data && data.error ? data.error : "HTTP " + response.status);
+      error.status = response.status;
+      throw error;
+    }
+    state.cursor = Number(response.headers.get("X-Orgchart-Last-Event") || 0);
+    state.polls = 0;
+    adoptTree(data);
+  }
+
+  function adoptTree(tree) {
+    state.tree = tree;
+    state.nodes = new Map();
+    const stack = [tree];
+    while (stack.length) {
+      const node = stack.pop();
+      state.nodes.set(node.id, node);
+      for (const child of node.children || []) stack.push(child);
+    }
+  }
+
+  function byCreation(a, b) {
+    return a.created_at < b.created_at ? -1 : a.created_at > b.created_at ? 1
+      : a.id < b.id ? -1 : a.id > b.id ? 1 : 0;
+  }
+
+  // Patch changed tasks into the tree; false when one cannot be placed (read it all).
+  function applyChanges(tasks) {
+    for (const task of tasks) {
+      const known = state.nodes.get(task.id);
+      if (known) {
+        for (const [key, value] of Object.entries(task)) {
+          if (key !== "children" && key !== "totals") known[key] = value;
+        }
+        continue;
+      }
+      const parent = state.nodes.get(task.parent_id);
+      if (!parent) return false;
+      const node = Object.assign({}, task, { children: [] });
+      parent.children.push(node);
+      parent.children.sort(byCreation);
+      state.nodes.set(node.id, node);
+    }
+    const totals = { tasks: 0, by_status: {}, spent_tokens: 0, spent_usd: 0, duration_seconds: 0 };
+    for (const node of state.nodes.values()) {
+      totals.tasks += 1;
+      totals.by_status[node.status] = (totals.by_status[node.status] || 0) + 1;
+      totals.spent_tokens += Number(node.own_tokens || 0);
+      totals.spent_usd += Number(node.own_usd || 0);
+      totals.duration_seconds += Number(node.duration_seconds || 0);
+    }
+    state.tree.totals = totals;
+    return true;
+  }
+
+  async function follow() {
+    for (;;) {
+      const changes = await api("GET", "/trees/" + state.rootId + "/events?after=" + state.cursor);
+      state.cursor = changes.last_event_id;
+      if (changes.tasks.length && !applyChanges(changes.tasks)) {
+        await fetchTree();
+        return true;
+      }
+      if (!changes.more) return changes.tasks.length > 0;
+    }
+  }
+
   async function refreshTree() {
     state.timer = null;
     try {
-      const tree = await api("GET", "/trees/" + state.rootId);
-      const text = JSON.stringify(tree);
-      if (text !== state.lastText) {
-        state.lastText = text;
-        renderTree(tree);
+      let changed;
+      let whole = false;
+      if (state.tree === null || state.polls >= FULL_EVERY) {
+        if (state.tree === null) scheduleTimeline(0); // in parallel with the first read
+        await fetchTree();
+        changed = true;
+        whole = true;
+      } else {
+        state.polls += 1;
+        changed = await follow();
+      }
+      const finished = TERMINAL.has(state.tree.status);
+      if (finished && !state.finalRead) {
+        state.finalRead = true;
+        if (!whole) {
+          await fetchTree();
+          changed = true;
+        }
+      }
+      if (changed || state.lastText === null) {
+        state.lastText = "rendered";
+        renderTree(state.tree);
+        if (!whole) scheduleTimeline(finished ? 0 : TIMELINE_MS);
       }
       const box = document.getElementById("message");
       if (box.dataset.kind === "error") showMessage("");
       stamp();
-      if (TERMINAL.has(tree.status)) {
+      if (finished) {
         document.getElementById("updated").textContent += " (finished: no longer polling)";
         return;
       }
+      state.finalRead = false;
     } catch (error) {
       showMessage(error.message, "error");
       if (error.status === 401 || error.status === 404 || error.status === 422) {
@@ -247,6 +366,193 @@
     state.timer = window.setTimeout(refreshTree, ms);
   }
 
+  // ------------------------------------------------------------------ waterfall
+  // One bar per task on a time axis: queued, running (model calls as ticks), waiting
+  // for children, judging. Siblings of one agent under one parent are grouped into one
+  // row ("wide_writer x 30, 1.0-1.4 s") unless opened; subtrees collapse; the critical
+  // path is marked and stays visible outside its group.
+  const GROUP_MIN = 3;
+  const wf = { data: null, open: new Set(), closed: new Set(), timer: null, due: 0 };
+
+  function scheduleTimeline(ms) {
+    const due = Date.now() + ms;
+    if (wf.timer !== null && wf.due <= due) return;
+    if (wf.timer !== null) window.clearTimeout(wf.timer);
+    wf.due = due;
+    wf.timer = window.setTimeout(refreshTimeline, ms);
+  }
+
+  async function refreshTimeline() {
+    wf.timer = null;
+    try {
+      const data = await api("GET", "/trees/" + state.rootId + "/timeline");
+      for (const t of data.tasks) { // the server sends integer milliseconds
+        t.start /= 1000;
+        t.end /= 1000;
+        for (const seg of t.segments) { seg[1] /= 1000; seg[2] /= 1000; }
+        for (const call of t.calls) { call[0] /= 1000; call[1] /= 1000; }
+      }
+      wf.data = data;
+      renderTimeline();
+    } catch (error) {
+      const summary = document.getElementById("critical-summary");
+      if (summary) summary.textContent = "timeline unavailable: " + error.message;
+    }
+  }
+
+  function span(value) {
+    return value < 10 ? value.toFixed(1) : value.toFixed(0);
+  }
+
+  function niceStep(total) {
+    const steps = [0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600];
+    for (const step of steps) if (total / step <= 10) return step;
+    return Math.ceil(total / 10 / 3600) * 3600;
+  }
+
+  function pct(value, total) {
+    return (100 * Math.max(0, value) / total).toFixed(3) + "%";
+  }
+
+  function bar(className, start, end, total, title) {
+    const node = el("div", { className: className, title: title });
+    node.style.left = pct(start, total);
+    node.style.width = pct(Math.max(end - start, total / 2000), total);
+    return node;
+  }
+
+  function taskRow(t, index, total, hasKids, isOpen) {
+    const label = el("div", { className: "wf-label" }, [
+      hasKids ? el("button", { type: "button", className: "wf-toggle",
+        "aria-label": isOpen ? "collapse" : "expand", text: isOpen ? "\u25be" : "\u25b8",
+        onclick: () => { toggle(wf.open, wf.closed, t.id, isOpen); } }) :
+        el("span", { className: "wf-toggle-space" }),
+      el("span", { className: "status-dot", "data-status": t.status, title: t.status }),
+      el("span", { className: "wf-agent", text: t.agent }),
+      el("span", { className: "wf-time", text: span(t.end - t.start) + " s" }),
+    ]);
+    label.style.paddingLeft = (t.depth * 14) + "px";
+    const track = el("div", { className: "wf-track" });
+    for (const [kind, a, b] of t.segments) {
+      track.append(bar("wf-seg seg-" + kind, a, b, total,
+        kind + " " + (b - a).toFixed(2) + " s"));
+    }
+    for (const [a, b] of t.calls) {
+      track.append(bar("wf-call", a, b, total, "model call " + (b - a).toFixed(2) + " s"));
+    }
+    return el("div", { className: "wf-row" + (t.critical ? " wf-critical" : ""),
+      "data-task-id": t.id, "data-index": index, "data-status": t.status }, [label, track]);
+  }
+
+  function groupRow(key, agent, members, tasks, total, depth, isOpen) {
+    let lo = Infinity;
+    let hi = -Infinity;
+    let first = Infinity;
+    let firstEnd = Infinity;
+    let last = -Infinity;
+    const statuses = {};
+    for (const i of members) {
+      const t = tasks[i];
+      const d = t.end - t.start;
+      lo = Math.min(lo, d);
+      hi = Math.max(hi, d);
+      first = Math.min(first, t.start);
+      firstEnd = Math.min(firstEnd, t.end);
+      last = Math.max(last, t.end);
+      statuses[t.status] = (statuses[t.status] || 0) + 1;
+    }
+    const status = Object.keys(statuses).length === 1 ? Object.keys(statuses)[0] : "mixed";
+    const text = agent + " x " + members.length + ", " + span(lo) + "-" + span(hi) + " s";
+    const label = el("div", { className: "wf-label" }, [
+      el("button", { type: "button", className: "wf-toggle",
+        "aria-label": isOpen ? "collapse" : "expand", text: isOpen ? "\u25be" : "\u25b8",
+        onclick: () => { toggle(wf.open, null, key, isOpen); } }),
+      el("span", { className: "status-dot", "data-status": status, title: JSON.stringify(statuses) }),
+      el("span", { className: "wf-agent wf-group-name", text: text }),
+    ]);
+    label.style.paddingLeft = (depth * 14) + "px";
+    const track = el("div", { className: "wf-track" }, [
+      bar("wf-envelope", first, last, total, members.length + " tasks"),
+      bar("wf-spread", firstEnd, last, total, "they finished between these times"),
+    ]);
+    return el("div", { className: "wf-row wf-group", "data-group": key, "data-count": members.length },
+      [label, track]);
+  }
+
+  function toggle(openSet, closedSet, key, isOpen) {
+    if (isOpen) {
+      openSet.delete(key);
+      if (closedSet) closedSet.add(key);
+    } else {
+      openSet.add(key);
+      if (closedSet) closedSet.delete(key);
+    }
+    renderTimeline();
+  }
+
+  function renderTimeline() {
+    const data = wf.data;
+    const box = document.getElementById("waterfall");
+    if (!data || !box) return;
+    const began = performance.now();
+    const tasks = data.tasks;
+    const total = Math.max(data.finished ? data.end : data.now, 0.001);
+    const kids = tasks.map(() => []);
+    const index = new Map(tasks.map((t, i) => [t.id, i]));
+    const onPath = new Set(data.critical_path);
+    tasks.forEach((t, i) => {
+      t.critical = onPath.has(t.id);
+      const parent = t.parent_id === null ? undefined : index.get(t.parent_id);
+      if (parent !== undefined) kids[parent].push(i);
+    });
+    const rows = [];
+    const isOpen = (i) => {
+      const t = tasks[i];
+      if (wf.closed.has(t.id)) return false;
+      return wf.open.has(t.id) || t.critical || t.depth === 0;
+    };
+    const walk = (i, depth) => {
+      const open = kids[i].length > 0 && isOpen(i);
+      rows.push(taskRow(tasks[i], i, total, kids[i].length > 0, open));
+      if (!open) return;
+      const byAgent = new Map();
+      for (const k of kids[i]) {
+        const agent = tasks[k].agent;
+        if (!byAgent.has(agent)) byAgent.set(agent, []);
+        byAgent.get(agent).push(k);
+      }
+      for (const [agent, members] of byAgent) {
+        const key = tasks[i].id + ":" + agent;
+        if (members.length < GROUP_MIN) {
+          for (const k of members) walk(k, depth + 1);
+        } else if (wf.open.has(key)) {
+          rows.push(groupRow(key, agent, members, tasks, total, depth + 1, true));
+          for (const k of members) walk(k, depth + 1);
+        } else {
+          for (const k of members) if (tasks[k].critical) walk(k, depth + 1);
+          const rest = members.filter((k) => !tasks[k].critical);
+          if (rest.length) rows.push(groupRow(key, agent, rest, tasks, total, depth + 1, false));
+        }
+      }
+    };
+    walk(0, 0);
+    const step = niceStep(total);
+    const axis = el("div", { className: "wf-track wf-axis-track" });
+    for (let x = 0; x <= total * 0.94; x += step) { // no label cut off at the right edge
+      const tick = el("span", { className: "wf-tick", text: (step < 1 ? x.toFixed(2) : x.toFixed(0)) + " s" });
+      tick.style.left = pct(x, total);
+      axis.append(tick);
+    }
+    const head = el("div", { className: "wf-row wf-axis" }, [
+      el("div", { className: "wf-label", text: tasks.length + " tasks" }), axis]);
+    box.replaceChildren(head, ...rows);
+    box.dataset.rows = String(rows.length);
+    box.dataset.renderMs = (performance.now() - began).toFixed(1);
+    const summary = document.getElementById("critical-summary");
+    summary.textContent = data.summary;
+    summary.dataset.finished = String(data.finished);
+  }
+
   async function resolve(taskId, action) {
     for (const b of document.querySelectorAll("button.resolve")) b.disabled = true;
     try {
@@ -260,6 +566,8 @@
       showMessage("could not resolve " + taskId.slice(0, 8) + ": " + error.message, "error");
       for (const b of document.querySelectorAll("button.resolve")) b.disabled = false;
     }
+    state.tree = null; // read it whole again, then follow it
+    state.finalRead = false;
     schedule(0);
   }
 

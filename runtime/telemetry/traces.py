@@ -1,0 +1,351 @@
+"""OpenTelemetry traces built from the database rows, exported over OTLP/HTTP.
+
+A root and its tree are one trace: the trace id is the root id's 128 bits, a task's
+span id is the first 8 bytes of sha256 of its id, so any process can add spans to a
+tree's trace and a task run twice (re-delivered after a crash) is still one span. A
+task's span runs from ``created_at`` to ``completed_at``; its parent span is its
+parent task's; its transitions (``task_events``) are span events at their times. Each
+model call is a child span following the OpenTelemetry GenAI semantic conventions.
+
+Spans are built when a task ends, from what the database holds, so a crashed worker
+loses nothing. The exporter is the official ``opentelemetry-exporter-otlp-proto-http``
+(configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables); since the SDK would
+give spans ids of its own, the spans are ``ReadableSpan`` objects with the ids above,
+handed to the exporter's ``export()``.
+
+Nothing from ``opentelemetry`` is imported unless an OTLP endpoint is configured
+(:func:`otlp_configured`): the imports are inside the functions that need them.
+
+Delivery (:class:`TraceExport`): a background thread exports the tasks whose final
+transition has a ``task_events`` id above its cursor. The cursor lives in memory and
+starts at the newest event when the thread starts: tasks that end while no exporter runs
+are not exported by it (:func:`export_tree` exports a past tree on demand). Only one
+process exports at a time (a session advisory lock), so several workers do not send
+the same spans; a process that takes over starts from the moment it took over. Events
+younger than :data:`SETTLE_SECONDS` wait for the next pass (ids are taken at insert
+time, so a slower transaction may still commit a lower id). A task that ends again (a
+resolved escalation, a parent's retry) is exported again with the same span id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import logging
+import os
+import threading
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+
+from runtime.store.store import Store
+
+log = logging.getLogger(__name__)
+
+#: Final transitions younger than this wait for the next pass (see the module doc).
+SETTLE_SECONDS = 2.0
+#: How often the exporter thread looks for tasks that ended.
+INTERVAL_SECONDS = 2.0
+#: Tasks per export call.
+BATCH = 500
+#: The advisory lock that makes one process the exporter.
+LOCK_KEY = 0x6F7267_7472616365  # "org" "trace"
+_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+_FINAL = ("done", "failed", "escalated")
+
+
+def otlp_configured(env: Mapping[str, str] | None = None) -> bool:
+    """Whether traces should be exported: an OTLP endpoint is set and nothing disables it."""
+    env = os.environ if env is None else env
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "none":
+        return False
+    return any(env.get(name, "").strip() for name in _ENDPOINT_VARS)
+
+
+def trace_id_for(root_id: uuid.UUID) -> int:
+    """A tree's trace id: the root id's 128 bits."""
+    return root_id.int
+
+
+def span_id_for(task_id: uuid.UUID) -> int:
+    """A task's span id: the first 8 bytes of sha256 of its id (never 0)."""
+    value = int.from_bytes(hashlib.sha256(task_id.bytes).digest()[:8], "big")
+    return value or 1
+
+
+def call_span_id_for(call_id: int) -> int:
+    """A model call's span id, from its ``model_calls`` id (never 0)."""
+    digest = hashlib.sha256(b"orgchart.model_call:" + str(call_id).encode()).digest()
+    return int.from_bytes(digest[:8], "big") or 1
+
+
+def _ns(value: dt.datetime) -> int:
+    return int(value.timestamp() * 1_000_000) * 1000
+
+
+def _num(value: Any) -> float:
+    return float(Decimal(value or 0))
+
+
+def build_spans(rows: Mapping[str, list[dict[str, Any]]]) -> list[Any]:
+    """``ReadableSpan`` objects for the tasks (and their model calls) in ``rows``.
+
+    ``rows`` is what :meth:`Store.trace_rows` returns. Tasks that have not ended are
+    left out (a span is exported once it has an end).
+    """
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+    attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "orgchart"}
+    resource = Resource.create(attrs)
+    scope = InstrumentationScope("orgchart", "0.1.0")
+    flags = TraceFlags(TraceFlags.SAMPLED)
+    events: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for e in rows["events"]:
+        events[e["task_id"]].append(e)
+    calls: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for c in rows["model_calls"]:
+        calls[c["task_id"]].append(c)
+    spans: list[Any] = []
+    for t in rows["tasks"]:
+        history = events.get(t["id"], [])
+        end = t["completed_at"] or (history[-1]["at"] if history else None)
+        if t["status"] not in _FINAL or end is None:
+            continue
+        trace_id = trace_id_for(t["root_id"])
+        context = SpanContext(trace_id, span_id_for(t["id"]), False, flags)
+        parent = (SpanContext(trace_id, span_id_for(t["parent_id"]), False, flags)
+                  if t["parent_id"] else None)
+        attributes: dict[str, Any] = {
+            "orgchart.task_id": str(t["id"]), "orgchart.root_id": str(t["root_id"]),
+            "orgchart.agent": t["to_agent"], "orgchart.type": t["type"],
+            "orgchart.status": t["status"], "orgchart.depth": int(t["depth"]),
+            "orgchart.spent_tokens": int(t["spent_tokens"]),
+            "orgchart.spent_usd": _num(t["spent_usd"]),
+            "orgchart.own_tokens": int(t["own_tokens"]),
+            "orgchart.own_usd": _num(t["own_usd"]),
+            "orgchart.deliveries": int(t["delivery_count"]),
+            "orgchart.retries": int(t["retry_count"]),
+        }
+        verdict = t["verdict"]
+        if isinstance(verdict, dict) and "passed" in verdict:
+            attributes["orgchart.verdict.passed"] = bool(verdict["passed"])
+            if isinstance(verdict.get("score"), int | float):
+                attributes["orgchart.verdict.score"] = float(verdict["score"])
+        for key in ("route", "model", "error"):
+            if t[key]:
+                attributes[f"orgchart.{key}"] = str(t[key])[:1000]
+        span_events = [Event(e["to_status"], {
+            k: str(v)[:1000] for k, v in (("orgchart.from_status", e["from_status"]),
+                                           ("orgchart.worker", e["worker"]),
+                                           ("orgchart.detail", e["detail"])) if v is not None
+        }, timestamp=_ns(e["at"])) for e in history]
+        status = (Status(StatusCode.OK) if t["status"] == "done"
+                  else Status(StatusCode.ERROR, (t["error"] or t["status"])[:200]))
+        spans.append(ReadableSpan(
+            name=t["to_agent"], context=context, parent=parent, resource=resource,
+            attributes=attributes, events=span_events, kind=SpanKind.INTERNAL,
+            status=status, start_time=_ns(t["created_at"]), end_time=_ns(end),
+            instrumentation_scope=scope))
+        for c in calls.get(t["id"], []):
+            finished = c["created_at"]
+            started = finished - dt.timedelta(seconds=float(c["duration_seconds"] or 0))
+            call_attrs: dict[str, Any] = {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.system": "ollama" if c["backend"] in ("ollama", "offline")
+                else str(c["backend"]),
+                "gen_ai.request.model": c["model"], "gen_ai.response.model": c["model"],
+                "gen_ai.usage.input_tokens": int(c["prompt_tokens"]),
+                "gen_ai.usage.output_tokens": int(c["completion_tokens"]),
+                "orgchart.route": c["route"], "orgchart.cost_usd": _num(c["cost_usd"]),
+                "orgchart.backend": c["backend"], "orgchart.attempt": int(c["attempt"]),
+                "orgchart.call_index": int(c["call_index"]),
+            }
+            if c["error"]:
+                call_attrs["error.type"] = str(c["error"])[:200]
+            spans.append(ReadableSpan(
+                name=f"chat {c['model']}",
+                context=SpanContext(trace_id, call_span_id_for(c["id"]), False, flags),
+                parent=context, resource=resource, attributes=call_attrs,
+                kind=SpanKind.CLIENT,
+                status=Status(StatusCode.ERROR, str(c["error"])[:200]) if c["error"]
+                else Status(StatusCode.UNSET),
+                start_time=_ns(started), end_time=_ns(finished), instrumentation_scope=scope))
+    return spans
+
+
+def new_exporter() -> Any:
+    """The official OTLP/HTTP (protobuf) span exporter, configured by ``OTEL_*``."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter()
+
+
+def export_tasks(store: Store, task_ids: Iterable[uuid.UUID], exporter: Any = None) -> int:
+    """Export the spans of the given (finished) tasks; return how many spans were sent.
+
+    Raises:
+        RuntimeError: the exporter reported a failure.
+
+    """
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    exporter = exporter or new_exporter()
+    ids = list(dict.fromkeys(task_ids))
+    sent = 0
+    for i in range(0, len(ids), BATCH):
+        spans = build_spans(store.trace_rows(ids[i:i + BATCH]))
+        if spans and exporter.export(spans) is not SpanExportResult.SUCCESS:
+            raise RuntimeError(f"the OTLP exporter refused {len(spans)} spans")
+        sent += len(spans)
+    return sent
+
+
+def export_tree(store: Store, root_id: uuid.UUID, exporter: Any = None) -> int:
+    """Export every finished task of one tree (a backfill); return the spans sent."""
+    return export_tasks(store, store.tree_ids(root_id), exporter)
+
+
+class TraceExport:
+    """The background exporter: tasks whose final transition is newer than the cursor.
+
+    Args:
+        store: where the rows are read.
+        exporter: the span exporter (default: :func:`new_exporter`).
+        interval: seconds between passes.
+        settle: final transitions younger than this wait for the next pass.
+
+    """
+
+    def __init__(self, store: Store, exporter: Any = None, interval: float = INTERVAL_SECONDS,
+                 settle: float = SETTLE_SECONDS) -> None:
+        self.store = store
+        self.exporter = exporter or new_exporter()
+        self.interval = interval
+        self.settle = settle
+        self.cursor = store.event_watermark()
+        self.exported = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._conn: sa.Connection | None = None
+        self._leader = False
+        self._pass_lock = threading.Lock()
+
+    def _lead(self) -> bool:
+        """Hold the exporter's advisory lock (one process exports at a time)."""
+        if self._leader:
+            return True
+        try:
+            if self._conn is None:
+                self._conn = self.store.engine.connect().execution_options(
+                    isolation_level="AUTOCOMMIT")
+            self._leader = bool(self._conn.execute(
+                sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": LOCK_KEY}).scalar())
+        except sa.exc.DBAPIError:
+            self._drop_connection()
+        if not self._leader:
+            self.cursor = self.store.event_watermark()  # a takeover starts from then
+        return self._leader
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(sa.exc.DBAPIError):
+                self._conn.close()
+        self._conn = None
+        self._leader = False
+
+    def run_pass(self, settle: float | None = None) -> int:
+        """Export what ended since the cursor (if this process leads); spans sent."""
+        with self._pass_lock:
+            if not self._lead():
+                return 0
+            sent = 0
+            while True:
+                ended = self.store.ended_after(self.cursor, self.settle if settle is None
+                                               else settle, BATCH)
+                if not ended:
+                    return sent
+                batch = export_tasks(self.store, [r["task_id"] for r in ended], self.exporter)
+                self.cursor = int(ended[-1]["id"])
+                self.exported += batch
+                sent += batch
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.run_pass()
+            except Exception:
+                log.warning("trace export pass failed; retrying next pass", exc_info=True)
+                self._drop_connection()
+
+    def start(self) -> TraceExport:
+        """Start the background thread (a daemon); return self."""
+        self._thread = threading.Thread(target=self._loop, name="orgchart-trace-export",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, flush: bool = True) -> None:
+        """Stop the thread; with ``flush``, export what ended up to now first."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval + 5)
+        try:
+            if flush:
+                self.run_pass(settle=0.0)
+        except Exception:
+            log.warning("the last trace export pass failed", exc_info=True)
+        finally:
+            self._drop_connection()
+            self.exporter.shutdown()
+
+
+_running: TraceExport | None = None
+_start_lock = threading.Lock()
+
+
+def start_trace_export(store: Store, env: Mapping[str, str] | None = None) -> TraceExport | None:
+    """Start this process's trace exporter once, if an OTLP endpoint is configured.
+
+    Returns None (and imports nothing from ``opentelemetry``) when it is not, and None
+    with a warning when it cannot start (traces never stop a worker). The exporter
+    flushes at interpreter exit.
+    """
+    global _running
+    if not otlp_configured(env):
+        return None
+    with _start_lock:
+        if _running is None:
+            import atexit
+
+            try:
+                _running = TraceExport(store).start()
+            except Exception:
+                log.warning("OpenTelemetry trace export could not start; running without it",
+                            exc_info=True)
+                return None
+            atexit.register(stop_trace_export)
+        return _running
+
+
+def stop_trace_export() -> None:
+    """Stop this process's trace exporter (exporting what ended first), if it runs."""
+    global _running
+    with _start_lock:
+        running, _running = _running, None
+    if running is not None:
+        running.stop(flush=True)
+
+
+def spans_for_tree(store: Store, root_id: uuid.UUID) -> Sequence[Any]:
+    """The spans of one tree (for tests and tools)."""
+    return build_spans(store.trace_rows(store.tree_ids(root_id)))

@@ -1,0 +1,174 @@
+"""Fast tree reads: JSON built in the database, subtrees, and the change feed."""
+
+from __future__ import annotations
+
+import json
+import uuid
+import warnings
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from runtime.config import load_settings
+from runtime.http.api import create_app
+from runtime.store.store import Store
+from runtime.views import tree_json, tree_text
+from runtime.wiring import Runtime, build_runtime
+from tests.timed_tree import build_timed_tree
+
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=".*httpx2")
+    from fastapi.testclient import TestClient
+
+
+@pytest.fixture
+def runtime(db_url: str, store: Store) -> Runtime:
+    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
+                                  "ORGCHART_LLM__BACKEND": "offline"})
+    return build_runtime(settings, ["tests.support_agents"], store=store)
+
+
+@pytest.fixture
+def client(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    monkeypatch.delenv("ORGCHART_API_TOKEN", raising=False)
+    with TestClient(create_app(store=runtime.store, settings=runtime.settings,
+                               registry=runtime.registry)) as c:
+        yield c
+
+
+def as_json(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def drain(runtime: Runtime) -> None:
+    worker = runtime.worker(None, maintenance=False, listen=False)
+    for _ in range(50):
+        if worker.run_once() == 0 and runtime.store.sweep().ready == 0:
+            return
+
+
+def find(node: dict[str, Any], task_id: str) -> dict[str, Any] | None:
+    if node["id"] == task_id:
+        return node
+    for child in node["children"]:
+        hit = find(child, task_id)
+        if hit is not None:
+            return hit
+    return None
+
+
+def test_the_database_built_tree_equals_the_python_one_on_odd_values(store: Store) -> None:
+    tree = build_timed_tree(store, leads=3, writers=4)
+    # Values whose formatting differs easily: unicode and quotes, whole and fractional
+    # budgets, a timestamp on a whole second, NULLs, an error text, a long duration.
+    with store.transaction() as conn:
+        conn.execute(sa.text(
+            "UPDATE tasks SET error = :e, budget_usd = 10, duration_seconds = 1.23456789, "
+            "started_at = date_trunc('second', started_at), route = NULL, "
+            "payload = CAST(:p AS jsonb), success_criteria = '{\"checks\": []}' "
+            "WHERE id = :id"), {"e": 'bad "quote" \\ ünïcode ✓\n', "id": tree.ids["lead-1"],
+                                 "p": json.dumps({"goal": "é \u2028 \"x\"", "n": [1.5, None]})})
+        conn.execute(sa.text("UPDATE tasks SET budget_usd = 0.1234, priority = NULL "
+                             "WHERE id = :id"), {"id": tree.ids["writer-0-0"]})
+    text, last_event = tree_text(store, tree.root)
+    assert json.loads(text) == as_json(tree_json(store.tree_rows(tree.root)))
+    assert last_event == store.event_watermark() > 0
+    lead = find(json.loads(text), str(tree.ids["lead-1"]))
+    assert lead is not None and lead["budget_usd"] == "10" and lead["duration_seconds"] == 1.234568
+    # Siblings created together come in id order, as PostgreSQL orders uuids.
+    assert [c["id"] for c in lead["children"]] == sorted(str(tree.ids[f"writer-1-{j}"])
+                                                         for j in range(4))
+
+
+def test_subtree_and_depth(client: TestClient, store: Store) -> None:
+    tree = build_timed_tree(store, leads=3, writers=4)
+    lead = tree.ids["lead-2"]
+    whole = client.get(f"/trees/{tree.root}").json()
+    response = client.get(f"/trees/{tree.root}", params={"under": str(lead)})
+    assert response.status_code == 200, response.text
+    sub = response.json()
+    expected = find(whole, str(lead))
+    assert expected is not None
+    assert {k: v for k, v in sub.items() if k != "totals"} == expected
+    assert sub["totals"]["tasks"] == 5 and sub["totals"]["by_status"] == {"done": 5}
+    assert sub["totals"]["spent_usd"] == f"{Decimal('0.0012') * 5:.8f}"
+    top = client.get(f"/trees/{tree.root}", params={"depth": 1}).json()
+    assert top["totals"]["tasks"] == 4
+    assert all(c["children"] == [] for c in top["children"])
+    only = client.get(f"/trees/{tree.root}", params={"under": str(lead), "depth": 0}).json()
+    assert only["children"] == [] and only["totals"]["tasks"] == 1
+    other = build_timed_tree(store, leads=1, writers=1, seed=2)
+    missing = client.get(f"/trees/{tree.root}", params={"under": str(other.ids["lead-0"])})
+    assert missing.status_code == 404 and "not in tree" in missing.json()["error"]
+    assert client.get(f"/trees/{tree.root}", params={"depth": -1}).status_code == 422
+
+
+def test_the_change_feed_names_what_changed_since_a_cursor(client: TestClient,
+                                                           runtime: Runtime) -> None:
+    root = client.post("/tasks", json={"prompt": "p", "agent": "fanout",
+                                       "payload": {"n": 2}}).json()
+    first = client.get(f"/trees/{root['id']}")
+    cursor = int(first.headers["x-orgchart-last-event"])
+    assert first.json()["totals"]["tasks"] == 1
+    unrelated = client.post("/tasks", json={"prompt": "q", "agent": "echo"}).json()
+    drain(runtime)
+    changes = client.get(f"/trees/{root['id']}/events", params={"after": cursor}).json()
+    assert changes["last_event_id"] > cursor and not changes["more"]
+    ids = {t["id"] for t in changes["tasks"]}
+    assert root["id"] in ids and len(ids) == 3 and unrelated["id"] not in ids
+    assert all(e["task_id"] in ids for e in changes["events"])
+    assert [t["status"] for t in changes["tasks"]] == ["done"] * 3
+    assert {e["to_status"] for e in changes["events"]} >= {"running", "waiting", "done"}
+    again = client.get(f"/trees/{root['id']}/events",
+                       params={"after": changes["last_event_id"]}).json()
+    assert again["events"] == [] and again["tasks"] == []
+    assert again["last_event_id"] == changes["last_event_id"]
+    paged = client.get(f"/trees/{root['id']}/events", params={"after": cursor,
+                                                              "limit": 2}).json()
+    assert paged["more"] and len(paged["events"]) == 2
+
+
+def test_a_missing_or_non_root_tree_is_404(client: TestClient, store: Store) -> None:
+    tree = build_timed_tree(store, leads=1, writers=1)
+    assert client.get(f"/trees/{uuid.uuid4()}").status_code == 404
+    child = client.get(f"/trees/{tree.ids['lead-0']}")
+    assert child.status_code == 404 and f"its tree is {tree.root}" in child.json()["error"]
+
+
+def test_a_follower_sees_the_same_tree_as_a_whole_read_at_every_step(runtime: Runtime) -> None:
+    from runtime.views import TreeFollower, tree_for
+
+    store = runtime.store
+    root = store.submit(build_root_task(runtime), actor="test")[0]["id"]
+    follower = TreeFollower(store, root, full_every=1000)
+    worker = runtime.worker(None, maintenance=False, listen=False, batch_size=1,
+                            concurrency=1)
+    steps = 0
+    for _ in range(100):
+        seen = follower.refresh()
+        whole = tree_for(store, root)
+        # Spend rolled up into ancestors has no event of its own: compare the rest.
+        assert strip_spend(seen) == strip_spend(whole)
+        if seen["status"] == "done":
+            break
+        if worker.run_once() == 0:
+            store.sweep()
+        steps += 1
+    assert follower.refresh() == tree_for(store, root)  # the final whole read
+    assert steps > 3 and follower.tree is not None and follower.tree["totals"]["tasks"] == 9
+
+
+def build_root_task(runtime: Runtime) -> Any:
+    from runtime.wiring import build_root
+
+    return build_root(runtime.registry, runtime.settings, goal="g", agent="fanout",
+                      payload={"n": 2, "child": "fanout"})
+
+
+def strip_spend(node: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in node.items() if k not in ("spent_tokens", "spent_usd", "children")}
+    out["children"] = [strip_spend(c) for c in node["children"]]
+    return out
