@@ -186,6 +186,7 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
         "makespan_idle_rss_mb": round(idle_kb / 1024, 1),
         "makespan_peak_rss_mb": round(peak_kb / 1024, 1),
         "rss_per_task_in_flight_kb": round((peak_kb - idle_kb) / peak, 1) if peak else None,
+        "makespan_timeline_seconds": timeline,
         "makespan_llm_path": ("await ctx.llm.acomplete" if acomplete
                               else "ctx.llm.complete in a thread per task (no acomplete yet)"),
     }
