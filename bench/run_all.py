@@ -28,13 +28,14 @@ from bench import (
     pgqueuer_drain,
     pickup,
     reference,
+    scrape,
     tree_read,
     worker_memory,
 )
 from bench.common import RESULTS_DIR, machine, server_url
 
 ORDER = ("reference", "drain", "pgqueuer", "pickup", "fanin", "claim_latency", "tree_read",
-         "worker_memory", "makespan", "charge")
+         "scrape", "worker_memory", "makespan", "charge")
 
 FULL: dict[str, dict[str, Any]] = {
     "reference": {"n": 20_000, "threads": 4},
@@ -43,7 +44,8 @@ FULL: dict[str, dict[str, Any]] = {
     "pickup": {"samples": 50},
     "fanin": {"children": 10_000, "repeats": 5},
     "claim_latency": {"pending": 1_000, "finished": 1_000_000, "samples": 500},
-    "tree_read": {"nodes": 10_000, "repeats": 7},
+    "tree_read": {"nodes": 10_101, "repeats": 7},
+    "scrape": {"finished": 1_000_000, "repeats": 9},
     "worker_memory": {"n": 20_000},
     "makespan": {"leads": 30, "writers": 30, "delay": 1.0},
     "charge": {"leaves": 1000, "threads": 64, "charges": 10_000},
@@ -57,6 +59,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "fanin": {"children": 200, "repeats": 2, "batch": 50, "last_batch": 20},
     "claim_latency": {"pending": 200, "finished": 2_000, "samples": 20, "deep": 500},
     "tree_read": {"nodes": 200, "repeats": 2},
+    "scrape": {"finished": 2_000, "repeats": 2},
     "worker_memory": {"n": 200},
     "makespan": {"leads": 2, "writers": 3, "delay": 0.1},
     "charge": {"leaves": 20, "threads": 4, "charges": 40},
@@ -70,6 +73,7 @@ MAINS: dict[str, Callable[..., dict[str, Any]]] = {
     "fanin": fanin.main,
     "claim_latency": claim_latency.main,
     "tree_read": tree_read.main,
+    "scrape": scrape.main,
     "worker_memory": worker_memory.main,
     "makespan": makespan.main,
     "charge": charge.main,
@@ -136,7 +140,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "reference_after_drain_tasks_per_s", "drain_vs_reference",
                 "pgqueuer_jobs_per_s", "drain_vs_pgqueuer",
                 "pickup_p50_ms", "pickup_p95_ms", "fanin_p95_ms", "claim_ms_small_table",
-                "claim_ms_1m_finished", "tree_ms_10k", "worker_peak_rss_mb",
+                "claim_ms_1m_finished", "tree_ms_10k", "scrape_ms_1m_finished",
+                "worker_peak_rss_mb",
                 "makespan_vs_critical_path", "peak_calls_in_flight",
                 "rss_per_task_in_flight_kb", "charge_p99_ms", "charge_direct_p99_ms"):
         if key in result:

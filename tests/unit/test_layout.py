@@ -35,6 +35,7 @@ FORBIDDEN = (
     ("runtime.llm", ("runtime.store.store", "runtime.store.reads", "runtime.store.db",
                      "runtime.engine")),
     ("runtime.views", ("runtime.cli", "runtime.http")),
+    ("runtime.telemetry", ("runtime.cli", "runtime.http")),
     ("runtime.wiring", ("runtime.cli", "runtime.http")),
     ("runtime.http", ("runtime.cli",)),
 )
