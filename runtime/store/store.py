@@ -230,41 +230,34 @@ class Store(StoreReads):
     # ------------------------------------------------------------------ finish
     def finish_running(self, outcomes: Sequence[RunOutcome], worker: str) -> Finished:
         """Apply a batch of run outcomes in one transaction, then fan-in their parents."""
-        done = Finished()
-        if not outcomes:
-            return done
-        with self.transaction() as conn:
-            batch = [
-                {"id": o.task_id, "token": o.lease_token, "to_status": o.to_status,
-                 "result": o.result, "error": o.error, "delay": float(o.delay_seconds),
-                 "detail": o.detail, "verdict": o.verdict}
-                for o in outcomes
-            ]
-            rows = conn.execute(_TEXT["task_finish_running"],
-                                {"batch": _dumps_fast(batch), "worker": worker}).all()
-            done.applied = [r.id for r in rows]
-            ended = [r for r in rows
-                     if r.parent_id is not None and r.status in TERMINAL_STATUSES]
-            done.parents_ready = self._children_ended(conn, ended, worker)
-        self._log_stale(outcomes, done)
-        return done
+        return self._finish("task_finish_running", [
+            {"id": o.task_id, "token": o.lease_token, "to_status": o.to_status,
+             "result": o.result, "error": o.error, "delay": float(o.delay_seconds),
+             "detail": o.detail, "verdict": o.verdict}
+            for o in outcomes
+        ], outcomes, worker)
 
     def finish_judging(self, outcomes: Sequence[JudgeOutcome], worker: str) -> Finished:
         """Apply a batch of verdicts in one transaction, then fan-in their parents."""
+        return self._finish("task_finish_judging", [
+            {"id": o.task_id, "token": o.lease_token, "to_status": o.to_status,
+             "verdict": o.verdict, "error": o.error, "detail": o.detail}
+            for o in outcomes
+        ], outcomes, worker)
+
+    def _finish(self, query: str, batch: list[dict[str, Any]],
+                outcomes: Sequence[RunOutcome] | Sequence[JudgeOutcome],
+                worker: str) -> Finished:
+        """One guarded batch statement (with its events), then the ended children's fan-in."""
         done = Finished()
         if not outcomes:
             return done
         with self.transaction() as conn:
-            batch = [
-                {"id": o.task_id, "token": o.lease_token, "to_status": o.to_status,
-                 "verdict": o.verdict, "error": o.error, "detail": o.detail}
-                for o in outcomes
-            ]
-            rows = conn.execute(_TEXT["task_finish_judging"],
-                                {"batch": _dumps_fast(batch), "worker": worker}).all()
+            rows = conn.execute(_TEXT[query], {"batch": _dumps_fast(batch),
+                                               "worker": worker}).all()
             done.applied = [r.id for r in rows]
-            ended = [r for r in rows if r.parent_id is not None]
-            done.parents_ready = self._children_ended(conn, ended, worker)
+            done.parents_ready = self._children_ended(
+                conn, [r for r in rows if r.status in TERMINAL_STATUSES], worker)
         self._log_stale(outcomes, done)
         return done
 
@@ -272,18 +265,10 @@ class Store(StoreReads):
                         worker: str) -> list[uuid.UUID]:
         """Children reached a terminal status: roll their spend up, then fan in.
 
-        ``ended`` are rows with ``id`` and ``parent_id``. Runs in the caller's transaction:
-        the parents are locked (in id order), the children's spend not yet rolled up is
-        added to them, and the waiting parents whose children are now all terminal flip.
+        ``ended`` are rows with ``id`` and ``parent_id``; runs in the caller's transaction.
         """
-        parents = {r.parent_id for r in ended if r.parent_id is not None}
-        if not parents:
-            return []
-        ids = sorted(parents)
-        conn.execute(_TEXT["task_lock_parents"], {"ids": ids})
-        self._roll_up(conn, [r.id for r in ended])
-        rows = conn.execute(_TEXT["task_flip_ready_parents"], {"ids": ids, "worker": worker})
-        return [r.id for r in rows]
+        return self._fan_in(conn, {r.parent_id for r in ended if r.parent_id is not None},
+                            worker, ended_children=[r.id for r in ended])
 
     @staticmethod
     def _roll_up(conn: Connection, child_ids: Sequence[uuid.UUID]) -> None:
@@ -301,12 +286,19 @@ class Store(StoreReads):
                      {"ids": ids, "tokens": [tokens[i] for i in ids],
                       "usd": [usd[i] for i in ids]})
 
-    def _fan_in(self, conn: Connection, parent_ids: set[uuid.UUID], worker: str) -> list[uuid.UUID]:
-        """Flip the waiting parents whose children are now all terminal (same transaction)."""
+    def _fan_in(self, conn: Connection, parent_ids: set[uuid.UUID], worker: str,
+                ended_children: Sequence[uuid.UUID] = ()) -> list[uuid.UUID]:
+        """Lock the parents (in id order), roll up their ended children's spend, flip ready ones.
+
+        All in the caller's transaction: two transactions finishing the last two children
+        of one parent serialise on the parent's lock, and the second sees the first.
+        """
         if not parent_ids:
             return []
         ids = sorted(parent_ids)
         conn.execute(_TEXT["task_lock_parents"], {"ids": ids})
+        if ended_children:
+            self._roll_up(conn, ended_children)
         rows = conn.execute(_TEXT["task_flip_ready_parents"], {"ids": ids, "worker": worker})
         return [r.id for r in rows]
 
