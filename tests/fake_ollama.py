@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from runtime.llm.backends import estimate_tokens
+from runtime.llm.reply import estimate_tokens
 from runtime.llm.schema_instance import instance_for_schema, prompt_snippet
 
 DEFAULT_MODELS = ("llama3.2:latest", "qwen3:14b")

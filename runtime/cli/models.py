@@ -20,12 +20,9 @@ from typing import Annotated
 import typer
 
 from runtime.cli.common import JsonOpt, fail, opened_store, settings
-from runtime.llm.backends import (
-    BackendConfigError,
-    build_backend,
-    records_from_calls,
-    write_replay_file,
-)
+from runtime.llm.backends import build_backend
+from runtime.llm.replay import records_from_calls, write_replay_file
+from runtime.llm.reply import BackendConfigError
 from runtime.store.rows import NotFound
 
 

@@ -7,8 +7,7 @@
 - :class:`~runtime.llm.replay.ReplayBackend` serves the responses of a recorded run.
 
 :func:`build_backend` picks one and says, in one sentence, which and why (``auto``: Ollama
-if it answers within :data:`PROBE_TIMEOUT_SECONDS`, else offline). The names of the
-shared module (:mod:`runtime.llm.reply`) are re-exported here.
+if it answers within :data:`PROBE_TIMEOUT_SECONDS`, else offline).
 """
 
 from __future__ import annotations
@@ -16,39 +15,8 @@ from __future__ import annotations
 from runtime.config import Settings
 from runtime.llm.offline import OfflineBackend
 from runtime.llm.ollama import OllamaBackend
-from runtime.llm.replay import (
-    ReplayBackend,
-    ReplayRecord,
-    load_replay_file,
-    records_from_calls,
-    write_replay_file,
-)
-from runtime.llm.reply import (
-    NOT_RECORDED,
-    PROBE_TIMEOUT_SECONDS,
-    TRANSIENT_STATUSES,
-    Backend,
-    BackendConfigError,
-    BadModelReply,
-    ModelReply,
-    ModelRequestError,
-    ReplayMiss,
-    RetryableModelError,
-    estimate_tokens,
-    parse_structured,
-    request_key,
-    request_text,
-    schema_digest,
-)
-
-__all__ = [
-    "NOT_RECORDED", "PROBE_TIMEOUT_SECONDS", "TRANSIENT_STATUSES", "Backend",
-    "BackendConfigError", "BadModelReply", "ModelReply", "ModelRequestError",
-    "OfflineBackend", "OllamaBackend", "ReplayBackend", "ReplayMiss", "ReplayRecord",
-    "RetryableModelError", "build_backend", "estimate_tokens", "load_replay_file",
-    "parse_structured", "records_from_calls", "request_key", "request_text",
-    "schema_digest", "write_replay_file",
-]
+from runtime.llm.replay import ReplayBackend
+from runtime.llm.reply import PROBE_TIMEOUT_SECONDS, Backend, BackendConfigError
 
 
 # ---------------------------------------------------------------------- choice

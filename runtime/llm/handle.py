@@ -54,18 +54,12 @@ from runtime.llm.backends import build_backend
 from runtime.llm.ledger import CallLedger, RecordedCall
 from runtime.llm.loop import CallLoop
 from runtime.llm.offline import OfflineBackend
-from runtime.llm.ollama import OllamaBackend
-from runtime.llm.replay import ReplayBackend
 from runtime.llm.reply import (
     NOT_RECORDED,
     Backend,
-    BackendConfigError,
     BadModelReply,
     Message,
     ModelReply,
-    ModelRequestError,
-    ReplayMiss,
-    RetryableModelError,
     estimate_tokens,
     first_messages,
     parse_structured,
@@ -77,27 +71,6 @@ from runtime.store.rows import ModelCharge
 
 T = TypeVar("T")
 
-__all__ = [
-    "MIN_COMPLETION_TOKENS",
-    "Backend",
-    "BackendConfigError",
-    "BadModelReply",
-    "CallLedger",
-    "Completion",
-    "LLMFactory",
-    "ModelReply",
-    "ModelRequestError",
-    "OfflineBackend",
-    "OllamaBackend",
-    "ReplayBackend",
-    "ReplayMiss",
-    "RetryableModelError",
-    "Route",
-    "TaskLLM",
-    "build_backend",
-    "decide_route",
-    "request_hash",
-]
 
 log = logging.getLogger(__name__)
 

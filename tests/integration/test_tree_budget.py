@@ -23,7 +23,7 @@ from agents.base import Agent, ChildSpec, Delegate, Result, TaskView
 from agents.context import AgentContext
 from runtime.config import load_settings
 from runtime.errors import BudgetExceeded
-from runtime.llm.backends import estimate_tokens
+from runtime.llm.reply import estimate_tokens
 from runtime.store.store import Store
 from runtime.wiring import Runtime, build_runtime
 from tests.factories import submit, terminal_event_counts

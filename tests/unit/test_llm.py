@@ -21,20 +21,22 @@ from pydantic import BaseModel, Field
 
 from runtime.config import Settings
 from runtime.errors import ModelNotFound, TransientModelError
-from runtime.llm.backends import (
-    BackendConfigError,
-    BadModelReply,
-    OfflineBackend,
-    OllamaBackend,
+from runtime.llm.backends import build_backend
+from runtime.llm.offline import OfflineBackend
+from runtime.llm.ollama import OllamaBackend
+from runtime.llm.replay import (
     ReplayBackend,
-    ReplayMiss,
-    build_backend,
-    estimate_tokens,
     load_replay_file,
     records_from_calls,
+    write_replay_file,
+)
+from runtime.llm.reply import (
+    BackendConfigError,
+    BadModelReply,
+    ReplayMiss,
+    estimate_tokens,
     request_key,
     request_text,
-    write_replay_file,
 )
 from runtime.llm.routing import decide_route
 from runtime.llm.schema_instance import SchemaUnsatisfiable, instance_for_schema
