@@ -31,8 +31,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from runtime.store.models import TERMINAL_STATUSES
-from runtime.store.queries import QUERIES, QUERIES_FILE, Task, load_queries
 from runtime.store.queries import TEXT as _TEXT
+from runtime.store.queries import Task
 from runtime.store.reads import StoreReads
 from runtime.store.rows import (
     ChildRow,
@@ -50,29 +50,6 @@ from runtime.store.rows import (
     TimedOut,
     canonical_json,
 )
-
-__all__ = [
-    "MAINTENANCE_LOCK_KEY",
-    "QUERIES",
-    "QUERIES_FILE",
-    "ChildRow",
-    "Finished",
-    "IdempotencyConflict",
-    "JudgeOutcome",
-    "Maintained",
-    "ModelCharge",
-    "NewTask",
-    "NotFound",
-    "Reaped",
-    "ResolveRefused",
-    "RunOutcome",
-    "Store",
-    "Swept",
-    "Task",
-    "TaskRow",
-    "TimedOut",
-    "load_queries",
-]
 
 log = logging.getLogger(__name__)
 
