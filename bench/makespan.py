@@ -69,10 +69,25 @@ GROUP BY 1, 2, 3 ORDER BY 4
 """
 
 
+CALLS = """
+WITH t0 AS (SELECT min(at) AS at FROM task_events)
+SELECT count(*),
+       round(extract(epoch FROM min(c.created_at) - max(t0.at))::numeric, 3),
+       round(extract(epoch FROM max(c.created_at) - max(t0.at))::numeric, 3),
+       round(percentile_cont(0.5) WITHIN GROUP (ORDER BY c.duration_seconds)::numeric, 3),
+       round(max(c.duration_seconds)::numeric, 3)
+FROM model_calls c, t0
+"""
+
+
 def _timeline(conn: sa.Connection) -> list[str]:
-    """When each kind of transition first and last happened, from the submit (seconds)."""
-    return [f"{agent} -> {status}{' (aggregate)' if agg else ''}: {first}..{last}"
-            for agent, status, agg, first, last in conn.execute(sa.text(TIMELINE))]
+    """When each kind of transition first and last happened, from the submit (seconds),
+    and when the model calls were recorded, with their durations as the client saw them."""
+    lines = [f"{agent} -> {status}{' (aggregate)' if agg else ''}: {first}..{last}"
+             for agent, status, agg, first, last in conn.execute(sa.text(TIMELINE))]
+    n, first, last, p50, top = conn.execute(sa.text(CALLS)).one()
+    lines.append(f"model calls recorded: {n}, {first}..{last}; duration p50 {p50} s, max {top} s")
+    return lines
 
 
 def start_model_server(delay: float) -> tuple[subprocess.Popen[str], str]:

@@ -24,9 +24,9 @@ import sqlalchemy as sa
 from bench.common import median, ms, open_store, report, scratch_database
 from runtime.config import Settings
 from runtime.engine.ledger import StoreLedger
+from runtime.llm.backends.offline import OfflineBackend
+from runtime.llm.backends.ollama import OllamaBackend
 from runtime.llm.handle import LLMFactory, TaskLLM
-from runtime.llm.offline import OfflineBackend
-from runtime.llm.ollama import OllamaBackend
 from runtime.store.rows import NewTask
 from runtime.store.store import Store
 from tests.fake_ollama import FakeOllama

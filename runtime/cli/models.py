@@ -20,8 +20,8 @@ from typing import Annotated
 import typer
 
 from runtime.cli.common import JsonOpt, fail, opened_store, settings
-from runtime.llm.backends import build_backend
-from runtime.llm.replay import records_from_calls, write_replay_file
+from runtime.llm.backends.choice import build_backend
+from runtime.llm.backends.replay import records_from_calls, write_replay_file
 from runtime.llm.reply import BackendConfigError
 from runtime.store.rows import NotFound
 

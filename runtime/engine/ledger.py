@@ -8,7 +8,6 @@ batch); without one, each charge is its own transaction.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import Sequence
 
@@ -17,33 +16,17 @@ from runtime.llm.ledger import RecordedCall
 from runtime.store.rows import ModelCharge
 from runtime.store.store import Store
 
-#: How long a read of the pending queue's depth serves routing decisions.
-DEPTH_TTL_SECONDS = 0.5
-
 
 class StoreLedger:
     """Queue depth, charging and the record of replies, read and written through a Store."""
 
-    def __init__(self, store: Store, writer: ChargeWriter | None = None,
-                 depth_ttl_seconds: float = DEPTH_TTL_SECONDS) -> None:
+    def __init__(self, store: Store, writer: ChargeWriter | None = None) -> None:
         self.store = store
         self.writer = writer
-        self.depth_ttl_seconds = depth_ttl_seconds
-        self._depth: tuple[float, int] | None = None
 
     def pending_depth(self) -> int:
-        """How many tasks are pending, read at most once per ``depth_ttl_seconds``.
-
-        Routing only needs the order of magnitude; a thousand calls in flight must not
-        each count the queue.
-        """
-        cached = self._depth
-        now = time.monotonic()
-        if cached is not None and now - cached[0] < self.depth_ttl_seconds:
-            return cached[1]
-        depth = self.store.pending_depth()
-        self._depth = (now, depth)
-        return depth
+        """How many tasks are pending (the model layer caches it for routing)."""
+        return self.store.pending_depth()
 
     def charge(self, charge: ModelCharge) -> bool:
         """Record and charge one model call row; False when the task's lease is gone."""

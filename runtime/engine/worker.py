@@ -22,9 +22,10 @@ One event loop per worker process (:meth:`Worker.run`). On it run:
   workers, see :class:`runtime.engine.maintenance.Maintenance`).
 
 Blocking database calls run in a small thread pool (:data:`DB_THREADS`), off the loop.
-Model calls run on the model layer's own loop (:class:`runtime.llm.loop.CallLoop`, one
-per process): an async agent awaiting ``ctx.llm.acomplete`` hands the call over to it, so
-the model connections outlive any one worker's loop.
+Model calls run on this loop too: an async agent's ``await ctx.llm.acomplete`` directly,
+a sync agent's or the judge's ``complete`` submitted from its thread (the worker attaches
+its loop to the model layer, :class:`runtime.llm.loop.CallLoop`, and detaches it, closing
+its model connections, when it ends).
 
 Options (``WorkerConfig``): agents, max in flight, sync threads, batch size, lease, task
 cap, wall clock, ``once`` (exit when the queue is empty). It stops on ``stop()``
@@ -88,6 +89,14 @@ T = TypeVar("T")
 def new_worker_id() -> str:
     """``host:pid:random`` so leases name who holds them."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def _prestart(pool: ThreadPoolExecutor, threads: int) -> None:
+    """Start all ``threads`` of ``pool`` now (each waits until every one has started)."""
+    gate = threading.Barrier(threads + 1)
+    for _ in range(threads):
+        pool.submit(gate.wait, 10.0)
+    gate.wait(10.0)
 
 
 @dataclass(frozen=True)
@@ -400,11 +409,20 @@ class Worker:
         cfg = self.config
         loop = asyncio.get_running_loop()
         self._loop = loop
+        # Sync agents' and the judge's model calls run on this loop too (async agents'
+        # calls already do): one set of per-server limits, no second loop thread.
+        attach = getattr(self.executor.llm_factory, "attach", None)
+        if attach is not None:
+            attach(loop)
         self._wake_event = asyncio.Event()
         if self._stopping.is_set():
             self._wake_event.set()
         self._db_pool = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="db")
         agent_pool = ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="agent")
+        # Start the threads now: a thread started on demand in the middle of a burst
+        # blocks the loop until it runs (a few ms each, waiting for the GIL).
+        _prestart(self._db_pool, DB_THREADS)
+        _prestart(agent_pool, cfg.threads)
         self._agent_pool = agent_pool
         # The heartbeat has a thread and a connection of its own: a busy pool never
         # delays it past a lease.
@@ -429,6 +447,9 @@ class Worker:
                 job.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             agent_pool.shutdown(wait=False, cancel_futures=True)
+            detach = getattr(self.executor.llm_factory, "detach", None)
+            if detach is not None:
+                await detach()
             self._db_pool.shutdown(wait=True)
             self._beat_pool.shutdown(wait=True)
             self._beat_store.dispose()
@@ -510,7 +531,9 @@ class Worker:
             for item in items:
                 self._start(item, queue, agent_pool)
             if items and len(items) >= min(room, self._claim_size(room)) and self._room() > 0:
-                await asyncio.sleep(0)  # the queue had more than we took: go again
+                # The queue had more than we took: claim again at once. The claim goes to
+                # a database thread before the tasks just started take the loop, so the
+                # next batch is on its way while they start (no sleep(0) between).
                 continue
             if cfg.once and not items and not self._inflight:
                 self.stop("queue empty")

@@ -1,9 +1,10 @@
 """The model layer agents use: ``ctx.llm.acomplete(...)`` / ``complete(...)``, per task.
 
 :class:`LLMFactory` builds the backend once per process (``[llm] backend``; ``auto`` says
-which it chose in :attr:`LLMFactory.announcement`), owns or borrows the event loop calls
-run on (``loop=``), and hands each leased task a :class:`TaskLLM`. One call
-(:meth:`TaskLLM.acomplete`; :meth:`TaskLLM.complete` submits it to the loop and waits):
+which it chose in :attr:`LLMFactory.announcement`), and hands each leased task a
+:class:`TaskLLM`. One call (:meth:`TaskLLM.acomplete`, on the caller's loop;
+:meth:`TaskLLM.complete` submits it to the worker's loop, or the model layer's own, and
+waits):
 
 1. refuses when the task's lease is lost (:class:`~runtime.errors.LeaseLost`);
 2. takes its identity: the task, its phase (run, aggregate, judge), its position (order
@@ -22,7 +23,8 @@ run on (``loop=``), and hands each leased task a :class:`TaskLLM`. One call
    with its error appended to the conversation (``[llm] output_retries``);
 6. records every attempt as a ``model_calls`` row (its error, its tokens, its kind:
    ``call``, ``retry`` or ``repair``) and charges it through the ledger
-   (:class:`~runtime.llm.ledger.CallLedger`), which adds the cost to every ancestor.
+   (:class:`~runtime.llm.ledger.CallLedger`): the task's own spend and the row, nothing
+   above it (spend rolls up to the parent when the task ends).
 
 Cost is ``(prompt + completion tokens) x the per-token price``, in ``Decimal``.
 """
@@ -50,10 +52,10 @@ from pydantic import BaseModel, ValidationError
 from agents.tasks import DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
 from runtime.config import Settings
 from runtime.errors import BadInput, BudgetExceeded, LeaseLost, TransientModelError, UnknownPrice
-from runtime.llm.backends import build_backend
+from runtime.llm.backends.choice import build_backend
+from runtime.llm.backends.offline import OfflineBackend
 from runtime.llm.ledger import CallLedger, RecordedCall
 from runtime.llm.loop import CallLoop
-from runtime.llm.offline import OfflineBackend
 from runtime.llm.reply import (
     NOT_RECORDED,
     Backend,
@@ -82,6 +84,9 @@ USD_QUANTUM = Decimal("0.00000001")
 MAX_REPAIR_ECHO_CHARS = 2000
 #: Threads for the ledger's blocking reads (record look-ups, queue depth).
 LEDGER_THREADS = 32
+
+#: How long one read of the pending queue's depth serves routing decisions.
+DEPTH_TTL_SECONDS = 0.5
 #: The longest ``Retry-After`` honoured as given (longer ones are cut to this).
 MAX_RETRY_AFTER_SECONDS = 300.0
 
@@ -148,9 +153,9 @@ class LLMFactory:
         ledger: the database side (:class:`~runtime.llm.ledger.CallLedger`).
         backend: a backend to use instead of the one ``[llm] backend`` names.
         announcement: the sentence to announce with ``backend``.
-        loop: a running event loop to make calls on (the async worker's); without one the
-            factory starts its own loop in a daemon thread at the first call and stops it
-            in :meth:`close`.
+        loop: a running event loop for sync callers' calls (see :meth:`attach`); without
+            one the factory starts its own loop in a daemon thread at the first sync call
+            and stops it in :meth:`close`. Async callers always call on their own loop.
 
     Attributes:
         backend: the backend every task shares.
@@ -174,10 +179,32 @@ class LLMFactory:
         # threads per core): a thousand calls in flight each look up their record.
         self._ledger_pool = ThreadPoolExecutor(max_workers=LEDGER_THREADS,
                                                thread_name_prefix="llm-ledger")
+        self._depth: tuple[float, int] | None = None
+        self._depth_reads: dict[asyncio.AbstractEventLoop, asyncio.Future[int]] = {}
 
     async def in_ledger(self, fn: Callable[..., T], *args: Any) -> T:
         """Run one blocking ledger call off the loop, in the factory's ledger threads."""
         return await asyncio.get_running_loop().run_in_executor(self._ledger_pool, fn, *args)
+
+    async def pending_depth(self) -> int:
+        """The pending queue's depth for routing, read at most once per TTL.
+
+        Routing needs its order of magnitude; a thousand calls in flight must not each
+        count the queue, nor each wait for a thread (:data:`DEPTH_TTL_SECONDS`; one read
+        in flight per loop, shared by the callers that arrive meanwhile).
+        """
+        cached = self._depth
+        if cached is not None and time.monotonic() - cached[0] < DEPTH_TTL_SECONDS:
+            return cached[1]
+        loop = asyncio.get_running_loop()
+        reading = self._depth_reads.get(loop)
+        if reading is None:  # one read in flight per loop; the other callers share it
+            reading = asyncio.ensure_future(self.in_ledger(self.ledger.pending_depth))
+            self._depth_reads[loop] = reading
+            reading.add_done_callback(lambda _: self._depth_reads.pop(loop, None))
+        depth = await asyncio.shield(reading)
+        self._depth = (time.monotonic(), depth)
+        return depth
 
     async def charge(self, charge: ModelCharge) -> bool:
         """Charge one call through the ledger (awaited without a thread when it can be)."""
@@ -186,14 +213,14 @@ class LLMFactory:
             return bool(await acharge(charge))
         return await self.in_ledger(self.ledger.charge, charge)
 
-    def use_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Make calls on ``loop`` (a worker that starts its loop after the factory was built).
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Make sync callers' calls on ``loop`` (a worker's, while it runs)."""
+        self.calls.attach(loop)
 
-        Raises:
-            RuntimeError: calls already ran on the factory's own loop, or on another.
-
-        """
-        self.calls.bind(loop)
+    async def detach(self) -> None:
+        """From a coroutine on an attached loop about to close: close its connections."""
+        await self.aclose()
+        self.calls.detach(asyncio.get_running_loop())
 
     def for_task(self, task_row: dict[str, Any], lease_token: uuid.UUID,
                  lease_lost: threading.Event) -> TaskLLM:
@@ -209,7 +236,7 @@ class LLMFactory:
         return self.calls.slot(host, route.model, limit)
 
     async def aclose(self) -> None:
-        """Release the backend's connections from a coroutine on the factory's loop."""
+        """Release the backend's connections made on the running loop."""
         aclose = getattr(self.backend, "aclose", None)
         if aclose is not None:
             await aclose()
@@ -217,7 +244,7 @@ class LLMFactory:
     def close(self) -> None:
         """Release the backend's connections and stop the factory's own loop.
 
-        From a coroutine running on a loop given as ``loop=``, await :meth:`aclose` first.
+        A worker that attached its loop awaits :meth:`detach` before the loop ends.
         """
         aclose = getattr(self.backend, "aclose", None)
         self.calls.close(aclose() if aclose is not None else None)
@@ -256,6 +283,9 @@ class TaskLLM:
         self.phase = ("judge" if task_row.get("status") == "judging"
                       else str(task_row.get("phase") or "run"))
         self._attempt = int(task_row.get("delivery_count") or 1)
+        # The claim says whether replies of this phase are on record; when none are, no
+        # call of this delivery looks one up (until this delivery records one itself).
+        self._may_replay = bool(task_row.get("recorded_calls", True))
         budget_tokens = task_row.get("budget_tokens")
         budget_usd = task_row.get("budget_usd")
         self.budget_tokens = int(DEFAULT_BUDGET_TOKENS if budget_tokens is None
@@ -373,7 +403,7 @@ class TaskLLM:
         messages = first_messages(prompt, system)
         hashes = {model: request_hash(model, messages, json_schema, asked, think)
                   for model in (settings.models.local, settings.models.cloud)}
-        if settings.llm.durable and settings.llm.record:
+        if settings.llm.durable and settings.llm.record and self._may_replay:
             recorded = await self._factory.in_ledger(self._ledger.recorded_call, self.task_id,
                                                self.phase, position, sorted(set(hashes.values())))
             if recorded is not None:
@@ -381,7 +411,7 @@ class TaskLLM:
                                                 model_cls, call_index, position)
                 if replayed is not None:
                     return replayed
-        depth = await self._factory.in_ledger(self._ledger.pending_depth)
+        depth = await self._factory.pending_depth()
         route = decide_route(prompt, depth, settings)
         price = settings.cost.price_for(route.route, route.model)
         if price is None:
@@ -397,6 +427,7 @@ class TaskLLM:
         call = _Call(position, call_index, digest, stored_prompt, route, price)
         reply, data = await self._with_repairs(call, messages, json_schema, model_cls, asked,
                                                think)
+        self._may_replay = True  # this reply is on record now (a repeated key replays it)
         return Completion(
             text=reply.text, data=data, prompt_tokens=reply.prompt_tokens,
             completion_tokens=reply.completion_tokens, cost_usd=call.cost, route=route.route,

@@ -1,11 +1,13 @@
-"""The event loop model calls run on, and the per-server, per-model limits that live on it.
+"""Where model calls run, and the per-server, per-model limits that go with the loop.
 
-:class:`CallLoop` either borrows a running loop (the async worker's, given to
-:class:`~runtime.llm.handle.LLMFactory` as ``loop=``) or starts one background thread
-running its own loop, closed by :meth:`CallLoop.close`. Synchronous code submits
-coroutines with :meth:`CallLoop.run` (``asyncio.run_coroutine_threadsafe(...).result()``);
-async code on another loop awaits :meth:`CallLoop.submit`. The semaphores of
-:meth:`CallLoop.slot` bound the calls in flight per (server, model).
+Async code awaits its calls on its own running loop (:meth:`CallLoop.submit`): the async
+worker's agents make their calls on the worker's one loop, beside its claims and writes,
+with no hand-over to another thread. Synchronous code (a sync agent or the judge in a
+worker thread, a script) submits with :meth:`CallLoop.run` to the loop *attached* by a
+running worker (:meth:`CallLoop.attach`), or, when none is, to a loop the model layer
+starts in a daemon thread, stopped by :meth:`CallLoop.close`. So in a worker every call
+runs on one loop, and the semaphores of :meth:`CallLoop.slot` (one set per loop) bound
+all the calls in flight per (server, model) of the process.
 """
 
 from __future__ import annotations
@@ -20,85 +22,84 @@ T = TypeVar("T")
 
 
 class CallLoop:
-    """An event loop for model calls (borrowed, or owned in a daemon thread)."""
+    """The loop sync callers' model calls run on: an attached one, or owned in a thread."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self._loop = loop
-        self._owned = False
+        self._attached = loop
+        self._owned: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._slots: dict[tuple[str, str], asyncio.Semaphore] = {}
+        self._slots: dict[tuple[int, str, str], asyncio.Semaphore] = {}
 
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Make calls on ``loop`` from now on (before the first call).
-
-        Raises:
-            RuntimeError: calls already run on another loop.
-
-        """
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run sync callers' calls on ``loop`` (a running worker's) until :meth:`detach`."""
         with self._lock:
-            if self._loop is not None and self._loop is not loop:
-                raise RuntimeError("the model layer already runs its calls on another loop")
-            self._loop = loop
+            self._attached = loop
+
+    def detach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Stop using ``loop`` (it is about to close); forget its semaphores."""
+        with self._lock:
+            if self._attached is loop:
+                self._attached = None
+            for key in [k for k in self._slots if k[0] == id(loop)]:
+                del self._slots[key]
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        """The loop calls run on; the first use starts the owned one when none was given."""
+        """The loop sync callers' calls run on; starts the owned one when none is attached."""
         with self._lock:
-            if self._loop is None:
+            if self._attached is not None:
+                return self._attached
+            if self._owned is None:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(target=loop.run_forever, name="orgchart-llm-loop",
                                           daemon=True)
                 thread.start()
-                self._loop, self._thread, self._owned = loop, thread, True
-            return self._loop
-
-    def on_loop(self) -> bool:
-        """Whether the caller is running on this loop (so it may await directly)."""
-        try:
-            return asyncio.get_running_loop() is self._loop
-        except RuntimeError:
-            return False
+                self._owned, self._thread = loop, thread
+            return self._owned
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the loop from a thread that is not the loop's; return its result.
+        """Run ``coro`` on :attr:`loop` from a thread that is not the loop's; return its result.
 
         Raises:
             RuntimeError: called from the loop's own thread (it would wait for itself).
 
         """
-        if self.on_loop():
+        target = self.loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is target:
             coro.close()
             raise RuntimeError("complete() was called on the model loop's own thread; "
                                "await acomplete() there instead")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        return asyncio.run_coroutine_threadsafe(coro, target).result()
 
     async def submit(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await ``coro`` on the loop from a coroutine running on any loop."""
-        if self.on_loop():
-            return await coro
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+        """Await ``coro`` on the caller's own loop."""
+        return await coro
 
     def slot(self, host: str, model: str, limit: int) -> asyncio.Semaphore:
-        """The semaphore bounding calls in flight to ``model`` on ``host`` (on the loop)."""
-        key = (host, model)
+        """The semaphore bounding calls in flight to ``model`` on ``host`` (running loop)."""
+        key = (id(asyncio.get_running_loop()), host, model)
         sem = self._slots.get(key)
         if sem is None:
             sem = self._slots[key] = asyncio.Semaphore(limit)
         return sem
 
     def close(self, final: Coroutine[Any, Any, Any] | None = None) -> None:
-        """Run ``final`` (closing connections) on the loop, then stop an owned loop."""
-        loop = self._loop
+        """Run ``final`` (closing connections) on the owned loop, then stop it."""
+        loop, thread = self._owned, self._thread
         if final is not None:
-            if loop is not None and loop.is_running() and not self.on_loop():
+            if loop is not None and loop.is_running():
                 with contextlib.suppress(Exception):  # closing is best effort
                     asyncio.run_coroutine_threadsafe(final, loop).result(timeout=10)
             else:
                 final.close()
-        if self._owned and loop is not None and self._thread is not None:
+        if loop is not None and thread is not None:
             loop.call_soon_threadsafe(loop.stop)
-            self._thread.join(timeout=10)
+            thread.join(timeout=10)
             loop.close()
             with self._lock:
-                self._loop, self._thread, self._owned = None, None, False
+                self._owned, self._thread = None, None

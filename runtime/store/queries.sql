@@ -83,7 +83,12 @@ WITH picked AS (
            'claimed for ' || phase || ', delivery ' || delivery_count
     FROM claimed
 )
-SELECT * FROM claimed;
+-- recorded_calls: whether a durable reply of this phase is on record (the model layer
+-- looks replies up only then: a first delivery makes no lookup per call).
+SELECT c.*, EXISTS (SELECT 1 FROM model_calls m
+                    WHERE m.task_id = c.id AND m.phase = c.phase AND m.error IS NULL
+                      AND NOT m.replayed AND m.response IS NOT NULL) AS recorded_calls
+FROM claimed c;
 
 -- task_claim_judging --
 -- Lease up to :limit tasks waiting in 'judging' for the judge stage (status unchanged).
@@ -104,7 +109,10 @@ SET lease_owner = :worker,
     updated_at = now()
 FROM picked p
 WHERE t.id = p.id
-RETURNING t.*, 'judging' AS claimed_from;
+RETURNING t.*, 'judging' AS claimed_from,
+          EXISTS (SELECT 1 FROM model_calls m
+                  WHERE m.task_id = t.id AND m.phase = 'judge' AND m.error IS NULL
+                    AND NOT m.replayed AND m.response IS NOT NULL) AS recorded_calls;
 
 -- task_heartbeat_leased --
 -- Extend the leases a worker still holds; the tokens not returned were taken away.

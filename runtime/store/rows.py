@@ -89,6 +89,9 @@ class TaskRow:
     verdict: dict[str, Any] | None = None
     updated_at: dt.datetime | None = None
     claimed_from: str | None = None
+    #: From a claim: whether a durable model reply of the claimed phase is on record
+    #: (True when unknown: the model layer then looks replies up call by call).
+    recorded_calls: bool = True
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> TaskRow:

@@ -24,10 +24,10 @@ from runtime.errors import (
     TransientModelError,
     UnknownPrice,
 )
+from runtime.llm.backends.offline import OfflineBackend
+from runtime.llm.backends.ollama import OllamaBackend
+from runtime.llm.backends.replay import ReplayBackend, records_from_calls, write_replay_file
 from runtime.llm.handle import LLMFactory, TaskLLM
-from runtime.llm.offline import OfflineBackend
-from runtime.llm.ollama import OllamaBackend
-from runtime.llm.replay import ReplayBackend, records_from_calls, write_replay_file
 from runtime.llm.reply import BadModelReply
 from runtime.store.rows import ChildRow, NewTask, RunOutcome
 from runtime.store.store import Store

@@ -20,9 +20,9 @@ from pydantic import BaseModel, Field
 from runtime.config import Settings
 from runtime.engine.ledger import StoreLedger
 from runtime.errors import TransientModelError
+from runtime.llm.backends.offline import OfflineBackend
+from runtime.llm.backends.ollama import OllamaBackend
 from runtime.llm.handle import LLMFactory, TaskLLM
-from runtime.llm.offline import OfflineBackend
-from runtime.llm.ollama import OllamaBackend
 from runtime.llm.reply import BadModelReply
 from runtime.store.rows import NewTask
 from runtime.store.store import Store
@@ -302,18 +302,18 @@ def test_durable_calls_can_be_turned_off(store: Store, fake_ollama: FakeOllama,
 
 
 # ---------------------------------------------------------------------- the loop
-def test_a_factory_runs_calls_on_the_loop_it_is_given(store: Store,
-                                                      fake_ollama: FakeOllama) -> None:
+def test_sync_calls_run_on_the_attached_loop_and_async_calls_on_their_own(
+        store: Store, fake_ollama: FakeOllama) -> None:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     factory = LLMFactory(make_settings(), StoreLedger(store),
                          backend=OllamaBackend(fake_ollama.url, 5.0), announcement="t")
-    factory.use_loop(loop)  # as a worker that starts its loop after build_runtime
+    factory.attach(loop)  # as a worker does when its loop starts
     try:
         row = claim_new(store)
         llm = factory.for_task(row, row["lease_token"], threading.Event())
-        # A synchronous agent in a worker thread: complete() waits on the given loop.
+        # A synchronous agent in a worker thread: complete() waits on the attached loop.
         assert llm.complete(PROMPT).text.startswith("fake: ")
         assert factory.calls.loop is loop
 
@@ -325,17 +325,19 @@ def test_a_factory_runs_calls_on_the_loop_it_is_given(store: Store,
 
         reply = asyncio.run_coroutine_threadsafe(on_the_loop(), loop).result(10)
         assert reply.call_index == 1 and not reply.replayed
-        other = asyncio.new_event_loop()
-        with pytest.raises(RuntimeError, match="another loop"):
-            factory.use_loop(other)
-        other.close()
-        asyncio.run_coroutine_threadsafe(factory.aclose(), loop).result(10)
+        # An async caller on another loop calls on that loop, with its own connections.
+        assert asyncio.run(llm.acomplete("And again")).call_index == 2
+        asyncio.run_coroutine_threadsafe(factory.detach(), loop).result(10)
+        # Detached: sync calls go to the model layer's own loop thread.
+        assert llm.complete("Once more").call_index == 3
+        assert factory.calls.loop is not loop
     finally:
         factory.close()
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
     assert not thread.is_alive()
+    assert fake_ollama.received == 4
 
 
 def test_a_recorded_call_is_found_when_the_route_changed(

@@ -21,10 +21,10 @@ from pydantic import BaseModel, Field
 
 from runtime.config import Settings
 from runtime.errors import ModelNotFound, TransientModelError
-from runtime.llm.backends import build_backend
-from runtime.llm.offline import OfflineBackend
-from runtime.llm.ollama import OllamaBackend
-from runtime.llm.replay import (
+from runtime.llm.backends.choice import build_backend
+from runtime.llm.backends.offline import OfflineBackend
+from runtime.llm.backends.ollama import OllamaBackend
+from runtime.llm.backends.replay import (
     ReplayBackend,
     load_replay_file,
     records_from_calls,
@@ -467,7 +467,7 @@ def test_a_structured_reply_cut_at_the_token_limit_is_bad() -> None:
 
 
 def test_retry_after_is_read_in_seconds() -> None:
-    from runtime.llm.ollama import retry_after_seconds
+    from runtime.llm.backends.ollama import retry_after_seconds
 
     assert retry_after_seconds("3") == 3.0 and retry_after_seconds(" 0.5 ") == 0.5
     assert retry_after_seconds(None) is None

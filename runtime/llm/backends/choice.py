@@ -1,10 +1,10 @@
 """Model backends and the choice between them (``[llm] backend``).
 
-- :class:`~runtime.llm.ollama.OllamaBackend` talks to an Ollama server (``[ollama] url``),
+- :class:`~runtime.llm.backends.ollama.OllamaBackend` talks to an Ollama server (``[ollama] url``),
   and to a second one for the cloud route when ``[ollama] cloud_url`` is set.
-- :class:`~runtime.llm.offline.OfflineBackend` needs no network: schema-valid instances
+- :class:`~runtime.llm.backends.offline.OfflineBackend` needs no network: schema-valid instances
   derived from a hash of the prompt, every string labelled ``offline:``.
-- :class:`~runtime.llm.replay.ReplayBackend` serves the responses of a recorded run.
+- :class:`~runtime.llm.backends.replay.ReplayBackend` serves the responses of a recorded run.
 
 :func:`build_backend` picks one and says, in one sentence, which and why (``auto``: Ollama
 if it answers within :data:`PROBE_TIMEOUT_SECONDS`, else offline).
@@ -13,9 +13,9 @@ if it answers within :data:`PROBE_TIMEOUT_SECONDS`, else offline).
 from __future__ import annotations
 
 from runtime.config import Settings
-from runtime.llm.offline import OfflineBackend
-from runtime.llm.ollama import OllamaBackend
-from runtime.llm.replay import ReplayBackend
+from runtime.llm.backends.offline import OfflineBackend
+from runtime.llm.backends.ollama import OllamaBackend
+from runtime.llm.backends.replay import ReplayBackend
 from runtime.llm.reply import PROBE_TIMEOUT_SECONDS, Backend, BackendConfigError
 
 

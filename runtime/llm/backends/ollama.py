@@ -1,12 +1,11 @@
 """The Ollama backend: ``/api/chat`` through the official async client.
 
 Calls go to ``[ollama] url``, and to ``[ollama] cloud_url`` for the cloud route when it is
-set. Per server and event loop, :class:`ollama.AsyncClient` objects whose connection pools
-add up to ``[ollama] max_parallel`` / ``cloud_max_parallel``: at most
-:data:`CONNECTIONS_PER_CLIENT` connections each, taken in turn (httpcore's pool scans all
-its connections whenever a response closes, so one pool of a thousand connections spends
-its time scanning; measured: 26x the critical path with one pool of 2,000). Failures are
-classified here:
+set. Per server and event loop, one :class:`ollama.AsyncClient` whose httpx transport is
+:class:`~runtime.llm.backends.transport.StreamTransport`: at most ``[ollama] max_parallel`` /
+``cloud_max_parallel`` connections, kept alive (httpx's default transport costs about
+3 ms of Python per call with a thousand in flight; measured on the makespan bench, it
+was most of the worker's CPU). Failures are classified here:
 
 - unreachable, reset, timed out, or HTTP 408/425/429/5xx ->
   :class:`~runtime.llm.reply.RetryableModelError` (with the ``Retry-After`` seconds the
@@ -22,9 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import itertools
+import functools
 import logging
-import math
+import ssl
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +33,7 @@ import ollama
 
 from runtime.config import Settings
 from runtime.errors import ModelNotFound
+from runtime.llm.backends.transport import LeanAsyncClient
 from runtime.llm.reply import (
     PROBE_TIMEOUT_SECONDS,
     TRANSIENT_STATUSES,
@@ -47,9 +47,6 @@ from runtime.llm.reply import (
 )
 
 log = logging.getLogger(__name__)
-
-#: The most connections one client pool holds; a larger limit is split over several clients.
-CONNECTIONS_PER_CLIENT = 64
 
 #: Where the response hook leaves the ``Retry-After`` of the request being made.
 _RETRY_AFTER: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar(
@@ -74,6 +71,24 @@ async def _note_retry_after(response: httpx.Response) -> None:
             box["retry_after"] = seconds
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context for every https client (building one loads the CA bundle: ~20 ms)."""
+    return httpx.create_ssl_context()
+
+
+class _Client(ollama.AsyncClient):
+    """The official async client, over :class:`~runtime.llm.backends.transport.LeanAsyncClient`.
+
+    Everything Ollama-specific (request and response types, errors) is the ``ollama``
+    package's; only the httpx client class under it differs.
+    """
+
+    def __init__(self, host: str, **kwargs: Any) -> None:
+        # ollama.AsyncClient.__init__ passes httpx.AsyncClient; its base takes the class.
+        super(ollama.AsyncClient, self).__init__(LeanAsyncClient, host, **kwargs)
+
+
 class OllamaBackend:
     """Ollama through the official client; the cloud route may go to a second server."""
 
@@ -86,8 +101,7 @@ class OllamaBackend:
         self.timeout_seconds = timeout_seconds
         self.max_parallel = max_parallel
         self.cloud_max_parallel = cloud_max_parallel
-        self._clients: dict[tuple[int, str], list[ollama.AsyncClient]] = {}
-        self._turn = itertools.count()
+        self._clients: dict[tuple[int, str], ollama.AsyncClient] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> OllamaBackend:
@@ -105,21 +119,17 @@ class OllamaBackend:
         return self.cloud_max_parallel if route == "cloud" else self.max_parallel
 
     def _new_client(self, host: str, parallel: int) -> ollama.AsyncClient:
-        limits = httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)
-        return ollama.AsyncClient(host=host, timeout=self.timeout_seconds, limits=limits,
-                                  event_hooks={"response": [_note_retry_after]})
+        return _Client(host=host, timeout=self.timeout_seconds, max_connections=parallel,
+                       ssl_context=_tls_context() if host.startswith("https:") else None,
+                       event_hooks={"response": [_note_retry_after]})
 
     def _client_for(self, route: str) -> ollama.AsyncClient:
         host = self.host_for(route)
         key = (id(asyncio.get_running_loop()), host)
-        clients = self._clients.get(key)
-        if clients is None:
-            parallel = self.parallel_for(route)
-            shards = max(1, math.ceil(parallel / CONNECTIONS_PER_CLIENT))
-            size = math.ceil(parallel / shards)
-            clients = self._clients[key] = [self._new_client(host, size)
-                                            for _ in range(shards)]
-        return clients[next(self._turn) % len(clients)]
+        client = self._clients.get(key)
+        if client is None:
+            client = self._clients[key] = self._new_client(host, self.parallel_for(route))
+        return client
 
     async def achat(self, model: str, messages: Sequence[Message],
                     schema: dict[str, Any] | None, max_tokens: int, *,
@@ -216,8 +226,7 @@ class OllamaBackend:
         """Close the connections opened on the running loop."""
         loop_id = id(asyncio.get_running_loop())
         for key in [k for k in self._clients if k[0] == loop_id]:
-            for client in self._clients.pop(key):
-                await client.close()
+            await self._clients.pop(key).close()
 
     def close(self) -> None:
         """Forget clients of loops that are gone (their sockets close with them)."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.llm.offline import OfflineBackend
+from runtime.llm.backends.offline import OfflineBackend
 from runtime.llm.reply import (
     NOT_RECORDED,
     BackendConfigError,
