@@ -6,7 +6,8 @@ its migration lock and version check).
 
 ``{tasks_channel}`` in the SQL is replaced at load time by :data:`TASKS_CHANNEL`, the
 one LISTEN/NOTIFY channel: every ``pg_notify`` and the ``channel_listen_tasks``
-statement name it from here (``LISTEN`` takes no bound parameter).
+statement name it from here (``LISTEN`` takes no bound parameter). ``{fragment_x}`` is
+replaced by the block named ``fragment_x`` (a shared piece of SQL, never run alone).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ _BLOCK = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
 #: the agent name (``judge`` for the judge stage). Listen with ``channel_listen_tasks``.
 TASKS_CHANNEL = "orgchart_tasks"
 _CHANNEL_TOKEN = "{tasks_channel}"
+#: Blocks named ``fragment_...`` are pieces of SQL, not statements: ``{fragment_x}`` in a
+#: statement is replaced by the block ``fragment_x`` at load time (one definition of,
+#: say, a task's JSON shape shared by two reads).
+_FRAGMENT = "fragment_"
 
 Task = dict[str, Any]
 
@@ -39,7 +44,19 @@ def load_queries(path: Path = QUERIES_FILE) -> dict[str, LiteralString]:
         if name in queries:
             raise ValueError(f"{path}: query {name!r} is defined twice")
         queries[name] = body.strip()  # type: ignore[assignment]
+    fragments = {name: _without_comments(sql) for name, sql in queries.items()
+                 if name.startswith(_FRAGMENT)}
+    for name, sql in queries.items():
+        for fragment, text in fragments.items():
+            sql = sql.replace("{" + fragment + "}", text)  # type: ignore[assignment]
+        if re.search(r"\{fragment_[a-z_]+\}", sql):
+            raise ValueError(f"{path}: query {name!r} names an unknown fragment")
+        queries[name] = sql
     return queries
+
+
+def _without_comments(sql: str) -> str:
+    return "\n".join(line for line in sql.splitlines() if not line.startswith("--"))
 
 
 QUERIES = load_queries()

@@ -852,74 +852,75 @@ SELECT to_regclass('alembic_version');
 -- The database's Alembic revision.
 SELECT version_num FROM alembic_version;
 
--- task_tree_json --
--- A tree (or the subtree under :under, at most :depth levels below it) as JSON text built
--- in the database: one row (id NULL) carries the totals and the newest task_events id (one
--- snapshot), the others one node each in the public task shape (views.task_json). Unordered:
--- the caller sorts the narrow keys (an ORDER BY here would sort the wide JSON text).
--- Timestamps are formatted as Python's isoformat() does, so both paths give equal JSON.
+-- fragment_task_node_json --
+-- One task as JSON text in the public shape (views.task_json), spliced into the tree
+-- reads below as {fragment_task_node_json} over a row ``n`` of tasks. Timestamps are
+-- formatted as Python's isoformat() does, so both paths give equal JSON.
+-- One concat() (a single pass: a chain of || copies the growing text at each step)
+-- for the fields whose JSON needs no escaping; json_build_object for text and jsonb.
+concat('{"id":"', n.id, '","root_id":"', n.root_id,
+       '","parent_id":', COALESCE('"' || n.parent_id || '"', 'null'),
+       ',"priority":', COALESCE(n.priority::text, 'null'),
+       ',"spent_tokens":', n.spent_tokens, ',"spent_usd":"', n.spent_usd,
+       '","own_tokens":', n.own_tokens, ',"own_usd":"', n.own_usd,
+       '","duration_seconds":', round(n.duration_seconds * 1e6) / 1e6,
+       ',"created_at":', COALESCE('"' || replace(to_char(n.created_at, 'YYYY-MM-DD"T"HH24:MI:SS.USTZH:TZM'), '.000000', '') || '"',
+                'null'),
+       ',"started_at":', COALESCE('"' || replace(to_char(n.started_at, 'YYYY-MM-DD"T"HH24:MI:SS.USTZH:TZM'), '.000000', '') || '"',
+                'null'),
+       ',"completed_at":', COALESCE('"' || replace(to_char(n.completed_at, 'YYYY-MM-DD"T"HH24:MI:SS.USTZH:TZM'), '.000000', '') || '"',
+                'null'),
+       ',"depth":', n.depth,
+       ',"budget_tokens":', COALESCE(n.budget_tokens::text, 'null'),
+       ',"budget_seconds":', COALESCE(n.budget_seconds::text, 'null'),
+       ',"budget_usd":', COALESCE('"' || CASE WHEN n.budget_usd = trunc(n.budget_usd)
+                                             THEN trunc(n.budget_usd)::text
+                                             ELSE n.budget_usd::text END || '"', 'null'),
+       ',"retry_count":', n.retry_count, ',"delivery_count":', n.delivery_count, ',',
+       substr(json_build_object(
+           'agent', n.to_agent, 'type', n.type, 'status', n.status, 'payload', n.payload,
+           'result', n.result, 'error', n.error, 'verdict', n.verdict, 'route', n.route,
+           'route_reason', n.route_reason, 'model', n.model, 'from_agent', n.from_agent,
+           'key', CASE WHEN n.parent_id IS NOT NULL THEN n.idempotency_key END,
+           'idempotency_key', CASE WHEN n.parent_id IS NULL THEN n.idempotency_key END,
+           'success_criteria', n.success_criteria,
+           'kill_criteria', n.kill_criteria)::text, 2))
+
+-- task_tree_nodes --
+-- A whole tree (at most :depth levels below the root) as JSON text built in the database,
+-- one row per node, with the columns its totals are summed from; only the nodes of part
+-- :part of :parts (by the last byte of their id: a big tree is read in parts on several
+-- connections at once, building the JSON is the cost and it splits). Unordered: the
+-- caller sorts the narrow keys (an ORDER BY here would sort the wide JSON text).
+SELECT n.id::text, n.parent_id::text, n.depth, n.created_at,
+       {fragment_task_node_json} AS node,
+       n.status, n.own_tokens, n.own_usd, n.duration_seconds
+FROM tasks n
+WHERE n.root_id = :root_id AND n.depth <= COALESCE(CAST(:depth AS integer), 2147483647)
+  AND get_byte(uuid_send(n.id), 15) % :parts = :part;
+
+-- task_subtree_nodes --
+-- The subtree under :under (at most :depth levels below it) in task_tree_nodes' columns.
 WITH RECURSIVE sub AS (
     SELECT id, 0 AS rel FROM tasks
     WHERE id = CAST(:under AS uuid) AND root_id = :root_id
     UNION ALL
     SELECT c.id, s.rel + 1 FROM sub s JOIN tasks c ON c.parent_id = s.id
     WHERE s.rel < COALESCE(CAST(:depth AS integer), 2147483647)
-), picked AS MATERIALIZED (
-    SELECT t.id FROM tasks t
-    WHERE t.root_id = :root_id AND CAST(:under AS uuid) IS NULL
-      AND t.depth <= COALESCE(CAST(:depth AS integer), 2147483647)
-    UNION ALL
-    SELECT id FROM sub
-), by_status AS (
-    SELECT t.status, count(*) AS n, sum(t.own_tokens) AS tokens, sum(t.own_usd) AS usd,
-           sum(t.duration_seconds) AS seconds
-    FROM tasks t JOIN picked USING (id) WHERE t.root_id = :root_id GROUP BY t.status
 )
-SELECT NULL::text AS id, NULL::text AS parent_id, -1 AS depth, NULL::timestamptz AS created_at,
-       json_build_object(
-           'tasks', COALESCE(sum(n), 0),
-           'by_status', COALESCE(json_object_agg(status, n) FILTER (WHERE status IS NOT NULL),
-                                 '{}'::json),
-           'spent_tokens', COALESCE(sum(tokens), 0),
-           'spent_usd', to_char(COALESCE(sum(usd), 0), 'FM99999999990.00000000'),
-           'duration_seconds', round(COALESCE(sum(seconds), 0)::numeric, 6)::float8
-       )::text AS node,
-       (SELECT COALESCE(max(id), 0) FROM task_events) AS last_event_id
-FROM by_status
-UNION ALL
 SELECT n.id::text, n.parent_id::text, n.depth, n.created_at,
-    -- One concat() (a single pass: a chain of || copies the growing text at each step)
-    -- for the fields whose JSON needs no escaping; json_build_object for text and jsonb.
-    concat('{"id":"', n.id, '","root_id":"', n.root_id,
-           '","parent_id":', COALESCE('"' || n.parent_id || '"', 'null'),
-           ',"priority":', COALESCE(n.priority::text, 'null'),
-           ',"spent_tokens":', n.spent_tokens, ',"spent_usd":"', n.spent_usd,
-           '","own_tokens":', n.own_tokens, ',"own_usd":"', n.own_usd,
-           '","duration_seconds":', round(n.duration_seconds * 1e6) / 1e6,
-           ',"created_at":', COALESCE('"' || replace(to_char(n.created_at, 'YYYY-MM-DD"T"HH24:MI:SS.USTZH:TZM'), '.000000', '') || '"',
-                    'null'),
-           ',"started_at":', COALESCE('"' || replace(to_char(n.started_at, 'YYYY-MM-DD"T"HH24:MI:SS.USTZH:TZM'), '.000000', '') || '"',
-                    'null'),
-           ',"completed_at":', COALESCE('"' || replace(to_char(n.completed_at, 'YYYY-MM-DD"T"HH24:MI:SS.USTZH:TZM'), '.000000', '') || '"',
-                    'null'),
-           ',"depth":', n.depth,
-           ',"budget_tokens":', COALESCE(n.budget_tokens::text, 'null'),
-           ',"budget_seconds":', COALESCE(n.budget_seconds::text, 'null'),
-           ',"budget_usd":', COALESCE('"' || CASE WHEN n.budget_usd = trunc(n.budget_usd)
-                                                 THEN trunc(n.budget_usd)::text
-                                                 ELSE n.budget_usd::text END || '"', 'null'),
-           ',"retry_count":', n.retry_count, ',"delivery_count":', n.delivery_count, ',',
-           substr(json_build_object(
-               'agent', n.to_agent, 'type', n.type, 'status', n.status, 'payload', n.payload,
-               'result', n.result, 'error', n.error, 'verdict', n.verdict, 'route', n.route,
-               'route_reason', n.route_reason, 'model', n.model, 'from_agent', n.from_agent,
-               'key', CASE WHEN n.parent_id IS NOT NULL THEN n.idempotency_key END,
-               'idempotency_key', CASE WHEN n.parent_id IS NULL THEN n.idempotency_key END,
-               'success_criteria', n.success_criteria,
-               'kill_criteria', n.kill_criteria)::text, 2)),
-    NULL
-FROM tasks n JOIN picked USING (id)
-WHERE n.root_id = :root_id;  -- every picked task is in the tree: lets root_id's index lead
+       {fragment_task_node_json} AS node,
+       n.status, n.own_tokens, n.own_usd, n.duration_seconds
+FROM tasks n JOIN sub USING (id)
+WHERE n.root_id = :root_id;  -- every task of the subtree is in the tree: root_id's index
+
+-- task_tree_size --
+-- How many tasks a tree holds (an index-only count on root_id).
+SELECT count(*) FROM tasks WHERE root_id = :root_id;
+
+-- task_events_last_id --
+-- The newest task_events id (a change feed cursor), read before the tree it goes with.
+SELECT COALESCE(max(id), 0) FROM task_events;
 
 -- task_tree_changes --
 -- The transitions of one tree's tasks after task_events id :after, oldest first, at most

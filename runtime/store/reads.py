@@ -7,9 +7,11 @@ here changes a task.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any
@@ -22,6 +24,11 @@ from runtime.store.queries import Task
 from runtime.store.rows import NotFound, canonical_json
 
 log = logging.getLogger(__name__)
+
+#: Trees at least this big are read in parts on several connections at once.
+PARALLEL_TREE_NODES = 2000
+#: How many parts (connections) such a tree is read in.
+TREE_READ_PARTS = 2
 
 
 class StoreReads:
@@ -64,17 +71,55 @@ class StoreReads:
 
     def tree_json_rows(self, root_id: uuid.UUID, under: uuid.UUID | None = None,
                        depth: int | None = None) -> list[tuple[Any, ...]]:
-        """A tree's nodes as JSON text built in the database (``task_tree_json``).
+        """A tree's nodes as JSON text built in the database, and their totals.
 
         Returns ``(id, parent_id, depth, created_at, json_text, last_event_id)`` tuples:
-        the totals row (``id`` None, with the newest ``task_events`` id) and one
-        row per node. ``under`` limits it to that task's
-        subtree, ``depth`` to that many levels below the top.
+        the totals row first (``id`` None, the newest ``task_events`` id, read before the
+        nodes: a change feed followed from it misses nothing) and one row per node.
+        ``under`` limits it to that task's subtree, ``depth`` to that many levels below
+        the top. A tree of :data:`PARALLEL_TREE_NODES` tasks or more is read in
+        :data:`TREE_READ_PARTS` parts on as many connections at once (building ten
+        thousand nodes' JSON is the cost, and it splits over the server's cores); each
+        part is its own snapshot, all taken after the cursor.
         """
         with self.engine.connect() as conn:
-            result = conn.execute(_TEXT["task_tree_json"],
-                                  {"root_id": root_id, "under": under, "depth": depth})
-            return [tuple(row) for row in result]
+            last_event_id = int(conn.execute(_TEXT["task_events_last_id"]).scalar_one())
+            params = {"root_id": root_id, "under": under, "depth": depth}
+            if under is not None:
+                rows = conn.execute(_TEXT["task_subtree_nodes"], params).all()
+            else:
+                size = int(conn.execute(_TEXT["task_tree_size"], params).scalar_one())
+                parts = TREE_READ_PARTS if size >= PARALLEL_TREE_NODES else 1
+                if parts == 1:
+                    rows = self._tree_part(conn, params, 0, 1)
+        if under is None and parts > 1:
+            with ThreadPoolExecutor(max_workers=parts - 1) as pool:
+                others = [pool.submit(self._tree_part, None, params, part, parts)
+                          for part in range(1, parts)]
+                rows = self._tree_part(None, params, 0, parts)
+                for other in others:
+                    rows += other.result()
+        statuses: dict[str, int] = {}
+        tokens, usd, seconds = 0, Decimal(0), 0.0
+        nodes: list[tuple[Any, ...]] = []
+        for node_id, parent_id, node_depth, created_at, text, status, own_tokens, own_usd, \
+                duration in rows:
+            statuses[status] = statuses.get(status, 0) + 1
+            tokens += int(own_tokens or 0)
+            usd += Decimal(own_usd or 0)
+            seconds += float(duration or 0)
+            nodes.append((node_id, parent_id, node_depth, created_at, text, None))
+        totals = {"tasks": len(nodes), "by_status": statuses, "spent_tokens": tokens,
+                  "spent_usd": f"{usd:.8f}", "duration_seconds": round(seconds, 6)}
+        return [(None, None, -1, None, json.dumps(totals), last_event_id), *nodes]
+
+    def _tree_part(self, conn: Connection | None, params: dict[str, Any], part: int,
+                   parts: int) -> list[Any]:
+        if conn is None:
+            with self.engine.connect() as own:
+                return self._tree_part(own, params, part, parts)
+        return list(conn.execute(_TEXT["task_tree_nodes"],
+                                 {**params, "part": part, "parts": parts}).all())
 
     def tree_changes(self, root_id: uuid.UUID, after: int, limit: int = 5000) -> list[Task]:
         """Transitions of a tree's tasks after ``task_events`` id ``after``, oldest first."""

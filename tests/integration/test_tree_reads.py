@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from runtime.config import load_settings
 from runtime.http.api import create_app
+from runtime.store.reads import PARALLEL_TREE_NODES
 from runtime.store.store import Store
 from runtime.views import tree_json, tree_text
 from runtime.wiring import Runtime, build_runtime
@@ -172,3 +173,28 @@ def strip_spend(node: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in node.items() if k not in ("spent_tokens", "spent_usd", "children")}
     out["children"] = [strip_spend(c) for c in node["children"]]
     return out
+
+
+def test_a_big_tree_read_in_parts_equals_the_python_one(
+        store: Store) -> None:
+    root = uuid.uuid4()
+    with store.transaction() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO tasks (id, root_id, to_agent, type, payload, status, depth, "
+            "own_tokens, own_usd, duration_seconds, completed_at) VALUES (:r, :r, 'ceo', "
+            "'goal', '{\"goal\": \"big\"}', 'done', 0, 7, 0.5, 1.5, now())"), {"r": root})
+        conn.execute(sa.text(
+            "INSERT INTO tasks (id, parent_id, root_id, to_agent, type, payload, status, "
+            "depth, result, own_tokens, own_usd, duration_seconds, idempotency_key, "
+            "started_at) SELECT gen_random_uuid(), :r, :r, 'scout', 'task', "
+            "jsonb_build_object('goal', 'leaf ' || i), "
+            "CASE WHEN i % 3 = 0 THEN 'failed' ELSE 'done' END, 1, "
+            "jsonb_build_object('n', i), i, i * 0.001, i * 0.01, 'k' || i, now() "
+            "FROM generate_series(1, :n) AS i"), {"r": root, "n": PARALLEL_TREE_NODES})
+    text, _ = tree_text(store, root)
+    tree = json.loads(text)
+    assert tree == as_json(tree_json(store.tree_rows(root)))
+    assert tree["totals"]["tasks"] == PARALLEL_TREE_NODES + 1
+    assert tree["totals"]["by_status"] == {"done": 1 + PARALLEL_TREE_NODES
+                                           - PARALLEL_TREE_NODES // 3,
+                                           "failed": PARALLEL_TREE_NODES // 3}
