@@ -47,7 +47,7 @@ FULL: dict[str, dict[str, Any]] = {
     "tree_read": {"nodes": 10_101, "repeats": 7},
     "scrape": {"finished": 1_000_000, "repeats": 9},
     "worker_memory": {"n": 20_000},
-    "makespan": {"leads": 30, "writers": 30, "delay": 1.0},
+    "makespan": {"leads": 30, "writers": 30, "delay": 1.0, "wide_leads": 40},
     "charge": {"leaves": 1000, "threads": 64, "charges": 10_000},
 }
 
@@ -61,7 +61,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "tree_read": {"nodes": 200, "repeats": 2},
     "scrape": {"finished": 2_000, "repeats": 2},
     "worker_memory": {"n": 200},
-    "makespan": {"leads": 2, "writers": 3, "delay": 0.1},
+    "makespan": {"leads": 2, "writers": 3, "delay": 0.1, "wide_leads": 3},
     "charge": {"leaves": 20, "threads": 4, "charges": 40},
 }
 
