@@ -284,6 +284,17 @@ class MaintenancePass(Base):
     last_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False)
 
 
+class ExportCursor(Base):
+    """Where an exporter (``traces``) left off: the newest exported ``task_events`` id."""
+
+    __tablename__ = "export_cursors"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    last_event_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    updated_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, server_default=text("now()"),
+                                                    nullable=False)
+
+
 class Fire(Base):
     """One orchestrator fire that ran: its plan, its counts and its rollup note."""
 

@@ -918,7 +918,6 @@ WHERE n.root_id = :root_id;  -- every task of the subtree is in the tree: root_i
 -- How many tasks a tree holds (an index-only count on root_id).
 SELECT count(*) FROM tasks WHERE root_id = :root_id;
 
--- task_events_last_id --
 -- The newest task_events id (a change feed cursor), read before the tree it goes with.
 SELECT COALESCE(max(id), 0) FROM task_events;
 
@@ -996,6 +995,25 @@ SELECT route, model, width_bucket(duration_seconds, CAST(:bounds AS float8[])) A
        sum(prompt_tokens) AS input_tokens, sum(completion_tokens) AS output_tokens,
        sum(cost_usd) AS cost_usd, sum(duration_seconds) AS seconds, max(id) AS max_id
 FROM mc GROUP BY route, model, bucket;
+
+-- export_cursor_open --
+-- An exporter's cursor: created at the newest task_events id the first time (history is
+-- not exported), read as it is afterwards.
+WITH made AS (
+    INSERT INTO export_cursors (name, last_event_id)
+    SELECT :name, COALESCE(max(id), 0) FROM task_events
+    ON CONFLICT (name) DO NOTHING
+    RETURNING last_event_id
+)
+SELECT last_event_id FROM made
+UNION ALL
+SELECT last_event_id FROM export_cursors WHERE name = :name
+LIMIT 1;
+
+-- export_cursor_advance --
+-- Move an exporter's cursor forward (never back) once a batch up to :last_event_id is sent.
+UPDATE export_cursors SET last_event_id = :last_event_id, updated_at = now()
+WHERE name = :name AND last_event_id < :last_event_id;
 
 -- trace_list_ended_after --
 -- Tasks that reached a final status after task_events id :after, oldest first, at most

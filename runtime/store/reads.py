@@ -83,7 +83,7 @@ class StoreReads:
         part is its own snapshot, all taken after the cursor.
         """
         with self.engine.connect() as conn:
-            last_event_id = int(conn.execute(_TEXT["task_events_last_id"]).scalar_one())
+            last_event_id = int(conn.execute(_TEXT["task_event_max_id"]).scalar_one())
             params = {"root_id": root_id, "under": under, "depth": depth}
             if under is not None:
                 rows = conn.execute(_TEXT["task_subtree_nodes"], params).all()
@@ -218,6 +218,17 @@ class StoreReads:
         """``(id, task_id)`` of final transitions after event ``after``, oldest first."""
         return self.query("trace_list_ended_after", after=after,
                           settle_seconds=settle_seconds, limit=limit)
+
+    def export_cursor(self, name: str) -> int:
+        """Where exporter ``name`` left off (created at the newest event the first time)."""
+        with self.transaction() as conn:
+            return int(conn.execute(_TEXT["export_cursor_open"], {"name": name}).scalar_one())
+
+    def advance_export_cursor(self, name: str, last_event_id: int) -> None:
+        """Record that exporter ``name`` sent everything up to ``last_event_id``."""
+        with self.transaction() as conn:
+            conn.execute(_TEXT["export_cursor_advance"],
+                         {"name": name, "last_event_id": last_event_id})
 
     def trace_rows(self, task_ids: Sequence[uuid.UUID]) -> dict[str, list[Task]]:
         """What spans are built from: ``tasks``, their ``events`` and ``model_calls``."""

@@ -17,11 +17,14 @@ Nothing from ``opentelemetry`` is imported unless an OTLP endpoint is configured
 (:func:`otlp_configured`): the imports are inside the functions that need them.
 
 Delivery (:class:`TraceExport`): a background thread exports the tasks whose final
-transition has a ``task_events`` id above its cursor. The cursor lives in memory and
-starts at the newest event when the thread starts: tasks that end while no exporter runs
-are not exported by it (:func:`export_tree` exports a past tree on demand). Only one
-process exports at a time (a session advisory lock), so several workers do not send
-the same spans; a process that takes over starts from the moment it took over. Events
+transition has a ``task_events`` id above the cursor. The cursor is a row of
+``export_cursors`` (``traces``), created at the newest event the first time an exporter
+runs (history is not sent; :func:`export_tree` exports a past tree on demand) and
+advanced after each batch is sent. Only one process exports at a time (a session
+advisory lock), so several workers do not send the same spans; a process that takes over,
+or restarts after a crash, reads the cursor and goes on from there: a tree that ended
+while no exporter ran is still sent, at least once (a batch sent just before a crash is
+sent again, with the same span ids). Events
 younger than :data:`SETTLE_SECONDS` wait for the next pass (ids are taken at insert
 time, so a slower transaction may still commit a lower id). A task that ends again (a
 resolved escalation, a parent's retry) is exported again with the same span id.
@@ -53,6 +56,8 @@ SETTLE_SECONDS = 2.0
 INTERVAL_SECONDS = 2.0
 #: Tasks per export call.
 BATCH = 500
+#: The exporter's row in ``export_cursors``.
+CURSOR_NAME = "traces"
 #: The advisory lock that makes one process the exporter.
 LOCK_KEY = 0x6F7267_7472616365  # "org" "trace"
 _ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -232,7 +237,9 @@ class TraceExport:
         self.exporter = exporter or new_exporter()
         self.interval = interval
         self.settle = settle
-        self.cursor = store.event_watermark()
+        # The recorded cursor (created now at the newest event if no exporter ever ran);
+        # read again whenever this process starts to lead.
+        self.cursor = store.export_cursor(CURSOR_NAME)
         self.exported = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -250,15 +257,18 @@ class TraceExport:
                     isolation_level="AUTOCOMMIT")
             self._leader = bool(self._conn.execute(
                 sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": LOCK_KEY}).scalar())
+            if self._leader:  # go on from where the last exporter left off
+                self.cursor = self.store.export_cursor(CURSOR_NAME)
         except sa.exc.DBAPIError:
             self._drop_connection()
-        if not self._leader:
-            self.cursor = self.store.event_watermark()  # a takeover starts from then
         return self._leader
 
     def _drop_connection(self) -> None:
         if self._conn is not None:
             with contextlib.suppress(sa.exc.DBAPIError):
+                # Closed for real, not handed back to the pool: that ends the session and
+                # with it the advisory lock, so another exporter can take over now.
+                self._conn.invalidate()
                 self._conn.close()
         self._conn = None
         self._leader = False
@@ -276,6 +286,7 @@ class TraceExport:
                     return sent
                 batch = export_tasks(self.store, [r["task_id"] for r in ended], self.exporter)
                 self.cursor = int(ended[-1]["id"])
+                self.store.advance_export_cursor(CURSOR_NAME, self.cursor)
                 self.exported += batch
                 sent += batch
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from runtime.store.store import Store
@@ -66,8 +67,10 @@ def test_a_tree_is_one_trace_with_a_span_per_task_and_model_call(
         receiver: type[Receiver], store: Store) -> None:
     tree = build_timed_tree(store, leads=3, writers=4)
     other = build_timed_tree(store, leads=1, writers=1, seed=3)
+    store.export_cursor(traces.CURSOR_NAME)  # created at the newest event...
+    with store.transaction() as conn:  # ...moved back to export everything written so far
+        conn.execute(sa.text("UPDATE export_cursors SET last_event_id = 0"))
     export = traces.TraceExport(store, interval=60)
-    export.cursor = 0  # everything written so far
     sent = export.run_pass(settle=0.0)
     export.stop(flush=False)
     tasks = 1 + 3 + 3 * 4
@@ -118,6 +121,20 @@ def test_the_exporter_follows_new_endings_once(receiver: type[Receiver], store: 
     assert second.run_pass(settle=0.0) == 0  # another process waits: one exporter at a time
     export.stop(flush=False)
     assert len(receiver.spans) == 4 + tree.calls
+
+
+def test_a_tree_that_ends_while_no_exporter_runs_is_sent_by_the_next_one(
+        receiver: type[Receiver], store: Store) -> None:
+    first = traces.TraceExport(store, interval=60)
+    assert first.run_pass(settle=0.0) == 0
+    first.stop(flush=False)  # the exporting process goes away (a crash loses the same)
+    tree = build_timed_tree(store, leads=1, writers=2)
+    assert receiver.spans == []
+    restarted = traces.TraceExport(store, interval=60)
+    assert restarted.run_pass(settle=0.0) == 4 + tree.calls  # from the recorded cursor
+    assert restarted.run_pass(settle=0.0) == 0
+    restarted.stop(flush=False)
+    assert {span.trace_id for _, span in receiver.spans} == {tree.root.bytes}
 
 
 def test_nothing_from_opentelemetry_is_imported_when_no_endpoint_is_set() -> None:
