@@ -152,6 +152,13 @@ async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
 
+def _decision_reads(row: TaskRow, decision: Any) -> bool:
+    """Whether turning ``decision`` into an action reads the database (children's rows)."""
+    if isinstance(decision, RetryChildren):
+        return decision.reassign_to is not None
+    return isinstance(decision, Result) and "max_child_failures" in (row.kill_criteria or {})
+
+
 def _typed(row: TaskRow | dict[str, Any]) -> TaskRow:
     """The engine works on typed rows; a mapping (a test, a caller by hand) is typed here."""
     return row if isinstance(row, TaskRow) else TaskRow.from_mapping(row)
@@ -221,8 +228,10 @@ class Executor:
                        blocking: Callable[..., Awaitable[Any]]) -> Action:
         """Like :meth:`execute`, for an ``async def`` agent, awaited on the worker's loop.
 
-        ``blocking(fn, *args)`` runs a blocking call (a database read, the decision's
-        checks) off the loop and returns its result.
+        ``blocking(fn, *args)`` runs a blocking call (a database read) off the loop and
+        returns its result. The decision's checks (the policies) run on the loop, as the
+        input's do; a decision that needs the children's rows is turned into its action
+        off the loop.
         """
         started = self._start(_typed(row), lease_lost)
         if not isinstance(started, _Started):
@@ -237,9 +246,12 @@ class Executor:
             decision = self._call(started, children)
             if inspect.isawaitable(decision):
                 decision = await decision
-            action: Action = await blocking(self._decide, started.cls, started.view,
-                                            started.row, decision, started.llm,
-                                            started.outcome)
+            args = (started.cls, started.view, started.row, decision, started.llm,
+                    started.outcome)
+            if _decision_reads(started.row, decision):
+                action: Action = await blocking(self._decide, *args)
+            else:  # checks only (the policies, as the input's were): no thread hop
+                action = self._decide(*args)
             return action
         except Exception as exc:
             return self._failed(started, exc)
