@@ -918,9 +918,6 @@ WHERE n.root_id = :root_id;  -- every task of the subtree is in the tree: root_i
 -- How many tasks a tree holds (an index-only count on root_id).
 SELECT count(*) FROM tasks WHERE root_id = :root_id;
 
--- The newest task_events id (a change feed cursor), read before the tree it goes with.
-SELECT COALESCE(max(id), 0) FROM task_events;
-
 -- task_tree_changes --
 -- The transitions of one tree's tasks after task_events id :after, oldest first, at most
 -- :limit (pages and watchers follow a live tree by these instead of re-reading it).
