@@ -13,7 +13,7 @@ bottleneck.
 A short sweep over a few settings (processes x concurrency x batch size) on a smaller
 queue picks the best for this machine; the full queue then runs with it.
 
-    python -m bench.drain [--tasks 20000] [--sweep-tasks 10000] [--settings 2x32x100,...]
+    python -m bench.drain [--tasks 20000] [--sweep-tasks 10000] [--settings 1xdefault,2x32x100,...]
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ from bench.common import (
     worker_command,
 )
 
-#: (processes, concurrency, batch size) tried by the sweep; 1x4x50 is ``[worker]``'s default.
-DEFAULT_GRID = ("1x4x50", "1x64x200", "2x64x200", "2x128x200", "3x128x200", "4x64x200")
+#: (processes, concurrency, batch size) tried by the sweep; ``1xdefault`` is one worker at
+#: the ``[worker]`` defaults (no option given: max_in_flight, sync_threads, batch_size).
+DEFAULT_GRID = ("1xdefault", "1x64x200", "2x64x200", "2x128x200", "3x128x200", "4x64x200")
 POLL_SECONDS = 0.05
 EVENTS_PER_TASK = 4  # submitted, claimed, judging, done
 
@@ -52,22 +53,33 @@ class Setting:
     """Worker processes, concurrency per process, batch size per claim."""
 
     procs: int
-    concurrency: int
-    batch_size: int
+    concurrency: int | None  # None: the [worker] defaults
+    batch_size: int | None
 
     @classmethod
     def parse(cls, text: str) -> Setting:
-        """``2x32x100`` -> Setting(2, 32, 100)."""
+        """``2x32x100`` -> Setting(2, 32, 100); ``1xdefault`` -> Setting(1, None, None)."""
+        parts = text.lower().split("x")
         try:
-            procs, conc, batch = (int(x) for x in text.lower().split("x"))
+            if len(parts) == 2 and parts[1] == "default":
+                procs, conc, batch = int(parts[0]), None, None
+            else:
+                procs, conc, batch = (int(x) for x in parts)
         except ValueError:
-            raise ValueError(f"cannot read setting {text!r}: use PROCSxCONCURRENCYxBATCH, "
-                             "for example 2x32x100") from None
-        if min(procs, conc, batch) < 1:
+            raise ValueError(f"cannot read setting {text!r}: use PROCSxCONCURRENCYxBATCH "
+                             "(for example 2x32x100) or PROCSxdefault") from None
+        if min(procs, conc or 1, batch or 1) < 1:
             raise ValueError(f"setting {text!r}: every number must be at least 1")
         return cls(procs, conc, batch)
 
+    @property
+    def defaults(self) -> bool:
+        """Whether the workers run at the ``[worker]`` defaults."""
+        return self.concurrency is None and self.batch_size is None
+
     def __str__(self) -> str:
+        if self.defaults:
+            return f"{self.procs}xdefault"
         return f"{self.procs}x{self.concurrency}x{self.batch_size}"
 
 
@@ -169,7 +181,19 @@ def measure(url: str, n: int = 20_000, sweep_n: int = 10_000,
         "drain_worker_cpu_ms_per_task": final["worker_cpu_ms_per_task"],
         "drain_postgres_cpu_ms_per_task": final["postgres_cpu_ms_per_task"],
         "drain_sweep": sweep,
+        **_at_defaults(sweep),
     }
+
+
+def _at_defaults(sweep: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sweep's one-worker-at-the-defaults trial, as figures of their own."""
+    for trial_ in sweep:
+        if trial_["setting"] == "1xdefault":
+            return {"drain_defaults_tasks_per_s": trial_["tasks_per_s"],
+                    "drain_defaults_tasks_per_s_after_startup":
+                        trial_["tasks_per_s_after_startup"],
+                    "drain_defaults_worker_cpu_ms_per_task": trial_["worker_cpu_ms_per_task"]}
+    return {}
 
 
 def main(n: int = 20_000, sweep_n: int = 10_000, grid: tuple[str, ...] = DEFAULT_GRID,
@@ -185,6 +209,7 @@ if __name__ == "__main__":
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--sweep-tasks", type=int, default=10_000)
     parser.add_argument("--settings", default=",".join(DEFAULT_GRID),
-                        help="PROCSxCONCURRENCYxBATCH, comma-separated; one means no sweep")
+                        help="PROCSxCONCURRENCYxBATCH or PROCSxdefault, comma-separated; "
+                             "one means no sweep")
     a = parser.parse_args()
     main(a.tasks, a.sweep_tasks, tuple(s for s in a.settings.split(",") if s.strip()))

@@ -118,6 +118,9 @@ def run(only: tuple[str, ...] = ORDER, quick: bool = False,
             out["drain_tasks_per_s"] / out["reference_batched_tasks_per_s"], 3)
     if "drain_tasks_per_s" in out and "pgqueuer_jobs_per_s" in out:
         out["drain_vs_pgqueuer"] = round(out["drain_tasks_per_s"] / out["pgqueuer_jobs_per_s"], 2)
+    if "drain_defaults_tasks_per_s" in out and "pgqueuer_jobs_per_s" in out:
+        out["drain_defaults_vs_pgqueuer"] = round(
+            out["drain_defaults_tasks_per_s"] / out["pgqueuer_jobs_per_s"], 2)
     out["durations_s"] = durations
     out["total_s"] = round(time.perf_counter() - started, 1)
     return out

@@ -55,9 +55,9 @@ def test_pgqueuer_drain(server_url: str) -> None:
 
 
 def test_drain(server_url: str) -> None:
-    figures = drain.main(n=200, sweep_n=50, grid=("1x8x50", "1x4x20"), server=server_url)
+    figures = drain.main(n=200, sweep_n=50, grid=("1xdefault", "1x4x20"), server=server_url)
     _numbers(figures, "drain_tasks_per_s", "drain_seconds", "drain_tasks_per_s_after_startup",
-             "drain_worker_peak_rss_mb")
+             "drain_worker_peak_rss_mb", "drain_defaults_tasks_per_s")
     assert figures["drain_events_per_task"] == 4.0
     _numbers(figures, "drain_worker_cpu_ms_per_task")
     assert figures["drain_postgres_cpu_ms_per_task"] is None or \
