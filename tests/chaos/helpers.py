@@ -286,14 +286,24 @@ def terminate_backends(db_url: str) -> int:
 
 def server_now(store: Store, timeout: float = 30.0) -> Any:
     """The server's clock (retried while the server comes back)."""
-    def now() -> Any:
+    return _server_value(store, "SELECT clock_timestamp()", timeout)
+
+
+def server_started(store: Store, timeout: float = 30.0) -> Any:
+    """When the running server started (retried while it comes back): after a restart,
+    the moment the workers could reach it again."""
+    return _server_value(store, "SELECT pg_postmaster_start_time()", timeout)
+
+
+def _server_value(store: Store, sql: str, timeout: float) -> Any:
+    def read() -> Any:
         try:
             with store.engine.connect() as conn:
-                return conn.execute(sa.text("SELECT clock_timestamp()")).scalar()
+                return conn.execute(sa.text(sql)).scalar()
         except sa.exc.DBAPIError:
             return None
 
-    return wait_until(now, timeout, "the database to answer", interval=0.2)
+    return wait_until(read, timeout, "the database to answer", interval=0.2)
 
 
 # ---------------------------------------------------------------------- invariants

@@ -46,6 +46,7 @@ from tests.chaos.helpers import (
     parent_spend_mismatches,
     reaped_count,
     server_now,
+    server_started,
     spend_mismatches,
     spend_totals,
     status_counts,
@@ -67,7 +68,9 @@ FLAT_ROOTS, FLAT_CHILDREN = 190, 4
 NESTED_ROOTS, NESTED_BRANCHES, NESTED_LEAVES = 10, 4, 3
 EXPECTED_TASKS = (FLAT_ROOTS * (1 + FLAT_CHILDREN)
                   + NESTED_ROOTS * (1 + NESTED_BRANCHES * (1 + NESTED_LEAVES)))
-LEAF_SLEEP_SECONDS = 0.05
+#: How long each leaf naps before its model call: long enough that the drain outlasts the
+#: kills (one a second from the third) and the restart by several seconds.
+LEAF_SLEEP_SECONDS = 0.4
 #: Tasks each worker holds at once (its leaves are async): enough that every kill and
 #: every fault lands on many tasks in flight, few enough that one worker cannot hold the
 #: whole queue (the kills would then hit only idle workers).
@@ -87,7 +90,7 @@ class Fault:
     """One fault we caused, for the report and the reconnect check."""
 
     what: str
-    server_time: Any  # the database clock once the fault was over
+    server_time: Any  # the database clock once the fault was over (a restart: its start)
     survivors: list[WorkerProc]  # workers alive before and after it
     detail: str = ""
 
@@ -166,7 +169,9 @@ def _run_chaos(store: Store, db_url: str, fleet: Fleet, server_ctl: ServerContro
             else:
                 before = fleet.alive()
                 took = server_ctl.restart(RESTART_DOWNTIME_SECONDS)
-                at = server_now(store)
+                # From when the server was up again: the workers reconnect while the
+                # restart call still waits for the server to be ready.
+                at = server_started(store)
                 journal.faults.append(Fault(
                     "server restart", at, [w for w in before if w.alive()],
                     f"{server_ctl.description}, down {RESTART_DOWNTIME_SECONDS:g}s, "
