@@ -296,24 +296,37 @@ WITH ready AS (
 )
 SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
 
--- task_delegate_running --
--- Fan-out: the leased parent goes to 'waiting' and its children are inserted in the same
--- statement. Children are unique per (parent_id, idempotency_key), so a parent that runs
--- again after a crash or a retry inserts only the children it does not have yet.
-WITH parent AS (
-    UPDATE tasks
+-- task_delegate_running_many --
+-- Fan-out of a batch of parents (one JSON array: id, token, detail, children): each leased
+-- parent goes to 'waiting' and its children are inserted, in one statement; the parents
+-- are locked in id order first (two batches never deadlock). A parent whose lease is gone
+-- changes nothing and gets no children. Children are unique per (parent_id,
+-- idempotency_key), so a parent that runs again after a crash or a retry inserts only
+-- the children it does not have yet. Returns one row per parent that was moved, with
+-- the children inserted for it.
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset(CAST(:batch AS jsonb))
+        AS i(id uuid, token uuid, detail text, children jsonb)
+), locked AS (
+    SELECT t.id FROM tasks t JOIN input i ON i.id = t.id
+    ORDER BY t.id
+    FOR UPDATE OF t
+), parent AS (
+    UPDATE tasks t
     SET status = 'waiting',
         lease_owner = NULL,
         lease_token = NULL,
         lease_expires_at = NULL,
         delivery_count = 0,
-        duration_seconds = duration_seconds + extract(epoch FROM clock_timestamp() - claimed_at),
+        duration_seconds = t.duration_seconds
+                           + extract(epoch FROM clock_timestamp() - t.claimed_at),
         updated_at = now()
-    WHERE id = :id AND status = 'running' AND lease_token = :token
-    RETURNING id, root_id, depth, to_agent, priority
+    FROM input i JOIN locked l ON l.id = i.id
+    WHERE t.id = i.id AND t.status = 'running' AND t.lease_token = i.token
+    RETURNING t.id, t.root_id, t.depth, t.to_agent, t.priority, i.detail, i.children
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
-    SELECT id, 'running', 'waiting', :worker, :detail FROM parent
+    SELECT id, 'running', 'waiting', :worker, detail FROM parent
 ), kids AS (
     INSERT INTO tasks (id, parent_id, root_id, from_agent, to_agent, type, payload,
                        success_criteria, kill_criteria, budget_tokens, budget_seconds,
@@ -323,24 +336,25 @@ WITH parent AS (
            c.success_criteria, c.kill_criteria, c.budget_tokens, c.budget_seconds,
            c.budget_usd, COALESCE(c.priority, p.priority), c.key, p.depth + 1,
            clock_timestamp()
-    FROM parent p,
-         jsonb_to_recordset(CAST(:children AS jsonb)) AS c(
+    FROM parent p
+    CROSS JOIN LATERAL jsonb_to_recordset(p.children) AS c(
              id uuid, to_agent text, type text, payload jsonb, success_criteria jsonb,
              kill_criteria jsonb, budget_tokens int, budget_seconds int,
              budget_usd numeric, priority int, key text)
     ON CONFLICT (parent_id, idempotency_key)
         WHERE parent_id IS NOT NULL AND idempotency_key IS NOT NULL
     DO NOTHING
-    RETURNING id, to_agent
+    RETURNING id, parent_id, to_agent
 ), kev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, NULL, 'pending', :worker, 'delegated by parent' FROM kids
 ), notify AS (
     SELECT pg_notify('{tasks_channel}', a) FROM (SELECT DISTINCT to_agent AS a FROM kids) d
 )
-SELECT (SELECT count(*) FROM parent) AS delegated,
-       (SELECT count(*) FROM kids) AS inserted,
-       (SELECT count(*) FROM notify) AS notified;
+SELECT p.id,
+       (SELECT count(*) FROM kids k WHERE k.parent_id = p.id) AS inserted,
+       (SELECT count(*) FROM notify) AS notified
+FROM parent p;
 
 -- task_retry_children --
 -- An aggregating parent sends finished children back to pending (optionally to another

@@ -299,56 +299,42 @@ class Store(StoreReads):
         Returns ``(applied, inserted)``: ``applied`` is False when the lease was gone
         (nothing changed); ``inserted`` counts children that did not exist yet.
         """
-        with self.transaction() as conn:
-            return self._delegate(conn, task_id, lease_token, children, worker, detail)
+        return self.delegate_many([(task_id, lease_token, children, detail)], worker)[0]
 
     def delegate_many(self, delegations: Sequence[tuple[uuid.UUID, uuid.UUID, Sequence[ChildRow],
                                                         str | None]],
                       worker: str) -> list[tuple[bool, int]]:
-        """Several delegations ``(task_id, lease_token, children, detail)`` in one transaction.
+        """Several delegations ``(task_id, lease_token, children, detail)``: one statement.
 
-        Each is the same guarded statement as :meth:`delegate` (in task id order); one
-        commit for all. Raises like :meth:`delegate` (a payload the database refuses fails
-        the whole call: retry them one by one).
+        Each parent is guarded by its lease token as in :meth:`delegate`; the parents
+        that moved are then checked for fan-in (a re-run parent may find every child
+        already finished), in the same transaction. Returns ``(applied, inserted)`` per
+        delegation, in order. A payload the database refuses fails the whole call: retry
+        them one by one.
         """
-        order = sorted(range(len(delegations)), key=lambda n: delegations[n][0])
-        done: dict[int, tuple[bool, int]] = {}
-        with self.transaction() as conn:
-            for n in order:
-                task_id, token, children, detail = delegations[n]
-                done[n] = self._delegate(conn, task_id, token, children, worker, detail)
-        return [done[n] for n in range(len(delegations))]
-
-    def _delegate(self, conn: Connection, task_id: uuid.UUID, lease_token: uuid.UUID,
-                  children: Sequence[ChildRow], worker: str,
-                  detail: str | None) -> tuple[bool, int]:
-        payload = [
-            {
-                "id": str(uuid.uuid4()),
-                "to_agent": c.to_agent,
-                "type": c.type,
-                "payload": c.payload,
-                "success_criteria": c.success_criteria,
-                "kill_criteria": c.kill_criteria,
-                "budget_tokens": c.budget_tokens,
-                "budget_seconds": c.budget_seconds,
-                "budget_usd": str(c.budget_usd),
-                "priority": c.priority,
-                "key": c.key,
-            }
-            for c in children
+        if not delegations:
+            return []
+        batch = [
+            {"id": str(task_id), "token": str(token),
+             "detail": detail or f"delegated to {len(children)} children",
+             "children": [
+                 {"id": str(uuid.uuid4()), "to_agent": c.to_agent, "type": c.type,
+                  "payload": c.payload, "success_criteria": c.success_criteria,
+                  "kill_criteria": c.kill_criteria, "budget_tokens": c.budget_tokens,
+                  "budget_seconds": c.budget_seconds, "budget_usd": str(c.budget_usd),
+                  "priority": c.priority, "key": c.key}
+                 for c in children]}
+            for task_id, token, children, detail in delegations
         ]
-        row = conn.execute(
-            _TEXT["task_delegate_running"],
-            {"id": task_id, "token": lease_token, "children": _dumps(payload),
-             "worker": worker, "detail": detail or f"delegated to {len(children)} children"},
-        ).one()
-        if row.delegated:
-            # A re-run parent may find every child already finished.
-            self._fan_in(conn, {task_id}, worker)
-        else:
-            log.warning("late delegation ignored: lease gone", extra={"task_id": str(task_id)})
-        return bool(row.delegated), int(row.inserted)
+        with self.transaction() as conn:
+            moved = {row.id: int(row.inserted) for row in conn.execute(
+                _TEXT["task_delegate_running_many"], {"batch": _dumps(batch), "worker": worker})}
+            self._fan_in(conn, set(moved), worker)
+        for task_id, _, _, _ in delegations:
+            if task_id not in moved:
+                log.warning("late delegation ignored: lease gone",
+                            extra={"task_id": str(task_id)})
+        return [(task_id in moved, moved.get(task_id, 0)) for task_id, _, _, _ in delegations]
 
     def retry_children(self, task_id: uuid.UUID, lease_token: uuid.UUID,
                        child_ids: Sequence[uuid.UUID], worker: str,

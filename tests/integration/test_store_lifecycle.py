@@ -508,3 +508,19 @@ def test_delegate_many_is_one_transaction_of_guarded_delegations(store: Store) -
     # Idempotent: the same keys again insert nothing (the parent is no longer running).
     assert store.delegate_many([(a.id, a.lease, child_rows(3, prefix="a"), None)], "w") == \
         [(False, 0)]
+
+
+def test_one_delegation_statement_keeps_each_parents_children_in_order(store: Store) -> None:
+    for _ in range(3):
+        submit(store, "fanout")
+    parents = store.claim(["fanout"], 3, "w", 30)
+    done = store.delegate_many([(p.id, p.lease, child_rows(4, prefix=f"p{n}"), f"batch {n}")
+                                for n, p in enumerate(parents)], "w")
+    assert done == [(True, 4)] * 3
+    for n, parent in enumerate(parents):
+        kids = sorted(store.children(parent.id), key=lambda c: c["created_at"])
+        assert [c["idempotency_key"] for c in kids] == [f"p{n}{i}" for i in range(4)]
+        events = store.events(parent.id)
+        assert [(e["to_status"], e["detail"]) for e in events][-1] == ("waiting", f"batch {n}")
+        for kid in kids:
+            assert [e["to_status"] for e in store.events(kid["id"])] == ["pending"]
