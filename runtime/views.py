@@ -177,7 +177,8 @@ def assemble_tree(rows: list[tuple[Any, ...]], top: uuid.UUID) -> str | None:
     totals = ""
     texts: dict[str, str] = {}
     kids: dict[str, list[tuple[Any, str]]] = {}
-    for node_id, parent_id, _depth, created, text, _ in rows:
+    for row in rows:  # (id, parent_id, depth, created_at, json_text, ...)
+        node_id, parent_id, created, text = row[0], row[1], row[3], row[4]
         if node_id is None:
             totals = text
             continue

@@ -870,8 +870,7 @@ SELECT version_num FROM alembic_version;
 -- One task as JSON text in the public shape (views.task_json), spliced into the tree
 -- reads below as {fragment_task_node_json} over a row ``n`` of tasks. Timestamps are
 -- formatted as Python's isoformat() does, so both paths give equal JSON.
--- One concat() (a single pass: a chain of || copies the growing text at each step)
--- for the fields whose JSON needs no escaping; json_build_object for text and jsonb.
+-- One concat() (a single pass: a chain of || copies the growing text at each step).
 concat('{"id":"', n.id, '","root_id":"', n.root_id,
        '","parent_id":', COALESCE('"' || n.parent_id || '"', 'null'),
        ',"priority":', COALESCE(n.priority::text, 'null'),
@@ -891,14 +890,25 @@ concat('{"id":"', n.id, '","root_id":"', n.root_id,
                                              THEN trunc(n.budget_usd)::text
                                              ELSE n.budget_usd::text END || '"', 'null'),
        ',"retry_count":', n.retry_count, ',"delivery_count":', n.delivery_count, ',',
-       substr(json_build_object(
-           'agent', n.to_agent, 'type', n.type, 'status', n.status, 'payload', n.payload,
-           'result', n.result, 'error', n.error, 'verdict', n.verdict, 'route', n.route,
-           'route_reason', n.route_reason, 'model', n.model, 'from_agent', n.from_agent,
-           'key', CASE WHEN n.parent_id IS NOT NULL THEN n.idempotency_key END,
-           'idempotency_key', CASE WHEN n.parent_id IS NULL THEN n.idempotency_key END,
-           'success_criteria', n.success_criteria,
-           'kill_criteria', n.kill_criteria)::text, 2))
+       -- Text as to_json() escapes it, jsonb as its own text (a json_build_object
+       -- built and cut here took 30 % of the read on a 10,000-task tree).
+       '"agent":', to_json(n.to_agent), ',"type":', to_json(n.type),
+       ',"status":', to_json(n.status),
+       ',"payload":', COALESCE(n.payload::text, 'null'),
+       ',"result":', COALESCE(n.result::text, 'null'),
+       ',"error":', COALESCE(to_json(n.error)::text, 'null'),
+       ',"verdict":', COALESCE(n.verdict::text, 'null'),
+       ',"route":', COALESCE(to_json(n.route)::text, 'null'),
+       ',"route_reason":', COALESCE(to_json(n.route_reason)::text, 'null'),
+       ',"model":', COALESCE(to_json(n.model)::text, 'null'),
+       ',"from_agent":', COALESCE(to_json(n.from_agent)::text, 'null'),
+       ',"key":', CASE WHEN n.parent_id IS NOT NULL
+                       THEN COALESCE(to_json(n.idempotency_key)::text, 'null') ELSE 'null' END,
+       ',"idempotency_key":', CASE WHEN n.parent_id IS NULL
+                                   THEN COALESCE(to_json(n.idempotency_key)::text, 'null')
+                                   ELSE 'null' END,
+       ',"success_criteria":', COALESCE(n.success_criteria::text, 'null'),
+       ',"kill_criteria":', COALESCE(n.kill_criteria::text, 'null'), '}')
 
 -- task_tree_nodes --
 -- A whole tree (at most :depth levels below the root) as JSON text built in the database,

@@ -10,6 +10,7 @@ import datetime as dt
 import json
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -73,9 +74,10 @@ class StoreReads:
                        depth: int | None = None) -> list[tuple[Any, ...]]:
         """A tree's nodes as JSON text built in the database, and their totals.
 
-        Returns ``(id, parent_id, depth, created_at, json_text, last_event_id)`` tuples:
-        the totals row first (``id`` None, the newest ``task_events`` id, read before the
-        nodes: a change feed followed from it misses nothing) and one row per node.
+        Returns the totals row first, ``(None, None, -1, None, totals_json,
+        last_event_id)`` (the newest ``task_events`` id, read before the nodes: a change
+        feed followed from it misses nothing), then one row per node, ``(id, parent_id,
+        depth, created_at, json_text, ...)`` (more columns follow: the totals' sources).
         ``under`` limits it to that task's subtree, ``depth`` to that many levels below
         the top. A tree of :data:`PARALLEL_TREE_NODES` tasks or more is read in
         :data:`TREE_READ_PARTS` parts on as many connections at once (building ten
@@ -99,19 +101,13 @@ class StoreReads:
                 rows = self._tree_part(None, params, 0, parts)
                 for other in others:
                     rows += other.result()
-        statuses: dict[str, int] = {}
-        tokens, usd, seconds = 0, Decimal(0), 0.0
-        nodes: list[tuple[Any, ...]] = []
-        for node_id, parent_id, node_depth, created_at, text, status, own_tokens, own_usd, \
-                duration in rows:
-            statuses[status] = statuses.get(status, 0) + 1
-            tokens += int(own_tokens or 0)
-            usd += Decimal(own_usd or 0)
-            seconds += float(duration or 0)
-            nodes.append((node_id, parent_id, node_depth, created_at, text, None))
-        totals = {"tasks": len(nodes), "by_status": statuses, "spent_tokens": tokens,
-                  "spent_usd": f"{usd:.8f}", "duration_seconds": round(seconds, 6)}
-        return [(None, None, -1, None, json.dumps(totals), last_event_id), *nodes]
+        # Node rows are (id, parent_id, depth, created_at, json_text, status, own_tokens,
+        # own_usd, duration_seconds); the totals are summed here, column by column.
+        totals = {"tasks": len(rows), "by_status": dict(Counter(r[5] for r in rows)),
+                  "spent_tokens": sum(r[6] or 0 for r in rows),
+                  "spent_usd": f"{sum((r[7] or Decimal(0) for r in rows), Decimal(0)):.8f}",
+                  "duration_seconds": round(sum(r[8] or 0.0 for r in rows), 6)}
+        return [(None, None, -1, None, json.dumps(totals), last_event_id), *rows]
 
     def _tree_part(self, conn: Connection | None, params: dict[str, Any], part: int,
                    parts: int) -> list[Any]:
