@@ -154,33 +154,17 @@ class StreamTransport(httpx.AsyncBaseTransport):
         if scheme not in ("http", "https"):
             raise httpx.UnsupportedProtocol(f"the URL scheme {scheme!r} is not supported")
         key = (scheme, url.host, url.port or (443 if scheme == "https" else 80))
-        try:
-            async with asyncio.timeout(_deadline(timeouts, "pool")):
-                await self._slots.acquire()
-        except TimeoutError as exc:
-            raise httpx.PoolTimeout(
-                f"no free connection within the pool timeout ({self.max_connections} "
-                "in use)") from exc
-        conn: _Connection | None = None
-        try:
-            body = await request.aread()
-            head = self._request_head(request, len(body))
-            conn = self._checkout(key) or await self._connect(key, timeouts)
-            await self._send(conn, head + body, _deadline(timeouts, "write"))
-            status, reason, headers, version = await self._read_head(
-                conn, _deadline(timeouts, "read"))
-            response = self._response(request, key, conn, status, reason, headers, version,
-                                      _deadline(timeouts, "read"))
-        except BaseException:
-            if conn is not None:
-                conn.close()
-            self._slots.release()
-            raise
-        return response
+        body = await request.aread()
+        data = self._request_head(request, len(body)) + body
+        return await self.exchange(key, data, timeouts, request, read_body=False)
 
     async def exchange(self, key: _Key, data: bytes, timeouts: dict[str, Any],
-                       request: httpx.Request) -> httpx.Response:
-        """Send ``data`` (a whole request) and read the whole response (the lean path)."""
+                       request: httpx.Request, read_body: bool = True) -> httpx.Response:
+        """Send ``data`` (a whole request) on a pooled connection; return the response.
+
+        With ``read_body`` the body is read to the end here (the lean path); otherwise
+        httpx reads it, and closing the response gives the connection back.
+        """
         try:
             async with asyncio.timeout(_deadline(timeouts, "pool")):
                 await self._slots.acquire()
@@ -198,7 +182,8 @@ class StreamTransport(httpx.AsyncBaseTransport):
             response = self._response(request, key, conn, status, reason, headers, version,
                                       read)
             response.request = request
-            await response.aread()  # reads to the end; closing gives the connection back
+            if read_body:
+                await response.aread()  # to the end; closing gives the connection back
         except BaseException:
             stream = response.stream if response is not None else None
             if isinstance(stream, _Body):

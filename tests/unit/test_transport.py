@@ -1,0 +1,83 @@
+"""The Ollama backend's HTTP transport against real loopback servers (no database).
+
+The fake Ollama answers in HTTP/1.0 (one connection per request); ``bench.model_server``
+keeps connections alive (HTTP/1.1). Both go through ``LeanAsyncClient``'s lean path and
+through httpx's ordinary path (a streamed chat).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from runtime.llm.backends.ollama import OllamaBackend
+from tests.fake_ollama import FakeOllama, fake_ollama_server  # noqa: F401
+
+MODEL = "llama3.2:latest"
+MESSAGES = [{"role": "user", "content": "Name two competitors of Acme Robotics"}]
+
+
+@pytest.fixture
+def keep_alive_server() -> Iterator[str]:
+    proc = subprocess.Popen([sys.executable, "-m", "bench.model_server", "--delay", "0"],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    try:
+        assert line.startswith("port "), line
+        yield f"http://127.0.0.1:{line.split()[1]}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_streamed_chat_and_a_whole_one_say_the_same(fake_ollama: FakeOllama) -> None:
+    async def both() -> tuple[str, str]:
+        client = OllamaBackend(fake_ollama.url, 5.0)._new_client(fake_ollama.url, 4)
+        try:
+            parts = [p.message.content async for p in
+                     await client.chat(model=MODEL, messages=MESSAGES, stream=True)]
+            whole = await client.chat(model=MODEL, messages=MESSAGES, stream=False)
+        finally:
+            await client.close()
+        return "".join(p or "" for p in parts), whole.message.content or ""
+
+    streamed, whole = asyncio.run(both())
+    assert streamed == whole and whole.startswith("fake: ")
+
+
+def test_connections_are_kept_alive_and_bounded(keep_alive_server: str) -> None:
+    async def calls() -> tuple[int, int]:
+        backend = OllamaBackend(keep_alive_server, 5.0, max_parallel=3)
+        client = backend._new_client(keep_alive_server, 3)
+        transport = client._client._lean  # type: ignore[attr-defined]
+        try:
+            for _ in range(5):  # one after another: one connection, reused
+                await client.chat(model=MODEL, messages=MESSAGES)
+            sequential = sum(len(v) for v in transport._idle.values())
+            await asyncio.gather(*(client.chat(model=MODEL, messages=MESSAGES)
+                                   for _ in range(10)))
+            gathered = sum(len(v) for v in transport._idle.values())
+        finally:
+            await client.close()
+        return sequential, gathered
+
+    sequential, gathered = asyncio.run(calls())
+    assert sequential == 1 and gathered == 3  # ten calls at once over at most three
+
+
+def test_a_refused_connection_is_an_httpx_connect_error() -> None:
+    async def call() -> None:
+        client = OllamaBackend("http://127.0.0.1:9", 2.0)._new_client("http://127.0.0.1:9", 1)
+        try:
+            await client.chat(model=MODEL, messages=MESSAGES)
+        finally:
+            await client.close()
+
+    with pytest.raises((ConnectionError, httpx.ConnectError)):
+        asyncio.run(call())
