@@ -84,7 +84,6 @@ USD_QUANTUM = Decimal("0.00000001")
 MAX_REPAIR_ECHO_CHARS = 2000
 #: Threads for the ledger's blocking reads (record look-ups, queue depth).
 LEDGER_THREADS = 32
-
 #: How long one read of the pending queue's depth serves routing decisions.
 DEPTH_TTL_SECONDS = 0.5
 #: The longest ``Retry-After`` honoured as given (longer ones are cut to this).

@@ -290,6 +290,19 @@ def test_a_repaired_call_replays_its_good_reply(
     assert (metrics["model_repairs"], metrics["model_replays"]) == (1, 1)
 
 
+def test_a_claim_says_whether_replies_are_on_record(store: Store, fake_ollama: FakeOllama,
+                                                     factories: Any) -> None:
+    settings = make_settings()
+    row = claim_new(store)
+    assert row.recorded_calls is False  # a first delivery: no call looks its record up
+    llm_for(factories, store, row, settings, OllamaBackend(fake_ollama.url, 5.0)).complete(PROMPT)
+    again = redeliver(store, row)
+    assert again.recorded_calls is True
+    reply = llm_for(factories, store, again, settings,
+                    OllamaBackend(fake_ollama.url, 5.0)).complete(PROMPT)
+    assert reply.replayed and fake_ollama.received == 1
+
+
 def test_durable_calls_can_be_turned_off(store: Store, fake_ollama: FakeOllama,
                                          factories: Any) -> None:
     settings = make_settings(llm={"durable": False})
