@@ -17,8 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 from runtime.errors import BadInput
-from runtime.store.models import TERMINAL_STATUSES
-from runtime.store.rows import NotFound
+from runtime.store.rows import TERMINAL_STATUSES, NotFound
 from runtime.store.store import Store
 
 TASK_FIELDS = (

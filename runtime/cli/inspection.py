@@ -34,7 +34,7 @@ from runtime.cli.common import (
 )
 from runtime.cli.render import STATUS_STYLE, render_tree
 from runtime.http.auth import API_TOKEN_ENV, api_token, is_loopback
-from runtime.store.models import TERMINAL_STATUSES
+from runtime.store.rows import TERMINAL_STATUSES
 from runtime.views import (
     TreeFollower,
     critical_path_summary,

@@ -31,8 +31,7 @@ from runtime.cli.common import (
     print_json,
     settings,
 )
-from runtime.store.models import TERMINAL_STATUSES
-from runtime.store.rows import NewTask
+from runtime.store.rows import TERMINAL_STATUSES, NewTask
 
 if TYPE_CHECKING:
     from agents.registry import Registry

@@ -53,8 +53,7 @@ from runtime.errors import (
     TransientModelError,
     UnknownPrice,
 )
-from runtime.store.models import TERMINAL_STATUSES
-from runtime.store.rows import ChildRow, JudgeOutcome, RunOutcome, TaskRow
+from runtime.store.rows import TERMINAL_STATUSES, ChildRow, JudgeOutcome, RunOutcome, TaskRow
 from runtime.store.store import Store
 
 log = logging.getLogger(__name__)

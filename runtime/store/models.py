@@ -33,20 +33,7 @@ from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from agents.tasks import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
-
-#: Every status a task can have; the CHECK constraint and the code share this tuple.
-STATUSES: tuple[str, ...] = (
-    "pending",
-    "running",
-    "waiting",
-    "ready_to_aggregate",
-    "judging",
-    "done",
-    "failed",
-    "escalated",
-)
-#: Statuses that count as finished for fan-in.
-TERMINAL_STATUSES: tuple[str, ...] = ("done", "failed", "escalated")
+from runtime.store.rows import STATUSES
 
 TIMESTAMPTZ = _TIMESTAMP(timezone=True)
 

@@ -14,6 +14,21 @@ from typing import Any
 
 from agents.tasks import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
 
+#: Every status a task can have; the CHECK constraint (models.py) and the code share this
+#: tuple (kept here, not in models.py: reading it must not load the ORM).
+STATUSES: tuple[str, ...] = (
+    "pending",
+    "running",
+    "waiting",
+    "ready_to_aggregate",
+    "judging",
+    "done",
+    "failed",
+    "escalated",
+)
+#: Statuses that count as finished for fan-in.
+TERMINAL_STATUSES: tuple[str, ...] = ("done", "failed", "escalated")
+
 
 class IdempotencyConflict(ValueError):
     """The idempotency key is already used by a different request."""

@@ -30,11 +30,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from runtime.store.models import TERMINAL_STATUSES
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
 from runtime.store.reads import StoreReads
 from runtime.store.rows import (
+    TERMINAL_STATUSES,
     ChildRow,
     Finished,
     IdempotencyConflict,
