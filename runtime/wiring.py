@@ -6,7 +6,6 @@ they agree on what "the configured runtime" is.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 import logging
@@ -91,12 +90,11 @@ class Runtime:
 
 
 def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
-                  store: Store | None = None,
-                  loop: asyncio.AbstractEventLoop | None = None) -> Runtime:
+                  store: Store | None = None) -> Runtime:
     """Build every part from ``settings`` (the model backend is probed here for ``auto``).
 
-    ``loop``: a running event loop for model calls (the async worker's); without one the
-    model layer runs its own loop thread.
+    A worker attaches its event loop to the model layer while it runs
+    (``LLMFactory.attach``); outside one, the model layer runs its own loop thread.
     """
     from policies.loader import load_policy_set
     from runtime.engine.charges import ChargeWriter
@@ -108,7 +106,7 @@ def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
     policies = load_policy_set(settings, registry)
     # Model-call charges are batched (ChargeWriter): what arrives within a few ms is one
     # statement, each call still guarded by its task's lease token.
-    llm_factory = LLMFactory(settings, StoreLedger(store, ChargeWriter(store)), loop=loop)
+    llm_factory = LLMFactory(settings, StoreLedger(store, ChargeWriter(store)))
     return Runtime(settings, store, registry, policies, llm_factory)
 
 

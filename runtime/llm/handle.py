@@ -152,9 +152,6 @@ class LLMFactory:
         ledger: the database side (:class:`~runtime.llm.ledger.CallLedger`).
         backend: a backend to use instead of the one ``[llm] backend`` names.
         announcement: the sentence to announce with ``backend``.
-        loop: a running event loop for sync callers' calls (see :meth:`attach`); without
-            one the factory starts its own loop in a daemon thread at the first sync call
-            and stops it in :meth:`close`. Async callers always call on their own loop.
 
     Attributes:
         backend: the backend every task shares.
@@ -164,8 +161,7 @@ class LLMFactory:
     """
 
     def __init__(self, settings: Settings, ledger: CallLedger, backend: Backend | None = None,
-                 announcement: str | None = None,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 announcement: str | None = None) -> None:
         if backend is None:
             backend, announcement = build_backend(settings)
         self.settings = settings
@@ -173,7 +169,7 @@ class LLMFactory:
         self.backend: Backend = backend
         self.offline = _is_offline(backend)
         self.announcement = announcement or f"using the {backend.name} backend"
-        self.calls = CallLoop(loop)
+        self.calls = CallLoop()
         # The ledger's blocking reads run here, not in asyncio's default executor (a few
         # threads per core): a thousand calls in flight each look up their record.
         self._ledger_pool = ThreadPoolExecutor(max_workers=LEDGER_THREADS,
@@ -391,8 +387,8 @@ class TaskLLM:
             call_index = self._calls
             self._calls += 1
         position = f"key:{key}" if key is not None else str(call_index)
-        return await self._factory.calls.submit(self._call(
-            prompt, system, json_schema, model_cls, asked, call_index, position))
+        return await self._call(
+            prompt, system, json_schema, model_cls, asked, call_index, position)
 
     async def _call(self, prompt: str, system: str | None, json_schema: dict[str, Any] | None,
                     model_cls: type[BaseModel] | None, asked: int, call_index: int,

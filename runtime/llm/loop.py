@@ -1,6 +1,6 @@
 """Where model calls run, and the per-server, per-model limits that go with the loop.
 
-Async code awaits its calls on its own running loop (:meth:`CallLoop.submit`): the async
+Async code awaits its calls on its own running loop: the async
 worker's agents make their calls on the worker's one loop, beside its claims and writes,
 with no hand-over to another thread. Synchronous code (a sync agent or the judge in a
 worker thread, a script) submits with :meth:`CallLoop.run` to the loop *attached* by a
@@ -24,8 +24,8 @@ T = TypeVar("T")
 class CallLoop:
     """The loop sync callers' model calls run on: an attached one, or owned in a thread."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self._attached = loop
+    def __init__(self) -> None:
+        self._attached: asyncio.AbstractEventLoop | None = None
         self._owned: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -75,10 +75,6 @@ class CallLoop:
             raise RuntimeError("complete() was called on the model loop's own thread; "
                                "await acomplete() there instead")
         return asyncio.run_coroutine_threadsafe(coro, target).result()
-
-    async def submit(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await ``coro`` on the caller's own loop."""
-        return await coro
 
     def slot(self, host: str, model: str, limit: int) -> asyncio.Semaphore:
         """The semaphore bounding calls in flight to ``model`` on ``host`` (running loop)."""
