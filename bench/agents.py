@@ -11,9 +11,7 @@ call then the planner's aggregate call.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -54,19 +52,12 @@ class Stamp(Agent):
 
 
 # ---------------------------------------------------------------------- makespan
-#: Threads for the fallback when ``ctx.llm.acomplete`` does not exist yet (a sync call
-#: in a thread per task in flight): before the async model layer, this is the only way
-#: a coroutine agent can wait on the blocking client.
-_FALLBACK_THREADS = 100
-_fallback_pool: ThreadPoolExecutor | None = None
-
-
 class _Simulated:
     text = "simulated"
 
 
 async def model_call(ctx: AgentContext, prompt: str, max_tokens: int = 8) -> Any:
-    """``await ctx.llm.acomplete(...)``; before the async model layer, ``complete`` in a thread.
+    """``await ctx.llm.acomplete(...)``.
 
     With ``simulate`` (seconds) in the task's payload, no model is called: the agent just
     waits that long (the engine's own share of the makespan, without the model layer).
@@ -75,16 +66,7 @@ async def model_call(ctx: AgentContext, prompt: str, max_tokens: int = 8) -> Any
     if simulate:
         await asyncio.sleep(float(simulate))
         return _Simulated()
-    acomplete = getattr(ctx.llm, "acomplete", None)
-    if acomplete is not None:
-        return await acomplete(prompt, max_tokens=max_tokens)
-    global _fallback_pool
-    if _fallback_pool is None:
-        _fallback_pool = ThreadPoolExecutor(max_workers=_FALLBACK_THREADS,
-                                            thread_name_prefix="bench-complete")
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(
-        _fallback_pool, functools.partial(ctx.llm.complete, prompt, max_tokens=max_tokens))
+    return await ctx.llm.acomplete(prompt, max_tokens=max_tokens)
 
 
 class MakespanPlanner(Agent):

@@ -17,8 +17,6 @@ on a wider tree (``--wide-leads``, default leads + 10: 1,200 writers),
 Then once more with agents that sleep ``delay`` instead of calling the model
 (``engine_*`` figures): the engine's own share, without the model layer; there every
 task of the tree is in flight at once, so RSS per task is (peak - idle) / tasks.
-``llm_path`` says whether the agents awaited ``ctx.llm.acomplete`` or, before the async
-model layer, ran ``complete`` in a thread per task.
 """
 
 from __future__ import annotations
@@ -165,11 +163,6 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
                     "SELECT status, count(*) FROM tasks GROUP BY status")).all())
                 calls = conn.execute(sa.text("SELECT count(*) FROM model_calls")).scalar()
                 timeline = _timeline(conn)
-            probe = subprocess.run(
-                [sys.executable, "-c", "from runtime.llm.handle import TaskLLM; "
-                 "print(hasattr(TaskLLM, 'acomplete'))"],
-                cwd=str(REPO_ROOT), capture_output=True, text=True, check=False)
-            acomplete = probe.stdout.strip() == "True"
         finally:
             worker.terminate()
             try:
@@ -203,8 +196,6 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
         "makespan_peak_rss_mb": round(peak_kb / 1024, 1),
         "rss_per_task_in_flight_kb": round((peak_kb - idle_kb) / peak, 1) if peak else None,
         "makespan_timeline_seconds": timeline,
-        "makespan_llm_path": ("await ctx.llm.acomplete" if acomplete
-                              else "ctx.llm.complete in a thread per task (no acomplete yet)"),
     }
 
 

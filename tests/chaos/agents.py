@@ -29,13 +29,9 @@ def _spend(ctx: AgentContext, task: TaskView, what: str) -> int:
 
 
 async def _aspend(ctx: AgentContext, task: TaskView, what: str) -> int:
-    """``_spend`` from a coroutine: ``acomplete`` when the model layer has it."""
-    prompt = f"chaos {what}: {task.payload.get('goal', '')}"
-    acomplete = getattr(ctx.llm, "acomplete", None)
-    if acomplete is not None:
-        reply = await acomplete(prompt, max_tokens=CALL_MAX_TOKENS)
-    else:
-        reply = await asyncio.to_thread(ctx.llm.complete, prompt, max_tokens=CALL_MAX_TOKENS)
+    """``_spend`` from a coroutine: ``await ctx.llm.acomplete``."""
+    reply = await ctx.llm.acomplete(f"chaos {what}: {task.payload.get('goal', '')}",
+                                    max_tokens=CALL_MAX_TOKENS)
     return int(reply.prompt_tokens + reply.completion_tokens)
 
 
