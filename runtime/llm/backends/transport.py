@@ -22,10 +22,11 @@ are httpx's business: it mounts its own transport for proxied URLs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -58,6 +59,22 @@ class _Connection:
         self.writer.close()
 
 
+@contextlib.contextmanager
+def _reading(what: str) -> Iterator[None]:
+    """Turn the failures of reading ``what`` from a connection into httpx's errors."""
+    try:
+        yield
+    except TimeoutError as exc:
+        raise httpx.ReadTimeout(f"timed out reading {what}") from exc
+    except asyncio.IncompleteReadError as exc:
+        raise httpx.RemoteProtocolError(
+            f"the server closed the connection before the end of {what}") from exc
+    except asyncio.LimitOverrunError as exc:
+        raise httpx.RemoteProtocolError(f"a line of {what} is too long") from exc
+    except OSError as exc:
+        raise httpx.ReadError(f"reading {what} failed: {exc}") from exc
+
+
 def _deadline(timeouts: dict[str, Any], name: str) -> float | None:
     value = timeouts.get(name)
     return None if value is None else float(value)
@@ -80,18 +97,9 @@ class _Body(httpx.AsyncByteStream):
         self._closed = False
 
     async def _read(self, call: Any) -> bytes:
-        try:
+        with _reading("the response body"):
             async with asyncio.timeout(self._timeout):
                 data: bytes = await call
-        except TimeoutError as exc:
-            raise httpx.ReadTimeout("timed out reading the response body") from exc
-        except asyncio.IncompleteReadError as exc:
-            raise httpx.RemoteProtocolError(
-                "the server closed the connection in the middle of the response body") from exc
-        except asyncio.LimitOverrunError as exc:
-            raise httpx.RemoteProtocolError("a chunk header is too long") from exc
-        except OSError as exc:
-            raise httpx.ReadError(f"reading the response body failed: {exc}") from exc
         return data
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -251,26 +259,19 @@ class StreamTransport(httpx.AsyncBaseTransport):
     @staticmethod
     async def _read_head(conn: _Connection, timeout: float | None
                          ) -> tuple[int, bytes, list[tuple[bytes, bytes]], bytes]:
-        try:
+        with _reading("the response head"):
             async with asyncio.timeout(timeout):
                 while True:
                     raw = await conn.reader.readuntil(b"\r\n\r\n")
                     status_line, _, rest = raw.partition(b"\r\n")
                     parts = status_line.split(b" ", 2)
-                    status = int(parts[1])
+                    try:
+                        status = int(parts[1])
+                    except (ValueError, IndexError) as exc:
+                        raise httpx.RemoteProtocolError(
+                            f"bad status line {status_line[:80]!r}") from exc
                     if status >= 200 or status == 101:
                         break  # 1xx interim responses are skipped
-        except TimeoutError as exc:
-            raise httpx.ReadTimeout("timed out waiting for the response") from exc
-        except asyncio.IncompleteReadError as exc:
-            raise httpx.RemoteProtocolError(
-                "the server disconnected without sending a complete response") from exc
-        except asyncio.LimitOverrunError as exc:
-            raise httpx.RemoteProtocolError("the response head is too long") from exc
-        except (ValueError, IndexError) as exc:
-            raise httpx.RemoteProtocolError(f"bad status line {raw[:80]!r}") from exc
-        except OSError as exc:
-            raise httpx.ReadError(f"reading the response failed: {exc}") from exc
         headers: list[tuple[bytes, bytes]] = []
         for line in rest.split(b"\r\n"):
             if line:
