@@ -151,6 +151,15 @@ async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
 
+#: The detail of an aggregate that found a child running again (a retry raced fan-in).
+RACED = "fan-in raced a retry: waiting again"
+
+
+def _raced(children: list[TaskRow]) -> bool:
+    """Whether a child of an aggregating parent is not finished (a retry raced fan-in)."""
+    return any(c.status not in TERMINAL_STATUSES for c in children)
+
+
 def _decision_reads(row: TaskRow, decision: Any) -> bool:
     """Whether turning ``decision`` into an action reads the database (children's rows)."""
     if isinstance(decision, RetryChildren):
@@ -212,9 +221,8 @@ class Executor:
             children: list[TaskRow] = []
             if started.view.phase == "aggregate":
                 children = self.store.child_rows(started.row.id)
-                if any(c.status not in TERMINAL_STATUSES for c in children):
-                    return started.outcome("waiting",
-                                           detail="fan-in raced a retry: waiting again")
+                if _raced(children):
+                    return started.outcome("waiting", detail=RACED)
             decision = self._call(started, children)
             if inspect.isawaitable(decision):
                 decision = asyncio.run(_awaited(decision))
@@ -239,9 +247,8 @@ class Executor:
             children: list[TaskRow] = []
             if started.view.phase == "aggregate":
                 children = await blocking(self.store.child_rows, started.row.id)
-                if any(c.status not in TERMINAL_STATUSES for c in children):
-                    return started.outcome("waiting",
-                                           detail="fan-in raced a retry: waiting again")
+                if _raced(children):
+                    return started.outcome("waiting", detail=RACED)
             decision = self._call(started, children)
             if inspect.isawaitable(decision):
                 decision = await decision
