@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from runtime.config import Settings
 from runtime.llm.backends.offline import OfflineBackend
-from runtime.llm.backends.ollama import OllamaBackend
-from runtime.llm.backends.replay import ReplayBackend
 from runtime.llm.reply import PROBE_TIMEOUT_SECONDS, Backend, BackendConfigError
 
 
@@ -34,6 +32,8 @@ def build_backend(settings: Settings,
             "using the offline backend (llm.backend = 'offline'): deterministic answers, "
             "labelled offline, no network")
     if choice == "replay":
+        from runtime.llm.backends.replay import ReplayBackend
+
         if not settings.llm.replay_file:
             raise BackendConfigError(
                 "llm.backend = 'replay' needs llm.replay_file (or ORGCHART_LLM__REPLAY_FILE)"
@@ -42,6 +42,10 @@ def build_backend(settings: Settings,
         source = " (recorded with the offline backend)" if replay.offline else ""
         return replay, (f"replaying {replay.size} recorded responses from {replay.path}"
                         f"{source} (llm.backend = 'replay')")
+    # Loaded only here: the ollama client and httpx take a tenth of a second to import,
+    # which every offline worker and CLI command would pay at start-up.
+    from runtime.llm.backends.ollama import OllamaBackend
+
     backend = OllamaBackend.from_settings(settings)
     cloud = (f"; the cloud route goes to {backend.cloud_url}" if backend.cloud_url else "")
     if choice == "ollama":
