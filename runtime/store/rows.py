@@ -7,7 +7,7 @@ import datetime as dt
 import hashlib
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -112,6 +112,17 @@ class TaskRow:
     def from_mapping(cls, row: Mapping[Any, Any]) -> TaskRow:
         """Build a row from a result mapping; columns this type does not know are ignored."""
         return cls(**{k: v for k, v in row.items() if k in _TASK_FIELDS})
+
+    @classmethod
+    def from_rows(cls, keys: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[TaskRow]:
+        """Build rows from one result's column names and value tuples.
+
+        The same as :meth:`from_mapping` per row, with the known columns picked once per
+        result instead of once per row (a claim of hundreds of tasks builds them on the
+        worker's critical path).
+        """
+        picked = [(i, k) for i, k in enumerate(keys) if k in _TASK_FIELDS]
+        return [cls(**{k: values[i] for i, k in picked}) for values in rows]
 
     @property
     def lease(self) -> uuid.UUID:

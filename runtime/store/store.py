@@ -159,8 +159,8 @@ class Store(StoreReads):
     # ------------------------------------------------------------------ claim
     def _task_rows(self, conn: Connection, name: str, **params: Any) -> list[TaskRow]:
         """Run a named read and type its rows (the one place tasks become ``TaskRow``)."""
-        return [TaskRow.from_mapping(r._mapping)
-                for r in conn.execute(_TEXT[name], params)]
+        result = conn.execute(_TEXT[name], params)
+        return TaskRow.from_rows(list(result.keys()), result.all())
 
     def claim(self, agents: Sequence[str], limit: int, worker: str,
               lease_seconds: float) -> list[TaskRow]:

@@ -431,6 +431,20 @@ def test_claims_return_typed_rows_with_a_deadline(store: Store) -> None:
     assert round((row.deadline_at - row.claimed_at).total_seconds()) == 120
 
 
+def test_rows_built_per_result_equal_rows_built_per_mapping(store: Store) -> None:
+    submit(store, "echo", budget_seconds=60)
+    submit(store, "echo", budget_seconds=90)
+    rows = store.claim(["echo"], 2, "w", 30)
+    with store.engine.connect() as conn:
+        result = conn.execute(sa.text("SELECT *, 1 AS not_a_column FROM tasks ORDER BY id"))
+        keys, values = list(result.keys()), result.all()
+    by_result = TaskRow.from_rows(keys, values)
+    by_mapping = [TaskRow.from_mapping(dict(zip(keys, v, strict=True))) for v in values]
+    assert by_result == by_mapping
+    assert sorted(r.id for r in by_result) == sorted(r.id for r in rows)
+    assert {r.budget_seconds for r in by_result} == {60, 90}
+
+
 def test_a_charge_touches_only_its_task_and_spend_rolls_up_when_it_ends(store: Store) -> None:
     root, _ = parent_with_children(store, 2)
     a, b = store.claim(["echo"], 2, "w", 30)
