@@ -79,6 +79,8 @@ WRITE_WINDOW_SECONDS = 0.003
 DB_THREADS = 4
 #: Claims of ``batch_size`` sent at once when there is room for more (without a task cap).
 CLAIMS_AT_ONCE = 3
+#: Tasks held per sync thread when every agent served is a sync one (see ``_sync_limit``).
+SYNC_PREFETCH = 4
 #: Errors that mean "the database is unreachable or busy right now": retried, never fatal.
 DB_ERRORS: tuple[type[Exception], ...] = (sa.exc.DBAPIError, sa.exc.TimeoutError,
                                           psycopg.Error)
@@ -428,7 +430,8 @@ class Worker:
         # delays it past a lease.
         self._beat_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="heartbeat")
         self._beat_store = Store(create_db_engine(
-            self.store.engine.url.render_as_string(hide_password=False), pool_size=1))
+            self.store.engine.url.render_as_string(hide_password=False), pool_size=1,
+            pre_ping=False))
         queue: asyncio.Queue[_InFlight] = asyncio.Queue()
         listener = None
         if cfg.listen:
@@ -491,20 +494,31 @@ class Worker:
         self._wake_event.clear()
         return woken
 
+    @property
+    def _sync_limit(self) -> int:
+        """Most tasks held when every agent served is a sync one.
+
+        Sync work runs at most ``threads`` at once; :data:`SYNC_PREFETCH` times as many are
+        held so that the next tasks wait in memory, not a claim round trip away, when a
+        thread frees (the claim of the next batch overlaps the work of this one).
+        """
+        return self.config.threads * SYNC_PREFETCH
+
     def _room(self) -> int:
         """How many more tasks this process may claim now."""
         cfg = self.config
         held = len(self._inflight)
         room = cfg.max_in_flight - held
         if not self._async_agents:
-            room = min(room, cfg.threads - held)  # sync work cannot run more at once
+            room = min(room, self._sync_limit - held)
         return room
 
     async def _claim_loop(self, queue: asyncio.Queue[_InFlight],
                           agent_pool: ThreadPoolExecutor) -> None:
         cfg = self.config
         started = time.monotonic()
-        limit = cfg.max_in_flight if self._async_agents else min(cfg.max_in_flight, cfg.threads)
+        limit = cfg.max_in_flight if self._async_agents else min(cfg.max_in_flight,
+                                                                  self._sync_limit)
         threshold = max(1, min(cfg.batch_size, limit // 2))
         backoff = 0.1
         while True:
