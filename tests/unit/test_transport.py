@@ -11,6 +11,7 @@ import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -81,3 +82,34 @@ def test_a_refused_connection_is_an_httpx_connect_error() -> None:
 
     with pytest.raises((ConnectionError, httpx.ConnectError)):
         asyncio.run(call())
+
+
+@pytest.mark.parametrize("schema", [None, {"type": "object", "required": ["a"],
+                                           "properties": {"a": {"type": "string"}}}])
+@pytest.mark.parametrize("think", [False, True])
+def test_text_chat_sends_the_body_the_official_chat_sends(monkeypatch: pytest.MonkeyPatch,
+                                                          schema: dict[str, Any] | None,
+                                                          think: bool) -> None:
+    from runtime.llm.backends.ollama import _Client
+
+    bodies: list[dict[str, Any]] = []
+
+    async def capture(self: Any, cls: Any, method: str, path: str, **kwargs: Any) -> None:
+        assert (method, path, kwargs["stream"]) == ("POST", "/api/chat", False)
+        bodies.append(kwargs["json"])
+
+    monkeypatch.setattr(_Client, "_request", capture)
+    client = _Client(host="http://127.0.0.1:1", max_connections=1)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": ""},  # an empty reply echoed in a repair
+                {"role": "user", "content": "again, as JSON"}]
+    options = {"num_predict": 7}
+
+    async def both() -> None:
+        await client.chat(model="m", messages=messages, format=schema or None,
+                          options=options, stream=False, think=think)
+        await client.text_chat("m", messages, schema, options, think)
+
+    asyncio.run(both())
+    official, ours = bodies
+    assert ours == official

@@ -88,6 +88,25 @@ class _Client(ollama.AsyncClient):
         # ollama.AsyncClient.__init__ passes httpx.AsyncClient; its base takes the class.
         super(ollama.AsyncClient, self).__init__(LeanAsyncClient, host, **kwargs)
 
+    async def text_chat(self, model: str, messages: Sequence[Message],
+                        schema: dict[str, Any] | None, options: dict[str, Any],
+                        think: bool) -> ollama.ChatResponse:
+        """``chat(..., stream=False)`` for text messages (no tools, no images).
+
+        Sends the body ``chat`` would (``ChatRequest(...).model_dump(exclude_none=True)``;
+        a test holds the two equal) without building and dumping its pydantic models for
+        every call; the response, its type and the errors are ``chat``'s own.
+        """
+        body: dict[str, Any] = {
+            "model": model, "stream": False, "options": options, "tools": [], "think": think,
+            # chat() drops empty fields of a message the same way
+            "messages": [{k: v for k, v in m.items() if v} for m in messages],
+        }
+        if schema:
+            body["format"] = schema
+        return await self._request(ollama.ChatResponse, "POST", "/api/chat", json=body,
+                                   stream=False)
+
 
 class OllamaBackend:
     """Ollama through the official client; the cloud route may go to a second server."""
@@ -101,7 +120,7 @@ class OllamaBackend:
         self.timeout_seconds = timeout_seconds
         self.max_parallel = max_parallel
         self.cloud_max_parallel = cloud_max_parallel
-        self._clients: dict[tuple[int, str], ollama.AsyncClient] = {}
+        self._clients: dict[tuple[int, str], _Client] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> OllamaBackend:
@@ -118,12 +137,12 @@ class OllamaBackend:
         """How many calls may be in flight at once to one model on ``route``'s server."""
         return self.cloud_max_parallel if route == "cloud" else self.max_parallel
 
-    def _new_client(self, host: str, parallel: int) -> ollama.AsyncClient:
+    def _new_client(self, host: str, parallel: int) -> _Client:
         return _Client(host=host, timeout=self.timeout_seconds, max_connections=parallel,
                        ssl_context=_tls_context() if host.startswith("https:") else None,
                        event_hooks={"response": [_note_retry_after]})
 
-    def _client_for(self, route: str) -> ollama.AsyncClient:
+    def _client_for(self, route: str) -> _Client:
         host = self.host_for(route)
         key = (id(asyncio.get_running_loop()), host)
         client = self._clients.get(key)
@@ -146,17 +165,15 @@ class OllamaBackend:
         return await self._send(self._client_for(route), self.host_for(route), model,
                                 messages, schema, max_tokens, think)
 
-    async def _send(self, client: ollama.AsyncClient, host: str, model: str,
+    async def _send(self, client: _Client, host: str, model: str,
                     messages: Sequence[Message], schema: dict[str, Any] | None,
                     max_tokens: int, think: bool) -> ModelReply:
         box: dict[str, float] = {}
         token = _RETRY_AFTER.set(box)
         started = time.monotonic()
         try:
-            response = await client.chat(model=model, messages=list(messages),
-                                         format=schema or None,
-                                         options={"num_predict": max_tokens}, stream=False,
-                                         think=think)
+            response = await client.text_chat(model, messages, schema,
+                                              {"num_predict": max_tokens}, think)
         except ollama.ResponseError as exc:
             if exc.status_code == 404:
                 raise ModelNotFound(model, f"{host} answered 404: {exc.error}") from exc
