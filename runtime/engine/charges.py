@@ -9,7 +9,9 @@ its caller gets False, exactly as from ``Store.charge``).
 
 Callers: :meth:`ChargeWriter.charge` blocks the calling thread until its batch is written
 (a sync ``ctx.llm.complete`` in an agent thread); :meth:`ChargeWriter.acharge` awaits it
-(an ``async`` model call on the worker's loop). Both return what ``Store.charge`` returns.
+(an ``async`` model call on the worker's loop: a batch's results reach the loop with one
+wake-up, :class:`~runtime.engine.threads.LoopHandoff`, not one per charge). Both return
+what ``Store.charge`` returns.
 
 Failure modes: a database error fails every charge of its batch with that error (the
 caller's model call then fails as ``Store.charge`` would have); the writer thread goes on.
@@ -24,6 +26,7 @@ import threading
 import time
 from concurrent.futures import Future
 
+from runtime.engine.threads import handoff_for
 from runtime.store.rows import ModelCharge
 from runtime.store.store import Store
 
@@ -33,6 +36,25 @@ log = logging.getLogger(__name__)
 CHARGE_WINDOW_SECONDS = 0.002
 #: The most charges written by one statement.
 CHARGE_BATCH_LIMIT = 500
+
+
+class _LoopWaiter:
+    """A coroutine's wait for its charge: settled through its loop's handoff."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[bool]) -> None:
+        self.future = future
+
+    def set_result(self, ok: bool) -> None:
+        handoff_for(self.future.get_loop()).settle(self.future, ok)
+
+    def set_exception(self, error: BaseException) -> None:
+        handoff_for(self.future.get_loop()).settle(self.future, error=error)
+
+
+#: What waits for a charge: a thread's future, or a coroutine's.
+_Waiter = Future[bool] | _LoopWaiter
 
 
 class ChargeWriter:
@@ -45,7 +67,7 @@ class ChargeWriter:
         self.batch_limit = batch_limit
         self.batches = 0
         self.charges = 0
-        self._queue: queue.SimpleQueue[tuple[ModelCharge, Future[bool]] | None] = \
+        self._queue: queue.SimpleQueue[tuple[ModelCharge, _Waiter] | None] = \
             queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="charges", daemon=True)
         self._thread.start()
@@ -62,7 +84,10 @@ class ChargeWriter:
 
     async def acharge(self, charge: ModelCharge) -> bool:
         """Charge one call and await its batch (from a coroutine)."""
-        return await asyncio.wrap_future(self.submit(charge))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        self._queue.put((charge, _LoopWaiter(future)))
+        return await future
 
     def close(self) -> None:
         """Write what is queued, then stop the thread."""
@@ -92,7 +117,7 @@ class ChargeWriter:
             if closing:
                 return
 
-    def _write(self, batch: list[tuple[ModelCharge, Future[bool]]]) -> None:
+    def _write(self, batch: list[tuple[ModelCharge, _Waiter]]) -> None:
         try:
             done = self.store.charge_many([c for c, _ in batch])
         except Exception as exc:  # the callers see the error their own charge would raise

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import inspect
 import logging
 import os
@@ -54,7 +53,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -63,6 +61,7 @@ import sqlalchemy as sa
 
 from runtime.engine.executor import Action, DelegateAction, Dropped, Executor, RetryAction
 from runtime.engine.maintenance import Maintenance, MaintenanceConfig
+from runtime.engine.threads import ThreadRunner
 from runtime.store.db import create_db_engine, libpq_url
 from runtime.store.rows import JudgeOutcome, RunOutcome, TaskRow
 from runtime.store.store import Store
@@ -91,14 +90,6 @@ T = TypeVar("T")
 def new_worker_id() -> str:
     """``host:pid:random`` so leases name who holds them."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-def _prestart(pool: ThreadPoolExecutor, threads: int) -> None:
-    """Start all ``threads`` of ``pool`` now (each waits until every one has started)."""
-    gate = threading.Barrier(threads + 1)
-    for _ in range(threads):
-        pool.submit(gate.wait, 10.0)
-    gate.wait(10.0)
 
 
 @dataclass(frozen=True)
@@ -209,9 +200,9 @@ class Worker:
         self._claim_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake_event: asyncio.Event | None = None
-        self._db_pool: ThreadPoolExecutor | None = None
-        self._agent_pool: ThreadPoolExecutor | None = None
-        self._beat_pool: ThreadPoolExecutor | None = None
+        self._db_threads: ThreadRunner | None = None
+        self._agent_threads: ThreadRunner | None = None
+        self._beat_thread: ThreadRunner | None = None
         self._beat_store: Store | None = None
         self._failing: set[str] = set()
         self._async_agents = self._served_async_agents()
@@ -419,16 +410,13 @@ class Worker:
         self._wake_event = asyncio.Event()
         if self._stopping.is_set():
             self._wake_event.set()
-        self._db_pool = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="db")
-        agent_pool = ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="agent")
-        # Start the threads now: a thread started on demand in the middle of a burst
-        # blocks the loop until it runs (a few ms each, waiting for the GIL).
-        _prestart(self._db_pool, DB_THREADS)
-        _prestart(agent_pool, cfg.threads)
-        self._agent_pool = agent_pool
+        # All threads start now: a thread started on demand in the middle of a burst blocks
+        # the loop until it runs (a few ms each, waiting for the GIL).
+        self._db_threads = ThreadRunner(DB_THREADS, "db")
+        agent_threads = self._agent_threads = ThreadRunner(cfg.threads, "agent")
         # The heartbeat has a thread and a connection of its own: a busy pool never
         # delays it past a lease.
-        self._beat_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="heartbeat")
+        self._beat_thread = ThreadRunner(1, "heartbeat")
         self._beat_store = Store(create_db_engine(
             self.store.engine.url.render_as_string(hide_password=False), pool_size=1,
             pre_ping=False))
@@ -442,32 +430,32 @@ class Worker:
         if cfg.maintenance:
             background.append(loop.create_task(self._maintenance_loop(), name="maintenance"))
         try:
-            await self._claim_loop(queue, agent_pool)
+            await self._claim_loop(queue, agent_threads)
         finally:
             self._stopping.set()
             await self._drain()
             for job in background:
                 job.cancel()
             await asyncio.gather(*background, return_exceptions=True)
-            agent_pool.shutdown(wait=False, cancel_futures=True)
+            agent_threads.shutdown(wait=False, cancel_pending=True)
             detach = getattr(self.executor.llm_factory, "detach", None)
             if detach is not None:
                 await detach()
-            self._db_pool.shutdown(wait=True)
-            self._beat_pool.shutdown(wait=True)
+            self._db_threads.shutdown(wait=True)
+            self._beat_thread.shutdown(wait=True)
             self._beat_store.dispose()
             self._beat_store = None
             self._loop = None
 
     async def _db(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking database call off the loop."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._db_pool, functools.partial(fn, *args))
+        assert self._db_threads is not None
+        return await self._db_threads.run(fn, *args)
 
     async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking step of an async agent's task (its checks, a read) in a thread."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._agent_pool, functools.partial(fn, *args))
+        assert self._agent_threads is not None
+        return await self._agent_threads.run(fn, *args)
 
     def _db_error(self, where: str, exc: BaseException) -> None:
         """Count a database error; log it once per streak of failures in one place."""
@@ -514,7 +502,7 @@ class Worker:
         return room
 
     async def _claim_loop(self, queue: asyncio.Queue[_InFlight],
-                          agent_pool: ThreadPoolExecutor) -> None:
+                          agent_threads: ThreadRunner) -> None:
         cfg = self.config
         started = time.monotonic()
         limit = cfg.max_in_flight if self._async_agents else min(cfg.max_in_flight,
@@ -543,7 +531,7 @@ class Worker:
                     backoff = min(backoff * 2, DB_RETRY_MAX_SECONDS)
                     continue
             for item in items:
-                self._start(item, queue, agent_pool)
+                self._start(item, queue, agent_threads)
             if items and len(items) >= min(room, self._claim_size(room)) and self._room() > 0:
                 # The queue had more than we took: claim again at once. The claim goes to
                 # a database thread before the tasks just started take the loop, so the
@@ -578,21 +566,20 @@ class Worker:
         return items
 
     def _start(self, item: _InFlight, queue: asyncio.Queue[_InFlight],
-               agent_pool: ThreadPoolExecutor) -> None:
+               agent_threads: ThreadRunner) -> None:
         with self._inflight_lock:
             self._inflight[id(item)] = item
-        item.job = asyncio.get_running_loop().create_task(self._work(item, queue, agent_pool))
+        item.job = asyncio.get_running_loop().create_task(self._work(item, queue, agent_threads))
 
     async def _work(self, item: _InFlight, queue: asyncio.Queue[_InFlight],
-                    agent_pool: ThreadPoolExecutor) -> None:
+                    agent_threads: ThreadRunner) -> None:
         """Run one task to its action and hand the action to the writer."""
-        loop = asyncio.get_running_loop()
         try:
             if item.kind == "run" and self._async_agents and self.executor.is_async(item.row):
                 action: Action = await self.executor.aexecute(item.row, item.lease_lost,
                                                               self._off_loop)
             else:
-                action = await loop.run_in_executor(agent_pool, self.execute, item)
+                action = await agent_threads.run(self.execute, item)
         except Exception as exc:  # the executor catches agent errors; this is a bug
             log.exception("executor crashed", extra={"task_id": str(item.row.id)})
             action = RunOutcome(item.row.id, item.row.lease, "failed",
@@ -628,8 +615,8 @@ class Worker:
         while True:
             await asyncio.sleep(interval)
             try:
-                await asyncio.get_running_loop().run_in_executor(self._beat_pool,
-                                                                 self.heartbeat_once)
+                assert self._beat_thread is not None
+                await self._beat_thread.run(self.heartbeat_once)
             except Exception as exc:  # never let the heartbeat die
                 self._db_error("heartbeat", exc)
 
