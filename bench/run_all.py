@@ -62,7 +62,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "scrape": {"finished": 2_000, "repeats": 2},
     "worker_memory": {"n": 200},
     "makespan": {"leads": 2, "writers": 3, "delay": 0.1, "wide_leads": 3},
-    "charge": {"leaves": 20, "threads": 4, "charges": 40},
+    "charge": {"leaves": 20, "threads": 4, "charges": 40, "calls_per_leaf": 2},
 }
 
 MAINS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "claim_ms_1m_finished", "tree_ms_10k", "scrape_ms_1m_finished",
                 "worker_peak_rss_mb",
                 "makespan_vs_critical_path", "peak_calls_in_flight",
-                "rss_per_task_in_flight_kb", "charge_p99_ms", "charge_direct_p99_ms"):
+                "rss_per_task_in_flight_kb", "charge_p99_ms", "charge_loop_p99_ms",
+                "charge_direct_p99_ms"):
         if key in result:
             print(f"  {key}: {result[key]}")
     return result

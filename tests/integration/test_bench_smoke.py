@@ -177,7 +177,10 @@ def test_makespan(server_url: str) -> None:
 
 
 def test_charge(server_url: str) -> None:
-    figures = charge.main(leaves=20, threads=4, charges=40, server=server_url)
-    _numbers(figures, "charge_p50_ms", "charge_p99_ms", "charge_direct_p99_ms")
+    figures = charge.main(leaves=20, threads=4, charges=40, server=server_url,
+                          calls_per_leaf=2)
+    _numbers(figures, "charge_p50_ms", "charge_p99_ms", "charge_direct_p99_ms",
+             "charge_loop_p99_ms")
     assert figures["charge_count"] == 40 and figures["charge_live_tree_calls"] == 40
+    assert figures["charge_loop_count"] == 40  # 20 leaves x 2 calls, every one charged
     assert figures["charge_root_spent_tokens_while_running"] == 0
