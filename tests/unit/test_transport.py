@@ -8,8 +8,11 @@ through httpx's ordinary path (a streamed chat).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,16 +75,65 @@ def test_connections_are_kept_alive_and_bounded(keep_alive_server: str) -> None:
     assert sequential == 1 and gathered == 3  # ten calls at once over at most three
 
 
-def test_a_refused_connection_is_an_httpx_connect_error() -> None:
-    async def call() -> None:
+def test_a_refused_connection_is_an_httpx_connect_error_and_frees_its_slot() -> None:
+    async def calls() -> list[BaseException]:
+        # One connection allowed: a failed connect that kept its slot would make the
+        # second call wait for the pool (a PoolTimeout) instead of failing to connect.
         client = OllamaBackend("http://127.0.0.1:9", 2.0)._new_client("http://127.0.0.1:9", 1)
+        errors: list[BaseException] = []
         try:
-            await client.chat(model=MODEL, messages=MESSAGES)
+            for _ in range(2):
+                try:
+                    await client.chat(model=MODEL, messages=MESSAGES)
+                except BaseException as exc:
+                    errors.append(exc)
+        finally:
+            await client.close()
+        return errors
+
+    errors = asyncio.run(calls())
+    assert len(errors) == 2
+    assert all(isinstance(e, (ConnectionError, httpx.ConnectError)) for e in errors), errors
+
+
+@contextlib.contextmanager
+def _one_answer(raw: bytes) -> Iterator[str]:
+    """A server that answers one request with ``raw`` bytes and hangs up; yields its URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(raw)
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize(("raw", "error"), [
+    # promises 100 bytes, sends 10 and hangs up
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789", httpx.RemoteProtocolError),
+    # a whole body that cannot be decoded (after the connection was given back)
+    (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 5\r\n\r\nnot-z",
+     httpx.DecodingError),
+])
+def test_a_broken_body_is_an_httpx_error_and_frees_its_slot_once(
+        raw: bytes, error: type[Exception]) -> None:
+    async def call(url: str) -> None:
+        client = OllamaBackend(url, 2.0)._new_client(url, 1)
+        try:
+            with pytest.raises(error):
+                await client.chat(model=MODEL, messages=MESSAGES)
+            assert client._client._lean._slots._value == 1  # type: ignore[attr-defined]
         finally:
             await client.close()
 
-    with pytest.raises((ConnectionError, httpx.ConnectError)):
-        asyncio.run(call())
+    with _one_answer(raw) as url:
+        asyncio.run(call(url))
 
 
 @pytest.mark.parametrize("schema", [None, {"type": "object", "required": ["a"],

@@ -182,21 +182,35 @@ class StreamTransport(httpx.AsyncBaseTransport):
                 "in use)") from exc
         conn: _Connection | None = None
         response: httpx.Response | None = None
+        released = False
         try:
             conn = self._checkout(key) or await self._connect(key, timeouts)
             await self._send(conn, data, _deadline(timeouts, "write"))
             read = _deadline(timeouts, "read")
             status, reason, headers, version = await self._read_head(conn, read)
-            response = self._response(request, key, conn, status, reason, headers, version,
-                                      read)
-            response.request = request
+            length, chunked, keep_alive = self._framing(request.method, status, version,
+                                                          headers)
+            extensions = {"http_version": version, "reason_phrase": reason}
+            if read_body and length is not None and not chunked:
+                # A body of known length (every Ollama reply): read it here and build the
+                # response from it, without httpx's streaming machinery.
+                with _reading("the response body"):
+                    async with asyncio.timeout(read):
+                        content = await conn.reader.readexactly(length)
+                released = True
+                self._release(key, conn, reusable=keep_alive)
+                return httpx.Response(status, headers=headers, content=content,
+                                      request=request, extensions=extensions)
+            stream = _Body(self, key, conn, length, chunked, keep_alive, read)
+            response = httpx.Response(status, headers=headers, stream=stream,
+                                      request=request, extensions=extensions)
             if read_body:
                 await response.aread()  # to the end; closing gives the connection back
         except BaseException:
-            stream = response.stream if response is not None else None
-            if isinstance(stream, _Body):
-                stream.abandon()
-            else:
+            stream_ = response.stream if response is not None else None
+            if isinstance(stream_, _Body):
+                stream_.abandon()
+            elif not released:
                 if conn is not None:
                     conn.close()
                 self._slots.release()
@@ -280,9 +294,10 @@ class StreamTransport(httpx.AsyncBaseTransport):
         reason = parts[2] if len(parts) > 2 else b""
         return status, reason, headers, parts[0]
 
-    def _response(self, request: httpx.Request, key: _Key, conn: _Connection, status: int,
-                  reason: bytes, headers: list[tuple[bytes, bytes]], version: bytes,
-                  read_timeout: float | None) -> httpx.Response:
+    @staticmethod
+    def _framing(method: str, status: int, version: bytes,
+                 headers: list[tuple[bytes, bytes]]) -> tuple[int | None, bool, bool]:
+        """How the body is framed: ``(length or None, chunked, keep_alive)``."""
         length: int | None = None
         chunked = False
         connection = b""
@@ -297,14 +312,11 @@ class StreamTransport(httpx.AsyncBaseTransport):
                 chunked = b"chunked" in value.lower()
             elif lower == b"connection":
                 connection = value.lower()
-        if request.method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
             length, chunked = 0, False
         keep_alive = (b"close" not in connection
                       and (version == b"HTTP/1.1" or b"keep-alive" in connection))
-        stream = _Body(self, key, conn, None if chunked else length, chunked, keep_alive,
-                       read_timeout)
-        return httpx.Response(status, headers=headers, stream=stream,
-                              extensions={"http_version": version, "reason_phrase": reason})
+        return (None if chunked else length), chunked, keep_alive
 
     def _release(self, key: _Key, conn: _Connection, reusable: bool) -> None:
         if reusable and not conn.writer.is_closing():
