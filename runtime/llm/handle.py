@@ -396,9 +396,11 @@ class TaskLLM:
         settings = self._settings
         think = settings.ollama.think
         messages = first_messages(prompt, system)
-        hashes = {model: request_hash(model, messages, json_schema, asked, think)
-                  for model in (settings.models.local, settings.models.cloud)}
+        hashes: dict[str, str] = {}
         if settings.llm.durable and settings.llm.record and self._may_replay:
+            # Either route may have answered before: look for a reply to either model.
+            hashes = {model: request_hash(model, messages, json_schema, asked, think)
+                      for model in (settings.models.local, settings.models.cloud)}
             recorded = await self._factory.in_ledger(self._ledger.recorded_call, self.task_id,
                                                self.phase, position, sorted(set(hashes.values())))
             if recorded is not None:
