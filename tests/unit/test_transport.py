@@ -114,6 +114,32 @@ def _one_answer(raw: bytes) -> Iterator[str]:
         listener.close()
 
 
+def test_a_call_waits_for_a_free_connection_up_to_the_pool_timeout() -> None:
+    from runtime.llm.backends.ollama import _Client
+
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+    async def calls() -> None:
+        client = _Client(host=url, timeout=httpx.Timeout(5.0, pool=0.2), max_connections=1)
+        try:
+            first = asyncio.ensure_future(client.chat(model=MODEL, messages=MESSAGES))
+            await asyncio.sleep(0.05)  # the first call holds the only connection
+            with pytest.raises(httpx.PoolTimeout):
+                await client.chat(model=MODEL, messages=MESSAGES)
+            first.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await first
+            assert client._client._lean._slots._value == 1  # type: ignore[attr-defined]
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(calls())
+    finally:
+        listener.close()
+
+
 @pytest.mark.parametrize(("raw", "error"), [
     # promises 100 bytes, sends 10 and hangs up
     (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789", httpx.RemoteProtocolError),

@@ -174,8 +174,11 @@ class StreamTransport(httpx.AsyncBaseTransport):
         httpx reads it, and closing the response gives the connection back.
         """
         try:
-            async with asyncio.timeout(_deadline(timeouts, "pool")):
-                await self._slots.acquire()
+            if self._slots.locked():  # wait for a free connection, up to the pool timeout
+                async with asyncio.timeout(_deadline(timeouts, "pool")):
+                    await self._slots.acquire()
+            else:
+                await self._slots.acquire()  # free: returns at once (no timer to arm)
         except TimeoutError as exc:
             raise httpx.PoolTimeout(
                 f"no free connection within the pool timeout ({self.max_connections} "
@@ -263,8 +266,11 @@ class StreamTransport(httpx.AsyncBaseTransport):
     async def _send(conn: _Connection, data: bytes, timeout: float | None) -> None:
         try:
             conn.writer.write(data)
-            async with asyncio.timeout(timeout):
-                await conn.writer.drain()
+            if conn.writer.transport.get_write_buffer_size():  # not all sent: wait, bounded
+                async with asyncio.timeout(timeout):
+                    await conn.writer.drain()
+            else:
+                await conn.writer.drain()  # all sent: returns at once (no timer to arm)
         except TimeoutError as exc:
             raise httpx.WriteTimeout("timed out sending the request") from exc
         except OSError as exc:
