@@ -195,7 +195,7 @@ def stop_worker(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> str:
     return stderr.decode(errors="replace")
 
 
-def _proc_cpu_seconds(pid: int, with_children: bool = True) -> float:
+def proc_cpu_seconds(pid: int, with_children: bool = True) -> float:
     """CPU seconds a live process used (plus its reaped children's); 0.0 if it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -220,7 +220,7 @@ def server_cpu_seconds(url: str) -> float | None:
         postmaster = int(Path(datadir, "postmaster.pid").read_text().split()[0])
     except (psycopg.Error, OSError, ValueError, IndexError):
         return None
-    total = _proc_cpu_seconds(postmaster)
+    total = proc_cpu_seconds(postmaster)
     if total == 0.0 and not Path(f"/proc/{postmaster}").exists():
         return None
     for entry in Path("/proc").iterdir():
@@ -231,7 +231,7 @@ def server_cpu_seconds(url: str) -> float | None:
         except (OSError, ValueError, IndexError):
             continue
         if ppid == postmaster:
-            total += _proc_cpu_seconds(int(entry.name))
+            total += proc_cpu_seconds(int(entry.name))
     return total
 
 

@@ -34,7 +34,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bench.common import REPO_ROOT, open_store, report, scratch_database, worker_env
+from bench.common import (
+    REPO_ROOT,
+    open_store,
+    proc_cpu_seconds,
+    report,
+    scratch_database,
+    worker_env,
+)
 from runtime.store.rows import NewTask
 
 TERMINAL = ("done", "failed", "escalated")
@@ -141,6 +148,7 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
         store = open_store(url)
         try:
             idle_kb = _vm_kb(worker.pid, "VmRSS") or 0
+            cpu_before = proc_cpu_seconds(worker.pid)
             _get(model_url + "/stats/reset")
             root, _ = store.submit(NewTask(
                 to_agent="mk_planner", type="task",
@@ -157,6 +165,7 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
                     break
                 time.sleep(0.02)
             makespan = time.monotonic() - started
+            worker_cpu = proc_cpu_seconds(worker.pid) - cpu_before
             counts = _get(model_url + "/stats")
             with store.engine.connect() as conn:
                 statuses: dict[str, int] = dict(conn.execute(sa.text(
@@ -183,6 +192,7 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
                 "engine_makespan_vs_critical_path": round(makespan / critical, 3),
                 "engine_peak_rss_mb": round(peak_kb / 1024, 1),
                 "engine_rss_per_task_in_flight_kb": round((peak_kb - idle_kb) / (expected - 1), 1),
+                "engine_worker_cpu_ms_per_task": round(worker_cpu / expected * 1000, 3),
                 "engine_timeline_seconds": timeline}
     return {
         "makespan_tasks": expected,
@@ -192,6 +202,8 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
         "makespan_vs_critical_path": round(makespan / critical, 3),
         "peak_calls_in_flight": peak,
         "makespan_model_calls": int(calls or 0),
+        # the worker's CPU (all threads) from submit to the root's end, per task
+        "makespan_worker_cpu_ms_per_task": round(worker_cpu / expected * 1000, 3),
         "makespan_idle_rss_mb": round(idle_kb / 1024, 1),
         "makespan_peak_rss_mb": round(peak_kb / 1024, 1),
         "rss_per_task_in_flight_kb": round((peak_kb - idle_kb) / peak, 1) if peak else None,
