@@ -26,7 +26,14 @@ import sys
 import time
 from typing import Any
 
-from bench.common import admin, report, server_url, with_database
+from bench.common import (
+    admin,
+    children_cpu_seconds,
+    report,
+    server_cpu_seconds,
+    server_url,
+    with_database,
+)
 
 #: (processes, consumers per process, dequeue batch size); pgqueuer's own drain bench
 #: defaults to 1 process x 5 consumers x batch 10.
@@ -103,9 +110,15 @@ async def _remaining(url: str) -> int:
         await conn.close()
 
 
-def trial(url: str, n: int, procs: int, consumers: int, batch_size: int) -> float:
-    """Enqueue ``n`` jobs, drain them with ``procs`` processes; return jobs per second."""
+def trial(url: str, n: int, procs: int, consumers: int, batch_size: int
+          ) -> tuple[float, float, float | None]:
+    """Enqueue ``n`` jobs, drain them with ``procs`` processes.
+
+    Returns jobs per second, and the CPU per job (ms) of the pgqueuer processes and of the
+    PostgreSQL server (None when it does not run on this machine).
+    """
     asyncio.run(_enqueue(url, n))
+    workers_cpu0, server_cpu0 = children_cpu_seconds(), server_cpu_seconds(url)
     started = time.perf_counter()
     workers = [subprocess.Popen([sys.executable, "-m", "bench.pgqueuer_drain", "--worker", url,
                                  "--consumers", str(consumers), "--batch-size", str(batch_size)])
@@ -113,10 +126,13 @@ def trial(url: str, n: int, procs: int, consumers: int, batch_size: int) -> floa
     for proc in workers:
         proc.wait(timeout=600)
     elapsed = time.perf_counter() - started
+    workers_cpu1, server_cpu1 = children_cpu_seconds(), server_cpu_seconds(url)
     left = asyncio.run(_remaining(url))
     if left:
         raise RuntimeError(f"pgqueuer left {left} jobs undrained")
-    return n / elapsed
+    server_ms = (None if server_cpu0 is None or server_cpu1 is None
+                 else (server_cpu1 - server_cpu0) / n * 1000)
+    return n / elapsed, (workers_cpu1 - workers_cpu0) / n * 1000, server_ms
 
 
 def main(n: int = 20_000, sweep_n: int = 10_000, server: str | None = None,
@@ -131,16 +147,18 @@ def main(n: int = 20_000, sweep_n: int = 10_000, server: str | None = None,
         sweep: dict[str, float] = {}
         for setting in grid:
             procs, consumers, batch = (int(x) for x in setting.split("x"))
-            sweep[setting] = round(trial(url, sweep_n, procs, consumers, batch), 1)
+            sweep[setting] = round(trial(url, sweep_n, procs, consumers, batch)[0], 1)
         best = max(sweep, key=lambda k: sweep[k])
         procs, consumers, batch = (int(x) for x in best.split("x"))
-        rate = trial(url, n, procs, consumers, batch)
+        rate, cpu_ms, server_ms = trial(url, n, procs, consumers, batch)
     finally:
         admin(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     return report("pgqueuer_drain", {
         "pgqueuer_jobs_per_s": round(rate, 1),
         "pgqueuer_best_setting": f"{procs} processes x {consumers} consumers x batch {batch}",
         "pgqueuer_sweep_jobs_per_s": sweep,
+        "pgqueuer_cpu_ms_per_job": round(cpu_ms, 4),
+        "pgqueuer_postgres_cpu_ms_per_job": None if server_ms is None else round(server_ms, 4),
         "n": n,
     })
 
@@ -157,4 +175,4 @@ if __name__ == "__main__":
     if args.worker:
         asyncio.run(_worker(args.worker, args.consumers, args.batch_size))
     else:
-        main(args.n, args.sweep_n, tuple(args.settings.split(",")))
+        main(args.n, args.sweep_n, grid=tuple(args.settings.split(",")))

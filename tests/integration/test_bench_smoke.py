@@ -50,7 +50,7 @@ def test_reference(server_url: str) -> None:
 
 def test_pgqueuer_drain(server_url: str) -> None:
     figures = pgqueuer_drain.main(n=200, sweep_n=100, grid=("1x2x10",), server=server_url)
-    _numbers(figures, "pgqueuer_jobs_per_s")
+    _numbers(figures, "pgqueuer_jobs_per_s", "pgqueuer_cpu_ms_per_job")
     assert figures["n"] == 200
 
 
