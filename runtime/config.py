@@ -202,6 +202,10 @@ class WorkerSettings(_Section):
     max_in_flight: int = Field(1000, ge=1, le=100_000)
     #: Threads that run sync agents (``def run``); ``async def`` agents run on the loop.
     sync_threads: int = Field(32, ge=1, le=1024)
+    #: Allocations between two young-generation garbage collections in a worker process
+    #: (CPython's default is 700); 0 leaves the interpreter's settings alone. See
+    #: :func:`runtime.engine.gc_tuning.tune_gc`.
+    gc_threshold: int = Field(10_000, ge=0, le=10_000_000)
 
 
 class Settings(_Section):

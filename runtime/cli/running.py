@@ -31,6 +31,7 @@ from runtime.cli.common import (
     print_json,
     settings,
 )
+from runtime.engine.gc_tuning import tune_gc
 from runtime.store.rows import TERMINAL_STATUSES, NewTask
 
 if TYPE_CHECKING:
@@ -176,6 +177,7 @@ def run(goal: str, options: GoalOptions, json_: JsonOpt = False,
     worker = runtime.worker(poll_interval_seconds=0.2, maintenance_interval_seconds=0.5,
                             max_in_flight=max_in_flight)
     _install_stop_signals(worker.stop)
+    tune_gc(runtime.settings.worker.gc_threshold)  # this process is the worker's
     thread = threading.Thread(target=worker.run, name="worker", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
@@ -248,6 +250,7 @@ def worker(
     _install_stop_signals(w.stop)
     err.print(f"worker {w.config.worker_id} serving {', '.join(w.config.agents)}",
               style="dim", markup=False, highlight=False)
+    tune_gc(runtime.settings.worker.gc_threshold)  # this process is the worker's
     stats = w.run()
     if json_:
         print_json({"worker": w.config.worker_id, **stats.as_dict()})
