@@ -509,6 +509,7 @@ class Worker:
                                                                   self._sync_limit)
         threshold = max(1, min(cfg.batch_size, limit // 2))
         backoff = 0.1
+        polled = False  # the last wait ended at the poll interval, not on a wake-up
         while True:
             if cfg.wall_clock_seconds is not None and \
                     time.monotonic() - started >= cfg.wall_clock_seconds:
@@ -519,8 +520,10 @@ class Worker:
                 return
             room = self._room()
             # Claim when enough room is free (or nothing is held): fewer, larger claims.
+            # A smaller room is filled at the next poll, so it never stays empty while
+            # work waits (a gap left by tasks that ended one by one, say).
             items: list[_InFlight] = []
-            if room > 0 and (room >= threshold or not self._inflight):
+            if room > 0 and (room >= threshold or not self._inflight or polled):
                 try:
                     items = await self._claim(room)
                     self._db_ok("claims")
@@ -540,7 +543,8 @@ class Worker:
             if cfg.once and not items and not self._inflight:
                 self.stop("queue empty")
                 return
-            if not await self._sleep(cfg.poll_interval_seconds):
+            polled = not await self._sleep(cfg.poll_interval_seconds)
+            if polled:
                 self._judging_may_wait.set()  # the polling fallback covers judging too
 
     def _claim_size(self, room: int) -> int:
