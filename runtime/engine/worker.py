@@ -4,13 +4,15 @@ One event loop per worker process (:meth:`Worker.run`). On it run:
 
 - **the claim loop**: claims batches (``FOR UPDATE SKIP LOCKED``) for what there is room
   for: at most ``max_in_flight`` tasks held at once (claimed and not yet written), and,
-  when every agent served is a sync one, no more than ``sync_threads``. It wakes on
-  LISTEN/NOTIFY (``orgchart_tasks``; the payload is the agent name, ``judge`` for the
-  judge stage; a listener thread), on room freed, and polls every
-  ``poll_interval_seconds`` as a fallback;
+  when every agent served is a sync one, no more than four per ``sync_threads`` thread.
+  It wakes on LISTEN/NOTIFY (``orgchart_tasks``; the payload is the agent name, ``judge``
+  for the judge stage; a listener thread), on room freed, and polls every
+  ``poll_interval_seconds`` as a fallback (a room smaller than a claim batch is filled
+  at the next poll);
 - **one coroutine per task in flight**: an ``async def run/aggregate`` agent is awaited on
   the loop (its ``ctx.llm`` calls can run in parallel); a sync agent and the judge stage
-  run in a bounded thread pool (``sync_threads``);
+  run in a bounded set of threads (``sync_threads``; results come back to the loop in
+  batches, :mod:`runtime.engine.threads`);
 - **the writer**: actions that arrive within :data:`WRITE_WINDOW_SECONDS` are written
   together: one statement for all run outcomes, one for all verdicts (each row guarded by
   status and lease token, each transition its event in the same statement; a row the

@@ -375,6 +375,17 @@ def events_of(store: Store, task_id: uuid.UUID) -> list[dict[str, Any]]:
                "WHERE task_id = :id ORDER BY id", id=task_id)]
 
 
+def after_reaping(store: Store, task_id: uuid.UUID) -> list[dict[str, Any]]:
+    """A task's events after the reaper released it (its lease expired); fails if never."""
+    history = events_of(store, task_id)
+    reaped = [i for i, e in enumerate(history)
+              if e["worker"] == "reaper" and e["detail"].startswith("lease expired")]
+    assert reaped, f"task {task_id} was never reaped: {history}"
+    after = history[reaped[0] + 1:]
+    assert after, f"nothing happened to task {task_id} after it was reaped: {history}"
+    return after
+
+
 def events_by_pid(store: Store, pid: int, after: Any = None, before: Any = None) -> int:
     """How many transitions the worker process ``pid`` wrote between two server times."""
     return int(_all(store, "SELECT count(*) AS n FROM task_events WHERE worker LIKE :pattern "

@@ -22,8 +22,8 @@ from runtime.store.rows import NewTask
 from runtime.store.store import Store
 from tests.chaos.helpers import (
     Fleet,
+    after_reaping,
     duplicate_children,
-    events_of,
     held_by,
     parent_spend_mismatches,
     spend_mismatches,
@@ -82,12 +82,8 @@ def test_a_worker_killed_with_a_thousand_tasks_in_flight_loses_none(
     assert len(counts) == TASKS and {t: n for t, n in counts.items() if n != 1} == {}
     assert duplicate_children(store) == []
     for task in held:
-        history = events_of(store, task["id"])
-        reaped = [i for i, e in enumerate(history)
-                  if e["worker"] == "reaper" and e["detail"].startswith("lease expired")]
-        assert reaped, f"leaf {task['id']} was never reaped: {history}"
-        after = history[reaped[0] + 1:]
-        assert after and all(e["worker"] != victim for e in after), history
+        after = after_reaping(store, task["id"])
+        assert all(e["worker"] != victim for e in after), after
     with store.engine.connect() as conn:
         calls = conn.execute(sa.text(
             "SELECT count(*) AS calls, count(DISTINCT m.task_id) AS leaves "

@@ -18,6 +18,7 @@ from runtime.store.store import Store
 from tests.chaos.helpers import (
     Fleet,
     WorkerProc,
+    after_reaping,
     cli_env,
     duplicate_children,
     events_of,
@@ -93,16 +94,11 @@ def test_a_sigkilled_workers_tasks_are_reaped_and_finished_once_by_another(
     # What the dead worker held: its lease expired, the reaper released it, and another
     # worker claimed it and wrote its outcome.
     for task in held:
-        history = events_of(store, task["id"])
-        reaped = [i for i, e in enumerate(history)
-                  if e["worker"] == "reaper" and e["detail"].startswith("lease expired")]
-        assert reaped, f"task {task['id']} was never reaped: {history}"
-        after = history[reaped[0] + 1:]
-        assert after, f"nothing happened to task {task['id']} after it was reaped"
-        assert all(e["worker"] != victim_id for e in after), history
+        after = after_reaping(store, task["id"])
+        assert all(e["worker"] != victim_id for e in after), after
         if task["status"] == "running":
             claims = [e for e in after if e["to_status"] == "running"]
-            assert claims and claims[0]["worker"] not in ("reaper", victim_id), history
+            assert claims and claims[0]["worker"] not in ("reaper", victim_id), after
         assert store.get(task["id"])["status"] == "done"
     assert not fleet.unexpected_exits(), _logs(fleet)
 
