@@ -253,10 +253,11 @@ def test_max_in_flight_bounds_what_one_worker_holds(runtime: Runtime) -> None:
 def test_a_small_room_is_filled_at_the_next_poll(runtime: Runtime) -> None:
     # max_in_flight 10, batch 10: the worker claims at once when 5 or more slots are free.
     for i in range(8):
-        submit(runtime.store, "async_napper", {"goal": str(i), "nap": 5.0})
+        submit(runtime.store, "async_napper", {"goal": str(i), "nap": 30.0})
     AsyncNapper.peak = 0
     worker = runtime.worker(["async_napper", "judge"], max_in_flight=10, batch_size=10,
-                            poll_interval_seconds=0.2, maintenance=False)
+                            poll_interval_seconds=0.2, maintenance=False,
+                            stop_grace_seconds=0.2)  # the naps are handed back at the end
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
@@ -265,7 +266,7 @@ def test_a_small_room_is_filled_at_the_next_poll(runtime: Runtime) -> None:
             time.sleep(0.02)
         assert AsyncNapper.now == 8
         for i in range(5):  # room for 2: fewer than 5, so no claim on the notification
-            submit(runtime.store, "async_napper", {"goal": f"late {i}", "nap": 5.0})
+            submit(runtime.store, "async_napper", {"goal": f"late {i}", "nap": 30.0})
         deadline = time.monotonic() + 2
         while AsyncNapper.now < 10 and time.monotonic() < deadline:
             time.sleep(0.02)
