@@ -30,18 +30,13 @@ log = logging.getLogger(__name__)
 MAX_GOAL_CHARS = 100_000
 
 
-def open_store(settings: Settings, migrate: bool = True, pre_ping: bool = True) -> Store:
-    """Resolve the database (embedded if none is named), migrate it, and open a Store.
-
-    ``pre_ping`` (see :func:`~runtime.store.db.create_db_engine`): off for workers, which
-    retry database errors themselves.
-    """
+def open_store(settings: Settings, migrate: bool = True) -> Store:
+    """Resolve the database (embedded if none is named), migrate it, and open a Store."""
     url = resolve_url(settings.database.url)
     if migrate:
         ensure_schema(url)
     return Store(create_db_engine(url, pool_size=settings.database.pool_size,
-                                  statement_timeout_ms=settings.database.statement_timeout_ms,
-                                  pre_ping=pre_ping))
+                                  statement_timeout_ms=settings.database.statement_timeout_ms))
 
 
 def load_registry(settings: Settings, extra_modules: Sequence[str] = ()) -> Registry:
@@ -95,10 +90,8 @@ class Runtime:
 
 
 def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
-                  store: Store | None = None, pre_ping: bool = True) -> Runtime:
+                  store: Store | None = None) -> Runtime:
     """Build every part from ``settings`` (the model backend is probed here for ``auto``).
-
-    ``pre_ping`` is passed to :func:`open_store` when no ``store`` is given.
 
     A worker attaches its event loop to the model layer while it runs
     (``LLMFactory.attach``); outside one, the model layer runs its own loop thread.
@@ -109,7 +102,7 @@ def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
     from runtime.llm.handle import LLMFactory
 
     registry = load_registry(settings, extra_modules)
-    store = store or open_store(settings, pre_ping=pre_ping)
+    store = store or open_store(settings)
     policies = load_policy_set(settings, registry)
     # Model-call charges are batched (ChargeWriter): what arrives within a few ms is one
     # statement, each call still guarded by its task's lease token.

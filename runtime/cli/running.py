@@ -125,9 +125,7 @@ def with_goal_options(fn: F) -> F:
 def _runtime(modules: list[str] | None) -> Any:
     from runtime.wiring import build_runtime
 
-    # Both commands run a worker, which retries database errors: no pre-ping round trip
-    # per transaction.
-    runtime = build_runtime(settings(), modules or [], pre_ping=False)
+    runtime = build_runtime(settings(), modules or [])
     if getattr(runtime.llm_factory, "announcement", None):
         err.print(runtime.llm_factory.announcement, style="dim", markup=False, highlight=False)
     return runtime

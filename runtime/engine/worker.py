@@ -420,8 +420,7 @@ class Worker:
         # delays it past a lease.
         self._beat_thread = ThreadRunner(1, "heartbeat")
         self._beat_store = Store(create_db_engine(
-            self.store.engine.url.render_as_string(hide_password=False), pool_size=1,
-            pre_ping=False))
+            self.store.engine.url.render_as_string(hide_password=False), pool_size=1))
         queue: asyncio.Queue[_InFlight] = asyncio.Queue()
         listener = None
         if cfg.listen:

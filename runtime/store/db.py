@@ -100,9 +100,14 @@ def redacted(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def create_db_engine(url: str, pool_size: int = 10, statement_timeout_ms: int = 0,
-                     pre_ping: bool = True) -> Engine:
-    """Create the engine used by the store (psycopg 3).
+def create_db_engine(url: str, pool_size: int = 10, statement_timeout_ms: int = 0) -> Engine:
+    """Create the engine used by the store (psycopg 3, pre-ping for restarts).
+
+    Workers keep the pre-ping too, though they retry database errors: without it the
+    first statement after a server restart fails on a dead pooled connection, and when
+    that statement is a batch of model-call charges, replies already paid for are lost
+    (their calls are made again). The ping is one round trip per transaction, that is
+    per batch of claims, outcomes or charges, not per task.
 
     Args:
         url: the database URL.
@@ -110,11 +115,6 @@ def create_db_engine(url: str, pool_size: int = 10, statement_timeout_ms: int = 
         statement_timeout_ms: ``[database] statement_timeout_ms``: the server cancels any
             statement running longer (libpq ``options=-c statement_timeout=N``); 0 sets
             nothing, so the server's own setting (none by default) applies.
-        pre_ping: test each connection with a round trip when it is checked out, so a
-            connection the server dropped (a restart) is replaced before use. A worker
-            turns it off: it retries every database error, and the first error after a
-            restart already makes the pool replace all its connections, so the ping would
-            be one round trip per transaction for nothing.
 
     """
     if statement_timeout_ms < 0:
@@ -126,7 +126,7 @@ def create_db_engine(url: str, pool_size: int = 10, statement_timeout_ms: int = 
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=pre_ping,
+        pool_pre_ping=True,
         pool_recycle=1800,
         connect_args=connect_args,
     )
