@@ -80,7 +80,7 @@ WRITE_WINDOW_SECONDS = 0.003
 DB_THREADS = 4
 #: Claims of ``batch_size`` sent at once when there is room for more (without a task cap).
 CLAIMS_AT_ONCE = 3
-#: Tasks held per sync thread when every agent served is a sync one (see ``_sync_limit``).
+#: Tasks held per sync thread when every agent served is a sync one (see ``_limit``).
 SYNC_PREFETCH = 4
 #: Errors that mean "the database is unreachable or busy right now": retried, never fatal.
 DB_ERRORS: tuple[type[Exception], ...] = (sa.exc.DBAPIError, sa.exc.TimeoutError,
@@ -484,31 +484,28 @@ class Worker:
         return woken
 
     @property
-    def _sync_limit(self) -> int:
-        """Most tasks held when every agent served is a sync one.
+    def _limit(self) -> int:
+        """Most tasks this process holds at once.
 
-        Sync work runs at most ``threads`` at once; :data:`SYNC_PREFETCH` times as many are
-        held so that the next tasks wait in memory, not a claim round trip away, when a
-        thread frees (the claim of the next batch overlaps the work of this one).
+        ``max_in_flight``; when every agent served is a sync one, also no more than
+        :data:`SYNC_PREFETCH` per sync thread: sync work runs at most ``threads`` at once,
+        and the extra tasks wait in memory, not a claim round trip away, when a thread
+        frees (the claim of the next batch overlaps the work of this one).
         """
-        return self.config.threads * SYNC_PREFETCH
+        cfg = self.config
+        if self._async_agents:
+            return cfg.max_in_flight
+        return min(cfg.max_in_flight, cfg.threads * SYNC_PREFETCH)
 
     def _room(self) -> int:
         """How many more tasks this process may claim now."""
-        cfg = self.config
-        held = len(self._inflight)
-        room = cfg.max_in_flight - held
-        if not self._async_agents:
-            room = min(room, self._sync_limit - held)
-        return room
+        return self._limit - len(self._inflight)
 
     async def _claim_loop(self, queue: asyncio.Queue[_InFlight],
                           agent_threads: ThreadRunner) -> None:
         cfg = self.config
         started = time.monotonic()
-        limit = cfg.max_in_flight if self._async_agents else min(cfg.max_in_flight,
-                                                                  self._sync_limit)
-        threshold = max(1, min(cfg.batch_size, limit // 2))
+        threshold = max(1, min(cfg.batch_size, self._limit // 2))
         backoff = 0.1
         polled = False  # the last wait ended at the poll interval, not on a wake-up
         while True:

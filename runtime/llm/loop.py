@@ -1,8 +1,8 @@
 """Where model calls run, and the per-server, per-model limits that go with the loop.
 
-Async code awaits its calls on its own running loop: the async
-worker's agents make their calls on the worker's one loop, beside its claims and writes,
-with no hand-over to another thread. Synchronous code (a sync agent or the judge in a
+Async code awaits its calls on its own running loop: the async worker's agents make their
+calls on the worker's one loop, beside its claims and writes, with no hand-over to another
+thread. Synchronous code (a sync agent or the judge in a
 worker thread, a script) submits with :meth:`CallLoop.run` to the loop *attached* by a
 running worker (:meth:`CallLoop.attach`), or, when none is, to a loop the model layer
 starts in a daemon thread, stopped by :meth:`CallLoop.close`. So in a worker every call

@@ -75,6 +75,14 @@ def _reading(what: str) -> Iterator[None]:
         raise httpx.ReadError(f"reading {what} failed: {exc}") from exc
 
 
+async def _read_within(call: Any, timeout: float | None, what: str) -> bytes:
+    """Await one read of ``what`` for at most ``timeout`` s, failing as httpx does."""
+    with _reading(what):
+        async with asyncio.timeout(timeout):
+            data: bytes = await call
+    return data
+
+
 def _deadline(timeouts: dict[str, Any], name: str) -> float | None:
     value = timeouts.get(name)
     return None if value is None else float(value)
@@ -97,10 +105,7 @@ class _Body(httpx.AsyncByteStream):
         self._closed = False
 
     async def _read(self, call: Any) -> bytes:
-        with _reading("the response body"):
-            async with asyncio.timeout(self._timeout):
-                data: bytes = await call
-        return data
+        return await _read_within(call, self._timeout, "the response body")
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         reader = self._conn.reader
@@ -197,9 +202,8 @@ class StreamTransport(httpx.AsyncBaseTransport):
             if read_body and length is not None and not chunked:
                 # A body of known length (every Ollama reply): read it here and build the
                 # response from it, without httpx's streaming machinery.
-                with _reading("the response body"):
-                    async with asyncio.timeout(read):
-                        content = await conn.reader.readexactly(length)
+                content = await _read_within(conn.reader.readexactly(length), read,
+                                             "the response body")
                 released = True
                 self._release(key, conn, reusable=keep_alive)
                 return httpx.Response(status, headers=headers, content=content,
