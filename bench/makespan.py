@@ -17,6 +17,10 @@ on a wider tree (``--wide-leads``, default leads + 10: 1,200 writers),
 Then once more with agents that sleep ``delay`` instead of calling the model
 (``engine_*`` figures): the engine's own share, without the model layer; there every
 task of the tree is in flight at once, so RSS per task is (peak - idle) / tasks.
+Last, the floor (``bench.model_floor``): the tree's model calls made with no engine at
+all, through the official client (``makespan_floor_official_*``) and through bare asyncio
+sockets (``makespan_floor_bare_*``); ``makespan_above_floor_seconds`` is what the engine
+adds to the first.
 """
 
 from __future__ import annotations
@@ -211,6 +215,21 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
     }
 
 
+def model_floor(calls: int, delay: float, client: str) -> dict[str, Any]:
+    """The tree's model calls without the engine (``bench.model_floor``, its own process)."""
+    model_proc, model_url = start_model_server(delay)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.model_floor", "--url", model_url, "--calls",
+             str(calls), "--client", client],
+            cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=300, check=True)
+    finally:
+        model_proc.kill()
+        model_proc.wait()
+    figures: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return figures
+
+
 def main(leads: int = 30, writers: int = 30, delay: float = 1.0,
          server: str | None = None, wide_leads: int | None = None) -> dict[str, Any]:
     """Measure with the model server, then with agents that only sleep; print both.
@@ -234,6 +253,15 @@ def main(leads: int = 30, writers: int = 30, delay: float = 1.0,
         "rss_per_task_in_flight_kb": wide["rss_per_task_in_flight_kb"],
     })
     figures.update(measure(leads, writers, delay, server, simulate=True))
+    # The floor: the same model calls from a process with no engine (see bench.model_floor).
+    critical = 2 * delay
+    for client in ("official", "bare"):
+        floor = model_floor(leads * writers, delay, client)
+        figures[f"makespan_floor_{client}_seconds"] = floor["seconds"]
+        figures[f"makespan_floor_{client}_vs_critical_path"] = round(floor["seconds"] / critical, 3)
+        figures[f"makespan_floor_{client}_cpu_ms_per_call"] = floor["cpu_ms_per_call"]
+    figures["makespan_above_floor_seconds"] = round(
+        figures["makespan_seconds"] - figures["makespan_floor_official_seconds"], 3)
     return report("makespan", figures)
 
 

@@ -174,6 +174,13 @@ def test_makespan(server_url: str) -> None:
     _numbers(figures, "makespan_seconds", "makespan_vs_critical_path", "peak_calls_in_flight")
     assert figures["makespan_tasks"] == 9 and figures["makespan_model_calls"] == 7
     assert figures["peak_calls_in_flight"] >= 1
+    # The floor makes the tree's calls (6 at once, then 1) without the engine: two calls of
+    # 0.1 s one after the other cannot take less than the critical path.
+    for client in ("official", "bare"):
+        _numbers(figures, f"makespan_floor_{client}_seconds",
+                 f"makespan_floor_{client}_cpu_ms_per_call")
+        assert figures[f"makespan_floor_{client}_seconds"] >= 0.2
+    assert math.isfinite(figures["makespan_above_floor_seconds"])
 
 
 def test_charge(server_url: str) -> None:
