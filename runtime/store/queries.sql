@@ -351,10 +351,11 @@ WITH input AS (
 ), notify AS (
     SELECT pg_notify('{tasks_channel}', a) FROM (SELECT DISTINCT to_agent AS a FROM kids) d
 )
-SELECT p.id,
-       (SELECT count(*) FROM kids k WHERE k.parent_id = p.id) AS inserted,
+SELECT p.id, COALESCE(k.inserted, 0) AS inserted,
        (SELECT count(*) FROM notify) AS notified
-FROM parent p;
+FROM parent p
+LEFT JOIN (SELECT parent_id, count(*) AS inserted FROM kids GROUP BY parent_id) k
+    ON k.parent_id = p.id;
 
 -- task_retry_children --
 -- An aggregating parent sends finished children back to pending (optionally to another
@@ -449,19 +450,24 @@ WITH input AS (
              request_hash text, attempt_kind text, call_try int, replayed boolean,
              thinking text)
 ), per_task AS (
-    SELECT id, token, sum(tokens) AS tokens, sum(usd) AS usd, max(n) AS last
-    FROM input GROUP BY id, token
+    -- One row per task: the sums of its calls, and the route of its last call (a sort,
+    -- not a join of the batch with itself: that was quadratic in the batch's size).
+    SELECT DISTINCT ON (id, token) id, token, route, route_reason, model,
+           sum(tokens) OVER task AS tokens, sum(usd) OVER task AS usd
+    FROM input
+    WINDOW task AS (PARTITION BY id, token)
+    ORDER BY id, token, n DESC
 ), me AS (
     UPDATE tasks t
     SET own_tokens = t.own_tokens + p.tokens,
         own_usd = t.own_usd + p.usd,
         spent_tokens = t.spent_tokens + p.tokens,
         spent_usd = t.spent_usd + p.usd,
-        route = i.route,
-        route_reason = i.route_reason,
-        model = i.model,
+        route = p.route,
+        route_reason = p.route_reason,
+        model = p.model,
         updated_at = now()
-    FROM per_task p JOIN input i ON i.n = p.last
+    FROM per_task p
     WHERE t.id = p.id AND t.lease_token = p.token
     RETURNING t.id, t.root_id, p.token
 ), calls AS (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 from collections import Counter
@@ -468,10 +469,14 @@ def test_a_charge_touches_only_its_task_and_spend_rolls_up_when_it_ends(store: S
 def test_charge_many_sums_per_task_and_skips_a_lost_lease(store: Store) -> None:
     root, _ = parent_with_children(store, 2)
     a, b = store.claim(["echo"], 2, "w", 30)
-    done = store.charge_many([_charge(a, 3, 0), _charge(a, 4, 1), _charge(b, 5, 0),
+    cloud = dataclasses.replace(_charge(a, 4, 1), route="cloud", model="big")
+    done = store.charge_many([_charge(a, 3, 0), _charge(b, 5, 0), cloud,
                               _charge(b, 9, 1, token=uuid.uuid4())])
     assert done == [True, True, True, False]
     assert store.get(a.id)["own_tokens"] == 7 and store.get(b.id)["own_tokens"] == 5
+    # A task's route and model are its last recorded call's.
+    assert (store.get(a.id)["route"], store.get(a.id)["model"]) == ("cloud", "big")
+    assert (store.get(b.id)["route"], store.get(b.id)["model"]) == ("local", "m")
     calls = store.model_calls(a.id) + store.model_calls(b.id)
     assert len(calls) == 3 and {c["root_id"] for c in calls} == {root["id"]}
 
