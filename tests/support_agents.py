@@ -53,7 +53,11 @@ class Echo(Agent):
 
 
 class Fanout(Agent):
-    """Delegates to ``n`` echo children (each may sleep), then sums them."""
+    """Delegates to ``n`` echo children (each may sleep), then sums them.
+
+    Failed children: retried (``retry_failed``, reassigned to ``reassign``), else the
+    parent escalates, unless ``tolerate`` (then its result counts them).
+    """
 
     name = "fanout"
     input_model = AnyInput
@@ -73,6 +77,8 @@ class Fanout(Agent):
                 c.status == "failed" for c in failed) and task.attempt < 3:
             return RetryChildren([c.id for c in failed],
                                  reassign_to=str(task.payload.get("reassign", "echo")))
+        if failed and task.payload.get("tolerate"):
+            return Result({"parts": len(children), "failed": len(failed)})
         if failed:
             return Escalate(f"{len(failed)} children failed")
         return Result({"parts": len(children)})

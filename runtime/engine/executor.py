@@ -160,13 +160,6 @@ def _raced(children: list[TaskRow]) -> bool:
     return any(c.status not in TERMINAL_STATUSES for c in children)
 
 
-def _decision_reads(row: TaskRow, decision: Any) -> bool:
-    """Whether turning ``decision`` into an action reads the database (children's rows)."""
-    if isinstance(decision, RetryChildren):
-        return decision.reassign_to is not None
-    return isinstance(decision, Result) and "max_child_failures" in (row.kill_criteria or {})
-
-
 def _typed(row: TaskRow | dict[str, Any]) -> TaskRow:
     """The engine works on typed rows; a mapping (a test, a caller by hand) is typed here."""
     return row if isinstance(row, TaskRow) else TaskRow.from_mapping(row)
@@ -226,8 +219,7 @@ class Executor:
             decision = self._call(started, children)
             if inspect.isawaitable(decision):
                 decision = asyncio.run(_awaited(decision))
-            return self._decide(started.cls, started.view, started.row, decision, started.llm,
-                                started.outcome)
+            return self._decide(started, decision, children)
         except Exception as exc:
             return self._failed(started, exc)
 
@@ -235,10 +227,9 @@ class Executor:
                        blocking: Callable[..., Awaitable[Any]]) -> Action:
         """Like :meth:`execute`, for an ``async def`` agent, awaited on the worker's loop.
 
-        ``blocking(fn, *args)`` runs a blocking call (a database read) off the loop and
-        returns its result. The decision's checks (the policies) run on the loop, as the
-        input's do; a decision that needs the children's rows is turned into its action
-        off the loop.
+        ``blocking(fn, *args)`` runs a blocking call (the children's read) off the loop and
+        returns its result. The decision's checks (the policies, the inline judge) run on
+        the loop, as the input's do: they read nothing from the database.
         """
         started = self._start(_typed(row), lease_lost)
         if not isinstance(started, _Started):
@@ -252,13 +243,7 @@ class Executor:
             decision = self._call(started, children)
             if inspect.isawaitable(decision):
                 decision = await decision
-            args = (started.cls, started.view, started.row, decision, started.llm,
-                    started.outcome)
-            if _decision_reads(started.row, decision):
-                action: Action = await blocking(self._decide, *args)
-            else:  # checks only (the policies, as the input's were): no thread hop
-                action = self._decide(*args)
-            return action
+            return self._decide(started, decision, children)
         except Exception as exc:
             return self._failed(started, exc)
 
@@ -324,15 +309,22 @@ class Executor:
             "trace": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))})
         return outcome("failed", error=f"agent error: {type(exc).__name__}: {exc}")
 
-    def _decide(self, cls: type[Agent], view: TaskView, row: TaskRow, decision: Any,
-                llm: Any, outcome: Any) -> Action:
+    def _decide(self, started: _Started, decision: Any, children: list[TaskRow]) -> Action:
+        """Turn the agent's decision into an action: checks only, no database.
+
+        ``children`` are the rows an aggregate was given (all finished; none for a run):
+        the inline judge counts their failures and a reassignment checks them, so the
+        decision is judged on what the agent saw.
+        """
+        cls, view, row, llm, outcome = (started.cls, started.view, started.row, started.llm,
+                                        started.outcome)
         if isinstance(decision, Result):
             result = _jsonable(decision.output)
             violation = self.policies.validate_output(view, result)
             if violation is not None:
                 return outcome("escalated", result=result, error=str(violation))
             if self.inline_judge and not (view.success_criteria or {}).get("rubric"):
-                return self._judged_inline(row, result, llm)
+                return self._judged_inline(row, result, llm, children)
             return outcome("judging", result=result, detail="result ready for judging")
         if isinstance(decision, Fail):
             return outcome("failed", error=decision.reason)
@@ -346,17 +338,17 @@ class Executor:
             violation = self.policies.validate_delegation(view, decision.children)
             if violation is not None:
                 return outcome("escalated", error=str(violation))
-            children = self._carve(view, decision.children, llm)
+            new_rows = self._carve(view, decision.children, llm)
             detail = decision.note or (
-                f"delegated to {len(children)} children: "
-                + ", ".join(sorted({c.to_agent for c in children}))
+                f"delegated to {len(new_rows)} children: "
+                + ", ".join(sorted({c.to_agent for c in new_rows}))
             )
-            return DelegateAction(view.id, row.lease, children, detail)
+            return DelegateAction(view.id, row.lease, new_rows, detail)
         if isinstance(decision, RetryChildren):
             if view.phase != "aggregate":
                 raise DelegationRefused("RetryChildren is only valid from aggregate")
             if decision.reassign_to is not None:
-                violation = self._check_reassignment(view, decision)
+                violation = self._check_reassignment(view, decision, children)
                 if violation is not None:
                     return outcome("escalated", error=str(violation))
             what = (f"reassigned {len(decision.child_ids)} children to {decision.reassign_to}"
@@ -368,17 +360,18 @@ class Executor:
             "Fail, Escalate or (from aggregate) RetryChildren"
         )
 
-    def _check_reassignment(self, view: TaskView, decision: RetryChildren) -> Any:
+    def _check_reassignment(self, view: TaskView, decision: RetryChildren,
+                            children: list[TaskRow]) -> Any:
         """A reassignment is a delegation to another agent: same checks as a delegation."""
         agent = str(decision.reassign_to)
         try:
             self.registry.get(agent)
         except UnknownAgent as exc:
             raise DelegationRefused(str(exc)) from None
-        children = {c.id: c for c in self.store.child_rows(view.id)}
+        by_id = {c.id: c for c in children}
         specs = []
         for child_id in decision.child_ids:
-            child = children.get(child_id)
+            child = by_id.get(child_id)
             if child is None:
                 raise DelegationRefused(f"{child_id} is not a child of {view.id}")
             try:
@@ -455,8 +448,9 @@ class Executor:
             for s in specs
         ]
 
-    def _judged_inline(self, row: TaskRow, result: Any, llm: Any) -> RunOutcome:
-        """Judge a fresh result in the worker that produced it (no model needed)."""
+    def _judged_inline(self, row: TaskRow, result: Any, llm: Any,
+                       children: list[TaskRow]) -> RunOutcome:
+        """Judge a fresh result in the worker that produced it (no model, no database)."""
         snapshot = row.replace(result=result)
         if hasattr(llm, "remaining_tokens"):
             snapshot.spent_tokens = int(row.budget_tokens or 0) - llm.remaining_tokens()
@@ -464,8 +458,6 @@ class Executor:
         if row.claimed_at is not None:
             running = (dt.datetime.now(dt.UTC) - row.claimed_at).total_seconds()
             snapshot.duration_seconds = float(row.duration_seconds or 0) + running
-        kill = row.kill_criteria or {}
-        children = self.store.child_rows(row.id) if "max_child_failures" in kill else []
         try:
             judgement = self.judge(snapshot, children, None, self.settings)
         except Exception as exc:

@@ -226,6 +226,32 @@ def test_a_reassignment_outside_the_org_chart_escalates_the_parent(runtime: Runt
     assert row["error"].startswith("policy delegation_edges:"), row["error"]
 
 
+def test_a_reassignment_inside_the_org_chart_runs_the_failed_child_again(
+        runtime: Runtime) -> None:
+    root = submit(runtime.store, "fanout", {"goal": "g", "n": 2, "child": "boom",
+                                            "retry_failed": True, "reassign": "echo"})
+    drain(runtime)
+    assert runtime.store.get(root["id"])["status"] == "done"
+    children = runtime.store.children(root["id"])
+    assert [(c["to_agent"], c["status"]) for c in children] == [("echo", "done")] * 2
+
+
+@pytest.mark.parametrize(("limit", "status"), [(1, "escalated"), (2, "done")])
+def test_the_inline_judge_counts_the_failures_of_the_children_aggregated(
+        runtime: Runtime, limit: int, status: str) -> None:
+    # Two children fail; the parent's aggregate returns a result anyway, and the judge
+    # (inline, in the same worker) holds it to max_child_failures.
+    root = submit(runtime.store, "fanout", {"goal": "g", "n": 2, "child": "boom",
+                                            "tolerate": True},
+                  kill_criteria={"max_child_failures": limit})
+    drain(runtime)
+    row = runtime.store.get(root["id"])
+    assert row["status"] == status, row["error"]
+    assert row["result"] == {"parts": 2, "failed": 2}
+    if status == "escalated":
+        assert "max_child_failures: 2 of 2 children" in row["error"]
+
+
 def test_async_agents_are_awaited_on_the_loop_many_at_once(runtime: Runtime) -> None:
     ids = [submit(runtime.store, "async_napper", {"goal": str(i), "nap": 1.0})["id"]
            for i in range(200)]
