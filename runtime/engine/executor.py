@@ -160,6 +160,17 @@ def _raced(children: list[TaskRow]) -> bool:
     return any(c.status not in TERMINAL_STATUSES for c in children)
 
 
+def _reads_children(started: _Started) -> bool:
+    """Whether the task's children are read before its agent runs.
+
+    An aggregate is given them. A run reads them only to be judged inline against
+    ``max_child_failures`` (a run normally has none yet: a task sent back to ``pending``
+    after it delegated has them).
+    """
+    return (started.view.phase == "aggregate"
+            or "max_child_failures" in (started.row.kill_criteria or {}))
+
+
 def _typed(row: TaskRow | dict[str, Any]) -> TaskRow:
     """The engine works on typed rows; a mapping (a test, a caller by hand) is typed here."""
     return row if isinstance(row, TaskRow) else TaskRow.from_mapping(row)
@@ -212,9 +223,9 @@ class Executor:
             return started
         try:
             children: list[TaskRow] = []
-            if started.view.phase == "aggregate":
+            if _reads_children(started):
                 children = self.store.child_rows(started.row.id)
-                if _raced(children):
+                if started.view.phase == "aggregate" and _raced(children):
                     return started.outcome("waiting", detail=RACED)
             decision = self._call(started, children)
             if inspect.isawaitable(decision):
@@ -236,9 +247,9 @@ class Executor:
             return started
         try:
             children: list[TaskRow] = []
-            if started.view.phase == "aggregate":
+            if _reads_children(started):
                 children = await blocking(self.store.child_rows, started.row.id)
-                if _raced(children):
+                if started.view.phase == "aggregate" and _raced(children):
                     return started.outcome("waiting", detail=RACED)
             decision = self._call(started, children)
             if inspect.isawaitable(decision):
@@ -312,9 +323,9 @@ class Executor:
     def _decide(self, started: _Started, decision: Any, children: list[TaskRow]) -> Action:
         """Turn the agent's decision into an action: checks only, no database.
 
-        ``children`` are the rows an aggregate was given (all finished; none for a run):
-        the inline judge counts their failures and a reassignment checks them, so the
-        decision is judged on what the agent saw.
+        ``children`` are the rows read before the agent ran (:func:`_reads_children`; an
+        aggregate's are all finished): the inline judge counts their failures and a
+        reassignment checks them, so the decision is judged on what the agent saw.
         """
         cls, view, row, llm, outcome = (started.cls, started.view, started.row, started.llm,
                                         started.outcome)

@@ -16,9 +16,10 @@ import sqlalchemy as sa
 from agents.base import Agent, Result, TaskView
 from agents.context import AgentContext
 from runtime.config import load_settings
+from runtime.store.rows import RunOutcome
 from runtime.store.store import Store
 from runtime.wiring import Runtime, build_runtime
-from tests.factories import events, expire_leases, submit, terminal_event_counts
+from tests.factories import child_rows, events, expire_leases, submit, terminal_event_counts
 from tests.support_agents import AnyInput, AnyOutput
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "writing-agents.md"
@@ -250,6 +251,27 @@ def test_the_inline_judge_counts_the_failures_of_the_children_aggregated(
     assert row["result"] == {"parts": 2, "failed": 2}
     if status == "escalated":
         assert "max_child_failures: 2 of 2 children" in row["error"]
+
+
+def test_a_run_that_finds_failed_children_is_judged_against_max_child_failures(
+        runtime: Runtime) -> None:
+    # A task that delegated, then went back to pending (a transient error while it
+    # aggregated), runs again and this time returns a result: the inline judge counts the
+    # children it already has, as the judge stage would.
+    store = runtime.store
+    root = submit(store, "echo", {"goal": "g"}, kill_criteria={"max_child_failures": 0})
+    (parent,) = store.claim(["echo"], 1, "w", 30)
+    store.delegate(parent.id, parent.lease, child_rows(2), "w")
+    kids = store.claim(["echo"], 2, "w", 30)
+    store.finish_running([RunOutcome(k.id, k.lease, "failed", error="boom") for k in kids], "w")
+    (again,) = store.claim(["echo"], 1, "w", 30)
+    assert again.id == root["id"] and again.phase == "aggregate"
+    store.finish_running([RunOutcome(again.id, again.lease, "pending", error="transient")],
+                         "w")
+    drain(runtime, ["echo", "judge"])
+    row = store.get(root["id"])
+    assert row["status"] == "escalated", row["error"]
+    assert "max_child_failures: 2 of 2 children" in row["error"]
 
 
 def test_async_agents_are_awaited_on_the_loop_many_at_once(runtime: Runtime) -> None:
