@@ -199,7 +199,7 @@ class StreamTransport(httpx.AsyncBaseTransport):
             length, chunked, keep_alive = self._framing(request.method, status, version,
                                                           headers)
             extensions = {"http_version": version, "reason_phrase": reason}
-            if read_body and length is not None and not chunked:
+            if read_body and length is not None:  # (None when chunked)
                 # A body of known length (every Ollama reply): read it here and build the
                 # response from it, without httpx's streaming machinery.
                 content = await _read_within(conn.reader.readexactly(length), read,
