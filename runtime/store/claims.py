@@ -1,0 +1,68 @@
+"""Claiming and holding work: claims, the judge stage's lease, heartbeats, release.
+
+A mixin of :class:`runtime.store.store.Store`. Tasks handed to the engine are typed rows
+(:class:`~runtime.store.rows.TaskRow`, built in one place: :meth:`StoreClaims._task_rows`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from runtime.store.queries import TEXT as _TEXT
+from runtime.store.reads import StoreReads
+from runtime.store.rows import TaskRow
+
+
+class StoreClaims(StoreReads):
+    """Claims (run, aggregate, judge), children read by the engine, leases kept or handed back."""
+
+    def _task_rows(self, conn: Connection, name: str, **params: Any) -> list[TaskRow]:
+        """Run a named read and type its rows (the one place tasks become ``TaskRow``)."""
+        result = conn.execute(_TEXT[name], params)
+        return TaskRow.from_rows(list(result.keys()), result.all())
+
+    def claim(self, agents: Sequence[str], limit: int, worker: str,
+              lease_seconds: float) -> list[TaskRow]:
+        """Claim up to ``limit`` pending or ready-to-aggregate tasks for ``agents``."""
+        if not agents or limit <= 0:
+            return []
+        with self.transaction() as conn:
+            return self._task_rows(conn, "task_claim_available", agents=list(agents),
+                                   limit=limit, worker=worker,
+                                   lease_seconds=float(lease_seconds))
+
+    def claim_judging(self, limit: int, worker: str, lease_seconds: float) -> list[TaskRow]:
+        """Lease up to ``limit`` tasks waiting for the judge stage."""
+        if limit <= 0:
+            return []
+        with self.transaction() as conn:
+            return self._task_rows(conn, "task_claim_judging", limit=limit, worker=worker,
+                                   lease_seconds=float(lease_seconds))
+
+    def child_rows(self, task_id: uuid.UUID) -> list[TaskRow]:
+        """The children of one task as typed rows, in creation order (for the engine)."""
+        with self.engine.connect() as conn:
+            return self._task_rows(conn, "task_list_children", id=task_id)
+
+    def heartbeat(self, tokens: Iterable[uuid.UUID], lease_seconds: float) -> set[uuid.UUID]:
+        """Extend leases; return the tokens still held (the others were taken away)."""
+        tokens = list(tokens)
+        if not tokens:
+            return set()
+        with self.transaction() as conn:
+            rows = conn.execute(_TEXT["task_heartbeat_leased"],
+                                {"tokens": tokens, "lease_seconds": float(lease_seconds)})
+            return {row.lease_token for row in rows}
+
+    def release(self, tokens: Iterable[uuid.UUID], worker: str) -> int:
+        """Hand back leased tasks (a worker shutting down); returns how many."""
+        tokens = list(tokens)
+        if not tokens:
+            return 0
+        with self.transaction() as conn:
+            return len(conn.execute(_TEXT["task_release_leased"],
+                                    {"tokens": tokens, "worker": worker}).all())

@@ -1,0 +1,89 @@
+"""Maintenance: the reaper, the watchdog and the fan-in sweeper, once per interval.
+
+A mixin of :class:`runtime.store.store.Store`. One pass runs all three in one transaction
+under a transaction-level advisory lock, so one worker runs it and the others skip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from sqlalchemy.engine import Connection
+
+from runtime.store.queries import TEXT as _TEXT
+from runtime.store.rows import Reaped, Swept, TimedOut
+from runtime.store.writes import StoreWrites
+
+#: The advisory lock key of the maintenance pass (distinct from the orchestrator's fire lock).
+MAINTENANCE_LOCK_KEY = int.from_bytes(hashlib.sha256(b"orgchart:maintenance").digest()[:8],
+                                      "big", signed=True)
+
+
+@dataclass(frozen=True)
+class Maintained:
+    """What one maintenance pass did (reaper, watchdog and sweeper, in one transaction)."""
+
+    reaped: Reaped
+    timed_out: TimedOut
+    swept: Swept
+
+
+class StoreHygiene(StoreWrites):
+    """The maintenance pass and its three parts, each also callable alone."""
+
+    def maintain(self, max_delivery: int, interval_seconds: float, *, reap_limit: int = 1000,
+                 timeout_limit: int = 1000, sweep_limit: int = 10_000,
+                 name: str = "maintenance") -> Maintained | None:
+        """One maintenance pass for all workers: reaper, watchdog and sweeper, once per interval.
+
+        Runs in one transaction under a transaction-level advisory lock: while one worker
+        runs it the others skip, and a pass that ran less than ``interval_seconds`` ago
+        (by the database clock) is not repeated. Returns None when skipped.
+        """
+        with self.transaction() as conn:
+            began = conn.execute(_TEXT["maintenance_pass_begin"],
+                                 {"key": MAINTENANCE_LOCK_KEY, "name": name,
+                                  "interval": float(interval_seconds)}).first()
+            if began is None:
+                return None
+            reaped = self._reap(conn, max_delivery, "reaper", reap_limit)
+            timed_out = self._time_out(conn, "watchdog", timeout_limit)
+            swept = self._sweep(conn, "sweeper", sweep_limit)
+        return Maintained(reaped, timed_out, swept)
+
+    def reap(self, max_delivery: int, worker: str = "reaper", limit: int = 1000) -> Reaped:
+        """Release expired leases; poison tasks delivered ``max_delivery`` times."""
+        with self.transaction() as conn:
+            return self._reap(conn, max_delivery, worker, limit)
+
+    def _reap(self, conn: Connection, max_delivery: int, worker: str, limit: int) -> Reaped:
+        rows = conn.execute(_TEXT["task_reap_expired"],
+                            {"max_delivery": max_delivery, "worker": worker,
+                             "limit": limit}).all()
+        self._children_ended(conn, [r for r in rows if r.to_status == "failed"], worker)
+        poisoned = sum(1 for r in rows if r.to_status == "failed")
+        return Reaped(released=len(rows) - poisoned, poisoned=poisoned,
+                      ids=tuple(r.id for r in rows))
+
+    def time_out(self, worker: str = "watchdog", limit: int = 1000) -> TimedOut:
+        """Fail tasks running past their ``budget_seconds`` with ``error = 'timeout'``."""
+        with self.transaction() as conn:
+            return self._time_out(conn, worker, limit)
+
+    def _time_out(self, conn: Connection, worker: str, limit: int) -> TimedOut:
+        rows = conn.execute(_TEXT["task_fail_timed_out"],
+                            {"worker": worker, "limit": limit}).all()
+        self._children_ended(conn, rows, worker)
+        return TimedOut(failed=len(rows), ids=tuple(r.id for r in rows))
+
+    def sweep(self, worker: str = "sweeper", limit: int = 10_000) -> Swept:
+        """Mark waiting parents whose children are all terminal ``ready_to_aggregate``."""
+        with self.transaction() as conn:
+            return self._sweep(conn, worker, limit)
+
+    @staticmethod
+    def _sweep(conn: Connection, worker: str, limit: int) -> Swept:
+        rows = conn.execute(_TEXT["task_sweep_ready_parents"],
+                            {"worker": worker, "limit": limit}).all()
+        return Swept(ready=len(rows), ids=tuple(r.id for r in rows))

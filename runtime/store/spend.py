@@ -1,0 +1,97 @@
+"""Spend: model calls charged to their own task, and a running tree's live spend.
+
+A mixin of :class:`runtime.store.store.Store`. A model call charges only its own task (and
+its ``model_calls`` row); a child's spend rolls up to its parent when the child reaches a
+terminal status (:mod:`runtime.store.writes`); a running tree's live spend is summed from
+``model_calls`` by root (:meth:`StoreSpend.live_spend`).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from decimal import Decimal
+
+import sqlalchemy as sa
+
+from runtime.store.queries import TEXT as _TEXT
+from runtime.store.reads import StoreReads
+from runtime.store.rows import ModelCharge, dumps_fast
+
+log = logging.getLogger(__name__)
+
+
+class StoreSpend(StoreReads):
+    """Charging model calls (one at a time or batched) and reading a tree's live spend."""
+
+    def charge(self, charge: ModelCharge) -> bool:
+        """Record one model call and charge it to its task only (one row, one insert).
+
+        The spend reaches the ancestors when the task ends (:meth:`_children_ended`).
+        Returns False (nothing written) when the task's lease is gone.
+        """
+        with self.transaction() as conn:
+            row = conn.execute(
+                _TEXT["task_charge_running"],
+                {
+                    "id": charge.task_id, "token": charge.lease_token,
+                    "tokens": charge.prompt_tokens + charge.completion_tokens,
+                    "usd": charge.cost_usd, "route": charge.route,
+                    "route_reason": charge.route_reason, "model": charge.model,
+                    "attempt": charge.attempt, "call_index": charge.call_index,
+                    "backend": charge.backend, "prompt": charge.prompt,
+                    "response": charge.response, "prompt_tokens": charge.prompt_tokens,
+                    "completion_tokens": charge.completion_tokens,
+                    "duration_seconds": charge.duration_seconds, "error": charge.error,
+                    "phase": charge.phase, "position": charge.position,
+                    "request_hash": charge.request_hash, "attempt_kind": charge.attempt_kind,
+                    "call_try": charge.call_try, "replayed": charge.replayed,
+                    "thinking": charge.thinking,
+                },
+            ).first()
+        if row is None:
+            log.warning("late charge ignored: lease gone", extra={"task_id": str(charge.task_id)})
+            return False
+        return True
+
+    def charge_many(self, charges: Sequence[ModelCharge]) -> list[bool]:
+        """Charge a batch of model calls in one statement; True for each one recorded.
+
+        Each call is guarded by its task's lease token like :meth:`charge`; several calls
+        of one task add up. A batch the database refuses as a whole (a NUL byte in one
+        prompt, say) is retried one call at a time, so a bad row fails alone.
+        """
+        if not charges:
+            return []
+        batch = [
+            {"n": n, "id": str(c.task_id), "token": str(c.lease_token),
+             "tokens": c.prompt_tokens + c.completion_tokens, "usd": str(c.cost_usd),
+             "route": c.route, "route_reason": c.route_reason, "model": c.model,
+             "attempt": c.attempt, "call_index": c.call_index, "backend": c.backend,
+             "prompt": c.prompt, "response": c.response, "prompt_tokens": c.prompt_tokens,
+             "completion_tokens": c.completion_tokens,
+             "duration_seconds": c.duration_seconds, "error": c.error, "phase": c.phase,
+             "position": c.position, "request_hash": c.request_hash,
+             "attempt_kind": c.attempt_kind, "call_try": c.call_try, "replayed": c.replayed,
+             "thinking": c.thinking}
+            for n, c in enumerate(charges)
+        ]
+        try:
+            with self.transaction() as conn:
+                done = {r.n for r in conn.execute(_TEXT["task_charge_running_many"],
+                                                  {"batch": dumps_fast(batch)})}
+        except sa.exc.DataError:
+            if len(charges) == 1:
+                raise
+            return [ok for c in charges for ok in self.charge_many([c])]
+        for n, c in enumerate(charges):
+            if n not in done:
+                log.warning("late charge ignored: lease gone", extra={"task_id": str(c.task_id)})
+        return [n in done for n in range(len(charges))]
+
+    def live_spend(self, root_id: uuid.UUID) -> tuple[int, Decimal, int]:
+        """``(tokens, usd, calls)`` a tree has spent so far, running tasks included."""
+        with self.engine.connect() as conn:
+            row = conn.execute(_TEXT["model_call_spend_by_root"], {"root_id": root_id}).one()
+        return int(row.tokens), Decimal(row.usd), int(row.calls)

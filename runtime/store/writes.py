@@ -1,0 +1,189 @@
+"""The store's lease-guarded outcomes: finishing, delegating, retrying children; fan-in.
+
+A mixin of :class:`runtime.store.store.Store`. Each state change is one guarded statement
+that also writes its ``task_events`` rows; where fan-in has to follow (a child became
+terminal), the parents are locked, the children's spend rolled up and the ready parents
+flipped in that same transaction. A write from a worker whose lease was taken away
+matches no row, changes nothing, and is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from runtime.store.queries import TEXT as _TEXT
+from runtime.store.reads import StoreReads
+from runtime.store.rows import (
+    TERMINAL_STATUSES,
+    ChildRow,
+    Finished,
+    JudgeOutcome,
+    RunOutcome,
+    canonical_json,
+    dumps_fast,
+)
+
+log = logging.getLogger(__name__)
+
+
+class StoreWrites(StoreReads):
+    """Outcomes of leased work (finish, delegate, retry children) and the fan-in they cause."""
+
+    def finish_running(self, outcomes: Sequence[RunOutcome], worker: str) -> Finished:
+        """Apply a batch of run outcomes in one transaction, then fan-in their parents."""
+        return self._finish("task_finish_running", [
+            {"id": o.task_id, "token": o.lease_token, "to_status": o.to_status,
+             "result": o.result, "error": o.error, "delay": float(o.delay_seconds),
+             "detail": o.detail, "verdict": o.verdict}
+            for o in outcomes
+        ], outcomes, worker)
+
+    def finish_judging(self, outcomes: Sequence[JudgeOutcome], worker: str) -> Finished:
+        """Apply a batch of verdicts in one transaction, then fan-in their parents."""
+        return self._finish("task_finish_judging", [
+            {"id": o.task_id, "token": o.lease_token, "to_status": o.to_status,
+             "verdict": o.verdict, "error": o.error, "detail": o.detail}
+            for o in outcomes
+        ], outcomes, worker)
+
+    def _finish(self, query: str, batch: list[dict[str, Any]],
+                outcomes: Sequence[RunOutcome] | Sequence[JudgeOutcome],
+                worker: str) -> Finished:
+        """One guarded batch statement (with its events), then the ended children's fan-in."""
+        done = Finished()
+        if not outcomes:
+            return done
+        with self.transaction() as conn:
+            rows = conn.execute(_TEXT[query], {"batch": dumps_fast(batch),
+                                               "worker": worker}).all()
+            done.applied = [r.id for r in rows]
+            done.parents_ready = self._children_ended(
+                conn, [r for r in rows if r.status in TERMINAL_STATUSES], worker)
+        self._log_stale(outcomes, done)
+        return done
+
+    def _children_ended(self, conn: Connection, ended: Sequence[Any],
+                        worker: str) -> list[uuid.UUID]:
+        """Children reached a terminal status: roll their spend up, then fan in.
+
+        ``ended`` are rows with ``id`` and ``parent_id``; runs in the caller's transaction.
+        """
+        return self._fan_in(conn, {r.parent_id for r in ended if r.parent_id is not None},
+                            worker, ended_children=[r.id for r in ended])
+
+    @staticmethod
+    def _roll_up(conn: Connection, child_ids: Sequence[uuid.UUID]) -> None:
+        """Add terminal children's spend since their last roll-up to their locked parents."""
+        rolled = conn.execute(_TEXT["task_roll_up_children"], {"ids": list(child_ids)}).all()
+        if not rolled:
+            return
+        tokens: dict[uuid.UUID, int] = {}
+        usd: dict[uuid.UUID, Decimal] = {}
+        for r in rolled:
+            tokens[r.parent_id] = tokens.get(r.parent_id, 0) + int(r.tokens)
+            usd[r.parent_id] = usd.get(r.parent_id, Decimal(0)) + Decimal(r.usd)
+        ids = sorted(tokens)
+        conn.execute(_TEXT["task_add_children_spend"],
+                     {"ids": ids, "tokens": [tokens[i] for i in ids],
+                      "usd": [usd[i] for i in ids]})
+
+    def _fan_in(self, conn: Connection, parent_ids: set[uuid.UUID], worker: str,
+                ended_children: Sequence[uuid.UUID] = ()) -> list[uuid.UUID]:
+        """Lock the parents (in id order), roll up their ended children's spend, flip ready ones.
+
+        All in the caller's transaction: two transactions finishing the last two children
+        of one parent serialise on the parent's lock, and the second sees the first.
+        """
+        if not parent_ids:
+            return []
+        ids = sorted(parent_ids)
+        conn.execute(_TEXT["task_lock_parents"], {"ids": ids})
+        if ended_children:
+            self._roll_up(conn, ended_children)
+        rows = conn.execute(_TEXT["task_flip_ready_parents"], {"ids": ids, "worker": worker})
+        return [r.id for r in rows]
+
+    @staticmethod
+    def _log_stale(outcomes: Sequence[RunOutcome] | Sequence[JudgeOutcome],
+                   done: Finished) -> None:
+        applied = set(done.applied)
+        for o in outcomes:
+            if o.task_id not in applied:
+                done.stale.append(o.task_id)
+                log.warning(
+                    "late write ignored: lease gone",
+                    extra={"task_id": str(o.task_id), "to_status": o.to_status},
+                )
+
+    # ------------------------------------------------------------------ delegate
+    def delegate(self, task_id: uuid.UUID, lease_token: uuid.UUID, children: Sequence[ChildRow],
+                 worker: str, detail: str | None = None) -> tuple[bool, int]:
+        """Move a leased running parent to ``waiting`` and insert its children atomically.
+
+        Returns ``(applied, inserted)``: ``applied`` is False when the lease was gone
+        (nothing changed); ``inserted`` counts children that did not exist yet.
+        """
+        return self.delegate_many([(task_id, lease_token, children, detail)], worker)[0]
+
+    def delegate_many(self, delegations: Sequence[tuple[uuid.UUID, uuid.UUID, Sequence[ChildRow],
+                                                        str | None]],
+                      worker: str) -> list[tuple[bool, int]]:
+        """Several delegations ``(task_id, lease_token, children, detail)``: one statement.
+
+        Each parent is guarded by its lease token as in :meth:`delegate`; the parents
+        that moved are then checked for fan-in (a re-run parent may find every child
+        already finished), in the same transaction. Returns ``(applied, inserted)`` per
+        delegation, in order. A payload the database refuses fails the whole call: retry
+        them one by one.
+        """
+        if not delegations:
+            return []
+        batch = [
+            {"id": str(task_id), "token": str(token),
+             "detail": detail or f"delegated to {len(children)} children",
+             "children": [
+                 {"id": str(uuid.uuid4()), "to_agent": c.to_agent, "type": c.type,
+                  "payload": c.payload, "success_criteria": c.success_criteria,
+                  "kill_criteria": c.kill_criteria, "budget_tokens": c.budget_tokens,
+                  "budget_seconds": c.budget_seconds, "budget_usd": str(c.budget_usd),
+                  "priority": c.priority, "key": c.key}
+                 for c in children]}
+            for task_id, token, children, detail in delegations
+        ]
+        with self.transaction() as conn:
+            moved = {row.id: int(row.inserted) for row in conn.execute(
+                _TEXT["task_delegate_running_many"],
+                {"batch": canonical_json(batch), "worker": worker})}
+            self._fan_in(conn, set(moved), worker)
+        for task_id, _, _, _ in delegations:
+            if task_id not in moved:
+                log.warning("late delegation ignored: lease gone",
+                            extra={"task_id": str(task_id)})
+        return [(task_id in moved, moved.get(task_id, 0)) for task_id, _, _, _ in delegations]
+
+    def retry_children(self, task_id: uuid.UUID, lease_token: uuid.UUID,
+                       child_ids: Sequence[uuid.UUID], worker: str,
+                       reassign_to: str | None = None, detail: str | None = None) -> int:
+        """From ``aggregate``: send finished children back to pending and wait again.
+
+        Returns how many children were re-queued (0 when the parent's lease was gone).
+        """
+        what = f"reassigned to {reassign_to}" if reassign_to else "retried"
+        with self.transaction() as conn:
+            row = conn.execute(
+                _TEXT["task_retry_children"],
+                {"id": task_id, "token": lease_token, "child_ids": list(child_ids),
+                 "reassign_to": reassign_to, "worker": worker,
+                 "detail": detail or f"{what} by the parent's aggregate"},
+            ).one()
+            if row.parents:
+                self._fan_in(conn, {task_id}, worker)
+        if not row.parents:
+            log.warning("late retry ignored: lease gone", extra={"task_id": str(task_id)})
+        return int(row.children)
