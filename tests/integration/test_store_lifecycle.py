@@ -386,16 +386,15 @@ def test_sweep_uses_the_waiting_index(store: Store) -> None:
 
 
 def test_pickup_is_signalled_by_notify(db_url: str, store: Store) -> None:
-    import psycopg
+    from runtime.store.notify import TaskChannel
 
-    from runtime.store.db import libpq_url
-    from runtime.store.queries import QUERIES
-
-    with psycopg.connect(libpq_url(db_url), autocommit=True) as listener:
-        listener.execute(QUERIES["channel_listen_tasks"])
+    with TaskChannel.open(store.engine) as channel:
         submit(store, agent="echo")
-        notes = list(listener.notifies(timeout=5.0, stop_after=1))
-    assert [n.payload for n in notes] == ["echo"]
+        notes = []
+        for payload in channel.notes(timeout=5.0):
+            notes.append(payload)
+            break
+    assert notes == ["echo"]
 
 
 def test_prune_removes_whole_finished_trees_with_their_events(store: Store) -> None:

@@ -19,7 +19,14 @@ from runtime.config import load_settings
 from runtime.store.rows import RunOutcome
 from runtime.store.store import Store
 from runtime.wiring import Runtime, build_runtime
-from tests.factories import child_rows, events, expire_leases, submit, terminal_event_counts
+from tests.factories import (
+    backdate_claims,
+    child_rows,
+    events,
+    expire_leases,
+    submit,
+    terminal_event_counts,
+)
 from tests.support_agents import AnyInput, AnyOutput
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "writing-agents.md"
@@ -171,6 +178,44 @@ def test_heartbeat_flags_a_task_whose_lease_was_taken(runtime: Runtime) -> None:
     thread.join(10)
     assert worker.stats.stale >= 1
     assert runtime.store.get(task["id"])["status"] == "pending"
+
+
+def test_a_lost_hook_hears_of_the_task_taken_away_and_can_abort_its_work(
+        runtime: Runtime) -> None:
+    task = submit(runtime.store, "async_napper", {"goal": "g", "nap": 60.0})
+    AsyncNapper.now = 0
+    worker = runtime.worker(["async_napper"], maintenance=False, listen=False,
+                            lease_seconds=30)
+    heard: list[str] = []
+
+    def on_lost(items: list[Any]) -> None:
+        heard.extend(str(i.row.id) for i in items)
+        for item in items:
+            item.abort("taken away")  # what a cancellation does: stop the coroutine now
+
+    worker.leases.on_lost(on_lost)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while AsyncNapper.now < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert worker.leases.lost() == []
+        backdate_claims(runtime.store, 100_000)  # the watchdog takes it away for good
+        assert runtime.store.time_out().failed == 1
+        assert worker.heartbeat_once() == 0
+        assert heard == [str(task["id"])]
+        deadline = time.monotonic() + 10
+        while worker.stats.dropped < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert worker.stats.dropped == 1 and AsyncNapper.now == 0  # the nap was cancelled
+        assert len(worker.held) == 0
+    finally:
+        worker.stop("test")
+        thread.join(10)
+    assert worker.stats.stale == 0 and worker.stats.released == 0
+    assert worker.stats.claimed == 1
+    assert runtime.store.get(task["id"])["status"] == "failed"
 
 
 def test_worker_run_with_once_drains_and_exits(runtime: Runtime) -> None:

@@ -1,0 +1,118 @@
+"""A worker's options (:class:`WorkerConfig`), what it did (:class:`WorkerStats`), its constants."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+
+#: The agent name that stands for the judge stage (in ``agents`` and in notifications).
+JUDGE = "judge"
+DB_RETRY_MAX_SECONDS = 5.0
+STOP_GRACE_SECONDS = 10.0
+#: How long the writer waits for more actions before it writes a batch.
+WRITE_WINDOW_SECONDS = 0.003
+#: Threads that run the blocking database calls (claims, writes, maintenance).
+DB_THREADS = 4
+#: Claims of ``batch_size`` sent at once when there is room for more (without a task cap).
+CLAIMS_AT_ONCE = 3
+#: Tasks held per sync thread when every agent served is a sync one (see ``Scheduler.limit``).
+SYNC_PREFETCH = 4
+#: Errors that mean "the database is unreachable or busy right now": retried, never fatal.
+DB_ERRORS: tuple[type[Exception], ...] = (sa.exc.DBAPIError, sa.exc.TimeoutError,
+                                          psycopg.Error)
+
+
+def new_worker_id() -> str:
+    """``host:pid:random`` so leases name who holds them."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How one worker runs; validated on creation."""
+
+    agents: tuple[str, ...]
+    worker_id: str = field(default_factory=new_worker_id)
+    #: Threads for sync agents (the old name of ``sync_threads``; wins when given).
+    concurrency: int | None = None
+    max_in_flight: int = 1000
+    sync_threads: int = 32
+    batch_size: int = 50
+    lease_seconds: float = 30.0
+    poll_interval_seconds: float = 1.0
+    maintenance_interval_seconds: float = 1.0
+    task_cap: int | None = None
+    wall_clock_seconds: float | None = None
+    once: bool = False
+    max_delivery: int = 3
+    maintenance: bool = True
+    listen: bool = True
+    stop_grace_seconds: float = STOP_GRACE_SECONDS
+
+    def __post_init__(self) -> None:
+        if not self.agents:
+            raise ValueError("a worker needs at least one agent to serve")
+        if self.threads < 1 or self.batch_size < 1 or self.max_in_flight < 1:
+            raise ValueError("sync_threads, max_in_flight and batch_size must be at least 1")
+        if self.lease_seconds <= 0 or self.poll_interval_seconds <= 0:
+            raise ValueError("lease_seconds and poll_interval_seconds must be positive")
+        if self.task_cap is not None and self.task_cap < 1:
+            raise ValueError("task_cap must be at least 1")
+        if self.wall_clock_seconds is not None and self.wall_clock_seconds <= 0:
+            raise ValueError("wall_clock_seconds must be positive")
+
+    @property
+    def threads(self) -> int:
+        """Threads that run sync agents and the judge stage."""
+        return self.concurrency if self.concurrency is not None else self.sync_threads
+
+    @property
+    def run_agents(self) -> list[str]:
+        """Agents whose pending tasks this worker claims (``judge`` means the judge stage)."""
+        return [a for a in self.agents if a != JUDGE]
+
+    @property
+    def judges(self) -> bool:
+        """Whether this worker runs the judge stage."""
+        return JUDGE in self.agents
+
+    @property
+    def notifications(self) -> set[str]:
+        """The notification payloads that mean work for this worker."""
+        return set(self.run_agents) | ({JUDGE} if self.judges else set())
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did; printed by ``orgchart worker`` and counted by fires."""
+
+    claimed: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    delegated: int = 0
+    retried_children: int = 0
+    stale: int = 0
+    dropped: int = 0
+    released: int = 0
+    reaped: int = 0
+    poisoned: int = 0
+    timed_out: int = 0
+    swept: int = 0
+    db_errors: int = 0
+    stop_reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return {
+            "claimed": self.claimed, "outcomes": dict(self.outcomes),
+            "delegated": self.delegated, "retried_children": self.retried_children,
+            "stale": self.stale, "dropped": self.dropped, "released": self.released,
+            "reaped": self.reaped, "poisoned": self.poisoned, "timed_out": self.timed_out,
+            "swept": self.swept, "db_errors": self.db_errors, "stop_reason": self.stop_reason,
+        }

@@ -1,0 +1,293 @@
+"""The async scheduler: claims what there is room for, runs one coroutine per task, writes.
+
+On the worker's one event loop:
+
+- **the claim loop** claims batches (``FOR UPDATE SKIP LOCKED``, several claims of
+  ``batch_size`` at once when there is room) for at most :attr:`Scheduler.limit` tasks
+  held at once. It wakes on a notification, on room freed, and polls every
+  ``poll_interval_seconds`` as a fallback (a room smaller than the claim threshold is
+  filled at the next poll);
+- **one coroutine per task** (:meth:`Scheduler.action_for`): an ``async def`` agent is
+  awaited on the loop (its model calls run in parallel); a sync agent and the judge run
+  in the :class:`~runtime.engine.worker.agent_threads.SyncAgentRunner`'s threads;
+- **the writer**: actions that arrive within :data:`WRITE_WINDOW_SECONDS` are written
+  together (:meth:`~runtime.engine.worker.steps.Steps.apply`); a task stays held (and
+  heartbeated) until its outcome is written;
+- **maintenance**: one pass of reaper, watchdog and sweeper per interval across workers.
+
+Blocking database calls run in :data:`DB_THREADS` threads, off the loop. The step API
+(``Worker.run_once``) drives :meth:`Scheduler.step`: the same :meth:`action_for`, with the
+agent runner inline.
+
+Failure modes: a database error in the claims, the writer or maintenance is counted,
+logged once per streak and retried with backoff. Outcomes that could not be written are
+kept and written again; if the lease expired meanwhile, the write matches nothing and the
+task runs again elsewhere. On stop, in-flight work gets ``stop_grace_seconds`` to finish
+and be written; the rest is released back to the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from runtime.engine.executor import Action, Dropped, Executor
+from runtime.engine.threads import ThreadRunner
+from runtime.engine.worker.agent_threads import SyncAgentRunner
+from runtime.engine.worker.config import (
+    CLAIMS_AT_ONCE,
+    DB_ERRORS,
+    DB_RETRY_MAX_SECONDS,
+    DB_THREADS,
+    SYNC_PREFETCH,
+    WRITE_WINDOW_SECONDS,
+    WorkerConfig,
+)
+from runtime.engine.worker.state import DbHealth, Held, InFlight, Wake
+from runtime.engine.worker.steps import Steps
+from runtime.store.rows import RunOutcome
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def serves_async_agents(executor: Executor, agents: list[str]) -> bool:
+    """Whether any of ``agents`` has an ``async def`` run or aggregate."""
+    registry = getattr(executor, "registry", None)
+    if registry is None:
+        return False
+    for name in agents:
+        try:
+            cls = registry.get(name)
+        except Exception:  # an unknown agent fails its tasks; it is not async
+            continue
+        if inspect.iscoroutinefunction(cls.run) or inspect.iscoroutinefunction(cls.aggregate):
+            return True
+    return False
+
+
+class Scheduler:
+    """Claims, dispatches and writes on one event loop (see the module doc)."""
+
+    def __init__(self, steps: Steps, agents: SyncAgentRunner, config: WorkerConfig,
+                 held: Held, wake: Wake, health: DbHealth, stopping: threading.Event,
+                 stop: Callable[[str], None]) -> None:
+        self.steps = steps
+        self.agents = agents
+        self.executor = agents.executor
+        self.config = config
+        self.held = held
+        self.wake = wake
+        self.health = health
+        self.stopping = stopping
+        self.stop = stop
+        self.async_agents = serves_async_agents(self.executor, config.run_agents)
+        self._db_threads: ThreadRunner | None = None
+        self._queue: asyncio.Queue[InFlight] | None = None
+
+    # ------------------------------------------------------------------ one task
+    async def action_for(self, item: InFlight) -> Action:
+        """Run one held task to its action: the one path, for the loop and the step API."""
+        try:
+            if item.kind == "run" and self.async_agents and self.executor.is_async(item.row):
+                return await self.executor.aexecute(item.row, item.lease_lost,
+                                                    self.agents.blocking)
+            return await self.agents.run(item)
+        except Exception as exc:  # the executor catches agent errors; this is a bug
+            log.exception("executor crashed", extra={"task_id": str(item.row.id)})
+            return RunOutcome(item.row.id, item.row.lease, "failed",
+                              error=f"runtime error: {exc}")
+
+    async def step(self, items: list[InFlight]) -> list[Action]:
+        """The actions of ``items``, worked on together (the step API's pass)."""
+        return list(await asyncio.gather(*(self.action_for(i) for i in items)))
+
+    # ------------------------------------------------------------------ room
+    @property
+    def limit(self) -> int:
+        """Most tasks this process holds at once.
+
+        ``max_in_flight``; when every agent served is a sync one, also no more than
+        :data:`SYNC_PREFETCH` per sync thread: sync work runs at most ``threads`` at once,
+        and the extra tasks wait in memory, not a claim round trip away, when a thread
+        frees (the claim of the next batch overlaps the work of this one).
+        """
+        cfg = self.config
+        if self.async_agents:
+            return cfg.max_in_flight
+        return min(cfg.max_in_flight, cfg.threads * SYNC_PREFETCH)
+
+    def room(self) -> int:
+        """How many more tasks this process may claim now."""
+        return self.limit - len(self.held)
+
+    def _claim_size(self, room: int) -> int:
+        """The most one round of claims asks for: several batches at once with room."""
+        if self.config.task_cap is not None:
+            return min(room, self.config.batch_size)  # one claim at a time keeps the cap exact
+        return min(room, self.config.batch_size * CLAIMS_AT_ONCE)
+
+    # ------------------------------------------------------------------ the loop
+    async def run(self) -> None:
+        """Claim, work and write until stopped; then drain, release, and stop the threads."""
+        self._db_threads = ThreadRunner(DB_THREADS, "db")
+        self._queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        background = [loop.create_task(self._writer_loop(), name="writer")]
+        if self.config.maintenance:
+            background.append(loop.create_task(self._maintenance_loop(), name="maintenance"))
+        try:
+            await self._claim_loop()
+        finally:
+            self.stopping.set()
+            await self._drain()
+            for job in background:
+                job.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            self.agents.shutdown()
+            self._db_threads.shutdown(wait=True)
+
+    async def _db(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking database call off the loop."""
+        assert self._db_threads is not None
+        return await self._db_threads.run(fn, *args)
+
+    def _must_stop(self, started: float) -> bool:
+        cfg = self.config
+        if cfg.wall_clock_seconds is not None and \
+                time.monotonic() - started >= cfg.wall_clock_seconds:
+            self.stop("wall clock reached")
+        if cfg.task_cap is not None and self.steps.stats.claimed >= cfg.task_cap:
+            self.stop("task cap reached")
+        return self.stopping.is_set()
+
+    async def _claim_loop(self) -> None:
+        cfg = self.config
+        started = time.monotonic()
+        threshold = max(1, min(cfg.batch_size, self.limit // 2))
+        backoff = 0.1
+        polled = False  # the last wait ended at the poll interval, not on a wake-up
+        while not self._must_stop(started):
+            room = self.room()
+            # Claim when enough room is free (or nothing is held): fewer, larger claims.
+            # A smaller room is filled at the next poll, so it never stays empty while
+            # work waits (a gap left by tasks that ended one by one, say).
+            items: list[InFlight] = []
+            if room > 0 and (room >= threshold or not self.held or polled):
+                try:
+                    items = await self._claim(room)
+                    self.health.ok("claims")
+                    backoff = 0.1
+                except DB_ERRORS as exc:
+                    self.health.error("claims", exc)
+                    await self.wake.sleep(backoff)
+                    backoff = min(backoff * 2, DB_RETRY_MAX_SECONDS)
+                    continue
+            for item in items:
+                self._start(item)
+            if items and len(items) >= min(room, self._claim_size(room)) and self.room() > 0:
+                # The queue had more than we took: claim again at once. The claim goes to
+                # a database thread before the tasks just started take the loop, so the
+                # next batch is on its way while they start (no sleep(0) between).
+                continue
+            if cfg.once and not items and not self.held:
+                self.stop("queue empty")
+                return
+            polled = not await self.wake.sleep(cfg.poll_interval_seconds)
+            if polled:
+                self.steps.judging_may_wait.set()  # the polling fallback covers judging too
+
+    async def _claim(self, room: int) -> list[InFlight]:
+        """Claim up to ``room`` tasks: concurrent claims of ``batch_size`` (SKIP LOCKED)."""
+        size, batch = self._claim_size(room), self.config.batch_size
+        sizes = [min(batch, size - n) for n in range(0, size, batch)]
+        if len(sizes) == 1:
+            return await self._db(self.steps.claim_batch, sizes[0])
+        claimed = await asyncio.gather(*(self._db(self.steps.claim_batch, n) for n in sizes),
+                                       return_exceptions=True)
+        items = [i for c in claimed if isinstance(c, list) for i in c]
+        errors = [c for c in claimed if isinstance(c, BaseException)]
+        if errors and not items:
+            raise errors[0]
+        for error in errors:  # what the other claims got still runs
+            self.health.error("claims", error)
+        return items
+
+    def _start(self, item: InFlight) -> None:
+        self.held.add(item)
+        item.job = asyncio.get_running_loop().create_task(self._work(item))
+
+    async def _work(self, item: InFlight) -> None:
+        """Run one task to its action and hand the action to the writer."""
+        assert self._queue is not None
+        try:
+            action = await self.action_for(item)
+        except asyncio.CancelledError:
+            if item.abort_reason is None:
+                raise  # the worker is stopping: the task is released, not written
+            action = Dropped(item.row.id, item.abort_reason)
+        item.action = action
+        self._queue.put_nowait(item)
+
+    async def _writer_loop(self) -> None:
+        """Write what arrives within a few milliseconds together; retry on database errors."""
+        assert self._queue is not None
+        queue = self._queue
+        while True:
+            batch = [await queue.get()]
+            await asyncio.sleep(WRITE_WINDOW_SECONDS)
+            while not queue.empty():
+                batch.append(queue.get_nowait())
+            await self._write([i.action for i in batch if i.action is not None])
+            self.held.remove(batch)
+            self.wake()
+
+    async def _write(self, actions: list[Action]) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                await self._db(self.steps.apply, actions)
+                self.health.ok("writer")
+                return
+            except DB_ERRORS as exc:
+                self.health.error("writer", exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, DB_RETRY_MAX_SECONDS)
+
+    async def _maintenance_loop(self) -> None:
+        interval = self.config.maintenance_interval_seconds
+        while not self.stopping.is_set():
+            await asyncio.sleep(interval)
+            try:
+                await self._db(self.steps.maintain_once)
+                self.health.ok("maintenance")
+            except DB_ERRORS as exc:
+                self.health.error("maintenance", exc)
+
+    async def _drain(self) -> None:
+        """Let in-flight work finish and be written within the grace, then release the rest."""
+        deadline = time.monotonic() + self.config.stop_grace_seconds
+        while self.held and time.monotonic() < deadline:
+            await self.wake.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        leftover = self.held.take_all()
+        for item in leftover:
+            item.lease_lost.set()
+            if item.job is not None:
+                item.job.cancel()
+        tokens = [i.row.lease_token for i in leftover if i.row.lease_token is not None]
+        for attempt in range(5):
+            if not tokens:
+                break
+            try:
+                self.steps.stats.released += await self._db(
+                    self.steps.store.release, tokens, self.config.worker_id)
+                break
+            except DB_ERRORS as exc:
+                self.health.error("release", exc)
+                await asyncio.sleep(0.2 * (attempt + 1))

@@ -1,0 +1,170 @@
+"""What a worker holds, and how its parts signal each other (safe from any thread).
+
+- :class:`InFlight`: one held task (claimed, its outcome not yet written): its row, its
+  stage, its lease flag, the coroutine that works on it, and (once done) its action.
+  :meth:`InFlight.abort` stops that work from any thread.
+- :class:`Held`: the tasks held; the claim loop adds, the writer removes, the heartbeat
+  reads.
+- :class:`Wake`: wakes the claim loop (a notification, room freed, a stop).
+- :class:`DbHealth`: counts database errors and logs one line per streak per place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import uuid
+from dataclasses import dataclass, field
+
+from runtime.engine.executor import Action
+from runtime.engine.worker.config import WorkerStats
+from runtime.store.rows import TaskRow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class InFlight:
+    """One held task: its row, its stage, its lease flag, its work, and (once done) its action.
+
+    Attributes:
+        row: the claimed row (its ``lease_token`` fences every write).
+        kind: ``run`` or ``judge``.
+        lease_lost: set when the task was taken away; the agent sees it as
+            ``ctx.lease_lost`` and its model calls raise ``LeaseLost``.
+        action: what the writer will write, once the work is done.
+        job: the asyncio task working on it (None when stepped by hand, or not started).
+        abort_reason: why :meth:`abort` stopped it, if it did.
+
+    """
+
+    row: TaskRow
+    kind: str  # "run" or "judge"
+    lease_lost: threading.Event = field(default_factory=threading.Event)
+    action: Action | None = None
+    job: asyncio.Task[None] | None = None
+    abort_reason: str | None = None
+
+    @property
+    def token(self) -> uuid.UUID | None:
+        """The lease token of this claim."""
+        return self.row.lease_token
+
+    def abort(self, reason: str) -> None:
+        """Stop the work on this task, from any thread: nothing of it will be written.
+
+        The lease flag is set (a sync agent sees it, its model calls stop) and the task's
+        coroutine is cancelled on its loop; the scheduler then ends it as ``Dropped`` with
+        ``reason``. A sync agent's thread cannot be interrupted: it runs to its end and its
+        result is ignored.
+        """
+        if self.abort_reason is None:
+            self.abort_reason = reason
+        self.lease_lost.set()
+        job = self.job
+        if job is not None and not job.done():
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                job.get_loop().call_soon_threadsafe(job.cancel)
+
+
+class Held:
+    """The tasks a worker holds (claimed, outcome not yet written); safe from any thread."""
+
+    def __init__(self) -> None:
+        self._items: dict[int, InFlight] = {}
+        self._lock = threading.Lock()
+
+    def add(self, item: InFlight) -> None:
+        """Hold ``item`` until :meth:`remove`."""
+        with self._lock:
+            self._items[id(item)] = item
+
+    def remove(self, items: list[InFlight]) -> None:
+        """Stop holding ``items`` (their outcomes are written)."""
+        with self._lock:
+            for item in items:
+                self._items.pop(id(item), None)
+
+    def items(self) -> list[InFlight]:
+        """A snapshot of what is held."""
+        with self._lock:
+            return list(self._items.values())
+
+    def take_all(self) -> list[InFlight]:
+        """Everything held, no longer held (a worker stopping hands them back)."""
+        with self._lock:
+            items = list(self._items.values())
+            self._items.clear()
+        return items
+
+    def __contains__(self, item: object) -> bool:
+        with self._lock:
+            return id(item) in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+
+class Wake:
+    """Wakes the claim loop from any thread; the loop sleeps on it between claims."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event: asyncio.Event | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop, woken: bool = False) -> None:
+        """Start waking ``loop`` (call on it); ``woken``: the first sleep returns at once."""
+        self._event = asyncio.Event()
+        if woken:
+            self._event.set()
+        self._loop = loop
+
+    def unbind(self) -> None:
+        """The loop is ending: wake-ups are dropped from now on."""
+        self._loop = None
+
+    def __call__(self) -> None:
+        """Wake the loop (from any thread)."""
+        loop, event = self._loop, self._event
+        if loop is not None and event is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                loop.call_soon_threadsafe(event.set)
+
+    async def sleep(self, seconds: float) -> bool:
+        """Wait for a wake-up or ``seconds``; True when woken."""
+        assert self._event is not None
+        try:
+            await asyncio.wait_for(self._event.wait(), seconds)
+            woken = True
+        except TimeoutError:
+            woken = False
+        self._event.clear()
+        return woken
+
+
+class DbHealth:
+    """Counts database errors; logs one line per streak of failures in one place."""
+
+    def __init__(self, stats: WorkerStats) -> None:
+        self._stats = stats
+        self._failing: set[str] = set()
+
+    def error(self, where: str, exc: BaseException) -> None:
+        """Count a database error in ``where``; log it when a streak starts."""
+        self._stats.db_errors += 1
+        if where not in self._failing:
+            self._failing.add(where)
+            error = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:300]
+            log.warning(f"database error in the worker's {where}; retrying: "
+                        f"{type(exc).__name__}: {error}")
+
+    def ok(self, where: str) -> None:
+        """``where`` reached the database: end its streak, saying so."""
+        if where in self._failing:
+            self._failing.discard(where)
+            log.info(f"the worker's {where} reaches the database again")

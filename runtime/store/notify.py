@@ -1,0 +1,65 @@
+"""The task channel: one connection subscribed to LISTEN/NOTIFY, for a worker's listener.
+
+New or released work is announced on :data:`~runtime.store.queries.TASKS_CHANNEL` (the
+payload is the agent name, ``judge`` for the judge stage). :class:`TaskChannel` opens its
+own autocommit connection (a pooled one would hand the subscription to whoever borrows it
+next) and subscribes with the named statement ``channel_listen_tasks``.
+
+Failure modes: a dropped connection raises from :meth:`TaskChannel.notes`
+(``psycopg.Error``); the caller closes the channel and opens a new one, which subscribes
+again (a LISTEN does not survive its connection).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import TracebackType
+
+import psycopg
+from sqlalchemy.engine import Engine
+
+from runtime.store.db import libpq_url
+from runtime.store.queries import QUERIES
+
+#: Seconds to wait for the server when the channel connects.
+CONNECT_TIMEOUT_SECONDS = 5
+
+
+class TaskChannel:
+    """A connection subscribed to the task channel; close it when done.
+
+    Args:
+        url: the database URL (SQLAlchemy or libpq form).
+        connect_timeout: seconds to wait for the server.
+
+    """
+
+    def __init__(self, url: str, connect_timeout: int = CONNECT_TIMEOUT_SECONDS) -> None:
+        self._conn = psycopg.connect(libpq_url(url), autocommit=True,
+                                     connect_timeout=connect_timeout)
+        try:
+            self._conn.execute(QUERIES["channel_listen_tasks"])
+        except BaseException:
+            self._conn.close()
+            raise
+
+    @classmethod
+    def open(cls, engine: Engine) -> TaskChannel:
+        """A channel on the database ``engine`` connects to (a Store's ``engine``)."""
+        return cls(engine.url.render_as_string(hide_password=False))
+
+    def notes(self, timeout: float) -> Iterator[str]:
+        """Yield each payload as it arrives, for up to ``timeout`` seconds."""
+        for note in self._conn.notifies(timeout=timeout):
+            yield note.payload
+
+    def close(self) -> None:
+        """Close the connection (the subscription ends with it)."""
+        self._conn.close()
+
+    def __enter__(self) -> TaskChannel:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
