@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import logging.config
 
-import sqlalchemy as sa
 from alembic import context
 
 from runtime.config import load_settings
-from runtime.store.db import resolve_url
+from runtime.store.db import one_shot_engine, resolve_url
 from runtime.store.models import Base
 
 config = context.config
@@ -33,7 +32,7 @@ def run_migrations_online() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    engine = sa.create_engine(_url(), poolclass=sa.pool.NullPool)
+    engine = one_shot_engine(_url())  # several hosts, keepalives: as the runtime
     with engine.connect() as conn:
         context.configure(connection=conn, target_metadata=target_metadata)
         with context.begin_transaction():

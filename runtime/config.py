@@ -119,11 +119,25 @@ class OllamaSettings(_Section):
 
 
 class DatabaseSettings(_Section):
-    """``[database]``: the server (else embedded PostgreSQL) and pool size."""
+    """``[database]``: the server (else embedded PostgreSQL), pool size, network timeouts.
+
+    The keepalive and ``tcp_user_timeout`` settings go to every connection (libpq
+    parameters of the same names), so a server or host that vanished is noticed within
+    ``tcp_user_timeout_ms`` while a statement waits, and within about ``keepalives_idle +
+    keepalives_interval * keepalives_count`` seconds on an idle connection.
+    ``failover_timeout_seconds``: how long a command (``submit``, ...) retries while the
+    database fails over before it gives up with one line.
+    """
 
     url: str | None = None
     pool_size: int = Field(10, ge=1, le=200)
     statement_timeout_ms: int = Field(0, ge=0)
+    connect_timeout_seconds: int = Field(5, ge=1, le=600)
+    keepalives_idle_seconds: int = Field(5, ge=1, le=7200)
+    keepalives_interval_seconds: int = Field(2, ge=1, le=600)
+    keepalives_count: int = Field(3, ge=1, le=100)
+    tcp_user_timeout_ms: int = Field(10_000, ge=0, le=3_600_000)
+    failover_timeout_seconds: float = Field(60.0, ge=0, le=3600)
 
 
 class LLMSettings(_Section):

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import re
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -20,8 +21,17 @@ from agents.registry import Registry, load_modules
 from agents.tasks import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
 from runtime.config import Settings
 from runtime.errors import BadInput
-from runtime.store.db import create_db_engine, ensure_schema, resolve_url
-from runtime.store.rows import NewTask
+from runtime.store import failover
+from runtime.store.db import (
+    ConnectionOptions,
+    DatabaseUnavailable,
+    create_db_engine,
+    ensure_schema,
+    redacted,
+    resolve_url,
+)
+from runtime.store.queries import Task
+from runtime.store.rows import NewTask, NotFound
 from runtime.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -31,12 +41,17 @@ MAX_GOAL_CHARS = 100_000
 
 
 def open_store(settings: Settings, migrate: bool = True) -> Store:
-    """Resolve the database (embedded if none is named), migrate it, and open a Store."""
+    """Resolve the database (embedded if none is named), migrate it, and open a Store.
+
+    While the database fails over, the schema check is retried for up to
+    ``[database] failover_timeout_seconds``.
+    """
     url = resolve_url(settings.database.url)
     if migrate:
-        ensure_schema(url)
+        failover.retry(lambda: ensure_schema(url), settings.database.failover_timeout_seconds)
     return Store(create_db_engine(url, pool_size=settings.database.pool_size,
-                                  statement_timeout_ms=settings.database.statement_timeout_ms))
+                                  statement_timeout_ms=settings.database.statement_timeout_ms,
+                                  options=ConnectionOptions.from_settings(settings.database)))
 
 
 def load_registry(settings: Settings, extra_modules: Sequence[str] = ()) -> Registry:
@@ -86,6 +101,7 @@ class Runtime:
         from runtime.telemetry.traces import start_trace_export
 
         start_trace_export(self.store)  # OTLP traces, only when OTEL_EXPORTER_OTLP_* is set
+        failover.OUTAGE.level = logging.WARNING  # a long-running process: say so in the log
         return Worker(self.store, self.executor(), WorkerConfig(**options))
 
 
@@ -111,6 +127,42 @@ def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
 
 
 # ---------------------------------------------------------------------- submission
+def submit_root(store: Store, new: NewTask, actor: str, timeout: float) -> tuple[Task, bool]:
+    """Submit ``new`` riding out a failover: the root exists once, or an error says why.
+
+    The root's id is chosen here, so when an attempt fails (its COMMIT may have landed:
+    the connection broke after it was sent) the next attempt first looks that id up and
+    returns the task if it is there; only then does it insert again. An idempotency key
+    does the same across processes. After ``timeout`` seconds of failover errors it
+    raises :class:`DatabaseUnavailable` naming the outage (one line for the CLI).
+    """
+    task_id = uuid.uuid4()
+    failed = False
+
+    def attempt() -> tuple[Task, bool]:
+        nonlocal failed
+        if failed:
+            try:
+                return store.get(task_id), True
+            except NotFound:
+                pass
+        try:
+            return store.submit(new, actor=actor, task_id=task_id)
+        except Exception:
+            failed = True
+            raise
+
+    try:
+        return failover.retry(attempt, timeout)
+    except Exception as exc:
+        if not failover.is_failover_error(exc):
+            raise
+        message = " ".join(str(getattr(exc, "orig", None) or exc).split())[:200]
+        raise DatabaseUnavailable(
+            f"the database at {redacted(str(store.engine.url))} is unreachable or failing "
+            f"over; nothing was submitted (gave up after {timeout:g}s): {message}") from exc
+
+
 def parse_json_option(name: str, text: str | None) -> Any:
     """Parse a JSON command-line option; malformed JSON is a :class:`BadInput` naming it."""
     if text is None:

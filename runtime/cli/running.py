@@ -143,13 +143,14 @@ def _install_stop_signals(stop: Callable[[str], None]) -> None:
 def submit(goal: str, options: GoalOptions, json_: JsonOpt = False) -> None:
     """Submit a root goal; print its id (the root id)."""
     from runtime.views import task_json
-    from runtime.wiring import load_registry, open_store
+    from runtime.wiring import load_registry, open_store, submit_root
 
     # Submitting needs the agents' schemas and the database, not the model backend.
     config = settings()
     registry = load_registry(config, options.agents_module or [])
     new = options.new_task(registry, config, goal)
-    task, created = open_store(config).submit(new, actor="cli")
+    task, created = submit_root(open_store(config), new, "cli",
+                                config.database.failover_timeout_seconds)
     if json_:
         print_json({**task_json(task), "created": created})
     else:
@@ -169,8 +170,11 @@ def run(goal: str, options: GoalOptions, json_: JsonOpt = False,
     from runtime.views import TreeFollower, critical_path_summary
 
     runtime = _runtime(options.agents_module)
-    task, _ = runtime.store.submit(options.new_task(runtime.registry, runtime.settings, goal),
-                                   actor="cli")
+    from runtime.wiring import submit_root
+
+    task, _ = submit_root(runtime.store,
+                          options.new_task(runtime.registry, runtime.settings, goal), "cli",
+                          runtime.settings.database.failover_timeout_seconds)
     root_id = task["id"]
     worker = runtime.worker(poll_interval_seconds=0.2, maintenance_interval_seconds=0.5,
                             max_in_flight=max_in_flight)

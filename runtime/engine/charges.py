@@ -13,8 +13,14 @@ Callers: :meth:`ChargeWriter.charge` blocks the calling thread until its batch i
 wake-up, :class:`~runtime.engine.threads.LoopHandoff`, not one per charge). Both return
 what ``Store.charge`` returns.
 
-Failure modes: a database error fails every charge of its batch with that error (the
-caller's model call then fails as ``Store.charge`` would have); the writer thread goes on.
+Failure modes: while the database fails over (a broken connection, a read-only or
+shutting-down server: :func:`runtime.store.failover.is_failover_error`), a batch is
+written again with backoff for up to :data:`FAILOVER_RETRY_SECONDS`, so replies already
+paid for are not lost to the outage. When the failed attempt was an in-doubt COMMIT, the
+writer first asks which calls of the batch are recorded and charges only the others
+(never twice). Any other database error, or an outage that outlasts the retries, fails
+every charge of its batch with that error (the caller's model call then fails as
+``Store.charge`` would have); the writer thread goes on.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import time
 from concurrent.futures import Future
 
 from runtime.engine.threads import handoff_for
+from runtime.store import failover
 from runtime.store.rows import ModelCharge
 from runtime.store.store import Store
 
@@ -36,6 +43,8 @@ log = logging.getLogger(__name__)
 CHARGE_WINDOW_SECONDS = 0.002
 #: The most charges written by one statement.
 CHARGE_BATCH_LIMIT = 500
+#: How long a batch is retried while the database fails over.
+FAILOVER_RETRY_SECONDS = 60.0
 
 
 class _LoopWaiter:
@@ -67,6 +76,8 @@ class ChargeWriter:
         self.batch_limit = batch_limit
         self.batches = 0
         self.charges = 0
+        #: Charges found recorded after an in-doubt COMMIT (not written again).
+        self.resolved_in_doubt = 0
         self._queue: queue.SimpleQueue[tuple[ModelCharge, _Waiter] | None] = \
             queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="charges", daemon=True)
@@ -119,7 +130,7 @@ class ChargeWriter:
 
     def _write(self, batch: list[tuple[ModelCharge, _Waiter]]) -> None:
         try:
-            done = self.store.charge_many([c for c, _ in batch])
+            done = self._charge_through_failover([c for c, _ in batch])
         except Exception as exc:  # the callers see the error their own charge would raise
             log.warning("a batch of charges failed", extra={"size": len(batch),
                                                             "error": str(exc)})
@@ -130,3 +141,27 @@ class ChargeWriter:
         self.charges += len(batch)
         for (_, future), ok in zip(batch, done, strict=True):
             future.set_result(ok)
+
+    def _charge_through_failover(self, charges: list[ModelCharge]) -> list[bool]:
+        """``Store.charge_many``, retried while the database fails over, never twice."""
+        done: dict[int, bool] = {}
+        todo = list(range(len(charges)))
+        deadline = time.monotonic() + FAILOVER_RETRY_SECONDS
+        delay = failover.backoff_delays()
+        doubt = False
+        while True:
+            try:
+                if doubt:  # the last COMMIT may have landed: what is recorded stays so
+                    recorded = self.store.recorded_charges([charges[i] for i in todo])
+                    done.update({todo[n]: True for n in recorded})
+                    todo = [i for n, i in enumerate(todo) if n not in recorded]
+                    self.resolved_in_doubt += len(recorded)
+                    doubt = False
+                written = self.store.charge_many([charges[i] for i in todo]) if todo else []
+                done.update(zip(todo, written, strict=True))
+                return [done[i] for i in range(len(charges))]
+            except Exception as exc:
+                if not failover.is_failover_error(exc) or time.monotonic() >= deadline:
+                    raise
+                doubt = doubt or failover.in_doubt(exc)
+                time.sleep(delay())

@@ -324,7 +324,7 @@ def _document_bearer(app: FastAPI) -> None:
 
 def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
                     registry: Registry) -> None:
-    from runtime.wiring import build_root
+    from runtime.wiring import build_root, submit_root
 
     @app.post("/tasks", status_code=201, tags=["tasks"],
               responses={**_ERRORS, 200: {"description": "the key was seen: the same task"},
@@ -343,7 +343,8 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
             payload=body.payload, success=body.success_criteria, kill=body.kill_criteria,
             idempotency_key=idempotency_key,
         )
-        task, created = store.submit(new, actor="api")
+        task, created = submit_root(store, new, "api",
+                                    settings.database.failover_timeout_seconds)
         content = {**task_json(task), "created": created}
         return _JSONResponse(content, status_code=201 if created else 200,
                              headers={"Location": f"/tasks/{task['id']}"})

@@ -6,6 +6,15 @@ with its data in ``$ORGCHART_HOME/pgdata`` (``./.orgchart`` by default). Every o
 process on the machine that points at the same directory shares that one server; it
 stops when the last of them exits. Migrations run on first use.
 
+The URL may name several hosts in libpq's form
+(``postgresql://u@h1:p1,h2:p2/db?target_session_attrs=read-write``, what ``pg_autoctl show
+uri`` prints): :func:`sqlalchemy_url` turns it into SQLAlchemy's form (``?host=h1:p1&host=
+h2:p2``) and :func:`libpq_url` back, so every connection (pools, the LISTEN connection,
+migrations) tries the hosts in turn and keeps the writable one. Every engine made here
+sets TCP keepalives and ``tcp_user_timeout`` (:class:`ConnectionOptions`, from
+``[database]``) so a vanished peer is noticed in seconds, and is hooked by
+:func:`runtime.store.failover.install` (a failover error discards the pool).
+
 Failure modes: a server that does not answer raises :class:`DatabaseUnavailable` with
 the URL (password hidden); the embedded server's log is in ``pgdata/log``.
 """
@@ -15,12 +24,15 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import URL, Engine, make_url
 
+from runtime.store import failover
 from runtime.store.queries import TEXT
 
 log = logging.getLogger(__name__)
@@ -38,6 +50,54 @@ _embedded: dict[Path, Any] = {}
 
 class DatabaseUnavailable(RuntimeError):
     """The database server cannot be reached or started."""
+
+
+@dataclass(frozen=True)
+class ConnectionOptions:
+    """Network settings every connection gets (libpq parameters; ``[database]``).
+
+    Attributes:
+        connect_timeout_seconds: per host tried (libpq ``connect_timeout``).
+        keepalives_idle_seconds: idle time before the first TCP keepalive probe.
+        keepalives_interval_seconds: time between unanswered probes.
+        keepalives_count: unanswered probes before the connection is dropped.
+        tcp_user_timeout_ms: how long sent data may stay unacknowledged before the
+            kernel drops the connection (``TCP_USER_TIMEOUT``); 0 leaves the kernel's
+            default (about 15 minutes of retransmissions).
+
+    """
+
+    connect_timeout_seconds: int = 5
+    keepalives_idle_seconds: int = 5
+    keepalives_interval_seconds: int = 2
+    keepalives_count: int = 3
+    tcp_user_timeout_ms: int = 10_000
+
+    def libpq(self) -> dict[str, str]:
+        """The libpq parameters."""
+        params = {
+            "connect_timeout": str(self.connect_timeout_seconds),
+            "keepalives": "1",
+            "keepalives_idle": str(self.keepalives_idle_seconds),
+            "keepalives_interval": str(self.keepalives_interval_seconds),
+            "keepalives_count": str(self.keepalives_count),
+        }
+        if self.tcp_user_timeout_ms:
+            params["tcp_user_timeout"] = str(self.tcp_user_timeout_ms)
+        return params
+
+    @classmethod
+    def from_settings(cls, database: Any) -> ConnectionOptions:
+        """From a ``[database]`` settings section."""
+        return cls(connect_timeout_seconds=database.connect_timeout_seconds,
+                   keepalives_idle_seconds=database.keepalives_idle_seconds,
+                   keepalives_interval_seconds=database.keepalives_interval_seconds,
+                   keepalives_count=database.keepalives_count,
+                   tcp_user_timeout_ms=database.tcp_user_timeout_ms)
+
+
+#: The libpq parameters :class:`ConnectionOptions` sets (left out of messages).
+OPTION_KEYS = frozenset(ConnectionOptions().libpq())
 
 
 def orgchart_home() -> Path:
@@ -83,24 +143,82 @@ def resolve_url(configured: str | None = None) -> str:
 
 
 def sqlalchemy_url(url: str) -> str:
-    """Normalise a libpq-style URL to SQLAlchemy's psycopg 3 dialect."""
+    """Normalise a libpq-style URL to SQLAlchemy's psycopg 3 dialect.
+
+    A URL naming several hosts (``h1:p1,h2:p2`` in its authority) becomes SQLAlchemy's
+    multi-host form, ``postgresql+psycopg://u@/db?host=h1:p1&host=h2:p2&...``.
+    """
     for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    return url
+            url = "postgresql+psycopg://" + url[len(prefix) :]
+            break
+    else:
+        return url
+    parts = urlsplit(url)
+    hostlist = parts.netloc.rpartition("@")[2]
+    if "," not in hostlist:
+        return url
+    userinfo = parts.netloc.rpartition("@")[0]
+    user, _, password = userinfo.partition(":")
+    query = make_url("postgresql+psycopg://x/y" + (f"?{parts.query}" if parts.query else "")
+                     ).query
+    hosts = tuple(h for h in hostlist.split(",") if h)
+    return URL.create(
+        "postgresql+psycopg", username=unquote(user) or None,
+        password=unquote(password) or None, database=unquote(parts.path.lstrip("/")) or None,
+        query={**query, "host": hosts},
+    ).render_as_string(hide_password=False)
+
+
+def with_options(url: str, options: ConnectionOptions | None) -> str:
+    """``url`` (SQLAlchemy form) with ``options`` added, unless the URL sets them itself."""
+    if options is None:
+        return url
+    parsed = make_url(sqlalchemy_url(url))
+    added = {k: v for k, v in options.libpq().items() if k not in parsed.query}
+    if _is_unix_socket(parsed):
+        return parsed.render_as_string(hide_password=False)  # TCP settings do not apply
+    return parsed.update_query_dict(added).render_as_string(hide_password=False)
+
+
+def _is_unix_socket(url: URL) -> bool:
+    host = url.query.get("host")
+    hosts = host if isinstance(host, tuple) else (host,) if host else ()
+    return any(str(h).startswith("/") for h in hosts)
 
 
 def libpq_url(url: str) -> str:
-    """Return ``url`` in the form psycopg's ``connect()`` accepts."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    """Return ``url`` in the form psycopg's ``connect()`` accepts (several hosts too)."""
+    parsed = make_url(sqlalchemy_url(url)).set(drivername="postgresql")
+    hosts = parsed.query.get("host")
+    if not isinstance(hosts, tuple):
+        return parsed.render_as_string(hide_password=False)
+    userinfo = ""
+    if parsed.username:
+        userinfo = quote(parsed.username, safe="")
+        if parsed.password is not None:
+            userinfo += ":" + quote(str(parsed.password), safe="*")
+        userinfo += "@"
+    rest = parsed.difference_update_query(["host"]).set(
+        username=None, password=None, host=None, port=None, database=None)
+    query = rest.render_as_string(hide_password=False).partition("?")[2]
+    database = quote(parsed.database or "", safe="")
+    return f"postgresql://{userinfo}{','.join(hosts)}/{database}" + \
+        (f"?{query}" if query else "")
 
 
 def redacted(url: str) -> str:
-    """Return ``url`` with any password hidden, for messages."""
-    return make_url(url).render_as_string(hide_password=True)
+    """Return ``url`` with any password and connection options hidden, for messages."""
+    parsed = make_url(sqlalchemy_url(url)).difference_update_query(OPTION_KEYS)
+    if isinstance(parsed.query.get("host"), tuple):  # several hosts: libpq's form
+        if parsed.password:
+            parsed = parsed.set(password="***")
+        return libpq_url(parsed.render_as_string(hide_password=False))
+    return parsed.render_as_string(hide_password=True)
 
 
-def create_db_engine(url: str, pool_size: int = 10, statement_timeout_ms: int = 0) -> Engine:
+def create_db_engine(url: str, pool_size: int = 10, statement_timeout_ms: int = 0,
+                     options: ConnectionOptions | None = ConnectionOptions()) -> Engine:
     """Create the engine used by the store (psycopg 3, pre-ping for restarts).
 
     Workers keep the pre-ping too, though they retry database errors: without it the
@@ -115,6 +233,8 @@ def create_db_engine(url: str, pool_size: int = 10, statement_timeout_ms: int = 
         statement_timeout_ms: ``[database] statement_timeout_ms``: the server cancels any
             statement running longer (libpq ``options=-c statement_timeout=N``); 0 sets
             nothing, so the server's own setting (none by default) applies.
+        options: keepalives and timeouts added to the URL (so connections derived from
+            ``engine.url`` get them too), unless the URL sets them; None adds nothing.
 
     """
     if statement_timeout_ms < 0:
@@ -122,14 +242,20 @@ def create_db_engine(url: str, pool_size: int = 10, statement_timeout_ms: int = 
     connect_args: dict[str, Any] = {}
     if statement_timeout_ms:
         connect_args["options"] = f"-c statement_timeout={int(statement_timeout_ms)}"
-    return sa.create_engine(
-        sqlalchemy_url(url),
+    return failover.install(sa.create_engine(
+        with_options(url, options),
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,
         pool_recycle=1800,
         connect_args=connect_args,
-    )
+    ))
+
+
+def one_shot_engine(url: str) -> Engine:
+    """An engine without a pool (migrations, one query), with the default options."""
+    return failover.install(sa.create_engine(with_options(url, ConnectionOptions()),
+                                             poolclass=sa.pool.NullPool))
 
 
 def alembic_config(url: str) -> Any:
@@ -146,7 +272,7 @@ def upgrade(url: str, revision: str = "head") -> None:
     """Run the migrations up to ``revision`` (idempotent; serialised by an advisory lock)."""
     from alembic import command
 
-    engine = sa.create_engine(sqlalchemy_url(url), poolclass=sa.pool.NullPool)
+    engine = one_shot_engine(url)
     try:
         with engine.connect() as conn:
             # Several processes may start at once on a fresh database; one migrates.
@@ -188,7 +314,7 @@ def downgrade(url: str, revision: str = "base") -> None:
 
 def current_revision(url: str) -> str | None:
     """Return the database's Alembic revision, or None for an empty database."""
-    engine = sa.create_engine(sqlalchemy_url(url), poolclass=sa.pool.NullPool)
+    engine = one_shot_engine(url)
     try:
         with engine.connect() as conn:
             if conn.execute(TEXT["migration_version_table_exists"]).scalar() is None:

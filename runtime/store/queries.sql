@@ -437,6 +437,22 @@ SELECT id, root_id, :attempt, :call_index, :backend, :route, :model, :prompt, :r
 FROM me
 RETURNING task_id;
 
+-- model_call_find_recorded --
+-- Which of a batch of model calls (one JSON array) are already recorded. Asked only after
+-- a COMMIT of charges whose outcome is unknown (the connection broke after it was sent):
+-- the calls that landed are not charged again. A call is known by its task, delivery
+-- (attempt), index, try, kind, phase and position (served by ix_model_calls_task_id_attempt).
+SELECT i.n
+FROM jsonb_to_recordset(CAST(:batch AS jsonb))
+    AS i(n int, id uuid, attempt int, call_index int, call_try int, attempt_kind text,
+         phase text, position text)
+WHERE EXISTS (
+    SELECT 1 FROM model_calls m
+    WHERE m.task_id = i.id AND m.attempt = i.attempt AND m.call_index = i.call_index
+      AND m.call_try = i.call_try AND m.attempt_kind = i.attempt_kind
+      AND m.phase = i.phase AND m.position IS NOT DISTINCT FROM i.position
+);
+
 -- task_charge_running_many --
 -- Charge a batch of model calls (one JSON array) in one statement: each task's row gets
 -- the sum of its calls, guarded by its lease token; a call whose lease is gone changes

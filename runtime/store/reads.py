@@ -13,13 +13,14 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from runtime.store import failover
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
 from runtime.store.rows import NotFound, canonical_json
@@ -42,9 +43,27 @@ class StoreReads:
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
-        """Yield a connection inside one transaction (committed on success)."""
-        with self.engine.begin() as conn:
-            yield conn
+        """Yield a connection inside one transaction (committed on success).
+
+        An error raised by the COMMIT itself when the connection broke is flagged
+        in doubt (:func:`runtime.store.failover.in_doubt`): the transaction may have
+        committed, and the caller must find out from the database before it acts again.
+        """
+        with self.engine.connect() as conn:
+            trans = conn.begin()
+            try:
+                yield conn
+            except BaseException:
+                if trans.is_active:
+                    with suppress(sa.exc.DBAPIError):  # the connection may be gone already
+                        trans.rollback()
+                raise
+            try:
+                trans.commit()
+            except sa.exc.DBAPIError as exc:
+                if failover.is_failover_error(exc):
+                    failover.mark_in_doubt(exc)
+                raise
 
     def _rows(self, conn: Connection, name: str, **params: Any) -> list[Task]:
         return [dict(row._mapping) for row in conn.execute(_TEXT[name], params)]
@@ -55,6 +74,19 @@ class StoreReads:
             return self._rows(conn, name, **params)
 
     # ------------------------------------------------------------------ reads
+    def recorded_charges(self, charges: Sequence[Any]) -> set[int]:
+        """Positions in ``charges`` (``ModelCharge`` s) whose call is already recorded.
+
+        For a batch whose COMMIT was in doubt: what landed must not be charged twice.
+        """
+        batch = [{"n": n, "id": str(c.task_id), "attempt": c.attempt,
+                  "call_index": c.call_index, "call_try": c.call_try,
+                  "attempt_kind": c.attempt_kind, "phase": c.phase, "position": c.position}
+                 for n, c in enumerate(charges)]
+        with self.engine.connect() as conn:
+            return {int(r.n) for r in conn.execute(_TEXT["model_call_find_recorded"],
+                                                   {"batch": json.dumps(batch)})}
+
     def get(self, task_id: uuid.UUID) -> Task:
         """Return one task, or raise :class:`NotFound`."""
         rows = self.query("task_get", id=task_id)

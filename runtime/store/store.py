@@ -73,15 +73,18 @@ class Store(StoreHygiene, StoreClaims, StoreSpend):
         self.engine.dispose()
 
     # ------------------------------------------------------------------ submit
-    def submit(self, new: NewTask, actor: str = "submit") -> tuple[Task, bool]:
+    def submit(self, new: NewTask, actor: str = "submit",
+               task_id: uuid.UUID | None = None) -> tuple[Task, bool]:
         """Insert a root task; return ``(task, created)``.
 
         The same idempotency key with the same request returns the existing task and
         ``created=False``; with a different request it raises :class:`IdempotencyConflict`.
+        ``task_id`` (default: a new one) lets a caller whose COMMIT was in doubt look the
+        task up before it submits again (:func:`runtime.wiring.submit_root`).
         """
         request_hash = new.request_hash()
         params = {
-            "id": uuid.uuid4(),
+            "id": task_id or uuid.uuid4(),
             "from_agent": new.from_agent,
             "to_agent": new.to_agent,
             "type": new.type,
@@ -105,7 +108,7 @@ class Store(StoreHygiene, StoreClaims, StoreSpend):
                 return task, True
             existing = self._rows(conn, "task_get_by_root_key", key=new.idempotency_key)
         if not existing:  # the conflicting row was pruned between the two statements
-            return self.submit(new, actor)
+            return self.submit(new, actor, task_id)
         task = existing[0]
         if task["request_hash"] != request_hash:
             raise IdempotencyConflict(str(new.idempotency_key), task["id"])
