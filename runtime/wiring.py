@@ -21,7 +21,7 @@ from agents.registry import Registry, load_modules
 from agents.tasks import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
 from runtime.config import Settings
 from runtime.errors import BadInput
-from runtime.store import failover
+from runtime.store import db
 from runtime.store.db import (
     ConnectionOptions,
     DatabaseUnavailable,
@@ -48,7 +48,7 @@ def open_store(settings: Settings, migrate: bool = True) -> Store:
     """
     url = resolve_url(settings.database.url)
     if migrate:
-        failover.retry(lambda: ensure_schema(url), settings.database.failover_timeout_seconds)
+        db.retry(lambda: ensure_schema(url), settings.database.failover_timeout_seconds)
     return Store(create_db_engine(url, pool_size=settings.database.pool_size,
                                   statement_timeout_ms=settings.database.statement_timeout_ms,
                                   options=ConnectionOptions.from_settings(settings.database)))
@@ -101,7 +101,7 @@ class Runtime:
         from runtime.telemetry.traces import start_trace_export
 
         start_trace_export(self.store)  # OTLP traces, only when OTEL_EXPORTER_OTLP_* is set
-        failover.OUTAGE.level = logging.WARNING  # a long-running process: say so in the log
+        db.OUTAGE.level = logging.WARNING  # a long-running process: say so in the log
         return Worker(self.store, self.executor(), WorkerConfig(**options))
 
 
@@ -153,9 +153,9 @@ def submit_root(store: Store, new: NewTask, actor: str, timeout: float) -> tuple
             raise
 
     try:
-        return failover.retry(attempt, timeout)
+        return db.retry(attempt, timeout)
     except Exception as exc:
-        if not failover.is_failover_error(exc):
+        if not db.is_failover_error(exc):
             raise
         message = " ".join(str(getattr(exc, "orig", None) or exc).split())[:200]
         raise DatabaseUnavailable(

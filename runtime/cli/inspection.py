@@ -301,9 +301,9 @@ def serve(
     cfg = settings()
     api = create_app(settings=cfg, registry=load_registry(cfg, agents_module or []))
     logging.getLogger("uvicorn.access").addFilter(_RedactTokens())
-    from runtime.store import failover
+    from runtime.store import db
 
-    failover.OUTAGE.level = logging.WARNING  # a failover is logged once, and its end
+    db.OUTAGE.level = logging.WARNING  # a failover is logged once, and its end
     where = f"[{host}]" if ":" in host else host
     err.print(f"[dim]serving on http://{where}:{port}/ (API docs at /docs"
               + ("; bearer token required" if token else "") + ")[/]", highlight=False)

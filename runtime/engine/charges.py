@@ -14,7 +14,7 @@ wake-up, :class:`~runtime.engine.threads.LoopHandoff`, not one per charge). Both
 what ``Store.charge`` returns.
 
 Failure modes: while the database fails over (a broken connection, a read-only or
-shutting-down server: :func:`runtime.store.failover.is_failover_error`), a batch is
+shutting-down server: :func:`runtime.store.db.is_failover_error`), a batch is
 written again with backoff for up to :data:`FAILOVER_RETRY_SECONDS`, so replies already
 paid for are not lost to the outage. When the failed attempt was an in-doubt COMMIT, the
 writer first asks which calls of the batch are recorded and charges only the others
@@ -33,7 +33,7 @@ import time
 from concurrent.futures import Future
 
 from runtime.engine.threads import handoff_for
-from runtime.store import failover
+from runtime.store import db
 from runtime.store.rows import ModelCharge
 from runtime.store.store import Store
 
@@ -147,7 +147,7 @@ class ChargeWriter:
         done: dict[int, bool] = {}
         todo = list(range(len(charges)))
         deadline = time.monotonic() + FAILOVER_RETRY_SECONDS
-        delay = failover.backoff_delays()
+        delay = db.backoff_delays()
         doubt = False
         while True:
             try:
@@ -161,7 +161,7 @@ class ChargeWriter:
                 done.update(zip(todo, written, strict=True))
                 return [done[i] for i in range(len(charges))]
             except Exception as exc:
-                if not failover.is_failover_error(exc) or time.monotonic() >= deadline:
+                if not db.is_failover_error(exc) or time.monotonic() >= deadline:
                     raise
-                doubt = doubt or failover.in_doubt(exc)
+                doubt = doubt or db.in_doubt(exc)
                 time.sleep(delay())

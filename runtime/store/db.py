@@ -13,7 +13,12 @@ h2:p2``) and :func:`libpq_url` back, so every connection (pools, the LISTEN conn
 migrations) tries the hosts in turn and keeps the writable one. Every engine made here
 sets TCP keepalives and ``tcp_user_timeout`` (:class:`ConnectionOptions`, from
 ``[database]``) so a vanished peer is noticed in seconds, and is hooked by
-:func:`runtime.store.failover.install` (a failover error discards the pool).
+:func:`install`: an error that means the server is gone or read-only
+(:func:`is_failover_error`: a broken connection, class 08, 57P01/02/03, 25006) discards
+the connection and its pool's siblings, and :data:`OUTAGE` logs the outage once and its
+end once. A COMMIT that failed that way is flagged in doubt (:func:`mark_in_doubt`,
+:func:`in_doubt`): it may have committed, and the caller asks the database before acting
+again. :func:`retry` rides a call out through a failover, with backoff, up to a deadline.
 
 Failure modes: a server that does not answer raises :class:`DatabaseUnavailable` with
 the URL (password hidden); the embedded server's log is in ``pgdata/log``.
@@ -23,16 +28,20 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, unquote, urlsplit
 
+import psycopg
 import sqlalchemy as sa
+from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine, make_url
 
-from runtime.store import failover
 from runtime.store.queries import TEXT
 
 log = logging.getLogger(__name__)
@@ -46,6 +55,7 @@ HEAD_REVISION = "0004"
 
 _embedded_lock = threading.Lock()
 _embedded: dict[Path, Any] = {}
+T = TypeVar("T")
 
 
 class DatabaseUnavailable(RuntimeError):
@@ -217,6 +227,154 @@ def redacted(url: str) -> str:
     return parsed.render_as_string(hide_password=True)
 
 
+# ---------------------------------------------------------------------- failover
+# A PostgreSQL that fails over (pg_auto_failover, Patroni, a managed service) shows up in
+# the client as a broken connection (no SQLSTATE, or class 08), 57P01/57P02/57P03 (the
+# server shutting down or starting), or 25006 (a pooled connection still on the old
+# primary, now a read-only standby). ``install`` makes such an error a disconnect, so
+# SQLAlchemy discards the connection and its pool's siblings; ``OUTAGE`` logs it once.
+#: SQLSTATEs that mean "this server cannot take our writes now; connect again".
+FAILOVER_SQLSTATES = frozenset({"25006", "57P01", "57P02", "57P03"})
+_IN_DOUBT = "_orgchart_commit_in_doubt"
+
+
+def _driver_error(exc: BaseException) -> BaseException:
+    """The driver's exception under SQLAlchemy's wrapper (or ``exc`` itself)."""
+    orig = getattr(exc, "orig", None)
+    return orig if isinstance(orig, BaseException) else exc
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a database error, or None (a broken connection has none)."""
+    state = getattr(_driver_error(exc), "sqlstate", None)
+    return str(state) if state else None
+
+
+def is_failover_error(exc: BaseException) -> bool:
+    """Whether ``exc`` means the connection or the server is gone (reconnect and retry).
+
+    True for a broken or refused connection (``psycopg.OperationalError`` without a
+    SQLSTATE, or SQLAlchemy's invalidated connection), class ``08``, and
+    :data:`FAILOVER_SQLSTATES`. False for every other error (a constraint, a bad value,
+    a statement timeout: those are the statement's fault, not the server's).
+    """
+    if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    state = sqlstate(exc)
+    if state is not None:
+        return state in FAILOVER_SQLSTATES or state.startswith("08")
+    driver = _driver_error(exc)
+    return isinstance(driver, psycopg.OperationalError | psycopg.InterfaceError)
+
+
+def mark_in_doubt(exc: BaseException) -> None:
+    """Flag ``exc`` as raised by a COMMIT whose outcome is unknown."""
+    setattr(exc, _IN_DOUBT, True)
+
+
+def in_doubt(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by a COMMIT that may have committed."""
+    return bool(getattr(exc, _IN_DOUBT, False))
+
+
+class Outage:
+    """One process's view of the database being away: logged once, and its end once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.started: float | None = None
+        self.outages = 0
+        #: INFO by default: a command that gives up says so in its one error line. A
+        #: long-running process (a worker, ``serve``) raises it to WARNING.
+        self.level = logging.INFO
+
+    @property
+    def active(self) -> bool:
+        """Whether an outage is in progress (an error seen, no connection since)."""
+        return self.started is not None
+
+    def begin(self, exc: BaseException) -> None:
+        """Note a failover error; the first one of an outage is logged."""
+        with self._lock:
+            if self.started is not None:
+                return
+            self.started = time.monotonic()
+            self.outages += 1
+        state = sqlstate(exc)
+        message = str(_driver_error(exc)).strip().splitlines()
+        first = message[0][:200] if message else type(exc).__name__
+        what = f"SQLSTATE {state}" if state else "broken"
+        log.log(self.level, f"database connection lost ({what}: {first}); "
+                "reconnecting to the primary and retrying")
+
+    def end(self, where: str) -> None:
+        """Note a new connection; ends an outage (logged with how long it lasted)."""
+        with self._lock:
+            if self.started is None:
+                return
+            lasted = time.monotonic() - self.started
+            self.started = None
+        log.log(self.level, f"database reachable again after {lasted:.1f}s ({where})")
+
+
+#: The process's outage (every engine of the process shares it).
+OUTAGE = Outage()
+
+
+def install(engine: Engine) -> Engine:
+    """Hook ``engine``: failover errors discard the pool; log the outage once."""
+
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context: Any) -> None:
+        exc = context.original_exception
+        if is_failover_error(exc):
+            context.is_disconnect = True  # SQLAlchemy invalidates the pool on a disconnect
+            OUTAGE.begin(exc)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        if OUTAGE.active:
+            info = getattr(dbapi_connection, "info", None)
+            where = f"{info.host}:{info.port}" if info is not None else "connected"
+            OUTAGE.end(where)
+
+    return engine
+
+
+def backoff_delays(first: float = 0.1, cap: float = 2.0) -> Callable[[], float]:
+    """A generator of delays: doubling from ``first`` up to ``cap``, with jitter."""
+    state = {"next": first}
+
+    def delay() -> float:
+        value = state["next"]
+        state["next"] = min(cap, value * 2)
+        return value * (0.5 + random.random() / 2)
+
+    return delay
+
+
+def retry(fn: Callable[[], T], timeout: float, on_retry: Callable[[BaseException], None]
+          | None = None) -> T:
+    """Call ``fn``; on a failover error, back off and call it again, up to ``timeout`` s.
+
+    ``fn`` must be safe to call again after an in-doubt COMMIT (guarded, or keyed by an
+    idempotency key). The last error is raised when the time is up; any other error at
+    once.
+    """
+    deadline = time.monotonic() + timeout
+    delay = backoff_delays()
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if not is_failover_error(exc) or time.monotonic() >= deadline:
+                raise
+            OUTAGE.begin(exc)
+            if on_retry is not None:
+                on_retry(exc)
+            time.sleep(max(0.0, min(delay(), deadline - time.monotonic())))
+
+
 def create_db_engine(url: str, pool_size: int = 10, statement_timeout_ms: int = 0,
                      options: ConnectionOptions | None = ConnectionOptions()) -> Engine:
     """Create the engine used by the store (psycopg 3, pre-ping for restarts).
@@ -242,7 +400,7 @@ def create_db_engine(url: str, pool_size: int = 10, statement_timeout_ms: int = 
     connect_args: dict[str, Any] = {}
     if statement_timeout_ms:
         connect_args["options"] = f"-c statement_timeout={int(statement_timeout_ms)}"
-    return failover.install(sa.create_engine(
+    return install(sa.create_engine(
         with_options(url, options),
         pool_size=pool_size,
         max_overflow=pool_size,
@@ -254,7 +412,7 @@ def create_db_engine(url: str, pool_size: int = 10, statement_timeout_ms: int = 
 
 def one_shot_engine(url: str) -> Engine:
     """An engine without a pool (migrations, one query), with the default options."""
-    return failover.install(sa.create_engine(with_options(url, ConnectionOptions()),
+    return install(sa.create_engine(with_options(url, ConnectionOptions()),
                                              poolclass=sa.pool.NullPool))
 
 

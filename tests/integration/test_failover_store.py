@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from runtime.engine.charges import ChargeWriter
-from runtime.store import db, failover
+from runtime.store import db
 from runtime.store.rows import ModelCharge, NewTask
 from runtime.store.store import Store
 from runtime.wiring import submit_root
@@ -37,8 +37,8 @@ def test_a_read_only_answer_discards_the_whole_pool(store: Store) -> None:
         conn.close()
     with pytest.raises(sa.exc.DBAPIError) as info:
         submit(store)
-    assert failover.sqlstate(info.value) == "25006"
-    assert failover.is_failover_error(info.value)
+    assert db.sqlstate(info.value) == "25006"
+    assert db.is_failover_error(info.value)
     # The sibling was discarded too: the retry gets a fresh (writable) connection.
     task = submit(store)
     assert store.get(task["id"])["status"] == "pending"
@@ -48,11 +48,11 @@ def test_a_commit_whose_connection_dies_is_in_doubt(store: Store, db_url: str) -
     with pytest.raises(sa.exc.DBAPIError) as info, store.transaction() as conn:
         conn.execute(sa.text("SELECT 1"))
         _kill(db_url, conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
-    assert failover.in_doubt(info.value)
+    assert db.in_doubt(info.value)
     with pytest.raises(sa.exc.DBAPIError) as info, store.transaction() as conn:
         _kill(db_url, conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
         conn.execute(sa.text("SELECT 1"))  # fails before any COMMIT: not in doubt
-    assert failover.is_failover_error(info.value) and not failover.in_doubt(info.value)
+    assert db.is_failover_error(info.value) and not db.in_doubt(info.value)
     assert store.ping()  # and the pool recovers
 
 
@@ -73,7 +73,7 @@ class _CommitThenBreak:
                 self.left -= 1
                 exc = sa.exc.OperationalError("COMMIT", {}, psycopg.OperationalError(
                     "server closed the connection unexpectedly"))
-                failover.mark_in_doubt(exc)
+                db.mark_in_doubt(exc)
                 raise exc
             return result
 
@@ -165,5 +165,5 @@ def test_unrelated_failures_are_not_retried(store: Store) -> None:
         raise sa.exc.IntegrityError("INSERT", {}, psycopg.errors.lookup("23505")("dup"))
 
     with pytest.raises(sa.exc.IntegrityError):
-        failover.retry(refuse, timeout=10)
+        db.retry(refuse, timeout=10)
     assert len(calls) == 1

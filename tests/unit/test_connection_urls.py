@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 from psycopg.conninfo import conninfo_to_dict
 
-from runtime.store import db, failover
+from runtime.store import db
 
 FORMATION = ("postgres://postgres@127.0.0.1:55433,127.0.0.1:55434/orgchart"
              "?target_session_attrs=read-write&sslmode=prefer")
@@ -64,16 +64,16 @@ def _err(state: str) -> psycopg.Error:
     ("08001", True), ("23505", False), ("57014", False), ("40001", False), ("22P02", False),
 ])
 def test_failover_errors_are_classified_by_sqlstate(state: str, expected: bool) -> None:
-    assert failover.is_failover_error(_err(state)) is expected
+    assert db.is_failover_error(_err(state)) is expected
     wrapped = sa.exc.DBAPIError("SELECT 1", {}, _err(state))
-    assert failover.is_failover_error(wrapped) is expected
+    assert db.is_failover_error(wrapped) is expected
 
 
 def test_a_broken_connection_is_a_failover_error() -> None:
-    assert failover.is_failover_error(psycopg.OperationalError("server closed the connection"))
-    assert failover.is_failover_error(sa.exc.OperationalError(
+    assert db.is_failover_error(psycopg.OperationalError("server closed the connection"))
+    assert db.is_failover_error(sa.exc.OperationalError(
         "SELECT 1", {}, psycopg.OperationalError("connection refused")))
-    assert not failover.is_failover_error(ValueError("no"))
+    assert not db.is_failover_error(ValueError("no"))
 
 
 def test_retry_rides_out_failover_errors_and_raises_others() -> None:
@@ -85,17 +85,17 @@ def test_retry_rides_out_failover_errors_and_raises_others() -> None:
             raise psycopg.OperationalError("gone")
         return "ok"
 
-    assert failover.retry(flaky, timeout=10) == "ok" and len(calls) == 3
+    assert db.retry(flaky, timeout=10) == "ok" and len(calls) == 3
     with pytest.raises(ValueError):
-        failover.retry(lambda: (_ for _ in ()).throw(ValueError("bad")), timeout=10)
+        db.retry(lambda: (_ for _ in ()).throw(ValueError("bad")), timeout=10)
     with pytest.raises(psycopg.OperationalError):
-        failover.retry(lambda: (_ for _ in ()).throw(psycopg.OperationalError("x")), timeout=0)
+        db.retry(lambda: (_ for _ in ()).throw(psycopg.OperationalError("x")), timeout=0)
 
 
 def test_an_outage_is_logged_once_and_its_end_once(caplog: pytest.LogCaptureFixture) -> None:
-    outage = failover.Outage()
+    outage = db.Outage()
     outage.level = logging.WARNING
-    with caplog.at_level("WARNING", logger="runtime.store.failover"):
+    with caplog.at_level("WARNING", logger="runtime.store.db"):
         for _ in range(5):
             outage.begin(psycopg.OperationalError("server closed the connection"))
         outage.end("127.0.0.1:55434")
