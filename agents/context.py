@@ -1,4 +1,4 @@
-"""The context an agent runs with: the model, prompts, budget and a logger; no database."""
+"""The context an agent runs with: the model, prompts, budget, steps and a logger; no database."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from string import Template
 from typing import Any, Protocol
 
 from agents.tasks import TaskView
+from agents.tools import RetryPolicy
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 
@@ -30,6 +31,20 @@ class LLM(Protocol):
     async def acomplete(self, prompt: str, *, schema: Any = None, system: str | None = None,
                         max_tokens: int | None = None, key: str | None = None) -> Any:
         """Call the model from an ``async`` agent; several may run at once (``gather``)."""
+        ...
+
+
+class Steps(Protocol):
+    """What ``ctx.step`` runs on (implemented by ``runtime.llm.steps.TaskSteps``)."""
+
+    def step(self, name: str, fn: Any, *args: Any, retry: RetryPolicy | None = None,
+             **kwargs: Any) -> Any:
+        """Run ``fn`` once for the task, recorded; see ``runtime.llm.steps.TaskSteps.step``."""
+        ...
+
+    async def astep(self, name: str, fn: Any, *args: Any, retry: RetryPolicy | None = None,
+                    **kwargs: Any) -> Any:
+        """The same from a coroutine."""
         ...
 
 
@@ -60,6 +75,7 @@ class AgentContext:
         task: the task being worked on.
         log: a logger named after the agent.
         lease_lost: set by the worker's heartbeat when the task was taken away.
+        steps: the task's durable steps (default: the model handle's, ``llm.steps``).
 
     """
 
@@ -69,6 +85,30 @@ class AgentContext:
     prompts_dir: Path = PROMPTS_DIR
     lease_lost: threading.Event = field(default_factory=threading.Event)
     offline: bool = False
+    steps: Steps | None = None
+
+    def step(self, name: str, fn: Any, *args: Any, retry: RetryPolicy | None = None,
+             **kwargs: Any) -> Any:
+        """Run a side effect ``fn(*args, **kwargs)`` once for this task, as a durable step.
+
+        Its JSON-serialisable result is recorded; when the task is delivered again (its
+        worker died, a transient retry), the same step at the same place returns the
+        recorded result without running. ``fn`` may read its stable idempotency key with
+        ``agents.tools.idempotency_key()`` (or take an ``idempotency_key`` keyword);
+        ``retry=RetryPolicy(...)`` retries transient errors with backoff.
+        """
+        return self._steps().step(name, fn, *args, retry=retry, **kwargs)
+
+    async def astep(self, name: str, fn: Any, *args: Any, retry: RetryPolicy | None = None,
+                    **kwargs: Any) -> Any:
+        """:meth:`step` from an ``async`` agent; ``fn`` may be ``async def`` (awaited here)."""
+        return await self._steps().astep(name, fn, *args, retry=retry, **kwargs)
+
+    def _steps(self) -> Steps:
+        steps = self.steps if self.steps is not None else getattr(self.llm, "steps", None)
+        if steps is None:
+            raise RuntimeError("this context has no durable steps (give AgentContext steps=)")
+        return steps
 
     def prompt(self, name: str, **variables: Any) -> str:
         """Render ``prompts/<name>.md`` with ``$variables``."""

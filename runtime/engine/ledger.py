@@ -13,12 +13,12 @@ from collections.abc import Sequence
 
 from runtime.engine.charges import ChargeWriter
 from runtime.llm.ledger import RecordedCall
-from runtime.store.rows import ModelCharge
+from runtime.store.rows import ModelCharge, StepBegin, StepEnd, StepRecord
 from runtime.store.store import Store
 
 
 class StoreLedger:
-    """Queue depth, charging and the record of replies, read and written through a Store."""
+    """Queue depth, charges, the record of replies and durable steps, through a Store."""
 
     def __init__(self, store: Store, writer: ChargeWriter | None = None) -> None:
         self.store = store
@@ -51,4 +51,13 @@ class StoreLedger:
             response=str(row["response"]), thinking=row.get("thinking"),
             model=str(row["model"]), route=str(row["route"]), backend=str(row["backend"]),
             prompt_tokens=int(row["prompt_tokens"] or 0),
-            completion_tokens=int(row["completion_tokens"] or 0))
+            completion_tokens=int(row["completion_tokens"] or 0),
+            tool_calls=row.get("tool_calls"))
+
+    def step_begin(self, begin: StepBegin) -> StepRecord | None:
+        """Record a durable step as started, or return its finished record (fenced)."""
+        return self.store.step_begin(begin)
+
+    def step_finish(self, end: StepEnd) -> bool:
+        """Record a step's result or error (fenced); False when the lease is gone."""
+        return self.store.step_finish(end)

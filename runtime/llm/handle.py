@@ -69,6 +69,7 @@ from runtime.llm.reply import (
     request_text,
 )
 from runtime.llm.routing import Route, decide_route
+from runtime.llm.steps import TaskSteps
 from runtime.store.rows import ModelCharge
 
 T = TypeVar("T")
@@ -293,6 +294,9 @@ class TaskLLM:
         self._calls = 0
         self._lock = threading.Lock()
         self.offline = _is_offline(self._backend)
+        #: The task's durable steps (``ctx.step``), recorded through the same ledger.
+        self.steps = TaskSteps(factory.ledger, task_row, lease_token, lease_lost,  # type: ignore[arg-type]
+                               in_ledger=factory.in_ledger)
 
     # ------------------------------------------------------------------ budget
     def remaining_tokens(self) -> int:

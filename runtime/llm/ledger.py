@@ -9,9 +9,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from runtime.store.rows import ModelCharge
+from runtime.store.rows import ModelCharge, StepBegin, StepEnd, StepRecord
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class RecordedCall:
         thinking: the thinking text kept beside it, if any.
         model / route / backend: where the reply came from.
         prompt_tokens / completion_tokens: what it cost when it was made.
+        tool_calls: the tool calls the reply asked for, if any.
 
     """
 
@@ -37,6 +38,7 @@ class RecordedCall:
     backend: str
     prompt_tokens: int
     completion_tokens: int
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class CallLedger(Protocol):
@@ -57,4 +59,16 @@ class CallLedger(Protocol):
         Several hashes because the route (and so the model in the request) may differ from
         one delivery to the next: the request is hashed once per candidate model.
         """
+        ...
+
+
+class StepLedger(Protocol):
+    """The database side of durable steps: their start and their result, fenced by the lease."""
+
+    def step_begin(self, begin: StepBegin) -> StepRecord | None:
+        """Record a step as started, or return its finished record; None: lease lost."""
+        ...
+
+    def step_finish(self, end: StepEnd) -> bool:
+        """Record a step's result or error and charge its cost; False: lease lost."""
         ...

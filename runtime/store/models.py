@@ -4,7 +4,7 @@
 leases and fencing, retries, idempotency, spend and routing, the judge's verdict.
 ``task_events`` is the append-only history (one row per transition, written in the
 transition's transaction), ``model_calls`` records every model call, ``fires`` holds
-one row per orchestrator fire.
+one row per orchestrator fire, ``task_steps`` one per durable step or tool call.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from sqlalchemy import (
     MetaData,
     Numeric,
     Text,
+    UniqueConstraint,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
@@ -252,6 +253,8 @@ class ModelCall(Base):
     thinking: Mapped[str | None] = mapped_column(Text)
     #: The task's tree (migration 0003): a running tree's live spend is summed by root.
     root_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    #: The tool calls the reply asked for (migration 0005), replayed with it.
+    tool_calls: Mapped[jsonb | None]
 
     __table_args__ = (
         Index("ix_model_calls_task_id_attempt", "task_id", "attempt"),
@@ -259,6 +262,48 @@ class ModelCall(Base):
               postgresql_where=text("error IS NULL AND NOT replayed")),
         Index("ix_model_calls_root_id", "root_id"),
         CheckConstraint("attempt_kind IN ('call', 'retry', 'repair')", name="attempt_kind"),
+    )
+
+
+class TaskStep(Base):
+    """One durable step (``ctx.step``) or tool call of a task: recorded before and after.
+
+    Keyed by ``(task_id, phase, position, name)``; ``starts`` > 1 says it ran again after a
+    delivery that died inside it, ``replays`` how often its result was served from here.
+    """
+
+    __tablename__ = "task_steps"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    task_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False
+    )
+    root_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True), index=True)
+    phase: Mapped[str] = mapped_column(Text, nullable=False)
+    position: Mapped[str] = mapped_column(Text, nullable=False)
+    name: Mapped[str] = mapped_column(Text, nullable=False)
+    kind: Mapped[str] = mapped_column(Text, nullable=False, server_default="step")
+    status: Mapped[str] = mapped_column(Text, nullable=False)
+    args: Mapped[str | None] = mapped_column(Text)
+    args_hash: Mapped[str] = mapped_column(Text, nullable=False)
+    idempotency_key: Mapped[str] = mapped_column(Text, nullable=False)
+    tool_call_id: Mapped[str | None] = mapped_column(Text)
+    result: Mapped[jsonb | None]
+    error: Mapped[str | None] = mapped_column(Text)
+    attempt: Mapped[int] = mapped_column(Integer, nullable=False)
+    starts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="1")
+    replays: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    tries: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    cost_usd: Mapped[money]
+    started_at: Mapped[dt.datetime] = mapped_column(
+        TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()"))
+    finished_at: Mapped[dt.datetime | None] = mapped_column(TIMESTAMPTZ)
+    duration_seconds: Mapped[float | None] = mapped_column(Double)
+
+    __table_args__ = (
+        UniqueConstraint("task_id", "phase", "position", "name"),
+        CheckConstraint("kind IN ('step', 'tool')", name="kind"),
+        CheckConstraint("status IN ('started', 'finished', 'failed')", name="status"),
     )
 
 

@@ -430,10 +430,11 @@ WITH me AS (
 INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model,
                          prompt, response, prompt_tokens, completion_tokens,
                          duration_seconds, cost_usd, error, phase, position, request_hash,
-                         attempt_kind, call_try, replayed, thinking)
+                         attempt_kind, call_try, replayed, thinking, tool_calls)
 SELECT id, root_id, :attempt, :call_index, :backend, :route, :model, :prompt, :response,
        :prompt_tokens, :completion_tokens, :duration_seconds, :usd, :error, :phase,
-       :position, :request_hash, :attempt_kind, :call_try, :replayed, :thinking
+       :position, :request_hash, :attempt_kind, :call_try, :replayed, :thinking,
+       CAST(:tool_calls AS jsonb)
 FROM me
 RETURNING task_id;
 
@@ -464,7 +465,7 @@ WITH input AS (
              prompt text, response text, prompt_tokens int, completion_tokens int,
              duration_seconds double precision, error text, phase text, position text,
              request_hash text, attempt_kind text, call_try int, replayed boolean,
-             thinking text)
+             thinking text, tool_calls jsonb)
 ), per_task AS (
     -- One row per task: the sums of its calls, and the route of its last call (a sort,
     -- not a join of the batch with itself: that was quadratic in the batch's size).
@@ -490,11 +491,12 @@ WITH input AS (
     INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model,
                              prompt, response, prompt_tokens, completion_tokens,
                              duration_seconds, cost_usd, error, phase, position,
-                             request_hash, attempt_kind, call_try, replayed, thinking)
+                             request_hash, attempt_kind, call_try, replayed, thinking,
+                             tool_calls)
     SELECT i.id, me.root_id, i.attempt, i.call_index, i.backend, i.route, i.model, i.prompt,
            i.response, i.prompt_tokens, i.completion_tokens, i.duration_seconds, i.usd,
            i.error, i.phase, i.position, i.request_hash, i.attempt_kind, i.call_try,
-           i.replayed, i.thinking
+           i.replayed, i.thinking, i.tool_calls
     FROM input i JOIN me ON me.id = i.id AND me.token = i.token
     ORDER BY i.n
 )
@@ -503,8 +505,11 @@ SELECT i.n FROM input i JOIN me ON me.id = i.id AND me.token = i.token;
 -- model_call_spend_by_root --
 -- The live spend of one tree, summed from its model calls (index on root_id): what the
 -- tree has spent so far, including tasks still running.
+-- Tools' costs (task_steps.cost_usd) count too.
 SELECT COALESCE(sum(prompt_tokens + completion_tokens), 0) AS tokens,
-       COALESCE(sum(cost_usd), 0) AS usd, count(*) AS calls
+       COALESCE(sum(cost_usd), 0)
+       + (SELECT COALESCE(sum(cost_usd), 0) FROM task_steps WHERE root_id = :root_id) AS usd,
+       count(*) AS calls
 FROM model_calls WHERE root_id = :root_id;
 
 -- task_reap_expired --
@@ -712,7 +717,7 @@ FROM model_calls GROUP BY route ORDER BY route;
 -- The recorded successful reply of one durable call: the task's phase, position and
 -- request (one of the hashes), made by a real request (not itself a replay).
 SELECT id, request_hash, response, thinking, model, route, backend, prompt_tokens,
-       completion_tokens
+       completion_tokens, tool_calls
 FROM model_calls
 WHERE task_id = :task_id AND phase = :phase AND position = :position
   AND request_hash = ANY(CAST(:hashes AS text[]))
@@ -1161,3 +1166,84 @@ FROM tasks t CROSS JOIN base b
 LEFT JOIN seg s ON s.task_id = t.id
 LEFT JOIN calls c ON c.task_id = t.id
 WHERE t.root_id = :root_id;
+
+-- ---------------------------------------------------------------- durable steps and tools
+-- A step (ctx.step, or one tool call of a model's tool loop) is recorded 'started' before
+-- its function runs and 'finished' or 'failed' after. Both writes are fenced by the
+-- task's lease token: the task row is read FOR SHARE, so a reaper or watchdog that takes
+-- the lease away either commits first (the step write then matches no row) or waits for
+-- the write's commit. A step row is not a task transition, so no task_events row (like
+-- model_calls).
+
+-- task_step_begin --
+-- Start one step of a leased task, or serve it from the record: returns the row, with
+-- replayed = true when it was finished with the same arguments (nothing to run).
+-- A row found 'started' or 'failed' (its worker died inside it, or it raised) starts
+-- again: 'starts' counts it. Different arguments at the same place are a new step.
+-- No row returned: the lease is gone.
+WITH me AS (
+    SELECT id, root_id FROM tasks
+    WHERE id = :task_id AND lease_token = :token
+    FOR SHARE
+), began AS (
+    INSERT INTO task_steps AS s (task_id, root_id, phase, position, name, kind, status,
+                                 args, args_hash, idempotency_key, tool_call_id, attempt)
+    SELECT id, root_id, :phase, :position, :name, :kind, 'started', :args, :args_hash,
+           :idempotency_key, :tool_call_id, :attempt
+    FROM me
+    ON CONFLICT (task_id, phase, position, name) DO UPDATE
+    SET status = 'started', starts = s.starts + 1, attempt = EXCLUDED.attempt,
+        args = EXCLUDED.args, args_hash = EXCLUDED.args_hash,
+        idempotency_key = EXCLUDED.idempotency_key, tool_call_id = EXCLUDED.tool_call_id,
+        result = NULL, error = NULL, tries = 0, started_at = clock_timestamp(),
+        finished_at = NULL, duration_seconds = NULL
+    WHERE NOT (s.status = 'finished' AND s.args_hash = EXCLUDED.args_hash)
+    RETURNING s.id, s.status, s.starts, s.replays, s.result, s.error,
+              s.idempotency_key, false AS replayed
+), served AS (
+    -- Same snapshot as 'began': exactly one of the two touches an existing row.
+    UPDATE task_steps s SET replays = s.replays + 1
+    FROM me
+    WHERE s.task_id = me.id AND s.phase = :phase AND s.position = :position
+      AND s.name = :name AND s.status = 'finished' AND s.args_hash = :args_hash
+    RETURNING s.id, s.status, s.starts, s.replays, s.result, s.error,
+              s.idempotency_key, true AS replayed
+)
+SELECT * FROM began UNION ALL SELECT * FROM served;
+
+-- task_step_finish --
+-- Record a started step's result ('finished') or error ('failed'), and charge its cost
+-- (a tool's cost_usd) to the task's own spend, fenced by the lease token. No row
+-- returned: the lease is gone (a late worker's result is not recorded, nor charged).
+WITH me AS (
+    SELECT id FROM tasks
+    WHERE id = :task_id AND lease_token = :token
+    FOR SHARE
+), done AS (
+    UPDATE task_steps s
+    SET status = :status, result = CAST(:result AS jsonb), error = :error, tries = :tries,
+        cost_usd = CAST(:usd AS numeric), finished_at = clock_timestamp(),
+        duration_seconds = :duration_seconds
+    FROM me
+    WHERE s.id = :step_id AND s.task_id = me.id AND s.status = 'started'
+      AND s.starts = :starts
+    RETURNING s.id
+), charged AS (
+    UPDATE tasks t
+    SET own_usd = t.own_usd + CAST(:usd AS numeric),
+        spent_usd = t.spent_usd + CAST(:usd AS numeric), updated_at = now()
+    FROM me
+    WHERE t.id = me.id AND CAST(:usd AS numeric) > 0 AND EXISTS (SELECT 1 FROM done)
+    RETURNING t.id
+)
+SELECT id FROM done;
+
+-- task_list_steps --
+-- The steps and tool calls of one task, in the order they first started.
+SELECT * FROM task_steps WHERE task_id = :id ORDER BY id;
+
+-- step_list_by_tasks --
+-- The steps of the given tasks without their results (trace spans, waterfall segments).
+SELECT id, task_id, phase, position, name, kind, status, tool_call_id, error, starts,
+       replays, cost_usd, started_at, finished_at, duration_seconds
+FROM task_steps WHERE task_id = ANY(CAST(:ids AS uuid[])) ORDER BY task_id, id;

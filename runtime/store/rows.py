@@ -264,6 +264,58 @@ class ModelCharge:
     #: Served from the record of an earlier delivery (charged zero).
     replayed: bool = False
     thinking: str | None = None
+    #: The tool calls the reply asked for (``[{"id", "name", "arguments"}]``), if any.
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class StepBegin:
+    """A durable step about to run: its identity in the task, and the lease that fences it.
+
+    ``args`` is the arguments' JSON, cut to a display size; ``args_hash`` is the sha256 of
+    all of it (the same place with other arguments is another step).
+    """
+
+    task_id: uuid.UUID
+    lease_token: uuid.UUID
+    phase: str
+    position: str
+    name: str
+    args: str
+    args_hash: str
+    idempotency_key: str
+    attempt: int
+    kind: str = "step"
+    tool_call_id: str | None = None
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """A step's row after :class:`StepBegin`: started now, or served from the record."""
+
+    step_id: int
+    status: str
+    starts: int
+    replays: int
+    result: Any
+    error: str | None
+    idempotency_key: str
+    replayed: bool
+
+
+@dataclass(frozen=True)
+class StepEnd:
+    """A started step's outcome: its JSON result, or its error; what it cost; how long."""
+
+    task_id: uuid.UUID
+    lease_token: uuid.UUID
+    step_id: int
+    starts: int
+    result: Any
+    error: str | None
+    tries: int
+    duration_seconds: float
+    cost_usd: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True)

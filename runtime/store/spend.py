@@ -1,9 +1,16 @@
-"""Spend: model calls charged to their own task, and a running tree's live spend.
+"""Spend: model calls charged to their own task, a running tree's live spend, durable steps.
 
 A mixin of :class:`runtime.store.store.Store`. A model call charges only its own task (and
 its ``model_calls`` row); a child's spend rolls up to its parent when the child reaches a
 terminal status (:mod:`runtime.store.writes`); a running tree's live spend is summed from
 ``model_calls`` by root (:meth:`StoreSpend.live_spend`).
+
+Durable steps (:class:`StoreSteps`): a step (``ctx.step``, or one tool call of a model's
+tool loop) is one row of ``task_steps`` keyed by ``(task, phase, position, name)``:
+:meth:`StoreSteps.step_begin` records it ``started`` (or finds it ``finished`` with the same
+arguments: a replay), :meth:`StoreSteps.step_finish` records its result or error and
+charges its cost (a tool's ``cost_usd``). Both statements read the task row ``FOR SHARE``
+with its lease token, so a worker whose lease was taken away writes nothing.
 """
 
 from __future__ import annotations
@@ -12,12 +19,14 @@ import logging
 import uuid
 from collections.abc import Sequence
 from decimal import Decimal
+from typing import Any
 
 import sqlalchemy as sa
 
 from runtime.store.queries import TEXT as _TEXT
+from runtime.store.queries import Task
 from runtime.store.reads import StoreReads
-from runtime.store.rows import ModelCharge, dumps_fast
+from runtime.store.rows import ModelCharge, StepBegin, StepEnd, StepRecord, dumps_fast
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +57,8 @@ class StoreSpend(StoreReads):
                     "request_hash": charge.request_hash, "attempt_kind": charge.attempt_kind,
                     "call_try": charge.call_try, "replayed": charge.replayed,
                     "thinking": charge.thinking,
+                    "tool_calls": (None if charge.tool_calls is None
+                                   else dumps_fast(charge.tool_calls)),
                 },
             ).first()
         if row is None:
@@ -74,7 +85,7 @@ class StoreSpend(StoreReads):
              "duration_seconds": c.duration_seconds, "error": c.error, "phase": c.phase,
              "position": c.position, "request_hash": c.request_hash,
              "attempt_kind": c.attempt_kind, "call_try": c.call_try, "replayed": c.replayed,
-             "thinking": c.thinking}
+             "thinking": c.thinking, "tool_calls": c.tool_calls}
             for n, c in enumerate(charges)
         ]
         try:
@@ -95,3 +106,50 @@ class StoreSpend(StoreReads):
         with self.engine.connect() as conn:
             row = conn.execute(_TEXT["model_call_spend_by_root"], {"root_id": root_id}).one()
         return int(row.tokens), Decimal(row.usd), int(row.calls)
+
+
+class StoreSteps(StoreReads):
+    """Recording durable steps (begin, finish) and reading them back."""
+
+    def step_begin(self, begin: StepBegin) -> StepRecord | None:
+        """Record a step as started, or return its finished record; None: the lease is gone."""
+        with self.transaction() as conn:
+            row = conn.execute(_TEXT["task_step_begin"], {
+                "task_id": begin.task_id, "token": begin.lease_token, "phase": begin.phase,
+                "position": begin.position, "name": begin.name, "kind": begin.kind,
+                "args": begin.args, "args_hash": begin.args_hash,
+                "idempotency_key": begin.idempotency_key,
+                "tool_call_id": begin.tool_call_id, "attempt": begin.attempt,
+            }).first()
+        if row is None:
+            log.warning("late step ignored: lease gone", extra={"task_id": str(begin.task_id),
+                                                                "step": begin.name})
+            return None
+        return StepRecord(step_id=int(row.id), status=str(row.status), starts=int(row.starts),
+                          replays=int(row.replays), result=row.result, error=row.error,
+                          idempotency_key=str(row.idempotency_key),
+                          replayed=bool(row.replayed))
+
+    def step_finish(self, end: StepEnd) -> bool:
+        """Record a step's result or error (and charge its cost); False: the lease is gone."""
+        with self.transaction() as conn:
+            row = conn.execute(_TEXT["task_step_finish"], {
+                "task_id": end.task_id, "token": end.lease_token, "step_id": end.step_id,
+                "starts": end.starts, "status": "failed" if end.error is not None else "finished",
+                "result": None if end.error is not None else dumps_fast(end.result),
+                "error": end.error, "tries": end.tries, "usd": str(end.cost_usd),
+                "duration_seconds": end.duration_seconds,
+            }).first()
+        if row is None:
+            log.warning("late step result ignored: lease gone",
+                        extra={"task_id": str(end.task_id), "step_id": end.step_id})
+            return False
+        return True
+
+    def steps(self, task_id: uuid.UUID) -> list[Task]:
+        """The steps and tool calls of one task, in the order they first started."""
+        return self.query("task_list_steps", id=task_id)
+
+    def steps_of(self, task_ids: Sequence[uuid.UUID]) -> list[dict[str, Any]]:
+        """The steps of several tasks, without results (spans and waterfall segments)."""
+        return self.query("step_list_by_tasks", ids=[str(i) for i in task_ids])

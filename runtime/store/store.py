@@ -36,7 +36,7 @@ from runtime.store.rows import (
     ResolveRefused,
     canonical_json,
 )
-from runtime.store.spend import StoreSpend
+from runtime.store.spend import StoreSpend, StoreSteps
 
 __all__ = ["MAINTENANCE_LOCK_KEY", "Maintained", "Store"]
 
@@ -47,7 +47,7 @@ def _json_or_none(value: Any) -> str | None:
     return None if value is None else _dumps(value)
 
 
-class Store(StoreHygiene, StoreClaims, StoreSpend):
+class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps):
     """The database door: named statements, one transaction per state change.
 
     Submitting and resolving live here; the rest comes from mixins, one module per
@@ -55,7 +55,8 @@ class Store(StoreHygiene, StoreClaims, StoreSpend):
     (:class:`~runtime.store.reads.StoreReads`), claims and leases
     (:class:`~runtime.store.claims.StoreClaims`), outcomes and fan-in
     (:class:`~runtime.store.writes.StoreWrites`), spend
-    (:class:`~runtime.store.spend.StoreSpend`) and maintenance
+    (:class:`~runtime.store.spend.StoreSpend`), durable steps
+    (:class:`~runtime.store.spend.StoreSteps`) and maintenance
     (:class:`~runtime.store.hygiene.StoreHygiene`).
     """
 

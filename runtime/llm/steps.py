@@ -1,0 +1,312 @@
+"""Durable steps of one task: ``ctx.step`` / ``ctx.astep``, and each tool call of a tool loop.
+
+A step runs a side-effecting function at most once per task as far as the record can
+tell, and returns the same result on every delivery:
+
+1. **Identity.** The task, its phase (``run``, ``aggregate``), the step's position (order
+   of issue in this delivery's phase; a tool call's is its model call's position, round
+   and index) and its name; the arguments' sha256 tells a changed call from a repeat.
+2. **Begin.** The step is recorded ``started`` before the function runs (fenced by the
+   lease token). When an earlier delivery recorded it ``finished`` with the same
+   arguments, its result is returned now, without running (a *replay*, counted on the
+   row). A row found ``started`` (its worker died inside it) or ``failed`` runs again; the
+   row's ``starts`` says how often it started.
+3. **Run.** The function gets a stable idempotency key (``agents.tools.idempotency_key()``,
+   or a keyword parameter named ``idempotency_key``): an external system can deduplicate
+   the request a crashed delivery may already have sent. A :class:`~agents.tools.RetryPolicy`
+   retries transient errors with backoff. Past the task's deadline (``budget_seconds``
+   from the claim) a step does not start, and an ``async`` one is cancelled.
+4. **Finish.** The JSON result (or the error) is recorded, fenced by the lease: a late
+   worker's result is not recorded and it gets :class:`~runtime.errors.LeaseLost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import inspect
+import json
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Protocol
+
+from agents.tools import RetryPolicy, reset_step_key, set_step_key
+from runtime.errors import BudgetExceeded, LeaseLost
+from runtime.llm.ledger import StepLedger
+from runtime.store.rows import StepBegin, StepEnd, StepRecord
+
+#: How much of a step's arguments its row keeps (the hash covers all of them).
+ARGS_DISPLAY_CHARS = 2000
+
+
+class StepBudget(Protocol):
+    """What a step needs from the task's budget: room for a tool's cost, then the charge."""
+
+    def reserve_usd(self, amount: Decimal, what: str) -> None:
+        """Hold ``amount`` for a call about to run; raises BudgetExceeded if it does not fit."""
+        ...
+
+    def settle_usd(self, reserved: Decimal, charged: Decimal) -> None:
+        """Release a reservation and add what was charged."""
+        ...
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a step came to.
+
+    Attributes:
+        value: the function's JSON result (as read back from JSON), or None on error.
+        error: ``Type: message`` when the function raised (after its retries).
+        exception: that exception (None when replayed or fine).
+        replayed: True when served from the record without running.
+        idempotency_key: the step's stable key.
+        starts: how often this step started, over all deliveries.
+        tries: calls of the function in this run (1 + retries; 0 when replayed).
+        duration_seconds: how long it ran (0 when replayed).
+        step_id: its ``task_steps`` row.
+
+    """
+
+    value: Any
+    error: str | None
+    exception: BaseException | None
+    replayed: bool
+    idempotency_key: str
+    starts: int
+    tries: int
+    duration_seconds: float
+    step_id: int
+
+
+def args_json(args: Any) -> str:
+    """The canonical JSON of a step's arguments (unserialisable values as ``str``)."""
+    return json.dumps(args, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _json_result(value: Any, name: str) -> Any:
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"step {name!r} returned a value that is not JSON-serialisable: "
+                        f"{exc}") from None
+
+
+def _wants_key(fn: Callable[..., Any]) -> bool:
+    try:
+        return "idempotency_key" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _deadline_of(task_row: Any) -> float | None:
+    deadline = task_row.get("deadline_at") if hasattr(task_row, "get") else None
+    return deadline.timestamp() if isinstance(deadline, dt.datetime) else None
+
+
+class TaskSteps:
+    """The durable steps of one leased task (``ctx.step`` / ``ctx.astep`` and tool calls).
+
+    Args:
+        ledger: the database side (:class:`~runtime.llm.ledger.StepLedger`).
+        task_row: the claimed task (id, phase, delivery count, deadline).
+        lease_token: the claim's fencing token.
+        lease_lost: set by the worker's heartbeat when the task was taken away.
+        in_ledger: runs a blocking ledger call off the loop (default: a thread).
+        budget: the task's budget, for tools that cost money (optional).
+
+    """
+
+    def __init__(self, ledger: StepLedger, task_row: Any, lease_token: uuid.UUID,
+                 lease_lost: threading.Event,
+                 in_ledger: Callable[..., Awaitable[Any]] | None = None,
+                 budget: StepBudget | None = None) -> None:
+        self._ledger = ledger
+        self.task_id: uuid.UUID = task_row["id"]
+        self.phase = ("judge" if task_row.get("status") == "judging"
+                      else str(task_row.get("phase") or "run"))
+        self._attempt = int(task_row.get("delivery_count") or 1)
+        self._token = lease_token
+        self._lease_lost = lease_lost
+        self._deadline = _deadline_of(task_row)
+        self._in_ledger = in_ledger or asyncio.to_thread
+        self.budget = budget
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def next_position(self) -> str:
+        """The next step's position: its order of issue in this delivery's phase."""
+        with self._lock:
+            position = str(self._count)
+            self._count += 1
+        return position
+
+    # ------------------------------------------------------------------ public
+    def step(self, name: str, fn: Callable[..., Any], *args: Any,
+             retry: RetryPolicy | None = None, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` as a durable step from synchronous code.
+
+        Returns its JSON result (read back from JSON, also the first time); raises what
+        it raised (recorded as the step's error), :class:`LeaseLost` when the task was
+        taken away, :class:`BudgetExceeded` past the task's ``budget_seconds``.
+        """
+        begin = self._begin_of(name, args, kwargs, self.next_position())
+        record = self._started(self._ledger.step_begin(begin), begin)
+        if record.replayed:
+            return record.result
+        started, tries, value, error = time.monotonic(), 0, None, None
+        while True:
+            tries += 1
+            token = set_step_key(record.idempotency_key)
+            try:
+                out = fn(*args, **self._with_key(fn, kwargs, record))
+                value = asyncio.run(out) if inspect.iscoroutine(out) else out
+                value = _json_result(value, name)
+                break
+            except Exception as exc:
+                if not self._retrying(exc, retry, tries):
+                    error = exc
+                    break
+            finally:
+                reset_step_key(token)
+            time.sleep(retry.delay(tries) if retry else 0)
+        end = self._end_of(record, value, error, tries, time.monotonic() - started)
+        if not self._ledger.step_finish(end):
+            raise self._lost(name, "its result was not recorded")
+        if error is not None:
+            raise error
+        return value
+
+    async def astep(self, name: str, fn: Callable[..., Any], *args: Any,
+                    retry: RetryPolicy | None = None, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` as a durable step from a coroutine (see :meth:`step`).
+
+        An ``async`` function is awaited on the caller's loop; a plain one runs in a
+        thread. Several steps may run at once (``asyncio.gather``): each takes its
+        position when it is issued.
+        """
+        outcome = await self.run(name, fn, args, kwargs, position=self.next_position(),
+                                 retry=retry)
+        if outcome.exception is not None:
+            raise outcome.exception
+        return outcome.value
+
+    async def run(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
+                  kwargs: dict[str, Any], *, position: str, kind: str = "step",
+                  tool_call_id: str | None = None, retry: RetryPolicy | None = None,
+                  cost_usd: Decimal = Decimal(0)) -> StepResult:
+        """Run one step at ``position``; its error is returned, not raised.
+
+        Raises only what ends the task's delivery: :class:`LeaseLost`,
+        :class:`BudgetExceeded` (no time, or no money for ``cost_usd``).
+        """
+        begin = self._begin_of(name, args, kwargs, position, kind, tool_call_id)
+        record = self._started(await self._in_ledger(self._ledger.step_begin, begin), begin)
+        if record.replayed:
+            return StepResult(record.result, None, None, True, record.idempotency_key,
+                              record.starts, 0, 0.0, record.step_id)
+        if cost_usd and self.budget is not None:
+            self.budget.reserve_usd(cost_usd, f"tool {name!r}")
+        started, charged = time.monotonic(), Decimal(0)
+        try:
+            value, error, tries = await self._attempts(name, fn, args, kwargs, record, retry)
+            charged = cost_usd
+            end = self._end_of(record, value, error, tries, time.monotonic() - started,
+                               cost_usd)
+            if not await self._in_ledger(self._ledger.step_finish, end):
+                charged = Decimal(0)
+                raise self._lost(name, "its result was not recorded")
+        finally:
+            if cost_usd and self.budget is not None:
+                self.budget.settle_usd(cost_usd, charged)
+        return StepResult(value, end.error, error, False, record.idempotency_key,
+                          record.starts, tries, end.duration_seconds, record.step_id)
+
+    # ------------------------------------------------------------------ parts
+    async def _attempts(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
+                        kwargs: dict[str, Any], record: StepRecord,
+                        retry: RetryPolicy | None) -> tuple[Any, BaseException | None, int]:
+        tries = 0
+        call_kwargs = self._with_key(fn, kwargs, record)
+        while True:
+            tries += 1
+            token = set_step_key(record.idempotency_key)
+            try:
+                if inspect.iscoroutinefunction(fn):
+                    value = await self._bounded(fn(*args, **call_kwargs), name)
+                else:
+                    value = await asyncio.to_thread(fn, *args, **call_kwargs)
+                    if inspect.isawaitable(value):
+                        value = await self._bounded(value, name)
+                return _json_result(value, name), None, tries
+            except (LeaseLost, BudgetExceeded):
+                raise
+            except Exception as exc:
+                if not self._retrying(exc, retry, tries):
+                    return None, exc, tries
+            finally:
+                reset_step_key(token)
+            await asyncio.sleep(retry.delay(tries) if retry else 0)
+
+    async def _bounded(self, awaitable: Awaitable[Any], name: str) -> Any:
+        """Await a step's coroutine, cancelled at the task's deadline (``budget_seconds``)."""
+        if self._deadline is None:
+            return await awaitable
+        left = max(0.0, self._deadline - time.time())
+        try:
+            async with asyncio.timeout(left) as scope:
+                return await awaitable
+        except TimeoutError:
+            if scope.expired():
+                raise BudgetExceeded(f"budget: step {name!r} of task {self.task_id} was "
+                                     "stopped at the task's budget_seconds") from None
+            raise
+
+    def _retrying(self, exc: Exception, retry: RetryPolicy | None, tries: int) -> bool:
+        return (retry is not None and isinstance(exc, retry.on) and tries < retry.attempts
+                and not self._lease_lost.is_set()
+                and (self._deadline is None
+                     or time.time() + retry.delay(tries) < self._deadline))
+
+    def _begin_of(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  position: str, kind: str = "step",
+                  tool_call_id: str | None = None) -> StepBegin:
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError("a step needs a non-empty name")
+        if self._lease_lost.is_set():
+            raise self._lost(name, "it did not run")
+        if self._deadline is not None and time.time() >= self._deadline:
+            raise BudgetExceeded(f"budget: step {name!r} refused for task {self.task_id}: "
+                                 "the task is past its budget_seconds")
+        payload = args_json({"args": list(args), "kwargs": kwargs})
+        digest = hashlib.sha256(payload.encode()).hexdigest()
+        key = f"{self.task_id}/{self.phase}/{position}/{name}/{digest[:12]}"
+        return StepBegin(self.task_id, self._token, self.phase, position, name,
+                         payload[:ARGS_DISPLAY_CHARS], digest, key, self._attempt, kind,
+                         tool_call_id)
+
+    def _started(self, record: StepRecord | None, begin: StepBegin) -> StepRecord:
+        if record is None:
+            raise self._lost(begin.name, "it did not run")
+        return record
+
+    def _end_of(self, record: StepRecord, value: Any, error: BaseException | None, tries: int,
+                duration: float, cost_usd: Decimal = Decimal(0)) -> StepEnd:
+        message = None if error is None else f"{type(error).__name__}: {error}"
+        return StepEnd(self.task_id, self._token, record.step_id, record.starts,
+                       None if error else value, message, tries, duration, cost_usd)
+
+    @staticmethod
+    def _with_key(fn: Callable[..., Any], kwargs: dict[str, Any],
+                  record: StepRecord) -> dict[str, Any]:
+        if "idempotency_key" not in kwargs and _wants_key(fn):
+            return {**kwargs, "idempotency_key": record.idempotency_key}
+        return kwargs
+
+    def _lost(self, name: str, what: str) -> LeaseLost:
+        return LeaseLost(f"task {self.task_id}: lease lost; step {name!r}: {what}")
