@@ -1,16 +1,13 @@
 """The agent registry: ``dict[str, type[Agent]]``, filled by subclassing or ``@register``.
 
 A duplicate name raises with both classes named; an unknown name suggests the closest
-registered one. User agents come from importable modules (``--agents-module``,
-``[agents] modules``); the seed's org is built in.
+registered one. :mod:`agents.loader` fills it: the seed's org, then user agents from
+importable modules (``--agents-module``, ``[agents] modules``).
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
@@ -21,9 +18,6 @@ if TYPE_CHECKING:
     from agents.base import Agent
 
 A = TypeVar("A", bound="type[Agent]")
-
-BUILTIN_MODULES = ("agents.ceo", "agents.intel_director", "agents.scouts", "agents.judge")
-
 
 class UnknownAgent(LookupError):
     """No agent is registered under that name."""
@@ -89,28 +83,3 @@ def register(cls: A) -> A:
     """Decorator form of registration (subclassing with a ``name`` registers too)."""
     registry.add(cls)
     return cls
-
-
-def load_builtins() -> Registry:
-    """Import the seed's org (ceo, intel_director, the scouts, judge)."""
-    for module in BUILTIN_MODULES:
-        importlib.import_module(module)
-    return registry
-
-
-def load_modules(modules: Iterable[str]) -> Registry:
-    """Import user modules that define agents (or policies); errors name the module.
-
-    The current directory is put on ``sys.path`` first (as uvicorn does), so
-    ``--agents-module my_agents`` finds ``./my_agents.py`` from the ``orgchart`` script too.
-    """
-    load_builtins()
-    modules = list(modules)
-    if modules and os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ImportError(f"cannot import agents module {module!r}: {exc}") from exc
-    return registry

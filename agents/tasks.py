@@ -4,11 +4,10 @@ These types are shared by ``agents.base`` (the agent API) and ``agents.context``
 agent runs with); they hold no database handle and no lease. The runtime builds them from
 its typed rows (``runtime.store.rows.TaskRow``) or from any mapping of ``tasks`` columns.
 
-The budget defaults live here, once: a task submitted without a budget gets
-:data:`DEFAULT_BUDGET_TOKENS` tokens, :data:`DEFAULT_BUDGET_SECONDS` seconds and
-:data:`DEFAULT_BUDGET_USD` dollars for its whole subtree. Everything else (the CLI, the
-HTTP API, the store's request types, the model layer, the table's server defaults) reads
-them from here.
+The budget defaults are defined once, in :mod:`runtime.config` (the store needs them and
+may not import ``agents``), and re-exported here for agents: a task submitted without a
+budget gets :data:`DEFAULT_BUDGET_TOKENS` tokens, :data:`DEFAULT_BUDGET_SECONDS` seconds
+and :data:`DEFAULT_BUDGET_USD` dollars for its whole subtree.
 """
 
 from __future__ import annotations
@@ -18,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Protocol
+
+from runtime.config import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
 
 __all__ = [
     "DEFAULT_BUDGET_SECONDS",
@@ -29,12 +30,6 @@ __all__ = [
     "TaskView",
 ]
 
-#: Tokens a task's subtree may spend when the submitter names no budget.
-DEFAULT_BUDGET_TOKENS = 50_000
-#: Seconds a task may run (each delivery) when the submitter names no budget.
-DEFAULT_BUDGET_SECONDS = 300
-#: Dollars a task's subtree may spend when the submitter names no budget.
-DEFAULT_BUDGET_USD = Decimal("1.0")
 #: Priority of a task submitted without one (lower runs first).
 DEFAULT_PRIORITY = 5
 

@@ -31,6 +31,17 @@ DEFAULT_SOURCE = "default"
 #: Environment variables naming the database, most specific first (they win over the file).
 DATABASE_URL_ENVS = ("ORGCHART_DATABASE_URL", "DATABASE_URL")
 
+# The budget defaults live here, once: a task submitted without a budget gets them for its
+# whole subtree. The store (request types, the table's server defaults), the agents'
+# views (``agents.tasks`` re-exports them), the CLI, the HTTP API and the model layer all
+# read these.
+#: Tokens a task's subtree may spend when the submitter names no budget.
+DEFAULT_BUDGET_TOKENS = 50_000
+#: Seconds a task may run (each delivery) when the submitter names no budget.
+DEFAULT_BUDGET_SECONDS = 300
+#: Dollars a task's subtree may spend when the submitter names no budget.
+DEFAULT_BUDGET_USD = Decimal("1.0")
+
 #: Defaults for forbidden output patterns: private keys, API-key shapes, e-mail addresses.
 DEFAULT_FORBIDDEN_PATTERNS: tuple[str, ...] = (
     r"-----BEGIN (?:RSA |EC |OPENSSH |DSA )?PRIVATE KEY-----",

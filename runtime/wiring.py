@@ -17,9 +17,14 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from agents.registry import Registry, load_modules
-from agents.tasks import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
-from runtime.config import Settings
+from agents.loader import load_modules
+from agents.registry import Registry
+from runtime.config import (
+    DEFAULT_BUDGET_SECONDS,
+    DEFAULT_BUDGET_TOKENS,
+    DEFAULT_BUDGET_USD,
+    Settings,
+)
 from runtime.errors import BadInput
 from runtime.store import db
 from runtime.store.db import (
@@ -174,6 +179,32 @@ def parse_json_option(name: str, text: str | None) -> Any:
                        f"column {exc.colno}") from None
 
 
+def _checked_budget(budget_tokens: int, budget_seconds: int, budget_usd: Decimal | float | str,
+                    priority: int) -> Decimal:
+    """A root's budget in dollars, once its budgets and priority are known to fit the schema.
+
+    Raises:
+        BadInput: a budget is not a number, negative, too large, or no seconds at all; or
+            the priority is out of range.
+
+    """
+    try:
+        usd = Decimal(str(budget_usd))
+    except InvalidOperation:
+        raise BadInput(f"budget_usd {budget_usd!r} is not a number") from None
+    for name, value in (("budget_tokens", budget_tokens), ("budget_seconds", budget_seconds),
+                        ("budget_usd", usd)):
+        if value < 0:
+            raise BadInput(f"{name} cannot be negative (got {value})")
+    if budget_tokens > 2**31 - 1 or budget_seconds > 2**31 - 1 or usd >= Decimal("1000000"):
+        raise BadInput("a budget is larger than the schema can hold")
+    if budget_seconds == 0:
+        raise BadInput("budget_seconds must be at least 1")
+    if not -1000 <= priority <= 1000:
+        raise BadInput(f"priority must be between -1000 and 1000 (got {priority})")
+    return usd
+
+
 def build_root(registry: Registry, settings: Settings, *, goal: str | None, agent: str = "ceo",
                type_: str | None = None, priority: int = 5,
                budget_tokens: int = DEFAULT_BUDGET_TOKENS,
@@ -215,20 +246,7 @@ def build_root(registry: Registry, settings: Settings, *, goal: str | None, agen
         registry.validate_input(agent, body)
     except InvalidInput as exc:
         raise BadInput(str(exc)) from None
-    try:
-        usd = Decimal(str(budget_usd))
-    except InvalidOperation:
-        raise BadInput(f"budget_usd {budget_usd!r} is not a number") from None
-    for name, value in (("budget_tokens", budget_tokens), ("budget_seconds", budget_seconds),
-                        ("budget_usd", usd)):
-        if value < 0:
-            raise BadInput(f"{name} cannot be negative (got {value})")
-    if budget_tokens > 2**31 - 1 or budget_seconds > 2**31 - 1 or usd >= Decimal("1000000"):
-        raise BadInput("a budget is larger than the schema can hold")
-    if budget_seconds == 0:
-        raise BadInput("budget_seconds must be at least 1")
-    if not -1000 <= priority <= 1000:
-        raise BadInput(f"priority must be between -1000 and 1000 (got {priority})")
+    usd = _checked_budget(budget_tokens, budget_seconds, budget_usd, priority)
     validate_criteria(success, kill)
     if type_ is not None and type_ not in cls.types:
         raise BadInput(f"agent {agent!r} handles types {list(cls.types)}, not {type_!r}")

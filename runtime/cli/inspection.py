@@ -120,7 +120,8 @@ def show(task_id: Annotated[str, typer.Argument(help="The task's id.")],
         return
     _print_detail(detail)
 
-def _print_detail(d: dict[str, Any]) -> None:
+def _detail_fields(d: dict[str, Any]) -> Table:
+    """The task's own fields, one per line."""
     import json
 
     fields = Table.grid(padding=(0, 2))
@@ -148,7 +149,32 @@ def _print_detail(d: dict[str, Any]) -> None:
         rows.append(("error", f"[red]{escape(str(d['error']))}[/]"))
     for name, value in rows:
         fields.add_row(name, value)
-    out.print(fields)
+    return fields
+
+
+def _model_calls_table(model_calls: list[dict[str, Any]]) -> Table:
+    """One line per model call: its kind (replayed, a retry, with thinking), route, spend."""
+    calls = Table("#", "kind", "backend", "route", "model", "tokens", "cost", "seconds",
+                  "error", title="model calls")
+    for c in model_calls:
+        kind = "replayed" if c.get("replayed") else str(c.get("attempt_kind") or "call")
+        if int(c.get("call_try") or 1) > 1:
+            kind += f" #{c['call_try']}"
+        if c.get("thinking_present"):
+            kind += " +thinking"
+        calls.add_row(f"{c['attempt']}.{c['call_index']}", escape(kind),
+                      escape(str(c["backend"])),
+                      escape(str(c["route"])), escape(str(c["model"])),
+                      f"{c['prompt_tokens']}+{c['completion_tokens']}",
+                      f"${c['cost_usd']}", f"{float(c['duration_seconds'] or 0):.3f}",
+                      escape(str(c["error"] or "")))
+    return calls
+
+
+def _print_detail(d: dict[str, Any]) -> None:
+    import json
+
+    out.print(_detail_fields(d))
     out.print("[bold]payload[/]", escape(json.dumps(d["payload"], indent=2)))
     if d.get("result") is not None:
         out.print("[bold]result[/]", escape(json.dumps(d["result"], indent=2)))
@@ -169,21 +195,7 @@ def _print_detail(d: dict[str, Any]) -> None:
             kids.add_row(c["id"], escape(c["agent"]), styled(c["status"]))
         out.print(kids)
     if d["model_calls"]:
-        calls = Table("#", "kind", "backend", "route", "model", "tokens", "cost", "seconds",
-                      "error", title="model calls")
-        for c in d["model_calls"]:
-            kind = "replayed" if c.get("replayed") else str(c.get("attempt_kind") or "call")
-            if int(c.get("call_try") or 1) > 1:
-                kind += f" #{c['call_try']}"
-            if c.get("thinking_present"):
-                kind += " +thinking"
-            calls.add_row(f"{c['attempt']}.{c['call_index']}", escape(kind),
-                          escape(str(c["backend"])),
-                          escape(str(c["route"])), escape(str(c["model"])),
-                          f"{c['prompt_tokens']}+{c['completion_tokens']}",
-                          f"${c['cost_usd']}", f"{float(c['duration_seconds'] or 0):.3f}",
-                          escape(str(c["error"] or "")))
-        out.print(calls)
+        out.print(_model_calls_table(d["model_calls"]))
 
 def escalations(json_: JsonOpt = False) -> None:
     """The tasks waiting for a person, oldest first, with the rule that stopped them."""

@@ -37,7 +37,7 @@ def describe_policies() -> list[dict[str, Any]]:
         ImportError: an agents or policies module cannot be imported.
 
     """
-    from agents.registry import load_modules
+    from agents.loader import load_modules
     from policies.loader import load_policy_set
     from runtime.config import load_settings
 

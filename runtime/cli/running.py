@@ -33,6 +33,7 @@ from runtime.cli.common import (
 )
 from runtime.engine.gc_tuning import tune_gc
 from runtime.store.rows import TERMINAL_STATUSES, NewTask
+from runtime.telemetry.traces import finish_tree_export, stop_trace_export
 
 if TYPE_CHECKING:
     from agents.registry import Registry
@@ -204,6 +205,7 @@ def run(goal: str, options: GoalOptions, json_: JsonOpt = False,
             tree = current()
     worker.stop("run finished")
     thread.join(timeout=30)
+    finish_tree_export(root_id)  # the tree's spans go out now, not from an exit hook
     tree = current()
     if json_:
         print_json(tree)
@@ -254,6 +256,7 @@ def worker(
               style="dim", markup=False, highlight=False)
     tune_gc(runtime.settings.worker.gc_threshold)  # this process is the worker's
     stats = w.run()
+    stop_trace_export()  # what ended goes out now, not from an exit hook
     if json_:
         print_json({"worker": w.config.worker_id, **stats.as_dict()})
     else:

@@ -131,48 +131,39 @@ def _worker_for(worker_id: str, runs: Sequence[WorkerRun]) -> WorkerRun | None:
     return None
 
 
-def build_rollup(*, fire_id: int, runs: Sequence[WorkerRun], hygiene: Hygiene,
-                 event_rows: Iterable[Mapping[str, Any]],
-                 failures: Iterable[Mapping[str, Any]],
-                 escalations: Sequence[Mapping[str, Any]], left_queued: Mapping[str, int],
-                 plans: int, seconds: float, notes: Sequence[str] = (),
-                 now: dt.datetime | None = None) -> Rollup:
-    """Assemble the rollup of one fire (see the module docstring)."""
-    now = now or dt.datetime.now(dt.UTC)
-    by_worker = event_tally(event_rows)
-    by_mode: dict[str, Counter[str]] = {}
-    for run in runs:
-        by_mode.setdefault(run.mode, Counter())
-    anomalies: list[str] = list(notes)
+def _run_anomalies(run: WorkerRun, by_worker: Mapping[str, Counter[str]]) -> list[str]:
+    """What went wrong with one worker: how it ended, and whether its report matches the events."""
+    anomalies: list[str] = []
+    label = f"worker {run.pid} ({run.mode})"
+    recorded: Counter[str] = Counter()
     for worker_id, tally in by_worker.items():
-        owner = _worker_for(worker_id, runs)
-        if owner is not None:
-            by_mode[owner.mode].update(tally)
-    for run in runs:
-        label = f"worker {run.pid} ({run.mode})"
-        recorded: Counter[str] = Counter()
-        for worker_id, tally in by_worker.items():
-            if worker_id.startswith(run.prefix):
-                recorded.update(tally)
-        if run.signal and run.stopped_by_fire:
-            anomalies.append(f"{label} terminated as the fire stopped: {run.signal} after "
-                             f"{run.seconds:.1f}s")
-        elif run.signal:
-            anomalies.append(f"{label} outlived its wall clock of {run.wall_clock_seconds:g}s: "
-                             f"{run.signal} after {run.seconds:.1f}s")
-        elif run.exit_code not in (0, None):
-            tail = run.stderr_tail.strip().splitlines()
-            anomalies.append(f"{label} exited with code {run.exit_code}"
-                             + (f": {tail[-1]}" if tail else ""))
-        if run.stats is None:
-            if not run.signal:
-                anomalies.append(f"{label} printed no report; counted from task_events")
-            continue
-        reported = stats_tally(run.stats)
-        recorded_cmp = Counter({k: v for k, v in recorded.items() if k != "retried"})
-        if reported != +recorded_cmp:
-            anomalies.append(f"{label} reported {_kinds(reported) or 'nothing'} but task_events "
-                             f"recorded {_kinds(recorded_cmp) or 'nothing'}")
+        if worker_id.startswith(run.prefix):
+            recorded.update(tally)
+    if run.signal and run.stopped_by_fire:
+        anomalies.append(f"{label} terminated as the fire stopped: {run.signal} after "
+                         f"{run.seconds:.1f}s")
+    elif run.signal:
+        anomalies.append(f"{label} outlived its wall clock of {run.wall_clock_seconds:g}s: "
+                         f"{run.signal} after {run.seconds:.1f}s")
+    elif run.exit_code not in (0, None):
+        tail = run.stderr_tail.strip().splitlines()
+        anomalies.append(f"{label} exited with code {run.exit_code}"
+                         + (f": {tail[-1]}" if tail else ""))
+    if run.stats is None:
+        if not run.signal:
+            anomalies.append(f"{label} printed no report; counted from task_events")
+        return anomalies
+    reported = stats_tally(run.stats)
+    recorded_cmp = Counter({k: v for k, v in recorded.items() if k != "retried"})
+    if reported != +recorded_cmp:
+        anomalies.append(f"{label} reported {_kinds(reported) or 'nothing'} but task_events "
+                         f"recorded {_kinds(recorded_cmp) or 'nothing'}")
+    return anomalies
+
+
+def _repair_anomalies(runs: Sequence[WorkerRun], hygiene: Hygiene) -> list[str]:
+    """What hygiene and the workers had to repair (expired leases, stale writes, errors)."""
+    anomalies: list[str] = []
     worker_totals: Counter[str] = Counter()
     for run in runs:
         for key in ("stale", "dropped", "reaped", "poisoned", "timed_out", "db_errors"):
@@ -192,6 +183,29 @@ def build_rollup(*, fire_id: int, runs: Sequence[WorkerRun], hygiene: Hygiene,
         anomalies.append(f"{worker_totals['dropped']} task(s) dropped by workers")
     if worker_totals["db_errors"]:
         anomalies.append(f"{worker_totals['db_errors']} database error(s) in workers (retried)")
+    return anomalies
+
+
+def build_rollup(*, fire_id: int, runs: Sequence[WorkerRun], hygiene: Hygiene,
+                 event_rows: Iterable[Mapping[str, Any]],
+                 failures: Iterable[Mapping[str, Any]],
+                 escalations: Sequence[Mapping[str, Any]], left_queued: Mapping[str, int],
+                 plans: int, seconds: float, notes: Sequence[str] = (),
+                 now: dt.datetime | None = None) -> Rollup:
+    """Assemble the rollup of one fire (see the module docstring)."""
+    now = now or dt.datetime.now(dt.UTC)
+    by_worker = event_tally(event_rows)
+    by_mode: dict[str, Counter[str]] = {}
+    for run in runs:
+        by_mode.setdefault(run.mode, Counter())
+    anomalies: list[str] = list(notes)
+    for worker_id, tally in by_worker.items():
+        owner = _worker_for(worker_id, runs)
+        if owner is not None:
+            by_mode[owner.mode].update(tally)
+    for run in runs:
+        anomalies.extend(_run_anomalies(run, by_worker))
+    anomalies.extend(_repair_anomalies(runs, hygiene))
 
     failure_list = [{"status": f["status"], "agent": f["agent"], "error": f["error"] or "",
                      "count": int(f["n"])} for f in failures]

@@ -1,15 +1,20 @@
-"""Maintenance: the reaper, the watchdog and the fan-in sweeper, once per interval.
+"""Maintenance: the reaper, the watchdog and the fan-in sweeper; the locks that elect a process.
 
 A mixin of :class:`runtime.store.store.Store`. One pass runs all three in one transaction
-under a transaction-level advisory lock, so one worker runs it and the others skip.
+under a transaction-level advisory lock, so one worker runs it and the others skip. A
+job that one process at a time should do for as long as it lives (the trace exporter)
+holds a :class:`SessionLock` instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 from dataclasses import dataclass
 
-from sqlalchemy.engine import Connection
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
 
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.rows import Reaped, Swept, TimedOut
@@ -29,8 +34,58 @@ class Maintained:
     swept: Swept
 
 
+log = logging.getLogger(__name__)
+
+
+class SessionLock:
+    """A session-level advisory lock held on a connection of its own, for as long as wanted.
+
+    :meth:`try_acquire` may be called on every pass of a loop: the connection is opened
+    once and kept, and once the lock is held it answers True without a round trip.
+    :meth:`release` closes the connection for real (it is not handed back to the pool),
+    which ends the session and with it the lock, even when the unlock cannot run.
+    """
+
+    def __init__(self, engine: Engine, key: int) -> None:
+        self._engine = engine
+        self.key = key
+        self.held = False
+        self._conn: Connection | None = None
+
+    def try_acquire(self) -> bool:
+        """Take the lock if it is free; False when another session holds it or on an error."""
+        if self.held:
+            return True
+        try:
+            if self._conn is None:
+                self._conn = self._engine.connect().execution_options(
+                    isolation_level="AUTOCOMMIT")
+            self.held = bool(self._conn.execute(_TEXT["session_lock_try"],
+                                                {"key": self.key}).scalar())
+        except sa.exc.DBAPIError:
+            log.warning("could not try the advisory lock %s", self.key, exc_info=True)
+            self.release()
+        return self.held
+
+    def release(self) -> None:
+        """Give the lock up (if held) and close the connection."""
+        if self._conn is not None:
+            with contextlib.suppress(sa.exc.DBAPIError):
+                if self.held:
+                    self._conn.execute(_TEXT["session_lock_release"], {"key": self.key})
+            with contextlib.suppress(sa.exc.DBAPIError):
+                self._conn.invalidate()
+                self._conn.close()
+        self._conn = None
+        self.held = False
+
+
 class StoreHygiene(StoreWrites):
-    """The maintenance pass and its three parts, each also callable alone."""
+    """The maintenance pass and its three parts, each also callable alone; session locks."""
+
+    def session_lock(self, key: int) -> SessionLock:
+        """A :class:`SessionLock` on ``key`` (not taken yet: call ``try_acquire``)."""
+        return SessionLock(self.engine, key)
 
     def maintain(self, max_delivery: int, interval_seconds: float, *, reap_limit: int = 1000,
                  timeout_limit: int = 1000, sweep_limit: int = 10_000,

@@ -834,6 +834,17 @@ SELECT pg_try_advisory_lock(:key) AS locked;
 -- Release the fire's advisory lock (closing the connection releases it too).
 SELECT pg_advisory_unlock(:key) AS unlocked;
 
+-- session_lock_try --
+-- Take a session-level advisory lock that elects one process for a job (the trace
+-- exporter): held by this connection's session until unlocked or disconnected, so a
+-- process that dies lets another take over. Taking it again on the same session is a
+-- no-op that answers true (the lock is re-entrant).
+SELECT pg_try_advisory_lock(:key) AS locked;
+
+-- session_lock_release --
+-- Release a lock taken by session_lock_try (closing the connection releases it too).
+SELECT pg_advisory_unlock(:key) AS unlocked;
+
 -- task_event_max_id --
 -- The newest event id: a fire's watermark. Events written after the fire started have a
 -- larger id (identity values only grow), so later scans are index range scans on the key.
@@ -1045,11 +1056,22 @@ SELECT route, model, width_bucket(duration_seconds, CAST(:bounds AS float8[])) A
 FROM mc GROUP BY route, model, bucket;
 
 -- export_cursor_open --
--- An exporter's cursor: created at the newest task_events id the first time (history is
--- not exported), read as it is afterwards.
+-- An exporter's cursor, read as it is, or created the first time: at the newest
+-- task_events id (finished history is not exported), unless a tree begun within the
+-- last :open_window_seconds is still open; then just before that tree's first event, so
+-- the tasks it finished before this exporter started are sent with the rest of it. The
+-- NOT EXISTS keeps the look at open roots (a scan of tasks) to the first time only.
 WITH made AS (
     INSERT INTO export_cursors (name, last_event_id)
-    SELECT :name, COALESCE(max(id), 0) FROM task_events
+    SELECT :name, COALESCE(
+        (SELECT min(e.id) - 1
+         FROM tasks r JOIN task_events e ON e.task_id = r.id
+         WHERE r.parent_id IS NULL
+           AND r.status NOT IN ('done', 'failed', 'escalated')
+           AND r.created_at > now() - make_interval(secs => :open_window_seconds)),
+        (SELECT max(id) FROM task_events),
+        0)
+    WHERE NOT EXISTS (SELECT 1 FROM export_cursors WHERE name = :name)
     ON CONFLICT (name) DO NOTHING
     RETURNING last_event_id
 )

@@ -247,10 +247,16 @@ class StoreReads:
         return self.query("trace_list_ended_after", after=after,
                           settle_seconds=settle_seconds, limit=limit)
 
-    def export_cursor(self, name: str) -> int:
-        """Where exporter ``name`` left off (created at the newest event the first time)."""
+    def export_cursor(self, name: str, open_window_seconds: float = 3600.0) -> int:
+        """Where exporter ``name`` left off.
+
+        Created the first time at the newest event, or just before the first event of the
+        oldest tree begun within ``open_window_seconds`` that is still open (its finished
+        tasks are then exported with the rest of it).
+        """
         with self.transaction() as conn:
-            return int(conn.execute(_TEXT["export_cursor_open"], {"name": name}).scalar_one())
+            return int(conn.execute(_TEXT["export_cursor_open"], {
+                "name": name, "open_window_seconds": float(open_window_seconds)}).scalar_one())
 
     def advance_export_cursor(self, name: str, last_event_id: int) -> None:
         """Record that exporter ``name`` sent everything up to ``last_event_id``."""

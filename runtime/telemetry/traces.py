@@ -32,7 +32,6 @@ resolved escalation, a parent's retry) is exported again with the same span id.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import hashlib
 import logging
@@ -43,8 +42,6 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
-
-import sqlalchemy as sa
 
 from runtime.store.store import Store
 
@@ -60,6 +57,9 @@ BATCH = 500
 CURSOR_NAME = "traces"
 #: The advisory lock that makes one process the exporter.
 LOCK_KEY = 0x6F7267_7472616365  # "org" "trace"
+#: The first exporter of a database also sends the trees begun this recently that are
+#: still open (their tasks that ended before it started): see ``Store.export_cursor``.
+OPEN_TREE_WINDOW_SECONDS = 3600.0
 _ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 _FINAL = ("done", "failed", "escalated")
 
@@ -99,21 +99,114 @@ def _num(value: Any) -> float:
     return float(Decimal(value or 0))
 
 
+def _resource() -> Any:
+    """The ``Resource`` every span carries, built once per process.
+
+    Built when the exporter starts (:class:`TraceExport`), never first at exit:
+    ``Resource.create`` runs its detectors in a thread pool, which refuses new work once
+    the interpreter has begun shutting down.
+    """
+    global _RESOURCE
+    if _RESOURCE is None:
+        from opentelemetry.sdk.resources import Resource
+
+        attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "orgchart"}
+        _RESOURCE = Resource.create(attrs)
+    return _RESOURCE
+
+
+_RESOURCE: Any = None
+
+
+def _task_attributes(t: Mapping[str, Any]) -> dict[str, Any]:
+    """A task span's attributes: ids, agent, status, spend, deliveries, verdict, route."""
+    attributes: dict[str, Any] = {
+        "orgchart.task_id": str(t["id"]), "orgchart.root_id": str(t["root_id"]),
+        "orgchart.agent": t["to_agent"], "orgchart.type": t["type"],
+        "orgchart.status": t["status"], "orgchart.depth": int(t["depth"]),
+        "orgchart.spent_tokens": int(t["spent_tokens"]),
+        "orgchart.spent_usd": _num(t["spent_usd"]),
+        "orgchart.own_tokens": int(t["own_tokens"]),
+        "orgchart.own_usd": _num(t["own_usd"]),
+        "orgchart.deliveries": int(t["delivery_count"]),
+        "orgchart.retries": int(t["retry_count"]),
+    }
+    verdict = t["verdict"]
+    if isinstance(verdict, dict) and "passed" in verdict:
+        attributes["orgchart.verdict.passed"] = bool(verdict["passed"])
+        if isinstance(verdict.get("score"), int | float):
+            attributes["orgchart.verdict.score"] = float(verdict["score"])
+    for key in ("route", "model", "error"):
+        if t[key]:
+            attributes[f"orgchart.{key}"] = str(t[key])[:1000]
+    return attributes
+
+
+def _call_attributes(c: Mapping[str, Any]) -> dict[str, Any]:
+    """A model call span's attributes (the OpenTelemetry GenAI conventions, and ours)."""
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.system": "ollama" if c["backend"] in ("ollama", "offline")
+        else str(c["backend"]),
+        "gen_ai.request.model": c["model"], "gen_ai.response.model": c["model"],
+        "gen_ai.usage.input_tokens": int(c["prompt_tokens"]),
+        "gen_ai.usage.output_tokens": int(c["completion_tokens"]),
+        "orgchart.route": c["route"], "orgchart.cost_usd": _num(c["cost_usd"]),
+        "orgchart.backend": c["backend"], "orgchart.attempt": int(c["attempt"]),
+        "orgchart.call_index": int(c["call_index"]),
+    }
+    if c["error"]:
+        attributes["error.type"] = str(c["error"])[:200]
+    return attributes
+
+
+def _task_spans(t: Mapping[str, Any], history: list[dict[str, Any]],
+                calls: list[dict[str, Any]], resource: Any) -> list[Any]:
+    """One ended task's span, then one child span per model call of it."""
+    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+    scope = InstrumentationScope("orgchart", "0.1.0")
+    flags = TraceFlags(TraceFlags.SAMPLED)
+    end = t["completed_at"] or history[-1]["at"]
+    trace_id = trace_id_for(t["root_id"])
+    context = SpanContext(trace_id, span_id_for(t["id"]), False, flags)
+    parent = (SpanContext(trace_id, span_id_for(t["parent_id"]), False, flags)
+              if t["parent_id"] else None)
+    span_events = [Event(e["to_status"], {
+        k: str(v)[:1000] for k, v in (("orgchart.from_status", e["from_status"]),
+                                       ("orgchart.worker", e["worker"]),
+                                       ("orgchart.detail", e["detail"])) if v is not None
+    }, timestamp=_ns(e["at"])) for e in history]
+    status = (Status(StatusCode.OK) if t["status"] == "done"
+              else Status(StatusCode.ERROR, (t["error"] or t["status"])[:200]))
+    spans = [ReadableSpan(
+        name=t["to_agent"], context=context, parent=parent, resource=resource,
+        attributes=_task_attributes(t), events=span_events, kind=SpanKind.INTERNAL,
+        status=status, start_time=_ns(t["created_at"]), end_time=_ns(end),
+        instrumentation_scope=scope)]
+    for c in calls:
+        finished = c["created_at"]
+        started = finished - dt.timedelta(seconds=float(c["duration_seconds"] or 0))
+        spans.append(ReadableSpan(
+            name=f"chat {c['model']}",
+            context=SpanContext(trace_id, call_span_id_for(c["id"]), False, flags),
+            parent=context, resource=resource, attributes=_call_attributes(c),
+            kind=SpanKind.CLIENT,
+            status=Status(StatusCode.ERROR, str(c["error"])[:200]) if c["error"]
+            else Status(StatusCode.UNSET),
+            start_time=_ns(started), end_time=_ns(finished), instrumentation_scope=scope))
+    return spans
+
+
 def build_spans(rows: Mapping[str, list[dict[str, Any]]]) -> list[Any]:
     """``ReadableSpan`` objects for the tasks (and their model calls) in ``rows``.
 
     ``rows`` is what :meth:`Store.trace_rows` returns. Tasks that have not ended are
     left out (a span is exported once it has an end).
     """
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import Event, ReadableSpan
-    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-    from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
-
-    attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "orgchart"}
-    resource = Resource.create(attrs)
-    scope = InstrumentationScope("orgchart", "0.1.0")
-    flags = TraceFlags(TraceFlags.SAMPLED)
+    resource = _resource()
     events: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for e in rows["events"]:
         events[e["task_id"]].append(e)
@@ -123,68 +216,8 @@ def build_spans(rows: Mapping[str, list[dict[str, Any]]]) -> list[Any]:
     spans: list[Any] = []
     for t in rows["tasks"]:
         history = events.get(t["id"], [])
-        end = t["completed_at"] or (history[-1]["at"] if history else None)
-        if t["status"] not in _FINAL or end is None:
-            continue
-        trace_id = trace_id_for(t["root_id"])
-        context = SpanContext(trace_id, span_id_for(t["id"]), False, flags)
-        parent = (SpanContext(trace_id, span_id_for(t["parent_id"]), False, flags)
-                  if t["parent_id"] else None)
-        attributes: dict[str, Any] = {
-            "orgchart.task_id": str(t["id"]), "orgchart.root_id": str(t["root_id"]),
-            "orgchart.agent": t["to_agent"], "orgchart.type": t["type"],
-            "orgchart.status": t["status"], "orgchart.depth": int(t["depth"]),
-            "orgchart.spent_tokens": int(t["spent_tokens"]),
-            "orgchart.spent_usd": _num(t["spent_usd"]),
-            "orgchart.own_tokens": int(t["own_tokens"]),
-            "orgchart.own_usd": _num(t["own_usd"]),
-            "orgchart.deliveries": int(t["delivery_count"]),
-            "orgchart.retries": int(t["retry_count"]),
-        }
-        verdict = t["verdict"]
-        if isinstance(verdict, dict) and "passed" in verdict:
-            attributes["orgchart.verdict.passed"] = bool(verdict["passed"])
-            if isinstance(verdict.get("score"), int | float):
-                attributes["orgchart.verdict.score"] = float(verdict["score"])
-        for key in ("route", "model", "error"):
-            if t[key]:
-                attributes[f"orgchart.{key}"] = str(t[key])[:1000]
-        span_events = [Event(e["to_status"], {
-            k: str(v)[:1000] for k, v in (("orgchart.from_status", e["from_status"]),
-                                           ("orgchart.worker", e["worker"]),
-                                           ("orgchart.detail", e["detail"])) if v is not None
-        }, timestamp=_ns(e["at"])) for e in history]
-        status = (Status(StatusCode.OK) if t["status"] == "done"
-                  else Status(StatusCode.ERROR, (t["error"] or t["status"])[:200]))
-        spans.append(ReadableSpan(
-            name=t["to_agent"], context=context, parent=parent, resource=resource,
-            attributes=attributes, events=span_events, kind=SpanKind.INTERNAL,
-            status=status, start_time=_ns(t["created_at"]), end_time=_ns(end),
-            instrumentation_scope=scope))
-        for c in calls.get(t["id"], []):
-            finished = c["created_at"]
-            started = finished - dt.timedelta(seconds=float(c["duration_seconds"] or 0))
-            call_attrs: dict[str, Any] = {
-                "gen_ai.operation.name": "chat",
-                "gen_ai.system": "ollama" if c["backend"] in ("ollama", "offline")
-                else str(c["backend"]),
-                "gen_ai.request.model": c["model"], "gen_ai.response.model": c["model"],
-                "gen_ai.usage.input_tokens": int(c["prompt_tokens"]),
-                "gen_ai.usage.output_tokens": int(c["completion_tokens"]),
-                "orgchart.route": c["route"], "orgchart.cost_usd": _num(c["cost_usd"]),
-                "orgchart.backend": c["backend"], "orgchart.attempt": int(c["attempt"]),
-                "orgchart.call_index": int(c["call_index"]),
-            }
-            if c["error"]:
-                call_attrs["error.type"] = str(c["error"])[:200]
-            spans.append(ReadableSpan(
-                name=f"chat {c['model']}",
-                context=SpanContext(trace_id, call_span_id_for(c["id"]), False, flags),
-                parent=context, resource=resource, attributes=call_attrs,
-                kind=SpanKind.CLIENT,
-                status=Status(StatusCode.ERROR, str(c["error"])[:200]) if c["error"]
-                else Status(StatusCode.UNSET),
-                start_time=_ns(started), end_time=_ns(finished), instrumentation_scope=scope))
+        if t["status"] in _FINAL and (t["completed_at"] or history):
+            spans += _task_spans(t, history, calls.get(t["id"], []), resource)
     return spans
 
 
@@ -224,7 +257,7 @@ class TraceExport:
     """The background exporter: tasks whose final transition is newer than the cursor.
 
     Args:
-        store: where the rows are read.
+        store: where the rows are read (and the exporter's advisory lock is taken).
         exporter: the span exporter (default: :func:`new_exporter`).
         interval: seconds between passes.
         settle: final transitions younger than this wait for the next pass.
@@ -235,46 +268,37 @@ class TraceExport:
                  settle: float = SETTLE_SECONDS) -> None:
         self.store = store
         self.exporter = exporter or new_exporter()
+        _resource()  # now, not first at exit (see _resource)
         self.interval = interval
         self.settle = settle
-        # The recorded cursor (created now at the newest event if no exporter ever ran);
-        # read again whenever this process starts to lead.
-        self.cursor = store.export_cursor(CURSOR_NAME)
+        # The recorded cursor (created now if no exporter ever ran: see
+        # Store.export_cursor); read again whenever this process starts to lead.
+        self.cursor = store.export_cursor(CURSOR_NAME, OPEN_TREE_WINDOW_SECONDS)
         self.exported = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._conn: sa.Connection | None = None
-        self._leader = False
+        self._lock = store.session_lock(LOCK_KEY)
         self._pass_lock = threading.Lock()
 
     def _lead(self) -> bool:
         """Hold the exporter's advisory lock (one process exports at a time)."""
-        if self._leader:
+        if self._lock.held:
             return True
-        try:
-            if self._conn is None:
-                self._conn = self.store.engine.connect().execution_options(
-                    isolation_level="AUTOCOMMIT")
-            self._leader = bool(self._conn.execute(
-                sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": LOCK_KEY}).scalar())
-            if self._leader:  # go on from where the last exporter left off
-                self.cursor = self.store.export_cursor(CURSOR_NAME)
-        except sa.exc.DBAPIError:
-            self._drop_connection()
-        return self._leader
+        if self._lock.try_acquire():  # go on from where the last exporter left off
+            self.cursor = self.store.export_cursor(CURSOR_NAME, OPEN_TREE_WINDOW_SECONDS)
+        return self._lock.held
 
     def _drop_connection(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(sa.exc.DBAPIError):
-                # Closed for real, not handed back to the pool: that ends the session and
-                # with it the advisory lock, so another exporter can take over now.
-                self._conn.invalidate()
-                self._conn.close()
-        self._conn = None
-        self._leader = False
+        # Closed for real, not handed back to the pool: that ends the session and with it
+        # the advisory lock, so another exporter can take over now.
+        self._lock.release()
 
-    def run_pass(self, settle: float | None = None) -> int:
-        """Export what ended since the cursor (if this process leads); spans sent."""
+    def run_pass(self, settle: float | None = None,
+                 sent_ids: set[uuid.UUID] | None = None) -> int:
+        """Export what ended since the cursor (if this process leads); spans sent.
+
+        ``sent_ids``, when given, collects the ids of the tasks exported.
+        """
         with self._pass_lock:
             if not self._lead():
                 return 0
@@ -284,11 +308,14 @@ class TraceExport:
                                                else settle, BATCH)
                 if not ended:
                     return sent
-                batch = export_tasks(self.store, [r["task_id"] for r in ended], self.exporter)
+                ids = [r["task_id"] for r in ended]
+                batch = export_tasks(self.store, ids, self.exporter)
                 self.cursor = int(ended[-1]["id"])
                 self.store.advance_export_cursor(CURSOR_NAME, self.cursor)
                 self.exported += batch
                 sent += batch
+                if sent_ids is not None:
+                    sent_ids.update(ids)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -305,11 +332,14 @@ class TraceExport:
         self._thread.start()
         return self
 
-    def stop(self, flush: bool = True) -> None:
-        """Stop the thread; with ``flush``, export what ended up to now first."""
+    def _halt(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.interval + 5)
+
+    def stop(self, flush: bool = True) -> None:
+        """Stop the thread; with ``flush``, export what ended up to now first."""
+        self._halt()
         try:
             if flush:
                 self.run_pass(settle=0.0)
@@ -318,6 +348,29 @@ class TraceExport:
         finally:
             self._drop_connection()
             self.exporter.shutdown()
+
+    def finish_tree(self, root_id: uuid.UUID) -> int:
+        """Stop, exporting one finished tree whole first (a short-lived command's exit).
+
+        The leader runs its usual pass (the cursor moves past settled endings only),
+        then every task of the tree not sent by it goes out directly, whatever the
+        cursor: the tree's rows are final. A process that does not lead sends the tree
+        too, so the tree arrives before the command exits; the leader may send it again
+        later, with the same span ids. Returns the spans sent; never raises.
+        """
+        self._halt()
+        sent_ids: set[uuid.UUID] = set()
+        sent = 0
+        try:
+            sent += self.run_pass(sent_ids=sent_ids)
+            rest = [i for i in self.store.tree_ids(root_id) if i not in sent_ids]
+            sent += export_tasks(self.store, rest, self.exporter)
+        except Exception:
+            log.warning("the trace export of tree %s failed", root_id, exc_info=True)
+        finally:
+            self._drop_connection()
+            self.exporter.shutdown()
+        return sent
 
 
 _running: TraceExport | None = None
@@ -328,8 +381,10 @@ def start_trace_export(store: Store, env: Mapping[str, str] | None = None) -> Tr
     """Start this process's trace exporter once, if an OTLP endpoint is configured.
 
     Returns None (and imports nothing from ``opentelemetry``) when it is not, and None
-    with a warning when it cannot start (traces never stop a worker). The exporter
-    flushes at interpreter exit.
+    with a warning when it cannot start (traces never stop a worker). A process stops it
+    with :func:`stop_trace_export`, or :func:`finish_tree_export` for a command that
+    finished a tree; an exit hook flushes what is left otherwise (the span resource is
+    built at start, so that last pass works at shutdown).
     """
     global _running
     if not otlp_configured(env):
@@ -348,13 +403,28 @@ def start_trace_export(store: Store, env: Mapping[str, str] | None = None) -> Tr
         return _running
 
 
-def stop_trace_export() -> None:
-    """Stop this process's trace exporter (exporting what ended first), if it runs."""
+def _take_running() -> TraceExport | None:
     global _running
     with _start_lock:
         running, _running = _running, None
+    return running
+
+
+def stop_trace_export() -> None:
+    """Stop this process's trace exporter (exporting what ended first), if it runs."""
+    running = _take_running()
     if running is not None:
         running.stop(flush=True)
+
+
+def finish_tree_export(root_id: uuid.UUID) -> int:
+    """Stop this process's exporter, sending the tree it just finished first; spans sent.
+
+    For commands that finish a tree and exit (``orgchart run``): called before the
+    command returns, not from an exit hook. Does nothing (0) when no exporter runs.
+    """
+    running = _take_running()
+    return 0 if running is None else running.finish_tree(root_id)
 
 
 def spans_for_tree(store: Store, root_id: uuid.UUID) -> Sequence[Any]:

@@ -210,3 +210,54 @@ def test_an_exporter_that_cannot_start_never_stops_the_worker() -> None:
         assert traces._running is None
     finally:
         down.dispose()
+
+
+def test_orgchart_run_delivers_its_trees_spans_before_it_exits(
+        receiver: type[Receiver], orgchart_env: dict[str, str]) -> None:
+    """A short-lived command: the run is over before the exporter's first timed pass."""
+    import json
+    import os
+
+    from tests.integration.test_run_acceptance import GOAL, nodes, orgchart
+
+    env = {**orgchart_env, "OTEL_EXPORTER_OTLP_ENDPOINT": os.environ[
+        "OTEL_EXPORTER_OTLP_ENDPOINT"]}
+    env.pop("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", None)
+    res = orgchart(env, "run", GOAL, "--json")
+    assert res.returncode == 0, res.stderr
+    tree = json.loads(res.stdout)
+    root = uuid.UUID(tree["id"])
+    ids = {uuid.UUID(n["id"]) for n in nodes(tree)}
+    assert len(ids) == 5
+    task_spans = [s for _, s in receiver.spans if "orgchart.task_id" in attrs(s)]
+    assert sorted(uuid.UUID(attrs(s)["orgchart.task_id"]) for s in task_spans) == sorted(ids)
+    assert {s.trace_id for s in task_spans} == {root.bytes}
+    assert "Traceback" not in res.stderr, res.stderr
+
+
+def test_the_first_exporter_sends_the_tree_that_is_ending_as_it_starts(
+        receiver: type[Receiver], store: Store) -> None:
+    """A child ended before the database's first exporter started; its root had not."""
+    from decimal import Decimal
+
+    from runtime.store.rows import ChildRow, NewTask, RunOutcome
+
+    done = {"passed": True, "reason": "test"}
+    old = build_timed_tree(store, leads=1, writers=1)  # finished history: not sent
+    root = store.submit(NewTask(to_agent="boss", type="task", payload={}))[0]["id"]
+    [parent] = store.claim(["boss"], 1, "w1", 60)
+    store.delegate(root, parent.lease_token, [ChildRow(
+        to_agent="helper", type="task", payload={}, key="k", budget_tokens=10,
+        budget_seconds=10, budget_usd=Decimal("0.1"))], "w1")
+    [child] = store.claim(["helper"], 1, "w1", 60)
+    store.finish_running([RunOutcome(child.id, child.lease_token, "done", result={},
+                                     verdict=done)], "w1")
+    export = traces.TraceExport(store, interval=60)  # the first: creates the cursor
+    [again] = store.claim(["boss"], 1, "w1", 60)  # the aggregate
+    store.finish_running([RunOutcome(root, again.lease_token, "done", result={},
+                                     verdict=done)], "w1")
+    assert export.run_pass(settle=0.0) == 2
+    export.stop(flush=False)
+    sent = {uuid.UUID(attrs(s)["orgchart.task_id"]) for _, s in receiver.spans}
+    assert sent == {root, child.id}
+    assert old.root not in sent

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.registry import load_builtins
+from agents.loader import load_builtins
 from policies.builtin import payload_bytes
 from runtime.config import PoliciesSettings, Settings
 from runtime.errors import BadInput

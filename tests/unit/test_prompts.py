@@ -25,7 +25,8 @@ from pydantic import BaseModel
 from agents import context as context_module
 from agents.base import Agent, ChildView, Delegate, Result, TaskView
 from agents.context import PROMPTS_DIR, AgentContext, load_prompt
-from agents.registry import BUILTIN_MODULES, registry
+from agents.loader import BUILTIN_MODULES
+from agents.registry import registry
 
 
 def _load_org() -> list[type[Agent]]:

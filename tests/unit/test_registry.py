@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agents import registry as agents_registry
+from agents.loader import load_builtins
 from agents.registry import DuplicateAgent, UnknownAgent
 from policies import base as policies_base
 from policies import builtin as _builtin_rules  # noqa: F401  (registers the built-ins)
@@ -51,7 +52,7 @@ def test_an_unknown_name_suggests_the_closest() -> None:
 
 
 def test_agent_and_rule_errors_keep_their_own_types() -> None:
-    agents = agents_registry.load_builtins()
+    agents = load_builtins()
     with pytest.raises(UnknownAgent, match="did you mean 'judge'"):
         agents.get("jduge")
     with pytest.raises(DuplicateAgent, match="agent name 'judge' is already registered"):
