@@ -261,3 +261,22 @@ def test_the_first_exporter_sends_the_tree_that_is_ending_as_it_starts(
     sent = {uuid.UUID(attrs(s)["orgchart.task_id"]) for _, s in receiver.spans}
     assert sent == {root, child.id}
     assert old.root not in sent
+
+
+def test_orgchart_run_with_a_collector_that_is_down_still_succeeds(
+        orgchart_env: dict[str, str]) -> None:
+    import json
+    import socket
+
+    from tests.integration.test_run_acceptance import GOAL, orgchart
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**orgchart_env, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+           "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
+    res = orgchart(env, "run", GOAL, "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["status"] == "done"
+    assert "the trace export of tree" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr  # one line, not a stack
