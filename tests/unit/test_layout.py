@@ -70,7 +70,6 @@ TODO_TOO_LONG = frozenset({
     "runtime/engine/executor.py",
     "runtime/engine/executor.py:_carve",
     "runtime/engine/judge_stage.py:judge_task",
-    "runtime/engine/worker.py",
     "runtime/llm/handle.py",
 })
 
