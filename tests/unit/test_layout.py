@@ -39,7 +39,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "agents": ("policies", *_CORE),
     "policies": ("agents", *_CORE),
     "runtime.store": ("runtime.config", "runtime.errors"),
-    "runtime.llm": ("runtime.config", "runtime.errors", "agents.tasks", "runtime.store.rows"),
+    "runtime.llm": ("runtime.config", "runtime.errors", "agents.tasks", "agents.tools",
+                    "runtime.store.rows"),
     "runtime.engine": (*_CORE, "runtime.store", "runtime.llm", "agents", "policies"),
     "runtime.telemetry": (*_CORE, "runtime.store"),
     "runtime.views": (*_CORE, "runtime.store", "runtime.telemetry"),
@@ -342,7 +343,7 @@ def test_the_checks_catch_a_circle_a_forbidden_import_and_a_dynamic_one() -> Non
     assert circles(edges) == [["runtime.store.a", "runtime.store.b"]]
     assert broken_imports(edges) == [
         "runtime.llm.c imports runtime.store.a: runtime.llm may import only "
-        "runtime.config, runtime.errors, agents.tasks, runtime.store.rows"]
+        "runtime.config, runtime.errors, agents.tasks, agents.tools, runtime.store.rows"]
     assert dynamic_imports("x.py", "import importlib\ndef g(n):\n"
                            "    return importlib.import_module(n)\n") == {"x.py:g"}
     assert dynamic_imports("x.py", "m = __import__('os')\n") == {"x.py:<module>"}
