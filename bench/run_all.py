@@ -29,13 +29,14 @@ from bench import (
     pickup,
     reference,
     scrape,
+    transport,
     tree_read,
     worker_memory,
 )
 from bench.common import RESULTS_DIR, machine, server_url
 
 ORDER = ("reference", "drain", "pgqueuer", "pickup", "fanin", "claim_latency", "tree_read",
-         "scrape", "worker_memory", "makespan", "charge")
+         "scrape", "worker_memory", "makespan", "charge", "transport")
 
 FULL: dict[str, dict[str, Any]] = {
     "reference": {"n": 20_000, "threads": 4},
@@ -49,6 +50,7 @@ FULL: dict[str, dict[str, Any]] = {
     "worker_memory": {"n": 20_000},
     "makespan": {"leads": 30, "writers": 30, "delay": 1.0, "wide_leads": 40},
     "charge": {"leaves": 1000, "threads": 64, "charges": 10_000},
+    "transport": {"calls": 900, "seq": 300, "rounds": 2, "delay": 0.5},
 }
 
 QUICK: dict[str, dict[str, Any]] = {
@@ -63,6 +65,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "worker_memory": {"n": 200},
     "makespan": {"leads": 2, "writers": 3, "delay": 0.1, "wide_leads": 3},
     "charge": {"leaves": 20, "threads": 4, "charges": 40, "calls_per_leaf": 2},
+    "transport": {"calls": 20, "seq": 10, "rounds": 1, "delay": 0.05},
 }
 
 MAINS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -77,6 +80,7 @@ MAINS: dict[str, Callable[..., dict[str, Any]]] = {
     "worker_memory": worker_memory.main,
     "makespan": makespan.main,
     "charge": charge.main,
+    "transport": transport.main,
 }
 
 
@@ -147,7 +151,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "worker_peak_rss_mb",
                 "makespan_vs_critical_path", "peak_calls_in_flight",
                 "rss_per_task_in_flight_kb", "charge_p99_ms", "charge_loop_p99_ms",
-                "charge_direct_p99_ms"):
+                "charge_direct_p99_ms", "transport_lean_burst_cpu_ms_per_call",
+                "transport_httpx_burst_cpu_ms_per_call"):
         if key in result:
             print(f"  {key}: {result[key]}")
     return result

@@ -115,8 +115,9 @@ class CostSettings(_Section):
 class OllamaSettings(_Section):
     """``[ollama]``: where the Ollama server is, how long to wait, how much to ask at once.
 
-    ``max_parallel`` bounds the calls in flight to one model on the local server (and the
-    HTTP connections to it); ``cloud_max_parallel`` does the same for the cloud route.
+    ``max_parallel`` bounds the calls in flight to the local route's server, all models
+    together (and the HTTP connections to it); ``cloud_max_parallel`` does the same for
+    the cloud route.
     ``think`` turns a thinking model's reasoning on (off by default, for every call).
     """
 

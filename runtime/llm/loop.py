@@ -7,7 +7,7 @@ worker thread, a script) submits with :meth:`CallLoop.run` to the loop *attached
 running worker (:meth:`CallLoop.attach`), or, when none is, to a loop the model layer
 starts in a daemon thread, stopped by :meth:`CallLoop.close`. So in a worker every call
 runs on one loop, and the semaphores of :meth:`CallLoop.slot` (one set per loop) bound
-all the calls in flight per (server, model) of the process.
+all the calls in flight per (server, route) of the process.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class CallLoop:
         self._owned: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._slots: dict[tuple[int, str, str], asyncio.Semaphore] = {}
+        self._slots: dict[tuple[int, str, int], asyncio.Semaphore] = {}
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Run sync callers' calls on ``loop`` (a running worker's) until :meth:`detach`."""
@@ -77,8 +77,17 @@ class CallLoop:
         return asyncio.run_coroutine_threadsafe(coro, target).result()
 
     def slot(self, host: str, model: str, limit: int) -> asyncio.Semaphore:
-        """The semaphore bounding calls in flight to ``model`` on ``host`` (running loop)."""
-        key = (id(asyncio.get_running_loop()), host, model)
+        """The semaphore bounding calls in flight to a route's server (running loop).
+
+        A route is its server ``host`` and its limit (``[ollama] max_parallel`` or
+        ``cloud_max_parallel``): every model's calls on it share one semaphore of ``limit``
+        slots, keyed as the backend keys its connection pool
+        (``OllamaBackend._client_for``), so the calls the slots let through never wait
+        for a connection. ``model`` is not part of the key (two models on one server
+        share its limit and its pool).
+        """
+        del model  # one limit per server and route, whatever the model
+        key = (id(asyncio.get_running_loop()), host, limit)
         sem = self._slots.get(key)
         if sem is None:
             sem = self._slots[key] = asyncio.Semaphore(limit)

@@ -191,3 +191,12 @@ def test_charge(server_url: str) -> None:
     assert figures["charge_count"] == 40 and figures["charge_live_tree_calls"] == 40
     assert figures["charge_loop_count"] == 40  # 20 leaves x 2 calls, every one charged
     assert figures["charge_root_spent_tokens_while_running"] == 0
+
+
+def test_transport() -> None:
+    from bench import transport
+
+    figures = transport.main(calls=10, seq=5, rounds=1, delay=0.01)
+    for kind in ("httpx", "lean"):
+        _numbers(figures, f"transport_{kind}_burst_cpu_ms_per_call",
+                 f"transport_{kind}_sequential_p50_ms", f"transport_{kind}_sequential_p99_ms")

@@ -1,9 +1,10 @@
 """The Ollama backend: ``/api/chat`` through the official async client.
 
 Calls go to ``[ollama] url``, and to ``[ollama] cloud_url`` for the cloud route when it is
-set. Per server and event loop, one :class:`ollama.AsyncClient` whose httpx transport is
-:class:`~runtime.llm.backends.transport.StreamTransport`: at most ``[ollama] max_parallel`` /
-``cloud_max_parallel`` connections, kept alive (httpx's default transport costs about
+set. Per server, limit and event loop, one :class:`ollama.AsyncClient` whose httpx transport
+is :class:`~runtime.llm.backends.transport.StreamTransport`: at most ``[ollama]
+max_parallel`` / ``cloud_max_parallel`` connections (the same limit as the call slots of
+:meth:`runtime.llm.loop.CallLoop.slot`), kept alive (httpx's default transport costs about
 3 ms of Python per call with a thousand in flight; measured on the makespan bench, it
 was most of the worker's CPU). Failures are classified here:
 
@@ -120,7 +121,7 @@ class OllamaBackend:
         self.timeout_seconds = timeout_seconds
         self.max_parallel = max_parallel
         self.cloud_max_parallel = cloud_max_parallel
-        self._clients: dict[tuple[int, str], _Client] = {}
+        self._clients: dict[tuple[int, str, int], _Client] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> OllamaBackend:
@@ -143,11 +144,14 @@ class OllamaBackend:
                        event_hooks={"response": [_note_retry_after]})
 
     def _client_for(self, route: str) -> _Client:
-        host = self.host_for(route)
-        key = (id(asyncio.get_running_loop()), host)
+        # One client (one connection pool) per loop, server and limit: the same key as the
+        # call slots of runtime.llm.loop.CallLoop.slot, so the pool is never smaller than
+        # the calls the slots let through.
+        host, parallel = self.host_for(route), self.parallel_for(route)
+        key = (id(asyncio.get_running_loop()), host, parallel)
         client = self._clients.get(key)
         if client is None:
-            client = self._clients[key] = self._new_client(host, self.parallel_for(route))
+            client = self._clients[key] = self._new_client(host, parallel)
         return client
 
     async def achat(self, model: str, messages: Sequence[Message],
@@ -185,6 +189,9 @@ class OllamaBackend:
                 f"model server {host} refused the request for {model!r} "
                 f"(HTTP {exc.status_code}): {exc.error}"
             ) from exc
+        except httpx.PoolTimeout as exc:  # (a TimeoutException: before the general case)
+            raise RetryableModelError(
+                f"model server {host}: the call for {model!r} {exc}") from exc
         except httpx.TimeoutException as exc:
             raise RetryableModelError(
                 f"model server {host} did not answer within {self.timeout_seconds} s "

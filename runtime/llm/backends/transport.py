@@ -10,13 +10,23 @@ needs and no more: HTTP/1.1 over :func:`asyncio.open_connection` (TLS when the U
 as they arrive, idle connections kept per host for ``keepalive_expiry`` seconds.
 
 Limits: at most ``max_connections`` requests in flight (a semaphore; a wait longer than
-the pool timeout is :class:`httpx.PoolTimeout`). Timeouts follow httpx's per-request
-``connect``/``read``/``write`` values. Failures are httpx's own exceptions
-(``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``, ``WriteError``,
-``RemoteProtocolError``...), so callers classify them as before. A connection is reused
-only when its response was read to the end and neither side asked to close it; a
-cancelled or failed exchange closes its connection. Proxies (``HTTP_PROXY`` and friends)
-are httpx's business: it mounts its own transport for proxied URLs.
+the pool timeout is :class:`httpx.PoolTimeout`, saying it waited for a free connection).
+Timeouts follow httpx's per-request ``connect``/``read``/``write`` values. Failures are
+httpx's own exceptions (``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``,
+``WriteError``, ``RemoteProtocolError``...), so callers classify them as before.
+
+Strict where httpx (h11) is strict: a response head (interim ``1xx`` heads included) over
+:data:`MAX_HEAD_BYTES` is refused; a chunk size must be hex digits, and a chunk's data must
+be followed by CRLF. A connection is reused only when its response was read to the end
+and neither side asked to close it; a cancelled or failed exchange closes its connection.
+A kept-alive connection the server closed while it sat idle (it answers the next request
+with EOF or a reset, before a byte of response) is replaced by a new one and the request
+sent again, once.
+
+:class:`LeanAsyncClient` reads ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY``/``NO_PROXY``
+as httpx would without a custom transport (httpx itself ignores them when a transport is
+given): a proxied URL goes through httpx's own proxy transport, the others through this
+one. It follows redirects when the client asks for them (the ``ollama`` client does).
 """
 
 from __future__ import annotations
@@ -31,8 +41,10 @@ from typing import Any
 
 import httpx
 
-#: The largest response head (status line and headers) accepted.
+#: The largest response head (status line and headers, interim 1xx heads included).
 MAX_HEAD_BYTES = 64 * 1024
+#: A chunk size line: hex digits (at most 16), then optional ``;extensions``.
+_HEX = frozenset(b"0123456789abcdefABCDEF")
 #: Body bytes handed to httpx at a time.
 READ_CHUNK = 64 * 1024
 
@@ -70,7 +82,8 @@ def _reading(what: str) -> Iterator[None]:
         raise httpx.RemoteProtocolError(
             f"the server closed the connection before the end of {what}") from exc
     except asyncio.LimitOverrunError as exc:
-        raise httpx.RemoteProtocolError(f"a line of {what} is too long") from exc
+        raise httpx.RemoteProtocolError(
+            f"a line of {what} is longer than {MAX_HEAD_BYTES // 1024} KiB") from exc
     except OSError as exc:
         raise httpx.ReadError(f"reading {what} failed: {exc}") from exc
 
@@ -81,6 +94,18 @@ async def _read_within(call: Any, timeout: float | None, what: str) -> bytes:
         async with asyncio.timeout(timeout):
             data: bytes = await call
     return data
+
+
+class _ClosedUnanswered(httpx.RemoteProtocolError):
+    """The server closed (or reset) the connection before a byte of the response."""
+
+
+def _chunk_size(line: bytes) -> int:
+    """The size on a chunk's first line (``line`` ends with CRLF), strictly hex."""
+    digits = line[:-2].split(b";", 1)[0].strip(b" \t")
+    if not digits or len(digits) > 16 or not _HEX.issuperset(digits):
+        raise httpx.RemoteProtocolError(f"bad chunk size line {line[:40]!r}")
+    return int(digits, 16)
 
 
 def _deadline(timeouts: dict[str, Any], name: str) -> float | None:
@@ -111,16 +136,14 @@ class _Body(httpx.AsyncByteStream):
         reader = self._conn.reader
         if self._chunked:
             while True:
-                line = await self._read(reader.readuntil(b"\r\n"))
-                try:
-                    size = int(line.split(b";", 1)[0].strip(), 16)
-                except ValueError as exc:
-                    raise httpx.RemoteProtocolError(f"bad chunk size {line[:40]!r}") from exc
+                size = _chunk_size(await self._read(reader.readuntil(b"\r\n")))
                 if size == 0:
-                    while (await self._read(reader.readuntil(b"\r\n"))) != b"\r\n":
-                        pass  # trailers
+                    await self._trailers(reader)
                     break
                 data = await self._read(reader.readexactly(size + 2))
+                if data[-2:] != b"\r\n":
+                    raise httpx.RemoteProtocolError(
+                        f"a chunk of {size} bytes is not followed by CRLF: {data[-2:]!r}")
                 yield data[:-2]
         elif self._length is not None:
             remaining = self._length
@@ -133,6 +156,15 @@ class _Body(httpx.AsyncByteStream):
             while data := await self._read(reader.read(READ_CHUNK)):
                 yield data
         self._complete = True
+
+    async def _trailers(self, reader: asyncio.StreamReader) -> None:
+        """Read the trailer lines after the last chunk, up to the blank line (bounded)."""
+        total = 0
+        while (line := await self._read(reader.readuntil(b"\r\n"))) != b"\r\n":
+            total += len(line)
+            if total > MAX_HEAD_BYTES:
+                raise httpx.RemoteProtocolError(
+                    f"the trailers are larger than {MAX_HEAD_BYTES // 1024} KiB")
 
     async def aclose(self) -> None:
         """Give the connection back (read to the end, keep-alive) or close it."""
@@ -186,16 +218,14 @@ class StreamTransport(httpx.AsyncBaseTransport):
                 await self._slots.acquire()  # free: returns at once (no timer to arm)
         except TimeoutError as exc:
             raise httpx.PoolTimeout(
-                f"no free connection within the pool timeout ({self.max_connections} "
-                "in use)") from exc
+                f"waited {_deadline(timeouts, 'pool')} s for a free connection "
+                f"(all {self.max_connections} in use)") from exc
         conn: _Connection | None = None
         response: httpx.Response | None = None
         released = False
         try:
-            conn = self._checkout(key) or await self._connect(key, timeouts)
-            await self._send(conn, data, _deadline(timeouts, "write"))
             read = _deadline(timeouts, "read")
-            status, reason, headers, version = await self._read_head(conn, read)
+            conn, (status, reason, headers, version) = await self._start(key, data, timeouts)
             length, chunked, keep_alive = self._framing(request.method, status, version,
                                                           headers)
             extensions = {"http_version": version, "reason_phrase": reason}
@@ -225,6 +255,31 @@ class StreamTransport(httpx.AsyncBaseTransport):
         return response
 
     # ------------------------------------------------------------------ the exchange
+    async def _start(self, key: _Key, data: bytes, timeouts: dict[str, Any]
+                     ) -> tuple[_Connection, tuple[int, bytes, list[tuple[bytes, bytes]], bytes]]:
+        """Send ``data`` and read the response head, on a pooled or a new connection.
+
+        A pooled connection the server closed while it sat idle fails before a byte of
+        response (EOF, a reset): it is dropped and the request goes once more on a new
+        connection (the server never saw it answered, as httpcore and aiohttp do). A new
+        connection that fails is closed here.
+        """
+        write, read = _deadline(timeouts, "write"), _deadline(timeouts, "read")
+        conn = self._checkout(key)
+        if conn is not None:
+            try:
+                await self._send(conn, data, write)
+                return conn, await self._read_head(conn, read)
+            except (_ClosedUnanswered, httpx.WriteError, httpx.ReadError):
+                conn.close()  # stale: the server had closed it
+        conn = await self._connect(key, timeouts)
+        try:
+            await self._send(conn, data, write)
+            return conn, await self._read_head(conn, read)
+        except BaseException:
+            conn.close()
+            raise
+
     @staticmethod
     def _request_head(request: httpx.Request, size: int) -> bytes:
         lines = [b"%s %s HTTP/1.1" % (request.method.encode("ascii"), request.url.raw_path)]
@@ -283,10 +338,15 @@ class StreamTransport(httpx.AsyncBaseTransport):
     @staticmethod
     async def _read_head(conn: _Connection, timeout: float | None
                          ) -> tuple[int, bytes, list[tuple[bytes, bytes]], bytes]:
+        total = 0
         with _reading("the response head"):
             async with asyncio.timeout(timeout):
                 while True:
-                    raw = await conn.reader.readuntil(b"\r\n\r\n")
+                    raw = await StreamTransport._head(conn.reader, total)
+                    total += len(raw)
+                    if total > MAX_HEAD_BYTES:  # interim heads count too
+                        raise httpx.RemoteProtocolError(
+                            f"the response head is larger than {MAX_HEAD_BYTES // 1024} KiB")
                     status_line, _, rest = raw.partition(b"\r\n")
                     parts = status_line.split(b" ", 2)
                     try:
@@ -305,6 +365,24 @@ class StreamTransport(httpx.AsyncBaseTransport):
         return status, reason, headers, parts[0]
 
     @staticmethod
+    async def _head(reader: asyncio.StreamReader, before: int) -> bytes:
+        """One head, up to its blank line; ``before`` bytes of heads were read already."""
+        try:
+            return await reader.readuntil(b"\r\n\r\n")
+        except asyncio.LimitOverrunError as exc:
+            raise httpx.RemoteProtocolError(
+                f"the response head is larger than {MAX_HEAD_BYTES // 1024} KiB") from exc
+        except asyncio.IncompleteReadError as exc:
+            if before == 0 and not exc.partial:
+                raise _ClosedUnanswered(
+                    "the server closed the connection without answering") from exc
+            raise
+        except ConnectionResetError as exc:
+            if before == 0:
+                raise _ClosedUnanswered(f"the server reset the connection: {exc}") from exc
+            raise
+
+    @staticmethod
     def _framing(method: str, status: int, version: bytes,
                  headers: list[tuple[bytes, bytes]]) -> tuple[int | None, bool, bool]:
         """How the body is framed: ``(length or None, chunked, keep_alive)``."""
@@ -314,17 +392,16 @@ class StreamTransport(httpx.AsyncBaseTransport):
         for name, value in headers:
             lower = name.lower()
             if lower == b"content-length":
-                try:
-                    length = int(value)
-                except ValueError as exc:
-                    raise httpx.RemoteProtocolError(f"bad Content-Length {value!r}") from exc
+                if not value.isdigit() or (length is not None and length != int(value)):
+                    raise httpx.RemoteProtocolError(f"bad Content-Length {value!r}")
+                length = int(value)
             elif lower == b"transfer-encoding":
                 chunked = b"chunked" in value.lower()
             elif lower == b"connection":
                 connection = value.lower()
         if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
             length, chunked = 0, False
-        keep_alive = (b"close" not in connection
+        keep_alive = (b"close" not in connection and not (chunked and length)
                       and (version == b"HTTP/1.1" or b"keep-alive" in connection))
         return (None if chunked else length), chunked, keep_alive
 
@@ -350,21 +427,32 @@ class LeanAsyncClient(httpx.AsyncClient):
     ``request(method, path, json=...)`` with nothing else (what ``ollama.AsyncClient``
     sends for a non-streaming call) is written straight to a :class:`StreamTransport`
     connection: the client's headers are encoded once, the URL is the base URL's host
-    plus the path, no cookies are read or kept, no redirects are followed (a model
-    server sends none), and the response hooks are called as httpx would. httpx's
+    plus the path, no cookies are read or kept, and the response hooks are called as
+    httpx would. A redirect is followed through httpx (when ``follow_redirects``). httpx's
     per-request URL merging, header and cookie handling cost about 0.3 ms of Python a
     call, a third of a thousand-call fan-out's CPU. Any other request (streaming,
     query parameters, other bodies) goes the ordinary httpx way, through the same
-    transport.
+    transport. With ``trust_env`` (the default) the proxy variables are read as httpx
+    reads them without a custom transport: a URL they proxy goes through httpx's proxy
+    transport (with the same connection limit), never the lean path.
     """
 
     def __init__(self, *, max_connections: int, ssl_context: ssl.SSLContext | None = None,
                  **kwargs: Any) -> None:
         self._lean = StreamTransport(max_connections, ssl_context=ssl_context)
+        self._env_proxies = bool(kwargs.get("trust_env", True))
+        kwargs.setdefault("limits", httpx.Limits(max_connections=max_connections,
+                                                 max_keepalive_connections=max_connections))
+        if ssl_context is not None:
+            kwargs.setdefault("verify", ssl_context)
         super().__init__(transport=self._lean, **kwargs)
-        self._heads: dict[tuple[str, str], tuple[bytes, httpx.Request, _Key]] = {}
+        self._heads: dict[tuple[str, str], tuple[bytes, httpx.Request, _Key, bool]] = {}
 
-    def _lean_head(self, method: str, path: str) -> tuple[bytes, httpx.Request, _Key]:
+    def _get_proxy_map(self, proxy: Any, allow_env_proxies: bool) -> dict[str, Any]:
+        # httpx reads the environment's proxies only when no transport is given.
+        return super()._get_proxy_map(proxy, allow_env_proxies or self._env_proxies)
+
+    def _lean_head(self, method: str, path: str) -> tuple[bytes, httpx.Request, _Key, bool]:
         cached = self._heads.get((method, path))
         if cached is None:
             request = self.build_request(method, path, content=b"")
@@ -376,22 +464,29 @@ class LeanAsyncClient(httpx.AsyncClient):
                                               b"transfer-encoding")]
             lines.append(b"Content-Type: application/json")
             head = b"\r\n".join(lines) + b"\r\nContent-Length: "
-            cached = self._heads[(method, path)] = (head, request, key)
+            direct = self._transport_for_url(url) is self._lean  # not proxied
+            cached = self._heads[(method, path)] = (head, request, key, direct)
         return cached
 
     async def request(self, method: str, url: httpx.URL | str, **kwargs: Any
                       ) -> httpx.Response:
         """Send one request; a plain JSON request to a path takes the lean path."""
-        if (set(kwargs) - {"json"} or not isinstance(url, str) or not url.startswith("/")
-                or self._mounts):
+        if set(kwargs) - {"json"} or not isinstance(url, str) or not url.startswith("/"):
             return await super().request(method, url, **kwargs)
-        head, request, key = self._lean_head(method, url)
+        head, request, key, direct = self._lean_head(method, url)
+        if not direct:
+            return await super().request(method, url, **kwargs)
         body = json.dumps(kwargs.get("json"), ensure_ascii=False, separators=(",", ":"),
                           allow_nan=False).encode("utf-8")
         data = head + str(len(body)).encode("ascii") + b"\r\n\r\n" + body
         response = await self._lean.exchange(key, data, self.timeout.as_dict(), request)
         for hook in self.event_hooks["response"]:
             await hook(response)
+        if self.follow_redirects and response.has_redirect_location:
+            sent = self.build_request(method, url, content=body,
+                                      headers={"Content-Type": "application/json"})
+            return await self.send(self._build_redirect_request(sent, response),
+                                   follow_redirects=True)
         return response
 
     async def aclose(self) -> None:
