@@ -6,6 +6,7 @@ import http.server
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -280,3 +281,25 @@ def test_orgchart_run_with_a_collector_that_is_down_still_succeeds(
     assert json.loads(res.stdout)["status"] == "done"
     assert "the trace export of tree" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr, res.stderr  # one line, not a stack
+
+
+def test_the_exporters_lock_is_one_session_at_a_time_and_dies_with_its_session(
+        store: Store) -> None:
+    first, second = store.session_lock(traces.LOCK_KEY), store.session_lock(traces.LOCK_KEY)
+    try:
+        assert first.try_acquire() and first.try_acquire()  # held: answers without asking
+        assert not second.try_acquire()
+        first.release()
+        assert second.try_acquire()  # released: another process takes over
+        with store.transaction() as conn:  # the holder's session dies (a killed process)
+            conn.execute(sa.text(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks "
+                "WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"))
+        for _ in range(50):
+            if first.try_acquire():
+                break
+            time.sleep(0.1)  # the server ends the killed session's locks asynchronously
+        assert first.held
+    finally:
+        first.release()
+        second.release()
