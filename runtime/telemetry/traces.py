@@ -18,16 +18,22 @@ Nothing from ``opentelemetry`` is imported unless an OTLP endpoint is configured
 
 Delivery (:class:`TraceExport`): a background thread exports the tasks whose final
 transition has a ``task_events`` id above the cursor. The cursor is a row of
-``export_cursors`` (``traces``), created at the newest event the first time an exporter
-runs (history is not sent; :func:`export_tree` exports a past tree on demand) and
-advanced after each batch is sent. Only one process exports at a time (a session
-advisory lock), so several workers do not send the same spans; a process that takes over,
-or restarts after a crash, reads the cursor and goes on from there: a tree that ended
-while no exporter ran is still sent, at least once (a batch sent just before a crash is
-sent again, with the same span ids). Events
-younger than :data:`SETTLE_SECONDS` wait for the next pass (ids are taken at insert
-time, so a slower transaction may still commit a lower id). A task that ends again (a
+``export_cursors`` (``traces``), created the first time an exporter runs at the newest
+event, or before the oldest recent tree still open (finished history is not sent;
+:func:`export_tree` exports a past tree on demand), and advanced after each batch is
+sent. Only one process exports at a time (the store's session lock,
+:meth:`Store.session_lock`), so several workers do not send the same spans; a process
+that takes over, or restarts after a crash, reads the cursor and goes on from there: a
+tree that ended while no exporter ran is still sent, at least once (a batch sent just
+before a crash is sent again, with the same span ids). Events younger than
+:data:`SETTLE_SECONDS` wait for the next pass (ids are taken at insert time, so a slower
+transaction may still commit a lower id). A task that ends again (a
 resolved escalation, a parent's retry) is exported again with the same span id.
+
+A command that finishes a tree and exits (``orgchart run``) calls
+:func:`finish_tree_export` before it returns: its tree is sent whole, whether or not
+this process leads. The span resource is built when the exporter starts, so a last
+pass still works while the interpreter shuts down (``stop_trace_export`` at exit).
 """
 
 from __future__ import annotations
