@@ -10,6 +10,8 @@ delegation_edges   delegation    ``delegation_edges``: children only to ``delega
 forbidden_output   output        ``forbidden_patterns``: regexes over the result's JSON
 output_schema      output        ``output_schema``: result matches the agent's output model
 model_price        (worker)      ``[cost]``: a model without a price is a violation
+require_approval   delegation    ``require_approval``, ``approve_above_usd``: holds, not
+                                 refuses (``policies/approval.py``)
 =================  ============  ==========================================================
 
 Every rule can be switched off by name in ``[policies] disabled`` except ``model_price``:
@@ -25,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 import jsonschema
 from jsonschema.validators import validator_for
 
+from agents.human import HUMAN
+from policies.approval import RequireApproval
 from policies.base import Policy, Violation
 from runtime.config import DEFAULT_FORBIDDEN_PATTERNS, ConfigError
 
@@ -161,7 +165,8 @@ class DelegationEdges(Policy):
             return self.violation(f"agent {parent.agent!r} is not registered; it may not delegate")
         allowed = self.agents.get(parent.agent).delegates_to
         for child in children:
-            if child.agent not in allowed:
+            # Any agent may ask a person (the built-in agent 'human'): no edge needed.
+            if child.agent not in allowed and child.agent != HUMAN:
                 edges = ", ".join(allowed) if allowed else "nobody"
                 return self.violation(
                     f"agent {parent.agent!r} may not delegate to {child.agent!r} "
@@ -317,6 +322,7 @@ BUILTIN_POLICIES: tuple[type[Policy], ...] = (
     ForbiddenOutput,
     OutputSchema,
     ModelPrice,
+    RequireApproval,
 )
 #: Rules ``[policies] disabled`` may not name, with the reason.
 MANDATORY_RULES: dict[str, str] = {

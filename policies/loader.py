@@ -62,6 +62,10 @@ class PolicySet:
         """Return the active rule names, in order."""
         return [p.name for p in self.policies]
 
+    def get(self, name: str) -> Policy | None:
+        """The active rule named ``name``, or None when it is not active."""
+        return next((p for p in self.policies if p.name == name), None)
+
     def __contains__(self, name: object) -> bool:
         return any(p.name == name for p in self.policies)
 

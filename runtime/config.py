@@ -197,11 +197,22 @@ class PoliciesSettings(_Section):
     output_schema: bool = True
     modules: list[str] = Field(default_factory=list)
     disabled: list[str] = Field(default_factory=list)
+    #: ``require_approval``: tasks delegated to these agents wait for a person's approval.
+    require_approval: list[str] = Field(default_factory=list)
+    #: ``require_approval``: a task whose budget would take its tree's spend past this
+    #: (USD) waits for a person's approval; unset: no spend threshold.
+    approve_above_usd: Decimal | None = Field(None, ge=0)
 
-    @field_validator("modules", "disabled", "forbidden_patterns", mode="before")
+    @field_validator("modules", "disabled", "forbidden_patterns", "require_approval",
+                     mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
         return _split_list(value)
+
+    @field_validator("approve_above_usd", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if value == "" else value
 
 
 class OrchestratorSettings(_Section):
@@ -234,6 +245,13 @@ class WorkerSettings(_Section):
     gc_threshold: int = Field(10_000, ge=0, le=10_000_000)
 
 
+class DoctorSettings(_Section):
+    """``[doctor]``: what ``orgchart doctor`` counts as overdue."""
+
+    #: Questions and approvals waiting longer than this (seconds) are reported.
+    inbox_age_alert: float = Field(3600.0, gt=0)
+
+
 class Settings(_Section):
     """The whole validated configuration."""
 
@@ -248,6 +266,7 @@ class Settings(_Section):
     policies: PoliciesSettings = PoliciesSettings()
     orchestrator: OrchestratorSettings = OrchestratorSettings()
     worker: WorkerSettings = WorkerSettings()
+    doctor: DoctorSettings = DoctorSettings()
     source: str | None = Field(None, exclude=True)
     sources: dict[str, str] = Field(default_factory=dict, exclude=True)
 

@@ -388,3 +388,53 @@ def critical_path_summary(store: Store, root_id: uuid.UUID) -> str:
     if not rows:
         raise _not_a_root(store, root_id)
     return critical_path(rows, str(root_id)).summary()
+
+
+def inbox_json(row: dict[str, Any]) -> dict[str, Any]:
+    """One entry of ``orgchart inbox`` / ``GET /inbox``: a question, approval or escalation.
+
+    ``question`` is what a person is asked: the question's text, what an approval would
+    let run, or why the task escalated; ``answer_schema`` and ``choices`` shape a
+    question's answer; ``age_seconds`` counts from when it started waiting.
+    """
+    raw = row.get("payload")
+    payload: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    root_payload = row.get("root_payload")
+    kind = row["kind"]
+    if kind == "question":
+        question = payload.get("question")
+    elif kind == "approval":
+        question = (f"approve running {row['to_agent']} ({row['type']}) for "
+                    f"{row.get('from_agent') or 'a submitter'}?")
+    else:
+        question = row.get("error")
+    return {
+        "kind": kind,
+        "id": str(row["id"]),
+        "root_id": str(row["root_id"]),
+        "parent_id": str(row["parent_id"]) if row.get("parent_id") else None,
+        "asking_agent": row.get("from_agent"),
+        "agent": row["to_agent"],
+        "question": question,
+        "answer_schema": payload.get("answer_schema") if kind == "question" else None,
+        "choices": payload.get("choices") if kind == "question" else None,
+        "payload": payload,
+        "root_goal": root_payload.get("goal") if isinstance(root_payload, dict) else None,
+        "deadline_seconds": row.get("budget_seconds") if kind == "question" else None,
+        "created_at": _scalar(row.get("created_at")),
+        "age_seconds": round(float(row["age_seconds"]), 3),
+    }
+
+
+def steer_json(outcome: Any) -> dict[str, Any]:
+    """What a steering command did (cancel, pause, resume, approve, reject, answer)."""
+    body: dict[str, Any] = {
+        "task_id": str(outcome.task_id),
+        "changed": bool(getattr(outcome, "changed", getattr(outcome, "cancelled", 0))),
+        "status": outcome.status,
+        "message": outcome.message,
+        "parents_ready": [str(p) for p in outcome.parents_ready],
+    }
+    if hasattr(outcome, "cancelled"):
+        body["cancelled"] = outcome.cancelled
+    return body

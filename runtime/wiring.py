@@ -36,7 +36,7 @@ from runtime.store.db import (
     resolve_url,
 )
 from runtime.store.queries import Task
-from runtime.store.rows import NewTask, NotFound
+from runtime.store.rows import HUMAN_AGENT, NewTask, NotFound
 from runtime.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,9 @@ class Runtime:
         from runtime.engine.worker import Worker, WorkerConfig
 
         w = self.settings.worker
-        names = tuple(agents) if agents else tuple(self.registry.names())
+        # A person answers 'human' tasks: no worker serves that agent by default.
+        names = tuple(agents) if agents else tuple(n for n in self.registry.names()
+                                                   if n != HUMAN_AGENT)
         for name in names:
             self.registry.get(name)  # unknown names fail here, with a suggestion
         options: dict[str, Any] = {
@@ -125,6 +127,12 @@ def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
     registry = load_registry(settings, extra_modules)
     store = store or open_store(settings)
     policies = load_policy_set(settings, registry)
+    from policies.approval import RequireApproval
+
+    approval = policies.get("require_approval")
+    if isinstance(approval, RequireApproval):  # held children: decided where they are inserted
+        store.approval_agents = approval.held_agents()
+        store.approve_above_usd = approval.spend_threshold()
     # Model-call charges are batched (ChargeWriter): what arrives within a few ms is one
     # statement, each call still guarded by its task's lease token.
     llm_factory = LLMFactory(settings, StoreLedger(store, ChargeWriter(store)))

@@ -64,7 +64,8 @@ def terminal_event_counts(store: Store) -> dict[uuid.UUID, int]:
     """Terminal transitions per task, resolutions and aggregate retries aside."""
     with store.engine.connect() as conn:
         rows = conn.execute(sa.text(
-            "SELECT t.id, count(e.id) FILTER (WHERE e.to_status IN ('done','failed','escalated')"
+            "SELECT t.id, count(e.id) FILTER ("
+            "  WHERE e.to_status IN ('done','failed','escalated','cancelled')"
             "  AND e.from_status IS DISTINCT FROM 'escalated') AS n "
             "FROM tasks t LEFT JOIN task_events e ON e.task_id = t.id GROUP BY t.id")).all()
     return {r.id: int(r.n) for r in rows}

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from runtime.cli import configuration, inspection, models, ops, policies, running
+from runtime.cli import configuration, inspection, models, ops, policies, running, steering
 from runtime.cli.common import handled
 
 app = typer.Typer(
@@ -44,6 +44,13 @@ COMMANDS: tuple[tuple[typer.Typer, str, Callable[..., Any]], ...] = (
     (app, "show", inspection.show),
     (app, "escalations", inspection.escalations),
     (app, "resolve", inspection.resolve),
+    (app, "cancel", steering.cancel),
+    (app, "pause", steering.pause),
+    (app, "resume", steering.resume),
+    (app, "inbox", steering.inbox),
+    (app, "answer", steering.answer),
+    (app, "approve", steering.approve),
+    (app, "reject", steering.reject),
     (app, "metrics", inspection.metrics),
     (app, "prune", inspection.prune),
     (app, "serve", inspection.serve),

@@ -36,6 +36,7 @@ from runtime.config import DATABASE_URL_ENVS, ConfigError, Settings, load_settin
 from runtime.errors import BadInput
 from runtime.store.db import HOME_ENV, DatabaseUnavailable, redacted, sqlalchemy_url
 from runtime.store.rows import IdempotencyConflict, NotFound, ResolveRefused
+from runtime.store.steering import SteeringRefused
 
 if TYPE_CHECKING:
     from runtime.store.store import Store
@@ -50,7 +51,7 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 #: Errors that mean "the input (arguments, configuration, modules) is wrong": exit 2.
 BAD_INPUT_ERRORS: tuple[type[BaseException], ...] = (
     BadInput, UnknownAgent, DuplicateAgent, IdempotencyConflict, ResolveRefused, ConfigError,
-    NotFound, ImportError,
+    NotFound, ImportError, SteeringRefused,
 )
 #: Errors that mean "the database is unreachable or went away": exit 1 naming the server.
 DATABASE_ERRORS: tuple[type[BaseException], ...] = (

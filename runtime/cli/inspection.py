@@ -103,9 +103,14 @@ def tree(
             time.sleep(interval)
             current = follow()
         summary = None if json_ else critical_path_summary(store, rid)
+        pause = store.pause_of(rid)
     if json_:
-        print_json(current)
+        # A paused tree says so on its root (fields may be added to the shape).
+        print_json({**current, "paused": True} if pause is not None else current)
     else:
+        if pause is not None:
+            out.print(f"[bold yellow]paused[/] since {pause['paused_at']:%Y-%m-%d %H:%M:%S} "
+                      f"by {escape(str(pause['paused_by']))}: orgchart resume {rid}")
         out.print(render_tree(current))
         out.print(summary, style="dim", markup=False, highlight=False, soft_wrap=True)
 

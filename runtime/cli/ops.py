@@ -80,7 +80,7 @@ def doctor(json_: JsonOpt = False) -> None:
     from runtime.fleet.doctor import DoctorLimits, check
 
     s, store = _settings_and_store()
-    checkup = check(store, DoctorLimits.from_settings(s.orchestrator))
+    checkup = check(store, DoctorLimits.from_settings(s.orchestrator, s.doctor))
     if json_:
         print_json(checkup.as_dict())
     elif checkup.ok:

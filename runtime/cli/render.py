@@ -16,6 +16,8 @@ STATUS_STYLE = {
     "done": "bold green",
     "failed": "bold red",
     "escalated": "bold yellow",
+    "cancelled": "bold bright_black",
+    "awaiting_approval": "bold yellow",
 }
 
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from runtime.config import Settings
 
 #: Statuses of children that count as failures for ``max_child_failures``.
-FAILED_CHILD_STATUSES = ("failed", "escalated")
+FAILED_CHILD_STATUSES = ("failed", "escalated", "cancelled")
 #: How many schema errors a verdict lists.
 MAX_SCHEMA_ERRORS = 3
 

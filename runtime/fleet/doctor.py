@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.config import OrchestratorSettings
+from runtime.config import DoctorSettings, OrchestratorSettings
 from runtime.store.store import Store
 
 
@@ -33,6 +33,8 @@ class DoctorLimits:
 
     expected_interval_seconds: float
     escalation_max_age_seconds: float
+    #: ``[doctor] inbox_age_alert``: questions and approvals older than this are reported.
+    inbox_age_alert_seconds: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.expected_interval_seconds <= 0 or self.escalation_max_age_seconds <= 0:
@@ -40,9 +42,12 @@ class DoctorLimits:
                              "positive")
 
     @classmethod
-    def from_settings(cls, settings: OrchestratorSettings) -> DoctorLimits:
-        """The ``[orchestrator]`` values."""
-        return cls(settings.expected_interval_seconds, settings.escalation_max_age_seconds)
+    def from_settings(cls, settings: OrchestratorSettings,
+                      doctor: DoctorSettings | None = None) -> DoctorLimits:
+        """The ``[orchestrator]`` values (and ``[doctor]``'s, when given)."""
+        inbox = (doctor or DoctorSettings()).inbox_age_alert
+        return cls(settings.expected_interval_seconds, settings.escalation_max_age_seconds,
+                   inbox)
 
 
 @dataclass
@@ -53,6 +58,8 @@ class Checkup:
     last_fire: dict[str, Any] | None = None
     stranded: int = 0
     oldest_escalation_age_seconds: float | None = None
+    #: Questions and approvals waiting longer than ``inbox_age_alert``.
+    inbox_overdue: int = 0
 
     @property
     def ok(self) -> bool:
@@ -63,7 +70,8 @@ class Checkup:
         """The ``--json`` shape."""
         return {"ok": self.ok, "problems": list(self.problems), "last_fire": self.last_fire,
                 "stranded": self.stranded,
-                "oldest_escalation_age_seconds": self.oldest_escalation_age_seconds}
+                "oldest_escalation_age_seconds": self.oldest_escalation_age_seconds,
+                "inbox_overdue": self.inbox_overdue}
 
     def summary(self) -> str:
         """A short all-clear line (when ``ok``)."""
@@ -130,5 +138,17 @@ def _escalated_at(row: Mapping[str, Any]) -> dt.datetime | None:
 
 
 def check(store: Store, limits: DoctorLimits, now: dt.datetime | None = None) -> Checkup:
-    """Read the last fire, the stranded work and the escalations, and diagnose them."""
-    return diagnose(store.last_fire(), store.stranded(), store.escalations(), limits, now)
+    """Read the last fire, the stranded work, the escalations and the inbox; diagnose them."""
+    checkup = diagnose(store.last_fire(), store.stranded(), store.escalations(), limits, now)
+    diagnose_inbox(checkup, store.inbox_older_than(limits.inbox_age_alert_seconds), limits)
+    return checkup
+
+
+def diagnose_inbox(checkup: Checkup, overdue: Mapping[str, Any], limits: DoctorLimits) -> None:
+    """Add a problem when questions or approvals wait longer than ``inbox_age_alert``."""
+    questions, approvals = int(overdue["questions"]), int(overdue["approvals"])
+    checkup.inbox_overdue = questions + approvals
+    if checkup.inbox_overdue:
+        checkup.problems.append(
+            f"{questions} question(s) and {approvals} approval(s) waiting longer than "
+            f"{_age(limits.inbox_age_alert_seconds)}: see `orgchart inbox`")

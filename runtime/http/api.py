@@ -3,12 +3,11 @@
 Endpoints (all JSON; shapes from :mod:`runtime.views`, documented in ``docs/api.md``):
 
 - ``POST /tasks``: submit a root goal (``Idempotency-Key`` header deduplicates);
-- ``GET /tasks/{id}``, ``GET /trees/{root_id}`` (``?under=&depth=``),
-  ``GET /trees/{root_id}/events?after=``, ``GET /trees/{root_id}/timeline``,
-  ``GET /roots``, ``GET /escalations``;
+- ``GET /tasks/{id}``, ``GET /trees/{root_id}`` (``?under=&depth=``), ``.../events?after=``,
+  ``.../timeline``, ``GET /roots``, ``GET /escalations``;
 - ``POST /tasks/{id}/resolve``: retry, done, fail or reassign an escalated task;
-- ``GET /metrics``, ``GET /healthz``; OpenAPI at ``/docs``;
-- ``GET /`` (recent roots) and ``GET /ui/trees/{root_id}`` (the live tree), plain HTML.
+- steering (cancel, pause, inbox, answers, approvals): ``runtime/http/steering.py``;
+- ``GET /metrics``, ``GET /healthz``; OpenAPI at ``/docs``; ``GET /`` and ``/ui/trees/{id}``.
 
 Errors are always ``{"error": "<message>"}``: 401 without the bearer token (when
 ``ORGCHART_API_TOKEN`` is set), 404 for a missing task, 409 for a conflicting idempotency
@@ -45,6 +44,7 @@ from agents.tasks import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_
 from runtime.config import Settings
 from runtime.errors import BadInput
 from runtime.http.auth import API_TOKEN_ENV
+from runtime.http.steering import add_steering_routes
 from runtime.store.db import DatabaseUnavailable
 from runtime.store.rows import IdempotencyConflict, NotFound, ResolveRefused
 from runtime.store.store import Store
@@ -260,6 +260,7 @@ def create_app(store: Store | None = None, settings: Settings | None = None,
     if token:
         _document_bearer(app)
     _add_api_routes(app, store, settings, registry)
+    add_steering_routes(app, store)
     _add_pages(app)
     return app
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import uuid
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -32,6 +33,8 @@ class Maintained:
     reaped: Reaped
     timed_out: TimedOut
     swept: Swept
+    #: Questions to a person failed past their deadline (``no answer: deadline``).
+    unanswered: tuple[uuid.UUID, ...] = ()
 
 
 log = logging.getLogger(__name__)
@@ -105,7 +108,10 @@ class StoreHygiene(StoreWrites):
             reaped = self._reap(conn, max_delivery, "reaper", reap_limit)
             timed_out = self._time_out(conn, "watchdog", timeout_limit)
             swept = self._sweep(conn, "sweeper", sweep_limit)
-        return Maintained(reaped, timed_out, swept)
+            late = conn.execute(_TEXT["task_fail_unanswered"],  # questions past their deadline
+                                {"worker": "watchdog", "limit": timeout_limit}).all()
+            self._children_ended(conn, late, "watchdog")
+        return Maintained(reaped, timed_out, swept, tuple(r.id for r in late))
 
     def reap(self, max_delivery: int, worker: str = "reaper", limit: int = 1000) -> Reaped:
         """Release expired leases; poison tasks delivered ``max_delivery`` times."""

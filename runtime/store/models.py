@@ -58,6 +58,10 @@ created_at = Annotated[
 money = Annotated[Decimal, mapped_column(Numeric(16, 8), nullable=False, server_default="0")]
 
 
+#: The rows of ``ix_tasks_inbox``: open questions to a person and tasks held for approval.
+INBOX_WHERE = ("status = 'awaiting_approval' OR (status = 'pending' AND to_agent = 'human')")
+
+
 def _quoted(values: tuple[str, ...]) -> str:
     return ", ".join(f"'{v}'" for v in values)
 
@@ -168,6 +172,11 @@ class Task(Base):
             postgresql_where=text("lease_token IS NOT NULL"),
         ),
         Index("ix_tasks_waiting", "id", postgresql_where=text("status = 'waiting'")),
+        # What waits for a person (migration 0006): questions to the built-in agent
+        # ``human`` and tasks held for approval. The inbox, the question deadline and the
+        # doctor read this small index, never the table.
+        Index("ix_tasks_inbox", "created_at",
+              postgresql_where=text(INBOX_WHERE)),
         # The watchdog walks running rows by deadline and stops at the first one not due.
         Index("ix_tasks_running_deadline", "deadline_at",
               postgresql_where=text("status = 'running'")),
@@ -325,6 +334,22 @@ class ExportCursor(Base):
     last_event_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
     updated_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, server_default=text("now()"),
                                                     nullable=False)
+
+
+class TreePause(Base):
+    """A paused tree (migration 0006): its tasks are not claimed and start no model call.
+
+    One row per paused root; resuming deletes it. Living in the database, a pause
+    survives every worker's restart and is seen by every worker at its next claim.
+    """
+
+    __tablename__ = "tree_pauses"
+
+    root_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    paused_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False,
+                                                   server_default=text("now()"))
+    paused_by: Mapped[str | None] = mapped_column(Text)
+    note: Mapped[str | None] = mapped_column(Text)
 
 
 class Fire(Base):

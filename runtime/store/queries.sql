@@ -59,6 +59,11 @@ WITH picked AS (
     WHERE status IN ('pending', 'ready_to_aggregate')
       AND to_agent = ANY(CAST(:agents AS text[]))
       AND available_at <= now()
+      -- A person answers questions to 'human'; no worker ever claims them.
+      AND to_agent <> 'human'
+      -- A paused tree's tasks wait (tree_pauses is tiny: an anti-join on its key keeps
+      -- the walk of ix_tasks_claimable in order; test_steering pins the plan).
+      AND NOT EXISTS (SELECT 1 FROM tree_pauses z WHERE z.root_id = tasks.root_id)
     ORDER BY priority, created_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
@@ -96,6 +101,7 @@ WITH picked AS (
     SELECT id
     FROM tasks
     WHERE status = 'judging' AND lease_token IS NULL
+      AND NOT EXISTS (SELECT 1 FROM tree_pauses z WHERE z.root_id = tasks.root_id)
     ORDER BY priority, created_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
@@ -164,7 +170,7 @@ WITH input AS (
                             ELSE t.available_at END,
         duration_seconds = t.duration_seconds
                            + extract(epoch FROM clock_timestamp() - t.claimed_at),
-        completed_at = CASE WHEN i.to_status IN ('done', 'failed', 'escalated')
+        completed_at = CASE WHEN i.to_status IN ('done', 'failed', 'escalated', 'cancelled')
                             THEN now() ELSE t.completed_at END,
         updated_at = now()
     FROM input i
@@ -234,7 +240,7 @@ FROM (
     SELECT id, rolled_tokens, rolled_usd FROM tasks
     WHERE id = ANY(CAST(:ids AS uuid[]))
       AND parent_id IS NOT NULL
-      AND status IN ('done', 'failed', 'escalated')
+      AND status IN ('done', 'failed', 'escalated', 'cancelled')
       AND (spent_tokens <> rolled_tokens OR spent_usd <> rolled_usd)
 ) old
 WHERE c.id = old.id
@@ -259,7 +265,7 @@ WITH upd AS (
       AND p.status = 'waiting'
       AND NOT EXISTS (
           SELECT 1 FROM tasks c
-          WHERE c.parent_id = p.id AND c.status NOT IN ('done', 'failed', 'escalated'))
+          WHERE c.parent_id = p.id AND c.status NOT IN ('done', 'failed', 'escalated', 'cancelled'))
     RETURNING p.id, p.to_agent
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
@@ -278,7 +284,7 @@ WITH ready AS (
     WHERE p.status = 'waiting'
       AND NOT EXISTS (
           SELECT 1 FROM tasks c
-          WHERE c.parent_id = p.id AND c.status NOT IN ('done', 'failed', 'escalated'))
+          WHERE c.parent_id = p.id AND c.status NOT IN ('done', 'failed', 'escalated', 'cancelled'))
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), upd AS (
@@ -323,19 +329,32 @@ WITH input AS (
         updated_at = now()
     FROM input i JOIN locked l ON l.id = i.id
     WHERE t.id = i.id AND t.status = 'running' AND t.lease_token = i.token
-    RETURNING t.id, t.root_id, t.depth, t.to_agent, t.priority, i.detail, i.children
+    RETURNING t.id, t.root_id, t.depth, t.to_agent, t.priority, i.detail, i.children,
+              -- The tree's spend so far, read only when [policies] approve_above_usd is
+              -- set (a CASE runs its subquery only in the branch taken).
+              CASE WHEN CAST(:approve_above_usd AS numeric) IS NULL THEN 0
+                   ELSE (SELECT COALESCE(sum(m.cost_usd), 0) FROM model_calls m
+                         WHERE m.root_id = t.root_id) END AS tree_spend
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, 'running', 'waiting', :worker, detail FROM parent
 ), kids AS (
     INSERT INTO tasks (id, parent_id, root_id, from_agent, to_agent, type, payload,
                        success_criteria, kill_criteria, budget_tokens, budget_seconds,
-                       budget_usd, priority, idempotency_key, depth, created_at)
+                       budget_usd, priority, idempotency_key, depth, created_at, status)
     -- clock_timestamp() keeps siblings in the order the agent listed them.
+    -- The require_approval policy (issue 22) holds a child in 'awaiting_approval' when its
+    -- agent is listed in :approval_agents, or when its budget would take the tree's spend
+    -- past :approve_above_usd; a question to a person is never held.
     SELECT c.id, p.id, p.root_id, p.to_agent, c.to_agent, c.type, c.payload,
            c.success_criteria, c.kill_criteria, c.budget_tokens, c.budget_seconds,
            c.budget_usd, COALESCE(c.priority, p.priority), c.key, p.depth + 1,
-           clock_timestamp()
+           clock_timestamp(),
+           CASE WHEN c.to_agent = 'human' THEN 'pending'
+                WHEN c.to_agent = ANY(CAST(:approval_agents AS text[]))
+                  OR p.tree_spend + c.budget_usd > CAST(:approve_above_usd AS numeric)
+                THEN 'awaiting_approval'
+                ELSE 'pending' END
     FROM parent p
     CROSS JOIN LATERAL jsonb_to_recordset(p.children) AS c(
              id uuid, to_agent text, type text, payload jsonb, success_criteria jsonb,
@@ -344,12 +363,16 @@ WITH input AS (
     ON CONFLICT (parent_id, idempotency_key)
         WHERE parent_id IS NOT NULL AND idempotency_key IS NOT NULL
     DO NOTHING
-    RETURNING id, parent_id, to_agent
+    RETURNING id, parent_id, to_agent, status
 ), kev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
-    SELECT id, NULL, 'pending', :worker, 'delegated by parent' FROM kids
+    SELECT id, NULL, status, :worker,
+           CASE WHEN status = 'pending' THEN 'delegated by parent'
+                ELSE 'delegated by parent; held for approval (policy require_approval)' END
+    FROM kids
 ), notify AS (
-    SELECT pg_notify('{tasks_channel}', a) FROM (SELECT DISTINCT to_agent AS a FROM kids) d
+    SELECT pg_notify('{tasks_channel}', a)
+    FROM (SELECT DISTINCT to_agent AS a FROM kids WHERE status = 'pending') d
 )
 SELECT p.id, COALESCE(k.inserted, 0) AS inserted,
        (SELECT count(*) FROM notify) AS notified
@@ -693,6 +716,7 @@ SELECT count(*) FROM tasks WHERE status = 'pending';
 SELECT to_agent, count(*) AS n, min(priority) AS top_priority, min(created_at) AS oldest
 FROM tasks
 WHERE status IN ('pending', 'ready_to_aggregate') AND available_at <= now() + interval '1 minute'
+  AND to_agent <> 'human'
 GROUP BY to_agent
 UNION ALL
 SELECT 'judge', count(*), min(priority), min(created_at)
@@ -741,7 +765,7 @@ SELECT p.id, p.status, p.to_agent, 'waiting parent with all children terminal'
 FROM tasks p
 WHERE p.status = 'waiting'
   AND NOT EXISTS (SELECT 1 FROM tasks c WHERE c.parent_id = p.id
-                  AND c.status NOT IN ('done', 'failed', 'escalated'));
+                  AND c.status NOT IN ('done', 'failed', 'escalated', 'cancelled'));
 
 -- task_delete_finished_trees --
 -- Remove whole finished trees whose root completed before :before, with their events.
@@ -752,7 +776,7 @@ WITH candidates AS (
     SELECT r.id
     FROM tasks r
     WHERE r.parent_id IS NULL
-      AND r.status IN ('done', 'failed', 'escalated')
+      AND r.status IN ('done', 'failed', 'escalated', 'cancelled')
       AND r.completed_at < :before
 ), locked AS (
     SELECT t.id, t.root_id, t.status
@@ -763,7 +787,7 @@ WITH candidates AS (
     SELECT l.root_id AS id
     FROM locked l
     GROUP BY l.root_id
-    HAVING bool_and(l.status IN ('done', 'failed', 'escalated'))
+    HAVING bool_and(l.status IN ('done', 'failed', 'escalated', 'cancelled'))
        AND count(*) = (SELECT count(*) FROM tasks x WHERE x.root_id = l.root_id)
 ), gone AS (
     DELETE FROM tasks t USING old_roots o WHERE t.root_id = o.id RETURNING t.id
@@ -1031,7 +1055,7 @@ WITH ev AS (
     FROM task_events e WHERE e.id > :after ORDER BY e.id LIMIT :limit
 ), timed AS (
     SELECT ev.*, t.to_agent AS agent,
-           CASE WHEN ev.to_status IN ('done', 'failed', 'escalated')
+           CASE WHEN ev.to_status IN ('done', 'failed', 'escalated', 'cancelled')
                 THEN EXTRACT(epoch FROM t.completed_at - t.created_at)::float8 END AS wall
     FROM ev LEFT JOIN tasks t ON t.id = ev.task_id
 )
@@ -1090,7 +1114,7 @@ WHERE name = :name AND last_event_id < :last_event_id;
 -- :limit, leaving out events younger than :settle_seconds (an event id is taken when the
 -- row is written, so a younger one may still have a lower id uncommitted before it).
 SELECT id, task_id FROM task_events
-WHERE id > :after AND to_status IN ('done', 'failed', 'escalated')
+WHERE id > :after AND to_status IN ('done', 'failed', 'escalated', 'cancelled')
   AND at < clock_timestamp() - make_interval(secs => :settle_seconds)
 ORDER BY id
 LIMIT :limit;
@@ -1269,3 +1293,204 @@ SELECT * FROM task_steps WHERE task_id = :id ORDER BY id;
 SELECT id, task_id, phase, position, name, kind, status, tool_call_id, error, starts,
        replays, cost_usd, started_at, finished_at, duration_seconds
 FROM task_steps WHERE task_id = ANY(CAST(:ids AS uuid[])) ORDER BY task_id, id;
+
+-- ===================================================================================
+-- Steering (issue 22): a person's hand on a running tree. Cancel a subtree, pause and
+-- resume a tree, answer a question to the built-in agent 'human', approve or reject a
+-- task held by the require_approval policy. Each change is one guarded statement with
+-- its events; fan-in of a parent whose child ended here runs in the same transaction
+-- (runtime/store/steering.py), as for a child finished by a worker.
+-- ===================================================================================
+
+-- task_cancel_subtree --
+-- Cancel :id and every open task below it, one event each; clears leases, so every fenced
+-- write of a worker still holding one (finish, delegate, retry, judge) matches nothing.
+-- The subtree is walked down parent_id (ix_tasks_parent_id_status). Rows are locked
+-- deepest first, then by id: a finishing child locks itself, then its parent, so the
+-- cancel takes rows in the same order and the two do not deadlock. A row a worker
+-- finished while the cancel waited for its lock is re-checked after the wait and left
+-- alone when no longer open. A delegation that committed while this statement ran has
+-- children its snapshot missed: the caller repeats the statement (in the same
+-- transaction) until it cancels nothing. NOTIFY 'cancel' wakes the workers' stop check.
+WITH RECURSIVE sub AS (
+    SELECT id FROM tasks WHERE id = :id
+    UNION ALL
+    SELECT c.id FROM tasks c JOIN sub s ON c.parent_id = s.id
+), locked AS (
+    SELECT t.id, t.status, t.lease_owner
+    FROM tasks t JOIN sub s ON s.id = t.id
+    WHERE t.status IN ('pending', 'running', 'waiting', 'ready_to_aggregate', 'judging',
+                       'awaiting_approval')
+    ORDER BY t.depth DESC, t.id
+    FOR UPDATE OF t
+), upd AS (
+    UPDATE tasks t
+    SET status = 'cancelled',
+        error = :error,
+        lease_owner = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        duration_seconds = t.duration_seconds
+            + CASE WHEN l.status = 'running'
+                   THEN extract(epoch FROM clock_timestamp() - t.claimed_at) ELSE 0 END,
+        completed_at = now(),
+        updated_at = now()
+    FROM locked l
+    -- The status as locked (l), not as this statement's snapshot saw it: a row a worker
+    -- moved on (waiting -> ready_to_aggregate) while the cancel waited is still open.
+    WHERE t.id = l.id
+      AND t.status IN ('pending', 'running', 'waiting', 'ready_to_aggregate', 'judging',
+                       'awaiting_approval')
+    RETURNING t.id, t.parent_id, t.depth, l.status AS from_status, l.lease_owner
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, from_status, 'cancelled', :actor,
+           CASE WHEN id = :id THEN :detail ELSE :detail || ' (subtree of ' || :id || ')' END
+    FROM upd
+), notify AS (
+    SELECT pg_notify('{tasks_channel}', 'cancel') WHERE EXISTS (SELECT 1 FROM upd)
+)
+SELECT id, parent_id, depth, from_status, lease_owner,
+       (SELECT count(*) FROM notify) AS notified
+FROM upd;
+
+-- tree_pause_insert --
+-- Pause a tree: one row for its root (a root only); pausing a paused tree inserts nothing.
+INSERT INTO tree_pauses (root_id, paused_by, note)
+SELECT id, :actor, :note FROM tasks WHERE id = :root_id AND parent_id IS NULL
+ON CONFLICT (root_id) DO NOTHING
+RETURNING root_id, paused_at;
+
+-- tree_pause_delete --
+-- Resume a tree: delete its pause, move the deadlines of its running tasks on by the time
+-- it was paused (a paused task is not timed out for a person's pause), and wake the
+-- workers of its claimable work.
+WITH gone AS (
+    DELETE FROM tree_pauses WHERE root_id = :root_id RETURNING root_id, paused_at
+), shifted AS (
+    UPDATE tasks t
+    SET deadline_at = t.deadline_at + (now() - g.paused_at)
+    FROM gone g
+    WHERE t.root_id = g.root_id AND t.status = 'running'
+    RETURNING t.id
+), notify AS (
+    SELECT pg_notify('{tasks_channel}', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
+    FROM (SELECT DISTINCT t.status AS s, t.to_agent AS a
+          FROM tasks t JOIN gone g ON t.root_id = g.root_id
+          WHERE t.status IN ('pending', 'ready_to_aggregate', 'judging')) d
+)
+SELECT g.root_id, g.paused_at, (SELECT count(*) FROM shifted) AS shifted,
+       (SELECT count(*) FROM notify) AS notified
+FROM gone g;
+
+-- tree_pause_get --
+-- The pause of one tree, if it is paused.
+SELECT root_id, paused_at, paused_by, note FROM tree_pauses WHERE root_id = :root_id;
+
+-- task_gate_calls --
+-- The model-call gate: for the given tasks, whether each may start a model call now
+-- (open and in an unpaused tree). One batched read per wave of calls, on primary keys.
+SELECT t.id, t.status, (z.root_id IS NOT NULL) AS paused
+FROM tasks t LEFT JOIN tree_pauses z ON z.root_id = t.root_id
+WHERE t.id = ANY(CAST(:ids AS uuid[]));
+
+-- task_approve_awaiting --
+-- A person approves a task held by require_approval: it becomes claimable. Guarded by
+-- status = 'awaiting_approval', so an approval is used once (a second one changes nothing).
+WITH upd AS (
+    UPDATE tasks
+    SET status = 'pending', available_at = now(), updated_at = now()
+    WHERE id = :id AND status = 'awaiting_approval'
+    RETURNING id, to_agent
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, 'awaiting_approval', 'pending', :actor, :detail FROM upd
+), notify AS (
+    SELECT pg_notify('{tasks_channel}', to_agent) FROM upd
+)
+SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
+
+-- task_reject_awaiting --
+-- A person rejects a held task: it ends failed with the note (its parent's fan-in follows
+-- in the same transaction). Guarded by status = 'awaiting_approval'.
+WITH upd AS (
+    UPDATE tasks
+    SET status = 'failed', error = :error, completed_at = now(), updated_at = now()
+    WHERE id = :id AND status = 'awaiting_approval'
+    RETURNING id, parent_id
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, 'awaiting_approval', 'failed', :actor, :detail FROM upd
+)
+SELECT id, parent_id FROM upd;
+
+-- task_answer_question --
+-- A person answers a question to 'human': the answer is its result and it ends done (the
+-- parent's fan-in follows in the same transaction). Guarded by the status, so an answer
+-- racing a cancel, a deadline or another answer changes nothing when it comes second.
+WITH upd AS (
+    UPDATE tasks
+    SET status = 'done', result = CAST(:answer AS jsonb), error = NULL,
+        started_at = COALESCE(started_at, created_at), completed_at = now(),
+        updated_at = now()
+    WHERE id = :id AND status = 'pending' AND to_agent = 'human'
+    RETURNING id, parent_id
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, 'pending', 'done', :actor, :detail FROM upd
+)
+SELECT id, parent_id FROM upd;
+
+-- task_fail_unanswered --
+-- A question nobody answered within its budget_seconds (its deadline) ends failed with
+-- 'no answer: deadline'; its parent decides, as for any failed child. Reads ix_tasks_inbox.
+WITH late AS (
+    SELECT id FROM tasks
+    WHERE (status = 'awaiting_approval' OR (status = 'pending' AND to_agent = 'human'))
+      AND status = 'pending' AND to_agent = 'human'
+      AND created_at + make_interval(secs => COALESCE(budget_seconds, 300)) < now()
+    ORDER BY created_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE tasks t
+    SET status = 'failed', error = 'no answer: deadline', completed_at = now(),
+        updated_at = now()
+    FROM late l
+    WHERE t.id = l.id AND t.status = 'pending'
+    RETURNING t.id, t.parent_id, t.budget_seconds
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, 'pending', 'failed', :worker,
+           'no answer within budget_seconds = ' || COALESCE(budget_seconds, 300)
+    FROM upd
+)
+SELECT id, parent_id FROM upd;
+
+-- task_list_inbox --
+-- What waits for a person, oldest first: questions to 'human' and tasks held for approval
+-- (ix_tasks_inbox), then escalations; with the root's goal and the age in seconds.
+SELECT kind, t.id, t.root_id, t.parent_id, t.from_agent, t.to_agent, t.type, t.payload,
+       t.error, t.budget_seconds, t.created_at, r.payload AS root_payload,
+       extract(epoch FROM now() - since) AS age_seconds
+FROM (
+    SELECT CASE WHEN status = 'awaiting_approval' THEN 'approval' ELSE 'question' END AS kind,
+           id, created_at AS since
+    FROM tasks
+    WHERE status = 'awaiting_approval' OR (status = 'pending' AND to_agent = 'human')
+    UNION ALL
+    SELECT 'escalation', id, COALESCE(completed_at, created_at)
+    FROM tasks WHERE status = 'escalated'
+) w
+JOIN tasks t ON t.id = w.id
+JOIN tasks r ON r.id = t.root_id
+ORDER BY since, t.id;
+
+-- task_count_inbox_older --
+-- Questions and approvals waiting longer than :seconds (the doctor's inbox alert).
+SELECT count(*) FILTER (WHERE status = 'pending') AS questions,
+       count(*) FILTER (WHERE status = 'awaiting_approval') AS approvals,
+       min(created_at) AS oldest
+FROM tasks
+WHERE (status = 'awaiting_approval' OR (status = 'pending' AND to_agent = 'human'))
+  AND created_at < now() - make_interval(secs => :seconds);

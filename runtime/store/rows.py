@@ -25,9 +25,15 @@ STATUSES: tuple[str, ...] = (
     "done",
     "failed",
     "escalated",
+    "cancelled",
+    "awaiting_approval",
 )
-#: Statuses that count as finished for fan-in.
-TERMINAL_STATUSES: tuple[str, ...] = ("done", "failed", "escalated")
+#: Statuses that count as finished for fan-in (``cancelled`` counts as a failed child).
+TERMINAL_STATUSES: tuple[str, ...] = ("done", "failed", "escalated", "cancelled")
+#: Statuses a cancel ends: every one that is not terminal.
+OPEN_STATUSES: tuple[str, ...] = tuple(s for s in STATUSES if s not in TERMINAL_STATUSES)
+#: The built-in agent that stands for a person: its tasks are questions no worker claims.
+HUMAN_AGENT = "human"
 
 
 class IdempotencyConflict(ValueError):

@@ -37,6 +37,7 @@ from runtime.store.rows import (
     canonical_json,
 )
 from runtime.store.spend import StoreSpend, StoreSteps
+from runtime.store.steering import StoreSteering
 
 __all__ = ["MAINTENANCE_LOCK_KEY", "Maintained", "Store"]
 
@@ -47,7 +48,7 @@ def _json_or_none(value: Any) -> str | None:
     return None if value is None else _dumps(value)
 
 
-class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps):
+class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
     """The database door: named statements, one transaction per state change.
 
     Submitting and resolving live here; the rest comes from mixins, one module per
@@ -56,8 +57,9 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps):
     (:class:`~runtime.store.claims.StoreClaims`), outcomes and fan-in
     (:class:`~runtime.store.writes.StoreWrites`), spend
     (:class:`~runtime.store.spend.StoreSpend`), durable steps
-    (:class:`~runtime.store.spend.StoreSteps`) and maintenance
-    (:class:`~runtime.store.hygiene.StoreHygiene`).
+    (:class:`~runtime.store.spend.StoreSteps`), maintenance
+    (:class:`~runtime.store.hygiene.StoreHygiene`), and a person's hand on a running
+    tree: cancel, pause, answers, approvals (:class:`~runtime.store.steering.StoreSteering`).
     """
 
     def __init__(self, engine: Engine) -> None:

@@ -35,6 +35,16 @@ log = logging.getLogger(__name__)
 class StoreWrites(StoreReads):
     """Outcomes of leased work (finish, delegate, retry children) and the fan-in they cause."""
 
+    #: The require_approval policy, set by the wiring from ``[policies]``: agents whose
+    #: delegated tasks wait in 'awaiting_approval', and the tree spend past which any does.
+    approval_agents: tuple[str, ...] = ()
+    approve_above_usd: Decimal | None = None
+
+    def approval_params(self) -> dict[str, Any]:
+        """The delegation statement's require_approval parameters."""
+        return {"approval_agents": list(self.approval_agents),
+                "approve_above_usd": self.approve_above_usd}
+
     def finish_running(self, outcomes: Sequence[RunOutcome], worker: str) -> Finished:
         """Apply a batch of run outcomes in one transaction, then fan-in their parents."""
         return self._finish("task_finish_running", [
@@ -159,7 +169,7 @@ class StoreWrites(StoreReads):
         with self.transaction() as conn:
             moved = {row.id: int(row.inserted) for row in conn.execute(
                 _TEXT["task_delegate_running_many"],
-                {"batch": canonical_json(batch), "worker": worker})}
+                {"batch": canonical_json(batch), "worker": worker, **self.approval_params()})}
             self._fan_in(conn, set(moved), worker)
         for task_id, _, _, _ in delegations:
             if task_id not in moved:

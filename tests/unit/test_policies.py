@@ -235,9 +235,11 @@ def test_every_builtin_rule_is_described_in_order(agents: Registry) -> None:
     rows = policy_set(agents).describe()
     assert [r["name"] for r in rows] == [
         "max_depth", "max_children", "max_payload_bytes", "delegation_edges",
-        "forbidden_output", "output_schema", "model_price",
+        "forbidden_output", "output_schema", "model_price", "require_approval",
     ]
-    assert all(r["active"] and r["source"] == "builtin" for r in rows)
+    assert all(r["source"] == "builtin" for r in rows)
+    # require_approval holds nothing until an agent or a spend threshold is configured.
+    assert [r["name"] for r in rows if not r["active"]] == ["require_approval"]
     by_name = {r["name"]: r for r in rows}
     assert by_name["max_depth"]["settings"] == {"max_depth": 5}
     assert by_name["model_price"]["settings"]["local_per_token"] == "0.00001"

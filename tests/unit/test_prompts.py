@@ -37,7 +37,8 @@ def _load_org() -> list[type[Agent]]:
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
-    return [cls for cls in registry if cls.__module__ in BUILTIN_MODULES]
+    # 'human' is a person (agents/human.py): no prompt, no model call, never run.
+    return [cls for cls in registry if cls.__module__ in BUILTIN_MODULES and cls.name != "human"]
 
 
 BUILTIN = _load_org()

@@ -1,0 +1,51 @@
+"""The built-in rule ``require_approval``: some tasks wait for a person before they run.
+
+Configured in ``[policies]``: ``require_approval = ["agent", ...]`` holds every task
+delegated to those agents; ``approve_above_usd`` holds a task whose budget would take
+its tree's spend past the threshold. A held task waits in ``awaiting_approval`` (never
+claimed) until ``orgchart approve`` (it becomes ``pending``, once) or ``orgchart reject
+--note`` (it ends ``failed`` with the note, and its parent decides as for any failed
+child). The hold is decided in the database, in the statement that inserts the children
+(``task_delegate_running_many``), so it reads the tree's spend at that instant; this
+class carries the rule's settings, its switch and its description.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from policies.base import Policy
+
+if TYPE_CHECKING:
+    from runtime.config import Settings
+
+
+class RequireApproval(Policy):
+    """Hold delegated tasks of some agents, or past a tree spend, for a person's approval."""
+
+    name = "require_approval"
+    description = ("Tasks for [policies] require_approval agents, or past approve_above_usd "
+                   "of tree spend, wait for orgchart approve.")
+
+    @classmethod
+    def inactive_reason(cls, settings: Settings) -> str | None:
+        """Off until an agent or a spend threshold is configured."""
+        p = settings.policies
+        if not p.require_approval and p.approve_above_usd is None:
+            return "no [policies] require_approval agents and no approve_above_usd"
+        return None
+
+    def held_agents(self) -> tuple[str, ...]:
+        """The agents whose delegated tasks wait for approval."""
+        return tuple(self.settings.policies.require_approval)
+
+    def spend_threshold(self) -> Decimal | None:
+        """The tree spend (USD) past which a delegated task waits for approval."""
+        return self.settings.policies.approve_above_usd
+
+    def settings_view(self) -> dict[str, Any]:
+        """``require_approval`` and ``approve_above_usd``."""
+        above = self.settings.policies.approve_above_usd
+        return {"require_approval": list(self.settings.policies.require_approval),
+                "approve_above_usd": None if above is None else str(above)}
