@@ -13,13 +13,13 @@ import os
 import sys
 from collections.abc import Iterable
 
-from agents import ceo, human, intel_director, judge, scouts
+from agents import ceo, intel_director, judge, scouts
 from agents.registry import Registry, registry
 
-#: The modules of the seed's org (ceo, intel_director, the scouts, judge), and the
-#: built-in agent ``human`` (a person: questions no worker claims).
+#: The modules of the seed's org (ceo, intel_director, the scouts, judge). The built-in
+#: agent ``human`` (a person) is defined with ``Agent`` itself, in agents/base.py.
 BUILTIN_MODULES: tuple[str, ...] = tuple(
-    module.__name__ for module in (ceo, intel_director, scouts, judge, human))
+    module.__name__ for module in (ceo, intel_director, scouts, judge))
 
 
 def load_builtins() -> Registry:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import jsonschema
 from jsonschema.validators import validator_for
 
-from agents.human import HUMAN
+from agents.base import HUMAN
 from policies.approval import RequireApproval
 from policies.base import Policy, Violation
 from runtime.config import DEFAULT_FORBIDDEN_PATTERNS, ConfigError

@@ -3,11 +3,10 @@
 Endpoints (all JSON; shapes from :mod:`runtime.views`, documented in ``docs/api.md``):
 
 - ``POST /tasks``: submit a root goal (``Idempotency-Key`` header deduplicates);
-- ``GET /tasks/{id}``, ``GET /trees/{root_id}`` (``?under=&depth=``), ``.../events?after=``,
-  ``.../timeline``, ``GET /roots``, ``GET /escalations``;
-- ``POST /tasks/{id}/resolve``: retry, done, fail or reassign an escalated task;
-- steering (cancel, pause, inbox, answers, approvals): ``runtime/http/steering.py``;
-- ``GET /metrics``, ``GET /healthz``; OpenAPI at ``/docs``; ``GET /`` and ``/ui/trees/{id}``.
+- ``GET /tasks/{id}``, ``GET /trees/{root_id}`` (``?under=&depth=``, ``/events``,
+  ``/timeline``), ``GET /roots``, ``GET /escalations``, ``POST /tasks/{id}/resolve``;
+- ``GET /metrics``, ``GET /healthz``; OpenAPI at ``/docs``; ``GET /`` and ``/ui/trees/{id}``;
+  steering (cancel, pause, inbox, answers, approvals): ``runtime/http/steering.py``.
 
 Errors are always ``{"error": "<message>"}``: 401 without the bearer token (when
 ``ORGCHART_API_TOKEN`` is set), 404 for a missing task, 409 for a conflicting idempotency

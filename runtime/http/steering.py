@@ -64,13 +64,6 @@ def add_steering_routes(app: FastAPI, store: Store) -> None:
         check_storable(by, "by")
         return by or "api"
 
-    @app.post("/tasks/{task_id}/cancel", tags=["steering"], responses=_ERRORS)
-    def cancel_task(task_id: uuid.UUID, body: NoteRequest | None = None) -> dict[str, Any]:
-        """Cancel a task and every open task below it (``cancelled``, one event each)."""
-        note = body.note if body else None
-        check_storable(note, "note")
-        return steer_json(store.cancel(task_id, actor=actor(body), note=note))
-
     @app.post("/trees/{root_id}/pause", tags=["steering"], responses=_ERRORS)
     def pause_tree(root_id: uuid.UUID, body: NoteRequest | None = None) -> dict[str, Any]:
         """Pause a tree: no claims, no new model calls; leases stay alive."""
@@ -83,6 +76,11 @@ def add_steering_routes(app: FastAPI, store: Store) -> None:
         """Resume a paused tree where it stood."""
         return steer_json(store.resume(root_id, actor=actor(body)))
 
+    _add_tree_routes(app, store, actor)
+    _add_task_routes(app, store, actor)
+
+
+def _add_tree_routes(app: FastAPI, store: Store, actor: Any) -> None:
     @app.get("/trees/{root_id}/pause", tags=["steering"], responses=_ERRORS)
     def get_pause(root_id: uuid.UUID) -> dict[str, Any]:
         """Whether a tree is paused: ``paused``, and since when, by whom, why."""
@@ -92,6 +90,15 @@ def add_steering_routes(app: FastAPI, store: Store) -> None:
                 "paused_at": pause["paused_at"].isoformat() if pause else None,
                 "paused_by": pause["paused_by"] if pause else None,
                 "note": pause["note"] if pause else None}
+
+
+def _add_task_routes(app: FastAPI, store: Store, actor: Any) -> None:
+    @app.post("/tasks/{task_id}/cancel", tags=["steering"], responses=_ERRORS)
+    def cancel_task(task_id: uuid.UUID, body: NoteRequest | None = None) -> dict[str, Any]:
+        """Cancel a task and every open task below it (``cancelled``, one event each)."""
+        note = body.note if body else None
+        check_storable(note, "note")
+        return steer_json(store.cancel(task_id, actor=actor(body), note=note))
 
     @app.get("/inbox", tags=["steering"])
     def list_inbox() -> list[dict[str, Any]]:
