@@ -7,6 +7,13 @@ API sends, built in the database in one query and nested by splicing text (media
 ``repeats`` reads); its query part and its nesting part are printed beside it, and the
 old path (``Store.tree_rows`` + ``tree_json`` + ``json.dumps``) as ``tree_ms_python``.
 
+Then the real-tree case (``tree_real_*``): the same shape with nodes of the size real
+agents write (a payload of about 300 bytes with a goal, a result of about 700 bytes, a
+verdict with reasons: about 1 KB of agent JSON per node), read in both shapes, by
+``views.tree_text`` and by ``GET /trees/{id}`` (``?fields=summary`` and the full
+default) from uvicorn on loopback, the whole body read by ``http.client``; and
+``GET /tasks/{id}`` of one leaf (what the page asks when a node is opened).
+
     python -m bench.tree_read [--nodes 10101] [--repeats 7] [--write]
 
 ``--write`` merges the figures into ``bench/results/latest.json`` (keeping the others).
@@ -15,11 +22,16 @@ old path (``Store.tree_rows`` + ``tree_json`` + ``json.dumps``) as ``tree_ms_pyt
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
+import http.client
 import json
 import os
+import socket
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from bench.common import (
@@ -56,23 +68,50 @@ INSERT INTO tasks (id, parent_id, root_id, to_agent, type, payload, status, dept
                    verdict, own_tokens, own_usd, duration_seconds, idempotency_key,
                    started_at, completed_at)
 SELECT gen_random_uuid(), m.id, m.root_id, 'competitor_scout', 'task',
-       jsonb_build_object('goal', 'leaf ' || l), 'done', 2,
-       jsonb_build_object('findings', jsonb_build_array('a finding', 'another finding'),
-                          'confidence', 0.8),
-       '{"pass": true}', 20, 0.0002, 0.25, 'leaf-' || l, now(), now()
+       LEAF_PAYLOAD, 'done', 2, LEAF_RESULT, LEAF_VERDICT, 20, 0.0002, 0.25, 'leaf-' || l,
+       now(), now()
 FROM mids m, generate_series(1, %(leaves)s) AS l
 """
 
 
-def build_tree(url: str, nodes: int) -> uuid.UUID:
-    """Write one finished tree of exactly ``nodes`` nodes (root, middles, leaves)."""
+#: The leaves of the hand-written tree (``tree_ms_10k``): small, as SQL over ``l``.
+SMALL_LEAF = {
+    "payload": "jsonb_build_object('goal', 'leaf ' || l)",
+    "result": "jsonb_build_object('findings', jsonb_build_array('a finding', "
+              "'another finding'), 'confidence', 0.8)",
+    "verdict": "'{\"pass\": true}'",
+}
+#: A real agent's leaf (bench/agents-like writers): the payload, result and verdict, as
+#: SQL over ``l`` (the leaf's number) and ``m`` (its parent). About 1 KB a node.
+REAL_LEAF = {
+    "payload": "jsonb_build_object('goal', 'Write part ' || l || ' of the market report: "
+               "pricing, competitors and the risks a buyer should weigh for durable agent "
+               "runtimes', 'context', repeat('Notes the lead passed down to the writer. ', 4),"
+               " 'section', l, 'style', 'plain English, short sentences, cite sources')",
+    "result": "jsonb_build_object('summary', repeat('A finding about the market, with its "
+              "source and the figure it rests on. ', 8), 'findings', jsonb_build_array("
+              "'Vendor A prices per task', 'Vendor B bundles the queue', "
+              "'Self-hosting wins above 1M tasks a month'), 'confidence', 0.8)",
+    "verdict": "'{\"passed\": true, \"score\": 0.82, \"reasons\": [\"cites its "
+               "sources\", \"answers the question asked\"]}'",
+}
+
+
+def build_tree(url: str, nodes: int, real: bool = False) -> uuid.UUID:
+    """Write one finished tree of exactly ``nodes`` nodes (root, middles, leaves).
+
+    ``real`` gives the leaves the payload, result and verdict of :data:`REAL_LEAF`.
+    """
     if nodes < 3:
         raise ValueError("a tree bench needs at least 3 nodes")
     mids = max(1, int((nodes - 1) ** 0.5))
     leaves, extra = divmod(nodes - 1 - mids, mids)
     root = uuid.uuid4()
+    leaf = REAL_LEAF if real else SMALL_LEAF
+    sql = (BUILD_TREE.replace("LEAF_PAYLOAD", leaf["payload"])
+           .replace("LEAF_RESULT", leaf["result"]).replace("LEAF_VERDICT", leaf["verdict"]))
     with connect(url) as conn:
-        conn.execute(BUILD_TREE, {"root": root, "mids": mids, "leaves": leaves})
+        conn.execute(sql, {"root": root, "mids": mids, "leaves": leaves})
         if extra:  # top up under the root so the count is exact
             conn.execute(
                 "INSERT INTO tasks (id, parent_id, root_id, to_agent, type, payload, status, "
@@ -123,11 +162,86 @@ def measure(url: str, nodes: int = 10_101, repeats: int = 7) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def serving(store: Any) -> Iterator[tuple[str, int]]:
+    """The HTTP API on ``store`` in uvicorn, in a thread on a loopback port; (host, port)."""
+    import uvicorn
+
+    from runtime.http.api import create_app
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(store=store, api_token=""),
+                                           log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield sock.getsockname()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def http_get(address: tuple[str, int], path: str) -> tuple[float, int]:
+    """Seconds to GET ``path`` and read its whole body (a fresh connection); its size."""
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection(*address, timeout=60)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"GET {path}: {response.status} {body[:200]!r}")
+    finally:
+        conn.close()
+    return time.perf_counter() - t0, len(body)
+
+
+def measure_real(url: str, nodes: int = 10_101, repeats: int = 7) -> dict[str, Any]:
+    """The real-tree case: both shapes by tree_text and over HTTP, and one node's detail."""
+    root = build_tree(url, nodes, real=True)
+    store = open_store(url, pool_size=4)
+    figures: dict[str, Any] = {}
+    try:
+        leaf = store.tree_json_rows(root, None, None)[-1][0]
+        for fields in ("summary", "full"):
+            tree_text(store, root, fields=fields)  # warm
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                text, _ = tree_text(store, root, fields=fields)
+                times.append(time.perf_counter() - t0)
+            figures[f"tree_real_{fields}_text_ms"] = ms(median(times))
+            figures[f"tree_real_{fields}_bytes"] = len(text.encode())
+        with serving(store) as address:
+            for fields in ("summary", "full"):
+                path = f"/trees/{root}?fields={fields}"
+                http_get(address, path)  # warm
+                runs = [http_get(address, path)[0] for _ in range(repeats)]
+                figures[f"tree_real_{fields}_http_ms"] = ms(median(runs))
+                figures[f"tree_real_{fields}_http_max_ms"] = ms(max(runs))
+            http_get(address, f"/tasks/{leaf}")
+            detail = [http_get(address, f"/tasks/{leaf}")[0] for _ in range(repeats)]
+            figures["tree_real_node_detail_http_ms"] = ms(median(detail))
+    finally:
+        store.dispose()
+    if json.loads(text)["totals"]["tasks"] != nodes:
+        raise RuntimeError("the real tree read back has the wrong number of nodes")
+    return {**figures, "tree_real_nodes": nodes}
+
+
 def main(nodes: int = 10_101, repeats: int = 7, server: str | None = None,
          write: bool = False) -> dict[str, Any]:
     """Run in a scratch database; print and return the figures (merged into latest.json)."""
     with scratch_database("tree", server) as url:
         figures = measure(url, nodes, repeats)
+        figures.update(measure_real(url, nodes, repeats))
     if write:
         path = RESULTS_DIR / "latest.json"
         latest = json.loads(path.read_text()) if path.exists() else {}

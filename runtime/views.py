@@ -209,22 +209,33 @@ def assemble_tree(rows: list[tuple[Any, ...]], top: uuid.UUID) -> str | None:
     return "".join(parts)
 
 
+#: The shapes of a tree read: every field (the default), or the summary (no payload,
+#: result or verdict on the nodes; see ``fragment_task_summary_json`` in queries.sql).
+TREE_FIELDS = ("full", "summary")
+
+
 def tree_text(store: Store, root_id: uuid.UUID, under: uuid.UUID | None = None,
-              depth: int | None = None) -> tuple[str, int]:
+              depth: int | None = None, fields: str = "full") -> tuple[str, int]:
     """The tree under ``root_id`` (or the subtree under ``under``) as JSON text.
 
     The same shape and values as :func:`tree_json` of the rows (``totals`` on the top
     node count what was fetched), read in one query that builds the JSON in the database.
-    Returns the text and the newest ``task_events`` id at the time of the read (follow
-    the tree from there with ``Store.tree_changes``).
+    With ``fields="summary"`` each node is in the summary shape instead (docs/api.md: no
+    payload, result, verdict, criteria, budgets or timestamps; with ``goal``,
+    ``has_result``, ``verdict_passed`` and ``verdict_score``). Returns the text and the newest
+    ``task_events`` id at the time of the read (follow the tree from there with
+    ``Store.tree_changes``).
 
     Raises:
+        BadInput: ``depth`` below 0, or ``fields`` not one of :data:`TREE_FIELDS`.
         NotFound: no such task, the task is not a root, or ``under`` is not in the tree.
 
     """
     if depth is not None and depth < 0:
         raise BadInput(f"depth must be 0 or more, not {depth}")
-    rows = store.tree_json_rows(root_id, under, depth)
+    if fields not in TREE_FIELDS:
+        raise BadInput(f"fields must be one of {', '.join(TREE_FIELDS)}, not {fields!r}")
+    rows = store.tree_json_rows(root_id, under, depth, summary=fields == "summary")
     text = assemble_tree(rows, under or root_id)
     if text is not None:
         return text, int(next(row[5] for row in rows if row[0] is None))

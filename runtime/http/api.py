@@ -359,18 +359,18 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
     @app.get("/trees/{root_id}", tags=["trees"], responses=_ERRORS)
     def get_tree(
         root_id: uuid.UUID,
-        under: Annotated[uuid.UUID | None, Query(
-            description="Only the subtree under this task of the tree.")] = None,
+        under: Annotated[uuid.UUID | None, Query(description="Only this task's subtree.")] = None,
         depth: Annotated[int | None, Query(
             ge=0, description="Only this many levels below the top node.")] = None,
+        fields: Annotated[Literal["full", "summary"], Query()] = "full",
     ) -> Response:
         """The tree under a root, nested, with ``totals`` on its top node.
 
-        Built in the database in one query. The ``X-Orgchart-Last-Event`` header carries
-        the newest ``task_events`` id at the time of the read: follow the tree from there
-        with ``GET /trees/{root_id}/events?after=<id>``.
+        Built in the database in one query; ``fields=summary`` leaves out payloads,
+        results and verdicts (docs/api.md). ``X-Orgchart-Last-Event``: the newest event id
+        read; follow the tree from there with ``GET /trees/{root_id}/events?after=<id>``.
         """
-        text, last_event = tree_text(store, root_id, under, depth)
+        text, last_event = tree_text(store, root_id, under, depth, fields)
         return Response(text, media_type="application/json",
                         headers={"X-Orgchart-Last-Event": str(last_event)})
 

@@ -1000,6 +1000,53 @@ SELECT n.id::text, n.parent_id::text, n.depth, n.created_at,
 FROM tasks n JOIN sub USING (id)
 WHERE n.root_id = :root_id;  -- every task of the subtree is in the tree: root_id's index
 
+-- fragment_task_summary_json --
+-- One task as JSON text in the tree's summary shape (GET /trees/{id}?fields=summary): what
+-- a tree view draws, without what agents write (payload, result, verdict, criteria: about
+-- 1 KB a node in a real tree, most of a 10,000-task tree's bytes; GET /tasks/{id} reads
+-- them for one task) and without timestamps (to_char was a third of this read's time):
+-- ``goal`` (the payload's goal, at most 200 characters), ``has_result``, ``verdict_passed``
+-- and ``verdict_score``; ``error`` is cut at 500 characters. Formatted as
+-- fragment_task_node_json formats the same fields.
+concat('{"id":"', n.id, '","parent_id":', COALESCE('"' || n.parent_id || '"', 'null'),
+       ',"agent":', to_json(n.to_agent), ',"type":', to_json(n.type),
+       ',"status":', to_json(n.status), ',"depth":', n.depth,
+       ',"spent_tokens":', n.spent_tokens, ',"spent_usd":"', n.spent_usd,
+       '","own_tokens":', n.own_tokens, ',"own_usd":"', n.own_usd,
+       '","duration_seconds":', round(n.duration_seconds * 1e6) / 1e6,
+       ',"goal":', COALESCE(to_json(left(n.payload ->> 'goal', 200))::text, 'null'),
+       ',"has_result":', CASE WHEN n.result IS NULL THEN 'false' ELSE 'true' END,
+       ',"verdict_passed":', COALESCE((n.verdict -> 'passed')::text, 'null'),
+       ',"verdict_score":', COALESCE((n.verdict -> 'score')::text, 'null'),
+       ',"error":', COALESCE(to_json(left(n.error, 500))::text, 'null'),
+       ',"route":', COALESCE(to_json(n.route)::text, 'null'),
+       ',"model":', COALESCE(to_json(n.model)::text, 'null'), '}')
+
+-- task_tree_summary_nodes --
+-- task_tree_nodes in the summary shape (fragment_task_summary_json): the same rows, parts
+-- and columns, without the nodes' payloads and results.
+SELECT n.id::text, n.parent_id::text, n.depth, n.created_at,
+       {fragment_task_summary_json} AS node,
+       n.status, n.own_tokens, n.own_usd, n.duration_seconds
+FROM tasks n
+WHERE n.root_id = :root_id AND n.depth <= COALESCE(CAST(:depth AS integer), 2147483647)
+  AND get_byte(uuid_send(n.id), 15) % :parts = :part;
+
+-- task_subtree_summary_nodes --
+-- task_subtree_nodes in the summary shape (fragment_task_summary_json).
+WITH RECURSIVE sub AS (
+    SELECT id, 0 AS rel FROM tasks
+    WHERE id = CAST(:under AS uuid) AND root_id = :root_id
+    UNION ALL
+    SELECT c.id, s.rel + 1 FROM sub s JOIN tasks c ON c.parent_id = s.id
+    WHERE s.rel < COALESCE(CAST(:depth AS integer), 2147483647)
+)
+SELECT n.id::text, n.parent_id::text, n.depth, n.created_at,
+       {fragment_task_summary_json} AS node,
+       n.status, n.own_tokens, n.own_usd, n.duration_seconds
+FROM tasks n JOIN sub USING (id)
+WHERE n.root_id = :root_id;
+
 -- task_tree_size --
 -- How many tasks a tree holds (an index-only count on root_id).
 SELECT count(*) FROM tasks WHERE root_id = :root_id;

@@ -103,7 +103,8 @@ class StoreReads:
         return self.query("task_list_tree", root_id=root_id)
 
     def tree_json_rows(self, root_id: uuid.UUID, under: uuid.UUID | None = None,
-                       depth: int | None = None) -> list[tuple[Any, ...]]:
+                       depth: int | None = None, summary: bool = False
+                       ) -> list[tuple[Any, ...]]:
         """A tree's nodes as JSON text built in the database, and their totals.
 
         Returns the totals row first, ``(None, None, -1, None, totals_json,
@@ -114,13 +115,17 @@ class StoreReads:
         the top. A tree of :data:`PARALLEL_TREE_NODES` tasks or more is read in
         :data:`TREE_READ_PARTS` parts on as many connections at once (building ten
         thousand nodes' JSON is the cost, and it splits over the server's cores); each
-        part is its own snapshot, all taken after the cursor.
+        part is its own snapshot, all taken after the cursor. With ``summary`` the
+        nodes are in the summary shape (``task_tree_summary_nodes``: no payload, result
+        or verdict).
         """
         with self.engine.connect() as conn:
             last_event_id = int(conn.execute(_TEXT["task_event_max_id"]).scalar_one())
-            params = {"root_id": root_id, "under": under, "depth": depth}
+            params = {"root_id": root_id, "under": under, "depth": depth,
+                      "summary": summary}
             if under is not None:
-                rows = conn.execute(_TEXT["task_subtree_nodes"], params).all()
+                name = "task_subtree_summary_nodes" if summary else "task_subtree_nodes"
+                rows = conn.execute(_TEXT[name], params).all()
             else:
                 size = int(conn.execute(_TEXT["task_tree_size"], params).scalar_one())
                 parts = TREE_READ_PARTS if size >= PARALLEL_TREE_NODES else 1
@@ -146,8 +151,8 @@ class StoreReads:
         if conn is None:
             with self.engine.connect() as own:
                 return self._tree_part(own, params, part, parts)
-        return list(conn.execute(_TEXT["task_tree_nodes"],
-                                 {**params, "part": part, "parts": parts}).all())
+        name = "task_tree_summary_nodes" if params["summary"] else "task_tree_nodes"
+        return list(conn.execute(_TEXT[name], {**params, "part": part, "parts": parts}).all())
 
     def tree_changes(self, root_id: uuid.UUID, after: int, limit: int = 5000) -> list[Task]:
         """Transitions of a tree's tasks after ``task_events`` id ``after``, oldest first."""

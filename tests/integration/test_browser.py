@@ -7,6 +7,7 @@ not needed). Screenshots land in ``tests/artifacts/``.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import uuid
@@ -127,6 +128,15 @@ def test_the_tree_page_follows_a_tree_until_it_is_done(browser: Any, runtime: Ru
         assert "4 tasks (done 4)" in page.text_content("#totals")
         assert "Survey the market" in page.text_content("#goal")
         assert page.locator("button.resolve").count() == 0
+        # The tree came in its summary shape: a node's result is read when it is opened.
+        child = str(runtime.store.children(root)[0]["id"])
+        node = f'li.node[data-task-id="{child}"] > .extras'
+        assert page.locator(f"{node} > details[data-key='result-{child}']").count() == 0
+        page.click(f"{node} > details.more > summary")
+        result = page.wait_for_selector(f"{node} > details[data-key='result-{child}'][open] pre",
+                                        timeout=TIMEOUT_MS)
+        task = runtime.store.get(uuid.UUID(child))
+        assert json.loads(result.text_content() or "") == task["result"]
         page.screenshot(path=str(ARTIFACTS / "tree_done.png"), full_page=True)
         assert errors == []
         page.close()

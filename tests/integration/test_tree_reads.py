@@ -198,3 +198,99 @@ def test_a_big_tree_read_in_parts_equals_the_python_one(
     assert tree["totals"]["by_status"] == {"done": 1 + PARALLEL_TREE_NODES
                                            - PARALLEL_TREE_NODES // 3,
                                            "failed": PARALLEL_TREE_NODES // 3}
+
+
+SUMMARY_FIELDS = {
+    "id", "parent_id", "agent", "type", "status", "depth", "spent_tokens", "spent_usd",
+    "own_tokens", "own_usd", "duration_seconds", "goal", "has_result", "verdict_passed",
+    "verdict_score", "error", "route", "model", "children",
+}
+#: The summary's fields taken as they are from the full shape.
+SHARED_FIELDS = SUMMARY_FIELDS - {"goal", "has_result", "verdict_passed", "verdict_score",
+                                  "error", "children"}
+
+
+def walk(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node["children"]:
+        yield from walk(child)
+
+
+def check_summary(summary: dict[str, Any], full: dict[str, Any]) -> None:
+    """Every summary node is its full node's summary, in the same places."""
+    assert summary["totals"] == full["totals"]
+    pairs = list(zip(walk(summary), walk(full), strict=True))
+    for small, whole in pairs:
+        assert set(small) - {"totals"} == SUMMARY_FIELDS, set(small) ^ SUMMARY_FIELDS
+        assert {k: small[k] for k in SHARED_FIELDS} == {k: whole[k] for k in SHARED_FIELDS}
+        goal = (whole["payload"] or {}).get("goal")
+        assert small["goal"] == (goal[:200] if isinstance(goal, str) else goal)
+        assert small["has_result"] is (whole["result"] is not None)
+        verdict = whole["verdict"] or {}
+        assert (small["verdict_passed"], small["verdict_score"]) == (
+            verdict.get("passed"), verdict.get("score"))
+        assert small["error"] == (whole["error"][:500] if whole["error"] else None)
+        assert [c["id"] for c in small["children"]] == [c["id"] for c in whole["children"]]
+
+
+def test_the_summary_shape_is_the_tree_without_what_agents_wrote(client: TestClient,
+                                                                 store: Store) -> None:
+    tree = build_timed_tree(store, leads=3, writers=4)
+    lead, writer = tree.ids["lead-1"], tree.ids["writer-1-2"]
+    with store.transaction() as conn:  # a long goal, a long error, a verdict, no result
+        conn.execute(sa.text(
+            "UPDATE tasks SET payload = CAST(:p AS jsonb), error = :e, "
+            "verdict = CAST(:v AS jsonb) WHERE id = :id"),
+            {"id": lead, "p": json.dumps({"goal": "é \"q\" " * 60, "context": "x" * 900}),
+             "e": "bad \"quote\" ✓\n" * 80,
+             "v": json.dumps({"passed": False, "score": 0.25, "reasons": ["thin"]})})
+        conn.execute(sa.text("UPDATE tasks SET result = NULL, payload = '{}' WHERE id = :id"),
+                     {"id": writer})
+    full = client.get(f"/trees/{tree.root}")
+    assert full.json() == client.get(f"/trees/{tree.root}", params={"fields": "full"}).json()
+    response = client.get(f"/trees/{tree.root}", params={"fields": "summary"})
+    assert response.status_code == 200, response.text
+    assert int(response.headers["x-orgchart-last-event"]) > 0
+    summary = response.json()
+    check_summary(summary, full.json())
+    nodes = {n["id"]: n for n in walk(summary)}
+    assert len(nodes[str(lead)]["goal"]) == 200 and len(nodes[str(lead)]["error"]) == 500
+    assert nodes[str(lead)]["verdict_passed"] is False
+    assert nodes[str(writer)]["has_result"] is False and nodes[str(writer)]["goal"] is None
+    # a subtree, and a depth, in the summary shape
+    sub = client.get(f"/trees/{tree.root}", params={"under": str(lead), "fields": "summary"})
+    whole_sub = client.get(f"/trees/{tree.root}", params={"under": str(lead)})
+    check_summary(sub.json(), whole_sub.json())
+    top = client.get(f"/trees/{tree.root}", params={"depth": 1, "fields": "summary"}).json()
+    assert top["totals"]["tasks"] == 4 and all(c["children"] == [] for c in top["children"])
+
+
+def test_a_big_tree_in_the_summary_shape_is_read_in_parts(store: Store) -> None:
+    root = uuid.uuid4()
+    with store.transaction() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO tasks (id, root_id, to_agent, type, payload, status, depth) "
+            "VALUES (:r, :r, 'ceo', 'goal', '{\"goal\": \"big\"}', 'done', 0)"), {"r": root})
+        conn.execute(sa.text(
+            "INSERT INTO tasks (id, parent_id, root_id, to_agent, type, payload, status, "
+            "depth, result, verdict, idempotency_key) SELECT gen_random_uuid(), :r, :r, "
+            "'scout', 'task', jsonb_build_object('goal', 'leaf ' || i), 'done', 1, "
+            "jsonb_build_object('n', i), jsonb_build_object('passed', i % 2 = 0, 'score', i), "
+            "'k' || i FROM generate_series(1, :n) AS i"), {"r": root, "n": PARALLEL_TREE_NODES})
+    summary = json.loads(tree_text(store, root, fields="summary")[0])
+    check_summary(summary, json.loads(tree_text(store, root)[0]))
+    assert summary["totals"]["tasks"] == PARALLEL_TREE_NODES + 1
+
+
+@pytest.mark.parametrize("value", ["Summary", "payload", "", "full,summary"])
+def test_an_unknown_fields_value_is_422_and_names_the_choices(client: TestClient,
+                                                              store: Store,
+                                                              value: str) -> None:
+    tree = build_timed_tree(store, leads=1, writers=1)
+    response = client.get(f"/trees/{tree.root}", params={"fields": value})
+    assert response.status_code == 422, response.text
+    assert "summary" in response.text
+    from runtime.errors import BadInput
+
+    with pytest.raises(BadInput, match="fields must be one of full, summary"):
+        tree_text(store, tree.root, fields=value)

@@ -69,6 +69,7 @@
   }
 
   function goalOf(task) {
+    if (typeof task.goal === "string") return task.goal; // the tree's summary shape
     const payload = task.payload || {};
     return typeof payload.goal === "string" ? payload.goal : "";
   }
@@ -119,7 +120,15 @@
 
   // ------------------------------------------------------------------ tree page
   const state = { rootId: null, lastText: null, timer: null, tree: null, nodes: new Map(),
-                  cursor: 0, polls: 0, finalRead: false };
+                  cursor: 0, polls: 0, finalRead: false, details: new Map(), rootGoal: null };
+
+  // The tree is read in its summary shape (no payload, result or verdict reasons); a
+  // node's whole row is read with GET /tasks/{id} when its details are opened.
+  function verdictOf(node) {
+    if (node.verdict) return node.verdict;
+    if (node.verdict_passed === undefined || node.verdict_passed === null) return null;
+    return { passed: node.verdict_passed, score: node.verdict_score };
+  }
 
   function verdictText(verdict) {
     if (!verdict) return null;
@@ -158,8 +167,40 @@
     ]);
   }
 
+  function extras(node) {
+    const full = node.payload !== undefined ? node : state.details.get(node.id);
+    if (full) {
+      return el("div", { className: "extras" }, [
+        details("result-" + node.id, "result", full.result),
+        full.verdict && full.verdict.reasons && full.verdict.reasons.length
+          ? details("verdict-" + node.id, "verdict reasons", full.verdict.reasons) : null,
+        details("payload-" + node.id, "payload", full.payload),
+      ]);
+    }
+    const box = el("details", { className: "more", "data-key": "more-" + node.id }, [
+      el("summary", { text: node.has_result ? "result, payload" : "payload" }),
+    ]);
+    box.addEventListener("toggle", async () => {
+      if (!box.open || box.dataset.loading) return;
+      box.dataset.loading = "1";
+      try {
+        const task = await api("GET", "/tasks/" + node.id);
+        state.details.set(node.id, task);
+        box.parentElement.replaceWith(extras(node));
+        for (const d of document.querySelectorAll('li.node[data-task-id="' + node.id +
+            '"] > .extras > details')) d.open = true;
+      } catch (error) {
+        box.append(el("div", { className: "error", text: "could not read the task: " +
+          error.message }));
+        delete box.dataset.loading;
+      }
+    });
+    return el("div", { className: "extras" }, [box]);
+  }
+
   function renderNode(node) {
-    const verdict = verdictText(node.verdict);
+    const verdictValue = verdictOf(node);
+    const verdict = verdictText(verdictValue);
     const goal = node.parent_id ? goalOf(node) : ""; // the root's goal heads the page
     const line = el("div", { className: "line" }, [
       statusBadge(node.status),
@@ -170,7 +211,7 @@
         text: node.spent_tokens + " tok · " + usd(node.spent_usd) }),
       el("span", { className: "duration", text: seconds(node.duration_seconds) }),
       node.route ? el("span", { className: "route", text: node.route + ":" + node.model }) : null,
-      verdict ? el("span", { className: "verdict " + (node.verdict.passed ? "pass" : "fail"),
+      verdict ? el("span", { className: "verdict " + (verdictValue.passed ? "pass" : "fail"),
         text: verdict }) : null,
       el("code", { className: "id", title: node.id, text: node.id.slice(0, 8) }),
     ]);
@@ -180,12 +221,7 @@
       goal ? el("div", { className: "node-goal", text: goal }) : null,
       node.error ? el("div", { className: "error", text: node.error }) : null,
       actions(node),
-      el("div", { className: "extras" }, [
-        details("result-" + node.id, "result", node.result),
-        node.verdict && node.verdict.reasons && node.verdict.reasons.length
-          ? details("verdict-" + node.id, "verdict reasons", node.verdict.reasons) : null,
-        details("payload-" + node.id, "payload", node.payload),
-      ]),
+      extras(node),
       children.length ? childList(node, children) : null,
     ]);
   }
@@ -218,7 +254,14 @@
     const badge = document.getElementById("root-status");
     badge.textContent = tree.status;
     badge.dataset.status = tree.status;
-    document.getElementById("goal").textContent = goalOf(tree);
+    document.getElementById("goal").textContent = state.rootGoal || goalOf(tree);
+    if (!state.rootGoal && typeof tree.goal === "string" && tree.goal.length >= 200) {
+      // the summary cuts a goal at 200 characters: the page's heading reads it whole
+      api("GET", "/tasks/" + state.rootId).then((root) => {
+        state.rootGoal = (root.payload && root.payload.goal) || tree.goal;
+        document.getElementById("goal").textContent = state.rootGoal;
+      }).catch(() => {});
+    }
     const t = tree.totals || {};
     const byStatus = Object.entries(t.by_status || {})
       .sort()
@@ -240,7 +283,8 @@
   async function fetchTree() {
     const headers = { Accept: "application/json" };
     if (token) headers.Authorization = "Bearer " + token;
-    const response = await fetch("/trees/" + state.rootId, { headers: headers, cache: "no-store" });
+    const response = await fetch("/trees/" + state.rootId + "?fields=summary",
+      { headers: headers, cache: "no-store" });
     let data = null;
     try {
       data = await response.json();
@@ -268,14 +312,19 @@
     }
   }
 
+  // The summary shape has no created_at: nodes read whole come first (they are older
+  // than any child the change feed adds), in the order the server sent them.
   function byCreation(a, b) {
-    return a.created_at < b.created_at ? -1 : a.created_at > b.created_at ? 1
-      : a.id < b.id ? -1 : a.id > b.id ? 1 : 0;
+    const x = a.created_at || "";
+    const y = b.created_at || "";
+    if (!x || !y) return (x ? 1 : 0) - (y ? 1 : 0);
+    return x < y ? -1 : x > y ? 1 : a.id < b.id ? -1 : a.id > b.id ? 1 : 0;
   }
 
   // Patch changed tasks into the tree; false when one cannot be placed (read it all).
   function applyChanges(tasks) {
     for (const task of tasks) {
+      state.details.delete(task.id); // read again when opened
       const known = state.nodes.get(task.id);
       if (known) {
         for (const [key, value] of Object.entries(task)) {
