@@ -54,6 +54,10 @@ class StoreLedger:
             completion_tokens=int(row["completion_tokens"] or 0),
             tool_calls=row.get("tool_calls"))
 
+    def gate_calls(self, task_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, tuple[str | None, bool]]:
+        """For the model-call gate: each task's status and whether its tree is paused."""
+        return {i: (g.status, g.paused) for i, g in self.store.gate_calls(task_ids).items()}
+
     def step_begin(self, begin: StepBegin) -> StepRecord | None:
         """Record a durable step as started, or return its finished record (fenced)."""
         return self.store.step_begin(begin)

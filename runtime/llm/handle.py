@@ -17,7 +17,8 @@ waits):
 4. checks the budget before each request: spent + estimated prompt tokens + ``max_tokens``
    must fit ``budget_tokens`` and ``budget_usd`` (``max_tokens`` shrinks to what is left;
    below :data:`MIN_COMPLETION_TOKENS` -> :class:`~runtime.errors.BudgetExceeded`);
-5. sends it, at most ``[ollama] max_parallel`` at once per server and model; transient
+5. sends it, at most ``[ollama] max_parallel`` at once per server and model, once the
+   start gate (:mod:`runtime.llm.gate`) says its task is not cancelled nor paused; transient
    failures are retried in the call (``[llm] call_retries``, backoff with full jitter,
    ``Retry-After`` honoured, a 503 waits its turn); a bad structured reply is asked again
    with its error appended to the conversation (``[llm] output_retries``);
@@ -54,6 +55,7 @@ from runtime.config import Settings
 from runtime.errors import BadInput, BudgetExceeded, LeaseLost, TransientModelError, UnknownPrice
 from runtime.llm.backends.choice import build_backend
 from runtime.llm.backends.offline import OfflineBackend
+from runtime.llm.gate import CallGate
 from runtime.llm.ledger import CallLedger, RecordedCall
 from runtime.llm.loop import CallLoop
 from runtime.llm.reply import (
@@ -171,6 +173,8 @@ class LLMFactory:
         self.offline = _is_offline(backend)
         self.announcement = announcement or f"using the {backend.name} backend"
         self.calls = CallLoop()
+        #: The start gate of every request: cancelled tasks and paused trees (gate.py).
+        self.gate = CallGate(getattr(ledger, "gate_calls", None), self.in_ledger)
         # The ledger's blocking reads run here, not in asyncio's default executor (a few
         # threads per core): a thousand calls in flight each look up their record.
         self._ledger_pool = ThreadPoolExecutor(max_workers=LEDGER_THREADS,
@@ -517,9 +521,10 @@ class TaskLLM:
         charged_tokens, charged_usd = 0, Decimal(0)
         try:
             try:
-                async with self._factory.slot(route):
-                    reply = await self._backend.achat(route.model, conversation, json_schema,
-                                                      allowed, route=route.route, think=think)
+                reply = await self._factory.gate.send(  # cancelled? paused? (gate.py)
+                    self.task_id, self._factory.slot(route),
+                    lambda: self._backend.achat(route.model, conversation, json_schema,
+                                                allowed, route=route.route, think=think))
                 data = _validated(reply, model_cls)
             except Exception as exc:
                 spent = exc.reply if isinstance(exc, BadModelReply) else None

@@ -604,6 +604,9 @@ WITH late AS (
     SELECT id
     FROM tasks
     WHERE status = 'running' AND deadline_at < now()
+      -- A paused tree's tasks are not timed out while paused (resume moves their
+      -- deadlines on by the pause: tree_pause_delete).
+      AND NOT EXISTS (SELECT 1 FROM tree_pauses z WHERE z.root_id = tasks.root_id)
     ORDER BY deadline_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED

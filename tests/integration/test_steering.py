@@ -318,3 +318,15 @@ def test_rejecting_the_last_child_fans_in_its_parent(store: Store) -> None:
     root, kids = parent_with_children(store, 1)
     out = store.reject(kids[0]["id"], note="no")
     assert out.parents_ready == (root["id"],)
+
+
+def test_the_watchdog_spares_a_paused_tree(store: Store) -> None:
+    from tests.factories import backdate_claims
+
+    root, _ = parent_with_children(store, 1)
+    row = store.claim(["echo"], 1, "w", 30)[0]
+    store.pause(root["id"])
+    backdate_claims(store, 3600)
+    assert store.time_out().failed == 0
+    store.resume(root["id"])
+    assert store.get(row.id)["status"] == "running"

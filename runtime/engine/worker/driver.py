@@ -26,6 +26,7 @@ from runtime.engine.worker.listener import Listener, NotifierFactory
 from runtime.engine.worker.scheduler import Scheduler
 from runtime.engine.worker.state import DbHealth, Held, InFlight, Wake
 from runtime.engine.worker.steps import Steps
+from runtime.engine.worker.stopper import CANCEL_NOTE, StopWatcher
 from runtime.store.notify import TaskChannel
 from runtime.store.store import Store
 
@@ -64,11 +65,16 @@ class Worker:
         self.leases = LeaseKeeper(store, self.held, config.lease_seconds, health)
         self.scheduler = Scheduler(self.steps, self.agents, config, self.held, self.wake,
                                    health, self._stopping, self.stop)
+        # Cancelled tasks stop within a second: polled, and poked by the heartbeat (a lease
+        # gone) and by the cancel's notification.
+        self.stopper = StopWatcher(store, self.held,
+                                   getattr(executor.llm_factory, "gate", None), health)
+        self.leases.on_lost(lambda _lost: self.stopper.poke())
         self.listener: Listener | None = None
         if config.listen:
             self.listener = Listener(notifier or (lambda: TaskChannel.open(store.engine)),
-                                     config.notifications, self._noted, self.wake,
-                                     self._stopping)
+                                     config.notifications | {CANCEL_NOTE}, self._noted,
+                                     self.wake, self._stopping)
 
     @property
     def maintenance(self) -> Maintenance:
@@ -93,6 +99,9 @@ class Worker:
 
     def _noted(self, payload: str) -> None:
         """A notification for this worker: wake the claim loop (and the judge's claims)."""
+        if payload == CANCEL_NOTE:
+            self.stopper.poke()
+            return
         if payload == JUDGE:
             self.steps.judging_may_wait.set()
         self.wake()
@@ -127,6 +136,10 @@ class Worker:
         """Extend every lease held; flag tasks whose lease was lost. Returns how many held."""
         return self.leases.beat_once()
 
+    def stop_check_once(self) -> list[InFlight]:
+        """Stop the held tasks that were cancelled (their coroutines, their model calls)."""
+        return self.stopper.check_once()
+
     def maintain_once(self) -> bool:
         """One pass of the reaper, the watchdog and the fan-in sweeper; False when skipped."""
         return self.steps.maintain_once()
@@ -152,12 +165,14 @@ class Worker:
         if self.listener is not None:
             self.listener.start()
         beat = loop.create_task(self.leases.run(), name="heartbeat")
+        stops = loop.create_task(self.stopper.run(), name="stop-check")
         try:
             await self.scheduler.run()
         finally:
             self._stopping.set()
             beat.cancel()
-            await asyncio.gather(beat, return_exceptions=True)
+            stops.cancel()
+            await asyncio.gather(beat, stops, return_exceptions=True)
             detach = getattr(self.executor.llm_factory, "detach", None)
             if detach is not None:
                 await detach()
