@@ -270,8 +270,8 @@ class StreamTransport(httpx.AsyncBaseTransport):
             try:
                 await self._send(conn, data, write)
                 return conn, await self._read_head(conn, read)
-            except (_ClosedUnanswered, httpx.WriteError, httpx.ReadError):
-                conn.close()  # stale: the server had closed it
+            except (_ClosedUnanswered, httpx.WriteError):
+                conn.close()  # stale: the server had closed it (nothing was answered)
         conn = await self._connect(key, timeouts)
         try:
             await self._send(conn, data, write)
