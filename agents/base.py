@@ -23,6 +23,8 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import logging
 import uuid
 from dataclasses import dataclass
@@ -149,6 +151,15 @@ class AgentError(Exception):
     """An agent-level failure: the task ends ``failed`` with this message."""
 
 
+def source_version(cls: type) -> str:
+    """A short hash of a class's source (its qualified name when the source is unknown)."""
+    try:
+        text = inspect.getsource(cls)
+    except (OSError, TypeError):
+        text = f"{cls.__module__}.{cls.__qualname__}"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 class Agent:
     """Base class of every agent. Subclasses are registered by name when defined.
 
@@ -161,6 +172,9 @@ class Agent:
         prompts_dir: where ``ctx.prompt`` looks (default: the package's ``prompts/``);
             user agents point it at their own folder.
         register: set False on an abstract intermediate class.
+        version: what a re-run compares (``orgchart diff``); recorded on every task the
+            agent runs. Default: a short hash of the class's source, so editing the class
+            changes it; set it to name versions yourself.
     """
 
     name: ClassVar[str] = ""
@@ -172,9 +186,12 @@ class Agent:
     prompt_name: ClassVar[str | None] = None
     prompts_dir: ClassVar[Path | None] = None
     register: ClassVar[bool] = True
+    version: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if "version" not in cls.__dict__:
+            cls.version = source_version(cls)
         if cls.__dict__.get("register", True) and cls.__dict__.get("name"):
             from agents.registry import registry
 

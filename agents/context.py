@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -57,6 +58,11 @@ def load_prompt(name: str, prompts_dir: Path = PROMPTS_DIR) -> Template:
     return Template(path.read_text(encoding="utf-8"))
 
 
+def prompt_hash(text: str) -> str:
+    """A short hash of a prompt's text (what a re-run compares)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def render_prompt(name: str, prompts_dir: Path = PROMPTS_DIR, **variables: Any) -> str:
     """Render a prompt; a missing variable is an error naming it."""
     template = load_prompt(name, prompts_dir)
@@ -110,9 +116,14 @@ class AgentContext:
             raise RuntimeError("this context has no durable steps (give AgentContext steps=)")
         return steps
 
+    #: The prompts rendered so far: name -> a short hash of the file (recorded with the task).
+    prompt_hashes: dict[str, str] = field(default_factory=dict)
+
     def prompt(self, name: str, **variables: Any) -> str:
-        """Render ``prompts/<name>.md`` with ``$variables``."""
-        return render_prompt(name, self.prompts_dir, **variables)
+        """Render ``prompts/<name>.md`` with ``$variables`` (its hash is recorded)."""
+        text = render_prompt(name, self.prompts_dir, **variables)
+        self.prompt_hashes[name] = prompt_hash(load_prompt(name, self.prompts_dir).template)
+        return text
 
     @property
     def remaining_tokens(self) -> int:

@@ -78,6 +78,10 @@ def task_json(row: dict[str, Any]) -> dict[str, Any]:
         "kill_criteria": row.get("kill_criteria"),
         "retry_count": row.get("retry_count"),
         "delivery_count": row.get("delivery_count"),
+        "forked_from": _scalar(row.get("forked_from")),
+        "fork": row.get("fork"),
+        "agent_version": row.get("agent_version"),
+        "prompt_hashes": row.get("prompt_hashes"),
     }
 
 

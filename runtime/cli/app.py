@@ -18,7 +18,15 @@ from typing import Annotated, Any
 
 import typer
 
-from runtime.cli import configuration, inspection, models, ops, policies, running, steering
+from runtime.cli import (
+    configuration,
+    inspection,
+    models,
+    ops,
+    policies,
+    running,
+    steering,
+)
 from runtime.cli.common import handled
 
 app = typer.Typer(
@@ -42,6 +50,8 @@ COMMANDS: tuple[tuple[typer.Typer, str, Callable[..., Any]], ...] = (
     (app, "agents", running.agents),
     (app, "tree", inspection.tree),
     (app, "show", inspection.show),
+    (app, "fork", steering.fork),
+    (app, "diff", steering.diff),
     (app, "escalations", inspection.escalations),
     (app, "resolve", inspection.resolve),
     (app, "cancel", steering.cancel),

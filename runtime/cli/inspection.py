@@ -147,7 +147,13 @@ def _detail_fields(d: dict[str, Any]) -> Table:
         ("deliveries", f"{d['delivery_count']} (retries {d['retry_count']})"),
         ("created", str(d["created_at"])), ("started", str(d["started_at"] or "-")),
         ("completed", str(d["completed_at"] or "-")),
+        ("version", escape(str(d.get("agent_version") or "-"))),
+        ("prompts", escape(", ".join(f"{name} {digest}" for name, digest
+                                     in sorted((d.get("prompt_hashes") or {}).items())))
+         or "-"),
     ]
+    if d.get("forked_from"):
+        rows.append(("forked from", str(d["forked_from"])))
     if verdict:
         rows.append(("verdict", escape(json.dumps(verdict, default=str))))
     if d.get("error"):

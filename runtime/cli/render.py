@@ -44,7 +44,14 @@ def node_label(node: dict[str, Any]) -> Text:
 
 def render_tree(tree: dict[str, Any], max_nodes: int = 2000) -> Tree:
     """A rich Tree for a ``tree_json`` dict, totals in the root's label."""
-    root = Tree(node_label(tree))
+    label = node_label(tree)
+    if tree.get("forked_from"):
+        fork = tree.get("fork") or {}
+        label.append(f"  branch of {tree['forked_from']}"
+                     + (f" (at {str(fork['target'])[:8]})" if fork.get("target")
+                        and fork["target"] != tree["forked_from"] else "")
+                     + (f": {fork['note']}" if fork.get("note") else ""), style="magenta")
+    root = Tree(label)
     shown = 1
 
     def add(parent: Tree, node: dict[str, Any]) -> None:

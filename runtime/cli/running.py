@@ -167,16 +167,25 @@ def run(goal: str, options: GoalOptions, json_: JsonOpt = False,
             help="Most tasks held at once (default [worker] max_in_flight).")] = None,
         ) -> None:
     """Submit a goal and drain it in this process, drawing the tree live; print the result."""
-    from runtime.cli.render import render_tree
-    from runtime.views import TreeFollower, critical_path_summary
-
     runtime = _runtime(options.agents_module)
     from runtime.wiring import submit_root
 
     task, _ = submit_root(runtime.store,
                           options.new_task(runtime.registry, runtime.settings, goal), "cli",
                           runtime.settings.database.failover_timeout_seconds)
-    root_id = task["id"]
+    drain(runtime, task["id"], json_, timeout, max_in_flight)
+
+
+def drain(runtime: Any, root_id: Any, json_: bool, timeout: float,
+          max_in_flight: int | None) -> None:
+    """Run a worker in this process until the tree of ``root_id`` ends; print it.
+
+    The tree is drawn live on a terminal; the exit status is 1 when the root did not end
+    ``done`` (or is still running after ``timeout`` seconds).
+    """
+    from runtime.cli.render import render_tree
+    from runtime.views import TreeFollower, critical_path_summary
+
     worker = runtime.worker(poll_interval_seconds=0.2, maintenance_interval_seconds=0.5,
                             max_in_flight=max_in_flight)
     _install_stop_signals(worker.stop)

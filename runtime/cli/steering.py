@@ -1,22 +1,33 @@
-"""Steering a running tree: cancel, pause, resume, inbox, answer, approve, reject.
+"""Steering and sharing a tree: cancel, pause, resume, inbox, answer, approve, fork, diff.
+
+``reject`` is ``approve``'s opposite.
 
 Each command is one call of :class:`runtime.store.steering.StoreSteering` and prints
 what it did (``--json``: the shape of ``runtime.views.steer_json``, as the HTTP API
 answers). A no-op (cancelling a finished task, a second approve, pausing a paused tree)
 exits 0 and says so; an unknown task, a malformed id or an answer that does not fit its
 question exits 2 and changes nothing.
+
+``fork TASK_ID`` creates a branch, a new tree that re-runs TASK_ID's tree from its root
+with the overrides at TASK_ID (``--payload``, ``--agent``; ``--model`` also for its
+subtree); with none it is a re-run, which after a prompt file or an agent's code changed
+pays only for the calls whose requests changed. Bad overrides exit 2 and create nothing.
+``diff A B`` shows two trees side by side, task by task.
 """
 
 from __future__ import annotations
 
+import json
+from decimal import Decimal
 from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from runtime.cli.common import JsonOpt, opened_store, out, print_json
-from runtime.views import inbox_json, parse_task_id, steer_json
+from runtime.cli.common import JsonOpt, ModulesOpt, err, opened_store, out, print_json, settings
+from runtime.errors import BadInput
+from runtime.views import inbox_json, parse_task_id, steer_json, task_json
 from runtime.wiring import check_storable, parse_json_option
 
 NoteOpt = Annotated[str | None, typer.Option("--note", help="Why (kept in the history).")]
@@ -108,3 +119,89 @@ def reject(task_id: Annotated[str, typer.Argument(help="The task awaiting approv
     check_storable(note, "--note")
     with opened_store() as store:
         _say(store.reject(tid, note=note, actor=by), json_)
+
+
+def _payload(text: str | None) -> dict[str, object] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"--payload is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise BadInput(f"--payload must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def fork(
+    task_id: Annotated[str, typer.Argument(help="The task to fork at (a root: a re-run).")],
+    payload: Annotated[str | None, typer.Option(
+        help="The task's new payload (JSON object, checked against the agent's schema).")]
+    = None,
+    agent: Annotated[str | None, typer.Option(help="Run the task with this agent.")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="The model of the task's calls and its subtree's (one with a price).")] = None,
+    note: Annotated[str | None, typer.Option(help="Why (kept in the branch's history).")]
+    = None,
+    budget_tokens: Annotated[int | None, typer.Option(
+        help="The branch's token budget (default: the original root's).")] = None,
+    budget_usd: Annotated[str | None, typer.Option(
+        help="The branch's USD budget (default: the original root's).")] = None,
+    run: Annotated[bool, typer.Option(
+        "--run", help="Drain the branch in this process, as 'orgchart run' does.")] = False,
+    timeout: Annotated[float, typer.Option(help="With --run: give up after seconds.")] = 600,
+    agents_module: ModulesOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Fork a tree: a new tree re-runs it from its root, with overrides at TASK_ID."""
+    from runtime.forks.branch import fork as fork_tree
+    from runtime.wiring import load_registry, open_store
+
+    tid = parse_task_id(task_id)
+    usd = None
+    if budget_usd is not None:
+        try:
+            usd = Decimal(budget_usd)
+        except ArithmeticError:
+            raise BadInput(f"--budget-usd {budget_usd!r} is not a number") from None
+    config = settings()
+    if run:
+        from runtime.cli.running import _runtime, drain
+
+        runtime = _runtime(agents_module)
+        store, registry = runtime.store, runtime.registry
+    else:
+        store, registry = open_store(config), load_registry(config, agents_module or [])
+    branch = fork_tree(store, registry, config, tid, actor="cli", payload=_payload(payload),
+                       agent=agent, model=model, note=note, budget_tokens=budget_tokens,
+                       budget_usd=usd)
+    if run:
+        err.print(f"branch {branch['id']} of {branch['forked_from']}", style="dim",
+                  markup=False, highlight=False)
+        drain(runtime, branch["id"], json_, timeout, None)
+        return
+    if json_:
+        print_json({**task_json(branch), "created": True})
+    else:
+        out.print(str(branch["id"]), highlight=False)
+        err.print(f"branch of {branch['forked_from']}; compare with: orgchart diff "
+                  f"{branch['forked_from']} {branch['id']}", style="dim", markup=False,
+                  highlight=False)
+
+
+def diff(
+    root_a: Annotated[str, typer.Argument(help="The first tree's root id.")],
+    root_b: Annotated[str, typer.Argument(help="The second tree's root id.")],
+    json_: JsonOpt = False,
+) -> None:
+    """Compare two trees task by task (paired by path of child keys)."""
+    from runtime.forks.diff import diff_lines, diff_trees
+
+    a, b = parse_task_id(root_a, "root id"), parse_task_id(root_b, "root id")
+    with opened_store() as store:
+        result = diff_trees(store, a, b)
+    if json_:
+        print_json(result)
+        return
+    for line in diff_lines(result):
+        out.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -16,6 +16,7 @@ exceptions end ``failed``; ``BudgetExceeded`` ends ``failed`` with ``budget: ...
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import inspect
 import logging
@@ -98,6 +99,8 @@ class DelegateAction:
     lease_token: uuid.UUID
     children: list[ChildRow]
     detail: str
+    #: What ran (:attr:`runtime.store.rows.RunOutcome.stamp`).
+    stamp: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,14 @@ def _reads_children(started: _Started) -> bool:
             or "max_child_failures" in (started.row.kill_criteria or {}))
 
 
+def _stamped(started: _Started, action: Action) -> Action:
+    """The action with what ran: the agent's version and the prompts it rendered."""
+    if isinstance(action, RunOutcome | DelegateAction) and action.stamp is None:
+        stamp = {"version": started.cls.version, "prompts": dict(started.ctx.prompt_hashes)}
+        return dataclasses.replace(action, stamp=stamp)
+    return action
+
+
 def _typed(row: TaskRow | dict[str, Any]) -> TaskRow:
     """The engine works on typed rows; a mapping (a test, a caller by hand) is typed here."""
     return row if isinstance(row, TaskRow) else TaskRow.from_mapping(row)
@@ -230,9 +241,9 @@ class Executor:
             decision = self._call(started, children)
             if inspect.isawaitable(decision):
                 decision = asyncio.run(_awaited(decision))
-            return self._decide(started, decision, children)
+            return _stamped(started, self._decide(started, decision, children))
         except Exception as exc:
-            return self._failed(started, exc)
+            return _stamped(started, self._failed(started, exc))
 
     async def aexecute(self, row: TaskRow, lease_lost: threading.Event,
                        blocking: Callable[..., Awaitable[Any]]) -> Action:
@@ -254,9 +265,9 @@ class Executor:
             decision = self._call(started, children)
             if inspect.isawaitable(decision):
                 decision = await decision
-            return self._decide(started, decision, children)
+            return _stamped(started, self._decide(started, decision, children))
         except Exception as exc:
-            return self._failed(started, exc)
+            return _stamped(started, self._failed(started, exc))
 
     def _start(self, row: TaskRow, lease_lost: threading.Event) -> _Started | RunOutcome:
         """Resolve the agent, check the input, build the context (no database, no model)."""

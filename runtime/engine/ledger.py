@@ -41,9 +41,18 @@ class StoreLedger:
         return await asyncio.to_thread(self.store.charge, charge)
 
     def recorded_call(self, task_id: uuid.UUID, phase: str, position: str,
-                      request_hashes: Sequence[str]) -> RecordedCall | None:
-        """The task's recorded successful reply at ``(phase, position)`` for these hashes."""
-        row = self.store.recorded_call(task_id, phase, position, list(request_hashes))
+                      request_hashes: Sequence[str],
+                      counterpart: uuid.UUID | None = None) -> RecordedCall | None:
+        """The task's recorded successful reply at ``(phase, position)`` for these hashes.
+
+        With a ``counterpart`` (a fork's branch), the counterpart's reply when the task has
+        none of its own (one statement).
+        """
+        if counterpart is not None:
+            row = self.store.recorded_call_or_counterpart(task_id, counterpart, phase,
+                                                          position, list(request_hashes))
+        else:
+            row = self.store.recorded_call(task_id, phase, position, list(request_hashes))
         if row is None:
             return None
         return RecordedCall(

@@ -6,7 +6,9 @@ Endpoints (all JSON; shapes from :mod:`runtime.views`, documented in ``docs/api.
 - ``GET /tasks/{id}``, ``GET /trees/{root_id}`` (``?under=&depth=``, ``/events``,
   ``/timeline``), ``GET /roots``, ``GET /escalations``, ``POST /tasks/{id}/resolve``;
 - ``GET /metrics``, ``GET /healthz``; OpenAPI at ``/docs``; ``GET /`` and ``/ui/trees/{id}``;
-  steering (cancel, pause, inbox, answers, approvals): ``runtime/http/steering.py``.
+  steering (cancel, pause, inbox, answers, approvals): ``runtime/http/steering.py``;
+  forks and diffs (fork, branches, ``GET /diff/{a}/{b}``, ``/ui/diff/{a}/{b}``):
+  ``runtime/http/forks.py``.
 
 Errors are always ``{"error": "<message>"}``: 401 without the bearer token (when
 ``ORGCHART_API_TOKEN`` is set), 404 for a missing task, 409 for a conflicting idempotency
@@ -25,6 +27,7 @@ import os
 import threading
 import urllib.parse
 import uuid
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -43,6 +46,8 @@ from agents.tasks import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_
 from runtime.config import Settings
 from runtime.errors import BadInput
 from runtime.http.auth import API_TOKEN_ENV
+from runtime.http.forks import add_fork_routes
+from runtime.http.messages import validation_message
 from runtime.http.steering import add_steering_routes
 from runtime.store.db import DatabaseUnavailable
 from runtime.store.rows import IdempotencyConflict, NotFound, ResolveRefused
@@ -63,7 +68,8 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1_000_000
 WEB_DIR = Path(__file__).with_name("web")
 #: Static files the pages load (a whitelist: nothing else in ``web/`` is served).
-STATIC_FILES = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
+STATIC_FILES = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8",
+                "diff.js": "text/javascript; charset=utf-8"}
 #: Paths where ``?token=`` is accepted instead of the header (a browser cannot set it).
 _PAGE_PREFIXES = ("/ui/", "/docs", "/openapi.json")
 _PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -124,38 +130,6 @@ async def _send_error(send: Send, status: int, message: str,
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _validation_message(exc: RequestValidationError) -> str:
-    """One readable line per problem: where it is and what is wrong."""
-    parts: list[str] = []
-    for e in exc.errors()[:5]:
-        loc = [str(p) for p in e.get("loc", ())]
-        kind, field = (loc[0], ".".join(loc[1:])) if loc else ("request", "")
-        where = f"{kind}.{field}" if field else kind
-        typ = e.get("type", "")
-        if typ == "json_invalid":
-            parts.append(f"the body is not valid JSON: {e.get('ctx', {}).get('error', '')}")
-        elif not field and kind == "body" and isinstance(e.get("input"), bytes | bytearray):
-            parts.append("the body must be a JSON object sent with "
-                         "Content-Type: application/json")
-        elif typ == "missing" and not field:
-            parts.append(f"the {kind} is missing")
-        elif typ == "missing":
-            parts.append(f"{kind}: missing field {field!r}")
-        elif typ == "extra_forbidden":
-            parts.append(f"{kind}: unknown field {field!r}")
-        elif typ == "uuid_parsing":
-            parts.append(f"{field.replace('_', ' ')} {_short(e.get('input'))} is not a UUID")
-        else:
-            parts.append(f"{where}: {e.get('msg', 'invalid')}"
-                         + (f" (got {_short(e['input'])})" if "input" in e and field else ""))
-    return "; ".join(parts) or "the request is malformed"
 
 
 # ---------------------------------------------------------------------- middleware
@@ -260,13 +234,13 @@ def create_app(store: Store | None = None, settings: Settings | None = None,
         _document_bearer(app)
     _add_api_routes(app, store, settings, registry)
     add_steering_routes(app, store)
-    _add_pages(app)
+    add_fork_routes(app, store, settings, registry, _add_pages(app))
     return app
 
 
 def _add_error_handlers(app: FastAPI) -> None:
     async def validation(_: Request, exc: RequestValidationError) -> Response:
-        return _error(422, _validation_message(exc))
+        return _error(422, validation_message(exc))
 
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         message = str(exc.detail)
@@ -468,7 +442,9 @@ def _page(name: str, token_query: str, **values: str) -> str:
     return text
 
 
-def _add_pages(app: FastAPI) -> None:
+def _add_pages(app: FastAPI) -> Callable[..., HTMLResponse]:
+    """Add the pages; return ``page(name, request, **values)`` for pages added elsewhere."""
+
     def token_query(request: Request) -> str:
         token = request.query_params.get("token")
         return "?" + urllib.parse.urlencode({"token": token}) if token else ""
@@ -498,3 +474,6 @@ def _add_pages(app: FastAPI) -> None:
     def docs(request: Request) -> HTMLResponse:
         return get_swagger_ui_html(openapi_url="/openapi.json" + token_query(request),
                                    title="orgchart API")
+
+    return lambda name, request, **values: html_page(_page(name, token_query(request),
+                                                           **values))

@@ -286,6 +286,12 @@ class TaskLLM:
         # The claim says whether replies of this phase are on record; when none are, no
         # call of this delivery looks one up (until this delivery records one itself).
         self._may_replay = bool(task_row.get("recorded_calls", True))
+        # A fork's branch task: its counterpart's record answers the calls it repeats, and
+        # the fork may have set the model of its calls (docs/writing-agents.md).
+        self._counterpart: uuid.UUID | None = task_row.get("forked_from")
+        self._model_override: str | None = task_row.get("model_override")
+        if self._counterpart is not None:
+            self._may_replay = True
         budget_tokens = task_row.get("budget_tokens")
         budget_usd = task_row.get("budget_usd")
         self.budget_tokens = int(DEFAULT_BUDGET_TOKENS if budget_tokens is None
@@ -407,10 +413,15 @@ class TaskLLM:
         hashes: dict[str, str] = {}
         if settings.llm.durable and settings.llm.record and self._may_replay:
             # Either route may have answered before: look for a reply to either model.
+            models = ((self._model_override,) if self._model_override
+                      else (settings.models.local, settings.models.cloud))
             hashes = {model: request_hash(model, messages, json_schema, asked, think)
-                      for model in (settings.models.local, settings.models.cloud)}
-            recorded = await self._factory.in_ledger(self._ledger.recorded_call, self.task_id,
-                                               self.phase, position, sorted(set(hashes.values())))
+                      for model in models}
+            lookup: tuple[Any, ...] = (self.task_id, self.phase, position,
+                                       sorted(set(hashes.values())))
+            if self._counterpart is not None:
+                lookup = (*lookup, self._counterpart)
+            recorded = await self._factory.in_ledger(self._ledger.recorded_call, *lookup)
             if recorded is not None:
                 replayed = await self._replayed(recorded, prompt, system, json_schema,
                                                 model_cls, call_index, position)
@@ -418,6 +429,9 @@ class TaskLLM:
                     return replayed
         depth = await self._factory.pending_depth()
         route = decide_route(prompt, depth, settings)
+        if self._model_override:
+            route = Route(route.route, self._model_override,
+                          f"{route.reason}; model {self._model_override} set by a fork")
         price = settings.cost.price_for(route.route, route.model)
         if price is None:
             raise UnknownPrice(

@@ -53,11 +53,14 @@ class CallLedger(Protocol):
         ...
 
     def recorded_call(self, task_id: uuid.UUID, phase: str, position: str,
-                      request_hashes: Sequence[str]) -> RecordedCall | None:
+                      request_hashes: Sequence[str],
+                      counterpart: uuid.UUID | None = None) -> RecordedCall | None:
         """The recorded successful reply at this position for one of these request hashes.
 
         Several hashes because the route (and so the model in the request) may differ from
-        one delivery to the next: the request is hashed once per candidate model.
+        one delivery to the next: the request is hashed once per candidate model. A task
+        of a fork's branch names its ``counterpart`` (the task it re-runs): the
+        counterpart's reply at the same position answers when the task has none itself.
         """
         ...
 

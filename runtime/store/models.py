@@ -136,6 +136,16 @@ class Task(Base):
     #: How much of spent_* has been added to the parent (rolled up at terminal statuses).
     rolled_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     rolled_usd: Mapped[money]
+    # --- forks and version stamps (migration 0007) ---
+    #: The counterpart this task re-runs: same path of child keys in the tree it came from.
+    forked_from: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    #: On a branch's root: the task the fork named and its overrides (payload, agent, model).
+    fork: Mapped[jsonb | None]
+    #: The model every call of this task uses (a fork's --model), inherited by its subtree.
+    model_override: Mapped[str | None] = mapped_column(Text)
+    #: The version of the agent that ran the task, and the hash of each prompt it rendered.
+    agent_version: Mapped[str | None] = mapped_column(Text)
+    prompt_hashes: Mapped[jsonb | None]
 
     __table_args__ = (
         CheckConstraint(f"status IN ({_quoted(STATUSES)})", name="status_valid"),
@@ -183,6 +193,9 @@ class Task(Base):
         # Fan-in reads children by parent; roots (most rows in a busy queue) stay out of it.
         Index("ix_tasks_parent_id_status", "parent_id", "status",
               postgresql_where=text("parent_id IS NOT NULL")),
+        # The branches of a root (roots only: a branch's children are found by tree).
+        Index("ix_tasks_forked_from", "forked_from",
+              postgresql_where=text("parent_id IS NULL AND forked_from IS NOT NULL")),
         Index(
             "uq_tasks_root_idempotency_key",
             "idempotency_key",

@@ -153,13 +153,18 @@ WHERE lease_token = ANY(CAST(:tokens AS uuid[])) AND id NOT IN (SELECT id FROM t
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(CAST(:batch AS jsonb))
         AS i(id uuid, token uuid, to_status text, result jsonb, error text,
-             delay double precision, detail text, verdict jsonb)
+             delay double precision, detail text, verdict jsonb, stamp jsonb)
 ), upd AS (
     UPDATE tasks t
     SET status = i.to_status,
         result = COALESCE(i.result, t.result),
         error = i.error,
         verdict = COALESCE(i.verdict, t.verdict),
+        -- What ran (the agent's version, the prompts it rendered, merged over phases).
+        agent_version = COALESCE(i.stamp->>'version', t.agent_version),
+        prompt_hashes = CASE WHEN i.stamp IS NULL THEN t.prompt_hashes
+                             ELSE COALESCE(t.prompt_hashes, '{}') || COALESCE(i.stamp->'prompts', '{}')
+                        END,
         lease_owner = NULL,
         lease_token = NULL,
         lease_expires_at = NULL,
@@ -310,9 +315,14 @@ SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
 -- idempotency_key), so a parent that runs again after a crash or a retry inserts only
 -- the children it does not have yet. Returns one row per parent that was moved, with
 -- the children inserted for it.
+-- In a branch (a fork's tree, docs/writing-agents.md), each child whose counterpart exists
+-- (the original parent's child with the same key) is linked to it by forked_from, and the
+-- child the fork named gets the fork's overrides (agent, type, payload, model); a child
+-- inherits its parent's model_override. Outside a branch p.forked_from is NULL and the
+-- two joins find nothing.
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(CAST(:batch AS jsonb))
-        AS i(id uuid, token uuid, detail text, children jsonb)
+        AS i(id uuid, token uuid, detail text, children jsonb, stamp jsonb)
 ), locked AS (
     SELECT t.id FROM tasks t JOIN input i ON i.id = t.id
     ORDER BY t.id
@@ -326,6 +336,10 @@ WITH input AS (
         delivery_count = 0,
         duration_seconds = t.duration_seconds
                            + extract(epoch FROM clock_timestamp() - t.claimed_at),
+        agent_version = COALESCE(i.stamp->>'version', t.agent_version),
+        prompt_hashes = CASE WHEN i.stamp IS NULL THEN t.prompt_hashes
+                             ELSE COALESCE(t.prompt_hashes, '{}') || COALESCE(i.stamp->'prompts', '{}')
+                        END,
         updated_at = now()
     FROM input i JOIN locked l ON l.id = i.id
     WHERE t.id = i.id AND t.status = 'running' AND t.lease_token = i.token
@@ -334,32 +348,47 @@ WITH input AS (
               -- set (a CASE runs its subquery only in the branch taken).
               CASE WHEN CAST(:approve_above_usd AS numeric) IS NULL THEN 0
                    ELSE (SELECT COALESCE(sum(m.cost_usd), 0) FROM model_calls m
-                         WHERE m.root_id = t.root_id) END AS tree_spend
+                         WHERE m.root_id = t.root_id) END AS tree_spend,
+              t.forked_from, t.model_override
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, 'running', 'waiting', :worker, detail FROM parent
 ), kids AS (
     INSERT INTO tasks (id, parent_id, root_id, from_agent, to_agent, type, payload,
                        success_criteria, kill_criteria, budget_tokens, budget_seconds,
-                       budget_usd, priority, idempotency_key, depth, created_at, status)
+                       budget_usd, priority, idempotency_key, depth, created_at, status,
+                       forked_from, model_override)
     -- clock_timestamp() keeps siblings in the order the agent listed them.
     -- The require_approval policy (issue 22) holds a child in 'awaiting_approval' when its
     -- agent is listed in :approval_agents, or when its budget would take the tree's spend
     -- past :approve_above_usd; a question to a person is never held.
-    SELECT c.id, p.id, p.root_id, p.to_agent, c.to_agent, c.type, c.payload,
+    SELECT c.id, p.id, p.root_id, p.to_agent, eff.to_agent,
+           CASE WHEN f.named THEN COALESCE(r.fork->>'type', c.type) ELSE c.type END,
+           CASE WHEN f.named AND r.fork ? 'payload' THEN r.fork->'payload' ELSE c.payload END,
            c.success_criteria, c.kill_criteria, c.budget_tokens, c.budget_seconds,
            c.budget_usd, COALESCE(c.priority, p.priority), c.key, p.depth + 1,
            clock_timestamp(),
-           CASE WHEN c.to_agent = 'human' THEN 'pending'
-                WHEN c.to_agent = ANY(CAST(:approval_agents AS text[]))
+           CASE WHEN eff.to_agent = 'human' THEN 'pending'
+                WHEN eff.to_agent = ANY(CAST(:approval_agents AS text[]))
                   OR p.tree_spend + c.budget_usd > CAST(:approve_above_usd AS numeric)
                 THEN 'awaiting_approval'
-                ELSE 'pending' END
+                ELSE 'pending' END,
+           o.id,
+           CASE WHEN f.named THEN COALESCE(r.fork->>'model', p.model_override)
+                ELSE p.model_override END
     FROM parent p
     CROSS JOIN LATERAL jsonb_to_recordset(p.children) AS c(
              id uuid, to_agent text, type text, payload jsonb, success_criteria jsonb,
              kill_criteria jsonb, budget_tokens int, budget_seconds int,
              budget_usd numeric, priority int, key text)
+    -- The counterpart: the original parent's child with the same key (unique index).
+    LEFT JOIN tasks o ON p.forked_from IS NOT NULL AND o.parent_id = p.forked_from
+                     AND o.idempotency_key = c.key
+    LEFT JOIN tasks r ON o.id IS NOT NULL AND r.id = p.root_id
+    CROSS JOIN LATERAL (SELECT COALESCE(o.id = CAST(r.fork->>'target' AS uuid), false)
+                        AS named) f
+    CROSS JOIN LATERAL (SELECT CASE WHEN f.named THEN COALESCE(r.fork->>'agent', c.to_agent)
+                                    ELSE c.to_agent END AS to_agent) eff
     ON CONFLICT (parent_id, idempotency_key)
         WHERE parent_id IS NOT NULL AND idempotency_key IS NOT NULL
     DO NOTHING
@@ -973,7 +1002,11 @@ concat('{"id":"', n.id, '","root_id":"', n.root_id,
                                    THEN COALESCE(to_json(n.idempotency_key)::text, 'null')
                                    ELSE 'null' END,
        ',"success_criteria":', COALESCE(n.success_criteria::text, 'null'),
-       ',"kill_criteria":', COALESCE(n.kill_criteria::text, 'null'), '}')
+       ',"kill_criteria":', COALESCE(n.kill_criteria::text, 'null'),
+       ',"forked_from":', COALESCE('"' || n.forked_from || '"', 'null'),
+       ',"fork":', COALESCE(n.fork::text, 'null'),
+       ',"agent_version":', COALESCE(to_json(n.agent_version)::text, 'null'),
+       ',"prompt_hashes":', COALESCE(n.prompt_hashes::text, 'null'), '}')
 
 -- task_tree_nodes --
 -- A whole tree (at most :depth levels below the root) as JSON text built in the database,
@@ -1009,7 +1042,8 @@ WHERE n.root_id = :root_id;  -- every task of the subtree is in the tree: root_i
 -- 1 KB a node in a real tree, most of a 10,000-task tree's bytes; GET /tasks/{id} reads
 -- them for one task) and without timestamps (to_char was a third of this read's time):
 -- ``goal`` (the payload's goal, at most 200 characters), ``has_result``, ``verdict_passed``
--- and ``verdict_score``; ``error`` is cut at 500 characters. Formatted as
+-- and ``verdict_score``; ``error`` is cut at 500 characters; ``forked_from`` (a fork's
+-- branch: the task it re-runs). Formatted as
 -- fragment_task_node_json formats the same fields.
 concat('{"id":"', n.id, '","parent_id":', COALESCE('"' || n.parent_id || '"', 'null'),
        ',"agent":', to_json(n.to_agent), ',"type":', to_json(n.type),
@@ -1023,7 +1057,8 @@ concat('{"id":"', n.id, '","parent_id":', COALESCE('"' || n.parent_id || '"', 'n
        ',"verdict_score":', COALESCE((n.verdict -> 'score')::text, 'null'),
        ',"error":', COALESCE(to_json(left(n.error, 500))::text, 'null'),
        ',"route":', COALESCE(to_json(n.route)::text, 'null'),
-       ',"model":', COALESCE(to_json(n.model)::text, 'null'), '}')
+       ',"model":', COALESCE(to_json(n.model)::text, 'null'),
+       ',"forked_from":', COALESCE('"' || n.forked_from || '"', 'null'), '}')
 
 -- task_tree_summary_nodes --
 -- task_tree_nodes in the summary shape (fragment_task_summary_json): the same rows, parts
@@ -1184,7 +1219,7 @@ FROM task_events WHERE task_id = ANY(CAST(:ids AS uuid[])) ORDER BY task_id, id;
 -- trace_list_model_calls --
 -- The model calls of the given tasks without prompts or responses (child spans).
 SELECT id, task_id, attempt, call_index, backend, route, model, prompt_tokens,
-       completion_tokens, duration_seconds, cost_usd, error, created_at
+       completion_tokens, duration_seconds, cost_usd, error, created_at, replayed
 FROM model_calls WHERE task_id = ANY(CAST(:ids AS uuid[])) ORDER BY task_id, id;
 
 -- trace_list_tree_ids --
@@ -1197,7 +1232,8 @@ SELECT id FROM tasks WHERE root_id = :root_id;
 -- 'waiting'), own (seconds in every phase but 'waiting'), queued (seconds pending or ready
 -- to aggregate); and the task's JSON for the page, in integer milliseconds from the root's
 -- creation: its phases ("segments": [kind, from, to], each lasting until the next
--- transition) and its model calls ("calls": [from, to]; a call's row is written when it
+-- transition) and its model calls ("calls": [from, to], or [from, to, 1] for a call
+-- served from the record; a call's row is written when it
 -- returns, so it ends at created_at). date_part gives float8: cheaper than numeric.
 WITH base AS (
     SELECT created_at AS t0, statement_timestamp() AS now FROM tasks WHERE id = :root_id
@@ -1235,6 +1271,8 @@ WITH base AS (
                       || round((date_part('epoch', c.created_at - b.t0) - c.duration_seconds)
                                * 1000)::bigint
                       || ',' || round(date_part('epoch', c.created_at - b.t0) * 1000)::bigint
+                      -- a call served from the record (a redelivery, a fork) ends in ,1
+                      || CASE WHEN c.replayed THEN ',1' ELSE '' END
                       || ']', ',' ORDER BY c.id) AS calls
     FROM tasks t
     CROSS JOIN LATERAL (  -- OFFSET 0 keeps it a per-task index lookup (not flattened)
@@ -1544,3 +1582,55 @@ SELECT count(*) FILTER (WHERE status = 'pending') AS questions,
 FROM tasks
 WHERE (status = 'awaiting_approval' OR (status = 'pending' AND to_agent = 'human'))
   AND created_at < now() - make_interval(secs => :seconds);
+-- ---------------------------------------------------------------------- forks
+-- A fork (docs/writing-agents.md, "Tuning a tree"): a branch is a new tree that re-runs
+-- an original tree from its root. Every model call of a branch task that asks exactly
+-- what its counterpart asked is served from the counterpart's record, charged zero.
+-- These statements only read the original tree: it is never written.
+
+-- task_insert_fork_root --
+-- Insert a branch's root (root_id = id, forked_from = the original root) and its event.
+WITH ins AS (
+    INSERT INTO tasks (id, root_id, from_agent, to_agent, type, hypothesis_id, payload,
+                       success_criteria, kill_criteria, budget_tokens, budget_seconds,
+                       budget_usd, priority, depth, forked_from, fork, model_override)
+    VALUES (:id, :id, :from_agent, :to_agent, :type, :hypothesis_id, CAST(:payload AS jsonb),
+            CAST(:success_criteria AS jsonb), CAST(:kill_criteria AS jsonb), :budget_tokens,
+            :budget_seconds, :budget_usd, :priority, 0, :forked_from, CAST(:fork AS jsonb),
+            :model_override)
+    RETURNING *
+), ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    SELECT id, NULL, 'pending', :actor, :detail FROM ins
+), notify AS (
+    SELECT pg_notify('{tasks_channel}', to_agent) FROM ins
+)
+SELECT ins.*, (SELECT count(*) FROM notify) AS notified FROM ins;
+
+-- model_call_get_recorded_or_counterpart --
+-- A branch task's recorded reply for one durable call: its own record first (a redelivery),
+-- else its counterpart's at the same phase, position and request. The counterpart's
+-- replayed rows count too (they hold the reply they were served): a branch of a branch
+-- replays through the branch in between.
+SELECT id, request_hash, response, thinking, model, route, backend, prompt_tokens,
+       completion_tokens
+FROM model_calls
+WHERE task_id IN (:task_id, :counterpart) AND phase = :phase AND position = :position
+  AND request_hash = ANY(CAST(:hashes AS text[]))
+  AND error IS NULL AND response IS NOT NULL
+  AND (task_id = :counterpart OR NOT replayed)
+ORDER BY task_id = :task_id DESC, id DESC
+LIMIT 1;
+
+-- model_call_count_by_task --
+-- Per task of one tree, the requests paid for and the calls served from the record.
+SELECT task_id, count(*) FILTER (WHERE NOT replayed) AS paid,
+       count(*) FILTER (WHERE replayed) AS replayed
+FROM model_calls WHERE root_id = :root_id
+GROUP BY task_id;
+
+-- task_list_forks_of_root --
+-- The branches forked from one root, oldest first.
+SELECT id, status, to_agent, fork, created_at, completed_at
+FROM tasks WHERE forked_from = :root_id AND parent_id IS NULL
+ORDER BY created_at;

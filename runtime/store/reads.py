@@ -179,6 +179,24 @@ class StoreReads:
                           position=position, hashes=list(hashes))
         return rows[0] if rows else None
 
+    def recorded_call_or_counterpart(self, task_id: uuid.UUID, counterpart: uuid.UUID,
+                                     phase: str, position: str,
+                                     hashes: Sequence[str]) -> Task | None:
+        """A fork's branch task's recorded reply: its own first, else its counterpart's."""
+        rows = self.query("model_call_get_recorded_or_counterpart", task_id=task_id,
+                          counterpart=counterpart, phase=phase, position=position,
+                          hashes=list(hashes))
+        return rows[0] if rows else None
+
+    def call_counts(self, root_id: uuid.UUID) -> dict[uuid.UUID, tuple[int, int]]:
+        """Per task of a tree: ``(requests paid for, calls served from the record)``."""
+        return {r["task_id"]: (int(r["paid"]), int(r["replayed"]))
+                for r in self.query("model_call_count_by_task", root_id=root_id)}
+
+    def forks_of(self, root_id: uuid.UUID) -> list[Task]:
+        """The branches forked from a root, oldest first."""
+        return self.query("task_list_forks_of_root", root_id=root_id)
+
     def escalations(self) -> list[Task]:
         """Return the escalation inbox, oldest first."""
         return self.query("task_list_escalated")

@@ -109,6 +109,10 @@ class TaskRow:
     model: str | None = None
     verdict: dict[str, Any] | None = None
     updated_at: dt.datetime | None = None
+    #: Forks (migration 0007): the counterpart this task re-runs in the tree it came from
+    #: (its recorded calls are replayed), and the model a fork set for its calls.
+    forked_from: uuid.UUID | None = None
+    model_override: str | None = None
     claimed_from: str | None = None
     #: From a claim: whether a durable model reply of the claimed phase is on record
     #: (True when unknown: the model layer then looks replies up call by call).
@@ -192,6 +196,30 @@ class NewTask:
 
 
 @dataclass(frozen=True)
+class NewBranch:
+    """A branch's root, ready to insert (built and validated by :mod:`runtime.forks`).
+
+    Attributes:
+        original: the original tree's root row (budgets, criteria, priority copied).
+        to_agent / type / payload: the root's (overridden when the fork names the root).
+        fork: what the fork changes: ``target`` (the task named), and optionally
+            ``payload``, ``agent``, ``type``, ``model``, ``note``.
+        model_override: the model of the root's calls (when the fork names the root).
+        budget_tokens / budget_usd: the branch's budget (default: the original root's).
+
+    """
+
+    original: dict[str, Any]
+    to_agent: str
+    type: str
+    payload: Any
+    fork: dict[str, Any]
+    model_override: str | None = None
+    budget_tokens: int | None = None
+    budget_usd: Decimal | None = None
+
+
+@dataclass(frozen=True)
 class ChildRow:
     """A child task to insert when a parent delegates (budgets already carved)."""
 
@@ -225,6 +253,8 @@ class RunOutcome:
     delay_seconds: float = 0.0
     detail: str | None = None
     verdict: dict[str, Any] | None = None
+    #: What ran: ``{"version": the agent's version, "prompts": {name: hash}}`` (or None).
+    stamp: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

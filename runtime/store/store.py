@@ -31,6 +31,7 @@ from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
 from runtime.store.rows import (
     IdempotencyConflict,
+    NewBranch,
     NewTask,
     NotFound,
     ResolveRefused,
@@ -116,6 +117,36 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
         if task["request_hash"] != request_hash:
             raise IdempotencyConflict(str(new.idempotency_key), task["id"])
         return task, False
+
+    def fork_root(self, branch: NewBranch, actor: str = "fork") -> Task:
+        """Insert a fork's branch root and its event in one statement; return the row.
+
+        The branch re-runs the original tree from its root (``forked_from`` is the
+        original root; ``fork`` says what changes where). The original is only read: its
+        budgets, criteria and priority are the branch's unless the branch names its own.
+        """
+        original = branch.original
+        note = branch.fork.get("note")
+        detail = f"forked from {original['id']}" + (f": {note}" if note else "")
+        with self.transaction() as conn:
+            rows = self._rows(
+                conn, "task_insert_fork_root", id=uuid.uuid4(),
+                from_agent=original.get("from_agent"), to_agent=branch.to_agent,
+                type=branch.type, hypothesis_id=original.get("hypothesis_id"),
+                payload=_dumps(branch.payload),
+                success_criteria=_json_or_none(original.get("success_criteria")),
+                kill_criteria=_json_or_none(original.get("kill_criteria")),
+                budget_tokens=(branch.budget_tokens if branch.budget_tokens is not None
+                               else original.get("budget_tokens")),
+                budget_seconds=original.get("budget_seconds"),
+                budget_usd=(branch.budget_usd if branch.budget_usd is not None
+                            else original.get("budget_usd")),
+                priority=original.get("priority"), forked_from=original["id"],
+                fork=_dumps(branch.fork), model_override=branch.model_override,
+                actor=actor, detail=detail)
+        task = rows[0]
+        task.pop("notified", None)
+        return task
 
     def submit_many(self, agent: str, type_: str, payloads: Sequence[dict[str, Any]],
                     priority: int = 5, actor: str = "submit") -> int:

@@ -31,6 +31,12 @@ from runtime.store.rows import (
 
 log = logging.getLogger(__name__)
 
+#: One delegation: ``(task_id, lease_token, children, detail)``, optionally ``+ (stamp,)``
+#: (what ran: the agent's version and the prompts it rendered).
+Delegation = (tuple[uuid.UUID, uuid.UUID, Sequence[ChildRow], str | None]
+              | tuple[uuid.UUID, uuid.UUID, Sequence[ChildRow], str | None,
+                      dict[str, Any] | None])
+
 
 class StoreWrites(StoreReads):
     """Outcomes of leased work (finish, delegate, retry children) and the fan-in they cause."""
@@ -50,7 +56,7 @@ class StoreWrites(StoreReads):
         return self._finish("task_finish_running", [
             {"id": o.task_id, "token": o.lease_token, "to_status": o.to_status,
              "result": o.result, "error": o.error, "delay": float(o.delay_seconds),
-             "detail": o.detail, "verdict": o.verdict}
+             "detail": o.detail, "verdict": o.verdict, "stamp": o.stamp}
             for o in outcomes
         ], outcomes, worker)
 
@@ -133,18 +139,19 @@ class StoreWrites(StoreReads):
 
     # ------------------------------------------------------------------ delegate
     def delegate(self, task_id: uuid.UUID, lease_token: uuid.UUID, children: Sequence[ChildRow],
-                 worker: str, detail: str | None = None) -> tuple[bool, int]:
+                 worker: str, detail: str | None = None,
+                 stamp: dict[str, Any] | None = None) -> tuple[bool, int]:
         """Move a leased running parent to ``waiting`` and insert its children atomically.
 
         Returns ``(applied, inserted)``: ``applied`` is False when the lease was gone
-        (nothing changed); ``inserted`` counts children that did not exist yet.
+        (nothing changed); ``inserted`` counts children that did not exist yet. ``stamp``
+        is what ran (:attr:`~runtime.store.rows.RunOutcome.stamp`).
         """
-        return self.delegate_many([(task_id, lease_token, children, detail)], worker)[0]
+        return self.delegate_many([(task_id, lease_token, children, detail, stamp)], worker)[0]
 
-    def delegate_many(self, delegations: Sequence[tuple[uuid.UUID, uuid.UUID, Sequence[ChildRow],
-                                                        str | None]],
+    def delegate_many(self, delegations: Sequence[Delegation],
                       worker: str) -> list[tuple[bool, int]]:
-        """Several delegations ``(task_id, lease_token, children, detail)``: one statement.
+        """Several delegations ``(task_id, lease_token, children, detail[, stamp])``.
 
         Each parent is guarded by its lease token as in :meth:`delegate`; the parents
         that moved are then checked for fan-in (a re-run parent may find every child
@@ -163,19 +170,21 @@ class StoreWrites(StoreReads):
                   "kill_criteria": c.kill_criteria, "budget_tokens": c.budget_tokens,
                   "budget_seconds": c.budget_seconds, "budget_usd": str(c.budget_usd),
                   "priority": c.priority, "key": c.key}
-                 for c in children]}
-            for task_id, token, children, detail in delegations
+                 for c in children],
+             "stamp": rest[0] if rest else None}
+            for task_id, token, children, detail, *rest in delegations
         ]
         with self.transaction() as conn:
             moved = {row.id: int(row.inserted) for row in conn.execute(
                 _TEXT["task_delegate_running_many"],
                 {"batch": canonical_json(batch), "worker": worker, **self.approval_params()})}
             self._fan_in(conn, set(moved), worker)
-        for task_id, _, _, _ in delegations:
+        ids = [d[0] for d in delegations]
+        for task_id in ids:
             if task_id not in moved:
                 log.warning("late delegation ignored: lease gone",
                             extra={"task_id": str(task_id)})
-        return [(task_id in moved, moved.get(task_id, 0)) for task_id, _, _, _ in delegations]
+        return [(task_id in moved, moved.get(task_id, 0)) for task_id in ids]
 
     def retry_children(self, task_id: uuid.UUID, lease_token: uuid.UUID,
                        child_ids: Sequence[uuid.UUID], worker: str,

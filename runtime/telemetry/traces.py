@@ -160,6 +160,8 @@ def _call_attributes(c: Mapping[str, Any]) -> dict[str, Any]:
         "orgchart.route": c["route"], "orgchart.cost_usd": _num(c["cost_usd"]),
         "orgchart.backend": c["backend"], "orgchart.attempt": int(c["attempt"]),
         "orgchart.call_index": int(c["call_index"]),
+        # Served from the record (a redelivery, or a fork's unchanged call): free.
+        "orgchart.replayed": bool(c.get("replayed")),
     }
     if c["error"]:
         attributes["error.type"] = str(c["error"])[:200]

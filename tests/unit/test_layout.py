@@ -47,11 +47,12 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "runtime.wiring": (*_CORE, "runtime.store", "runtime.engine", "runtime.llm",
                        "runtime.telemetry", "agents", "policies"),
     "runtime.fleet": (*_CORE, "runtime.store", "runtime.engine", "runtime.wiring"),
+    "runtime.forks": (*_CORE, "runtime.store", "runtime.views", "runtime.wiring", "agents"),
     "runtime.http": (*_CORE, "runtime.store", "runtime.telemetry", "runtime.views",
-                     "runtime.wiring", "agents", "policies"),
+                     "runtime.wiring", "runtime.forks", "agents", "policies"),
     "runtime.cli": (*_CORE, "runtime.store", "runtime.engine", "runtime.llm",
                     "runtime.telemetry", "runtime.fleet", "runtime.views", "runtime.wiring",
-                    "runtime.http", "agents", "policies"),
+                    "runtime.http", "runtime.forks", "agents", "policies"),
 }
 
 #: The only dynamic imports: each loads user modules named in configuration.

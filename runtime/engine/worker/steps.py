@@ -117,7 +117,7 @@ class Steps:
             return delegations
         try:
             done = self.store.delegate_many(
-                [(d.task_id, d.lease_token, d.children, d.detail) for d in delegations],
+                [(d.task_id, d.lease_token, d.children, d.detail, d.stamp) for d in delegations],
                 self.config.worker_id)
         except sa.exc.DataError:
             return delegations
@@ -130,7 +130,7 @@ class Steps:
         try:
             applied, _ = self.store.delegate(action.task_id, action.lease_token,
                                              action.children, self.config.worker_id,
-                                             action.detail)
+                                             action.detail, action.stamp)
         except sa.exc.DataError as exc:  # a child payload the database refuses
             self._write_batch([RunOutcome(
                 action.task_id, action.lease_token, "failed",

@@ -262,6 +262,7 @@
         document.getElementById("goal").textContent = state.rootGoal;
       }).catch(() => {});
     }
+    showOrigin(tree);
     const t = tree.totals || {};
     const byStatus = Object.entries(t.by_status || {})
       .sort()
@@ -271,6 +272,41 @@
       (t.tasks || 0) + " tasks (" + byStatus + ") · " + (t.spent_tokens || 0) + " tokens · " +
       usd(t.spent_usd) + " · " + seconds(t.duration_seconds) + " of work";
     document.title = "orgchart: " + tree.status + " " + (goalOf(tree) || state.rootId);
+  }
+
+  // A branch (orgchart fork) names the tree it came from; either side links to the diff.
+  function diffLink(a, b, text) {
+    return el("a", { href: "/ui/diff/" + a + "/" + b + tokenQuery, className: "diff-link",
+      text: text });
+  }
+
+  function showOrigin(tree) {
+    const origin = document.getElementById("origin");
+    if (tree.forked_from && origin.hidden) {
+      origin.replaceChildren("branch of ",
+        el("a", { href: "/ui/trees/" + tree.forked_from + tokenQuery,
+          text: tree.forked_from.slice(0, 8) }), " ",
+        diffLink(tree.forked_from, tree.id, "compare with the original"));
+      origin.hidden = false;
+      api("GET", "/tasks/" + tree.id).then((root) => {  // the note (the summary has none)
+        const note = root.fork && root.fork.note;
+        if (note) origin.insertBefore(document.createTextNode("(" + note + ") "),
+          origin.lastChild);
+      }).catch(() => {});
+    }
+    if (!state.branchesRead) {
+      state.branchesRead = true;
+      api("GET", "/tasks/" + tree.id + "/forks").then((branches) => {
+        if (!branches || !branches.length) return;
+        const box = document.getElementById("branches");
+        box.replaceChildren("branches: ");
+        for (const b of branches) {
+          box.append(el("a", { href: "/ui/trees/" + b.id + tokenQuery, text: b.id.slice(0, 8) }),
+            " ", statusBadge(b.status), diffLink(tree.id, b.id, "compare"), " ");
+        }
+        box.hidden = false;
+      }).catch(() => { state.branchesRead = false; });
+    }
   }
 
   // The page reads the whole tree once, then follows it by what changed
@@ -486,8 +522,10 @@
       track.append(bar("wf-seg seg-" + kind, a, b, total,
         kind + " " + (b - a).toFixed(2) + " s"));
     }
-    for (const [a, b] of t.calls) {
-      track.append(bar("wf-call", a, b, total, "model call " + (b - a).toFixed(2) + " s"));
+    for (const [a, b, replayed] of t.calls) {
+      track.append(replayed
+        ? bar("wf-call wf-replayed", a, b, total, "model call replayed from the record (free)")
+        : bar("wf-call", a, b, total, "model call " + (b - a).toFixed(2) + " s"));
     }
     return el("div", { className: "wf-row" + (t.critical ? " wf-critical" : ""),
       "data-task-id": t.id, "data-index": index, "data-status": t.status }, [label, track]);
