@@ -11,7 +11,8 @@ Callers: :meth:`ChargeWriter.charge` blocks the calling thread until its batch i
 (a sync ``ctx.llm.complete`` in an agent thread); :meth:`ChargeWriter.acharge` awaits it
 (an ``async`` model call on the worker's loop: a batch's results reach the loop with one
 wake-up, :class:`~runtime.engine.threads.LoopHandoff`, not one per charge). Both return
-what ``Store.charge`` returns.
+what ``Store.charge`` returns. Each charge is budget rule 5 (:mod:`runtime.budget`): a call
+is charged to its own task only, its cost from :func:`runtime.budget.call_cost`.
 
 Failure modes: while the database fails over (a broken connection, a read-only or
 shutting-down server: :func:`runtime.store.db.is_failover_error`), a batch is

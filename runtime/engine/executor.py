@@ -45,6 +45,7 @@ from agents.context import PROMPTS_DIR, AgentContext
 from agents.registry import InvalidInput, Registry, UnknownAgent
 from agents.tasks import ChildView, TaskView
 from policies.criteria import validate_criteria
+from runtime.budget import Ask, BudgetRefused, ChildSpend, TaskBudget, carve, check_retry
 from runtime.config import Settings
 from runtime.errors import (
     BadInput,
@@ -191,6 +192,27 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     return value
+
+
+def _left(parent: TaskView, llm: Any) -> tuple[int, Decimal]:
+    """What a parent has left to carve: its llm knows this run's spend and calls in flight."""
+    if hasattr(llm, "remaining_tokens"):
+        return int(llm.remaining_tokens()), Decimal(llm.remaining_usd())
+    return (parent.budget_tokens - parent.spent_tokens,
+            Decimal(parent.budget_usd) - Decimal(parent.spent_usd))
+
+
+def _check_retry_budget(parent: TaskView, llm: Any, child_ids: list[uuid.UUID],
+                        children: list[TaskRow]) -> None:
+    """Budget rule 2 (:func:`runtime.budget.check_retry`): retried children must fit."""
+    wanted = set(child_ids)
+    retried = [c for c in children if c.id in wanted]
+    try:
+        check_retry(*_left(parent, llm), [
+            ChildSpend(int(c.budget_tokens or 0), Decimal(c.budget_usd or 0),
+                       int(c.spent_tokens or 0), Decimal(c.spent_usd or 0)) for c in retried])
+    except BudgetRefused as exc:
+        raise DelegationRefused(str(exc)) from None
 
 
 def backoff_seconds(retry_count: int) -> float:
@@ -373,6 +395,7 @@ class Executor:
                 violation = self._check_reassignment(view, decision, children)
                 if violation is not None:
                     return outcome("escalated", error=str(violation))
+            _check_retry_budget(view, llm, decision.child_ids, children)
             what = (f"reassigned {len(decision.child_ids)} children to {decision.reassign_to}"
                     if decision.reassign_to else f"retried {len(decision.child_ids)} children")
             return RetryAction(view.id, row.lease, list(decision.child_ids),
@@ -406,11 +429,27 @@ class Executor:
         return self.policies.validate_delegation(view, specs)
 
     def _carve(self, parent: TaskView, specs: list[ChildSpec], llm: Any) -> list[ChildRow]:
-        """Carve children's budgets from what the parent has left (tree-wide budgets).
+        """Check the children; carve their budgets from what is left (budget rule 1)."""
+        self._check_children(specs)
+        left_tokens, left_usd = _left(parent, llm)
+        try:
+            grants = carve(left_tokens, left_usd, parent.budget_seconds,
+                           [Ask(s.key, s.budget_tokens, s.budget_usd, s.budget_seconds)
+                            for s in specs])
+        except BudgetRefused as exc:
+            raise DelegationRefused(str(exc)) from None
+        return [
+            ChildRow(
+                to_agent=s.agent,
+                type=s.type if s.type != "task" else self.registry.get(s.agent).types[0],
+                payload=_jsonable(s.payload), key=s.key, budget_tokens=g.tokens,
+                budget_seconds=g.seconds, budget_usd=g.usd, priority=s.priority,
+                success_criteria=s.success_criteria, kill_criteria=s.kill_criteria)
+            for s, g in zip(specs, grants, strict=True)
+        ]
 
-        Children that name a budget get it if it fits; the others share the rest evenly
-        with one share kept back for the parent's own ``aggregate``.
-        """
+    def _check_children(self, specs: list[ChildSpec]) -> None:
+        """Unique keys, known agents, valid payloads and criteria, or the delegation is refused."""
         keys = [s.key for s in specs]
         if len(set(keys)) != len(keys):
             raise DelegationRefused(f"child keys must be unique under a parent: {keys}")
@@ -420,63 +459,14 @@ class Executor:
                 validate_criteria(spec.success_criteria, spec.kill_criteria)
             except (UnknownAgent, InvalidInput, BadInput) as exc:
                 raise DelegationRefused(f"child {spec.key!r}: {exc}") from None
-        # The model calls this run made are already spent: ask the task's llm what is left.
-        if hasattr(llm, "remaining_tokens"):
-            left_tokens, left_usd = int(llm.remaining_tokens()), Decimal(llm.remaining_usd())
-        else:
-            left_tokens = parent.budget_tokens - parent.spent_tokens
-            left_usd = parent.budget_usd - parent.spent_usd
-        asked_tokens = sum(s.budget_tokens or 0 for s in specs)
-        asked_usd = sum((s.budget_usd or Decimal(0) for s in specs), Decimal(0))
-        for spec in specs:
-            for name, value in (("budget_tokens", spec.budget_tokens),
-                                ("budget_seconds", spec.budget_seconds),
-                                ("budget_usd", spec.budget_usd)):
-                if value is not None and value < 0:
-                    raise DelegationRefused(f"budget: child {spec.key!r} asks for {name}={value}")
-            if spec.budget_seconds is not None and spec.budget_seconds > parent.budget_seconds:
-                raise DelegationRefused(
-                    f"budget: child {spec.key!r} asks for {spec.budget_seconds}s, more than its "
-                    f"parent's budget_seconds={parent.budget_seconds}"
-                )
-        if asked_tokens > left_tokens:
-            raise DelegationRefused(
-                f"budget: children ask for {asked_tokens} tokens but only {left_tokens} remain"
-            )
-        if asked_usd > left_usd:
-            raise DelegationRefused(
-                f"budget: children ask for ${asked_usd} but only ${left_usd} remains"
-            )
-        open_specs = [s for s in specs if s.budget_tokens is None or s.budget_usd is None]
-        shares = len(open_specs) + 1
-        share_tokens = max(0, (left_tokens - asked_tokens) // shares)
-        share_usd = ((left_usd - asked_usd) / shares).quantize(Decimal("0.0001"),
-                                                               rounding="ROUND_DOWN")
-        return [
-            ChildRow(
-                to_agent=s.agent,
-                type=s.type if s.type != "task" else self.registry.get(s.agent).types[0],
-                payload=_jsonable(s.payload),
-                key=s.key,
-                budget_tokens=s.budget_tokens if s.budget_tokens is not None else share_tokens,
-                budget_seconds=(s.budget_seconds if s.budget_seconds is not None
-                                else parent.budget_seconds),
-                budget_usd=s.budget_usd if s.budget_usd is not None else max(share_usd,
-                                                                             Decimal(0)),
-                priority=s.priority,
-                success_criteria=s.success_criteria,
-                kill_criteria=s.kill_criteria,
-            )
-            for s in specs
-        ]
 
     def _judged_inline(self, row: TaskRow, result: Any, llm: Any,
                        children: list[TaskRow]) -> RunOutcome:
         """Judge a fresh result in the worker that produced it (no model, no database)."""
         snapshot = row.replace(result=result)
-        if hasattr(llm, "remaining_tokens"):
-            snapshot.spent_tokens = int(row.budget_tokens or 0) - llm.remaining_tokens()
-            snapshot.spent_usd = Decimal(row.budget_usd or 0) - llm.remaining_usd()
+        budget = getattr(llm, "budget", None)
+        if isinstance(budget, TaskBudget):  # this run's spend too, not only the claim's
+            snapshot.spent_tokens, snapshot.spent_usd = budget.spent_tokens, budget.spent_usd
         if row.claimed_at is not None:
             running = (dt.datetime.now(dt.UTC) - row.claimed_at).total_seconds()
             snapshot.duration_seconds = float(row.duration_seconds or 0) + running

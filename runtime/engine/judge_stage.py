@@ -31,6 +31,7 @@ from jsonschema.validators import validator_for
 from agents.judge import score_rubric
 from policies.builtin import json_path
 from policies.criteria import DEFAULT_THRESHOLD, parse_deadline, run_check, validate_criteria
+from runtime.budget import spend_hits
 from runtime.errors import BadInput, LeaseLost, UnknownPrice
 
 if TYPE_CHECKING:
@@ -71,21 +72,12 @@ def kill_hits(task: dict[str, Any], children: list[dict[str, Any]],
               now: dt.datetime) -> list[dict[str, Any]]:
     """Return every kill criterion the task has hit, each with its limit and figure."""
     kill = task.get("kill_criteria") or {}
-    hits: list[dict[str, Any]] = []
+    # Spend limits are budget rule 7 (runtime.budget.spend_hits).
+    hits = spend_hits(int(task.get("spent_tokens") or 0), _money(task.get("spent_usd")), kill)
 
     def hit(name: str, limit: Any, actual: Any, reason: str) -> None:
         hits.append({"criterion": name, "limit": limit, "actual": actual, "reason": reason})
 
-    if "max_cost_usd" in kill:
-        spent, limit = _money(task.get("spent_usd")), _money(kill["max_cost_usd"])
-        if spent > limit:
-            hit("max_cost_usd", kill["max_cost_usd"], str(spent),
-                f"max_cost_usd: spent ${spent} > limit ${limit}")
-    if "max_tokens" in kill:
-        tokens = int(task.get("spent_tokens") or 0)
-        if tokens > kill["max_tokens"]:
-            hit("max_tokens", kill["max_tokens"], tokens,
-                f"max_tokens: spent {tokens} tokens > limit {kill['max_tokens']}")
     if "max_seconds" in kill:
         seconds = float(task.get("duration_seconds") or 0.0)
         if seconds > kill["max_seconds"]:
@@ -161,6 +153,43 @@ def _rubric(task: dict[str, Any], rubric: dict[str, Any], llm: Any | None, score
     return Judgement("failed", verdict, f"judge: {mark} is below the threshold")
 
 
+def _rules(success: dict[str, Any], result: Any
+           ) -> tuple[Judgement | None, float, list[str], list[dict[str, Any]]]:
+    """Check ``result`` against the schema and the checks.
+
+    Returns a failed judgement (None when every rule passed), the score, the reasons and
+    the checks' records.
+    """
+    reasons: list[str] = []
+    passed_rules = total_rules = 0
+    if "schema" in success:
+        total_rules += 1
+        errors = _schema_errors(success["schema"], result)
+        if errors:
+            listed = errors[:MAX_SCHEMA_ERRORS]
+            more = len(errors) - len(listed)
+            reasons.append("the result does not match success_criteria.schema: "
+                           + "; ".join(listed) + (f" (and {more} more)" if more else ""))
+        else:
+            passed_rules += 1
+            reasons.append("the result matches success_criteria.schema")
+    checks = [run_check(result, c).as_dict() for c in success.get("checks") or []]
+    total_rules += len(checks)
+    passed_rules += sum(1 for c in checks if c["passed"])
+    for c in checks:
+        if not c["passed"]:
+            reasons.append(f"check failed: {c['path'] or '$'} {c['op']} "
+                           f"{json.dumps(c['value'], default=str)} ({c['detail']})")
+    score = passed_rules / total_rules if total_rules else 1.0
+    if passed_rules < total_rules:
+        failed = [r for r in reasons if not r.startswith("the result matches")]
+        return (Judgement("failed", _verdict(False, score, reasons, checks=checks),
+                          "judge: " + "; ".join(failed)), score, reasons, checks)
+    if checks:
+        reasons.append(f"all {len(checks)} checks passed")
+    return None, score, reasons, checks
+
+
 def judge_task(task: dict[str, Any], children: list[dict[str, Any]], llm: Any | None,
                settings: Settings, *, now: dt.datetime | None = None) -> Judgement:
     """Judge one task: kill criteria, then schema and checks, then the rubric.
@@ -193,33 +222,9 @@ def judge_task(task: dict[str, Any], children: list[dict[str, Any]], llm: Any | 
         return Judgement("done", _verdict(True, 1.0, ["no success criteria: accepted"]))
 
     result = task.get("result")
-    reasons: list[str] = []
-    passed_rules = total_rules = 0
-    if "schema" in success:
-        total_rules += 1
-        errors = _schema_errors(success["schema"], result)
-        if errors:
-            listed = errors[:MAX_SCHEMA_ERRORS]
-            more = len(errors) - len(listed)
-            reasons.append("the result does not match success_criteria.schema: "
-                           + "; ".join(listed) + (f" (and {more} more)" if more else ""))
-        else:
-            passed_rules += 1
-            reasons.append("the result matches success_criteria.schema")
-    checks = [run_check(result, c).as_dict() for c in success.get("checks") or []]
-    total_rules += len(checks)
-    passed_rules += sum(1 for c in checks if c["passed"])
-    for c in checks:
-        if not c["passed"]:
-            reasons.append(f"check failed: {c['path'] or '$'} {c['op']} "
-                           f"{json.dumps(c['value'], default=str)} ({c['detail']})")
-    score = passed_rules / total_rules if total_rules else 1.0
-    if passed_rules < total_rules:
-        failed = [r for r in reasons if not r.startswith("the result matches")]
-        return Judgement("failed", _verdict(False, score, reasons, checks=checks),
-                         "judge: " + "; ".join(failed))
-    if checks:
-        reasons.append(f"all {len(checks)} checks passed")
+    failed, score, reasons, checks = _rules(success, result)
+    if failed is not None:
+        return failed
     if "rubric" in success:
         return _rubric(task, success["rubric"], llm, score, reasons, checks)
     return Judgement("done", _verdict(True, 1.0, reasons, checks=checks))

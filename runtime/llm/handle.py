@@ -14,9 +14,9 @@ waits):
    is written (``[llm] durable``);
 3. routes the prompt (:func:`runtime.llm.routing.decide_route`) and prices the model
    (``[cost]``); no price -> :class:`~runtime.errors.UnknownPrice`;
-4. checks the budget before each request: spent + estimated prompt tokens + ``max_tokens``
-   must fit ``budget_tokens`` and ``budget_usd`` (``max_tokens`` shrinks to what is left;
-   below :data:`MIN_COMPLETION_TOKENS` -> :class:`~runtime.errors.BudgetExceeded`);
+4. reserves the request in the task's budget (:class:`runtime.budget.TaskBudget`: the
+   estimated prompt tokens plus ``max_tokens``, shrunk to what is left, or
+   :class:`~runtime.errors.BudgetExceeded`) and settles it with the server's counts after;
 5. sends it, at most ``[ollama] max_parallel`` at once per server and model, once the
    start gate (:mod:`runtime.llm.gate`) says its task is not cancelled nor paused; transient
    failures are retried in the call (``[llm] call_retries``, backoff with full jitter,
@@ -27,34 +27,43 @@ waits):
    (:class:`~runtime.llm.ledger.CallLedger`): the task's own spend and the row, nothing
    above it (spend rolls up to the parent when the task ends).
 
-Cost is ``(prompt + completion tokens) x the per-token price``, in ``Decimal``.
+Cost is ``(prompt + completion tokens) x the per-token price``, in ``Decimal``
+(:func:`runtime.budget.call_cost`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import json
 import logging
-import math
-import random
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from agents.tasks import DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
+from runtime.budget import TaskBudget, call_cost
 from runtime.config import Settings
-from runtime.errors import BadInput, BudgetExceeded, LeaseLost, TransientModelError, UnknownPrice
+from runtime.errors import BadInput, BudgetExceeded, LeaseLost, TransientModelError
 from runtime.llm.backends.choice import build_backend
-from runtime.llm.backends.offline import OfflineBackend
+from runtime.llm.calls import (
+    Call,
+    Completion,
+    Retries,
+    answered,
+    error_name,
+    is_offline,
+    price_of,
+    replay_of,
+    request_hash,
+    schema_of,
+    validated,
+)
 from runtime.llm.gate import CallGate
 from runtime.llm.ledger import CallLedger, RecordedCall
 from runtime.llm.loop import CallLoop
@@ -66,7 +75,6 @@ from runtime.llm.reply import (
     ModelReply,
     estimate_tokens,
     first_messages,
-    parse_structured,
     request_key,
     request_text,
 )
@@ -79,72 +87,12 @@ T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
-#: A call is refused when fewer completion tokens than this (or than asked) fit the budget.
-MIN_COMPLETION_TOKENS = 16
-#: Costs are kept to the precision of the database's money columns.
-USD_QUANTUM = Decimal("0.00000001")
 #: How much of a bad reply a repair sends back to the model.
 MAX_REPAIR_ECHO_CHARS = 2000
 #: Threads for the ledger's blocking reads (record look-ups, queue depth).
 LEDGER_THREADS = 32
 #: How long one read of the pending queue's depth serves routing decisions.
 DEPTH_TTL_SECONDS = 0.5
-#: The longest ``Retry-After`` honoured as given (longer ones are cut to this).
-MAX_RETRY_AFTER_SECONDS = 300.0
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One answered model call, as an agent sees it.
-
-    Attributes:
-        text: the reply text (JSON text for structured output), thinking excluded.
-        data: the parsed reply when a schema was given (a JSON-ready dict for a pydantic
-            model, validated by it), else None.
-        prompt_tokens / completion_tokens: tokens of the request that answered (zero when
-            replayed from the record).
-        cost_usd: what the whole call cost (every attempt; zero when replayed).
-        route / model / route_reason: where the call went and why.
-        backend: ``ollama``, ``offline`` or ``replay``.
-        offline: True when the answer came from the offline backend (not a model's work),
-            directly or replayed from a run recorded offline.
-        call_index: the call's order of issue in this task's run of the agent.
-        position: the call's identity in the task (``key=``, else ``call_index``).
-        attempts: requests made (1 + retries + repairs; 0 when replayed).
-        replayed: True when served from the record of an earlier delivery.
-        thinking: a thinking model's reasoning (``[ollama] think``), else None.
-
-    """
-
-    text: str
-    data: Any
-    prompt_tokens: int
-    completion_tokens: int
-    cost_usd: Decimal
-    route: str
-    model: str
-    backend: str
-    offline: bool
-    route_reason: str = ""
-    duration_seconds: float = 0.0
-    call_index: int = 0
-    position: str = "0"
-    attempts: int = 1
-    replayed: bool = False
-    thinking: str | None = None
-
-
-def request_hash(model: str, messages: list[Message], schema: dict[str, Any] | None,
-                 max_tokens: int, think: bool) -> str:
-    """sha256 of a request's canonical JSON: model, messages, schema and options.
-
-    ``max_tokens`` is what the agent asked (not what the budget left), so the same call
-    hashes the same on every delivery.
-    """
-    body = {"model": model, "messages": messages, "schema": schema,
-            "options": {"num_predict": max_tokens, "think": think}}
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 class LLMFactory:
@@ -170,7 +118,7 @@ class LLMFactory:
         self.settings = settings
         self.ledger = ledger
         self.backend: Backend = backend
-        self.offline = _is_offline(backend)
+        self.offline = is_offline(backend)
         self.announcement = announcement or f"using the {backend.name} backend"
         self.calls = CallLoop()
         #: The start gate of every request: cancelled tasks and paused trees (gate.py).
@@ -254,20 +202,6 @@ class LLMFactory:
         self._ledger_pool.shutdown(wait=False)
 
 
-@dataclass
-class _Call:
-    """One logical call in flight: its identity, route and the attempts made so far."""
-
-    position: str
-    call_index: int
-    request_hash: str
-    stored_prompt: str
-    route: Route
-    price: Decimal
-    rows: int = 0
-    cost: Decimal = field(default_factory=lambda: Decimal(0))
-
-
 class TaskLLM:
     """Budget-aware model calls for one leased task; every attempt is recorded and charged."""
 
@@ -294,56 +228,27 @@ class TaskLLM:
             self._may_replay = True
         budget_tokens = task_row.get("budget_tokens")
         budget_usd = task_row.get("budget_usd")
-        self.budget_tokens = int(DEFAULT_BUDGET_TOKENS if budget_tokens is None
-                                 else budget_tokens)
-        self.budget_usd = Decimal(DEFAULT_BUDGET_USD if budget_usd is None else budget_usd)
-        self._spent_tokens = int(task_row.get("spent_tokens") or 0)
-        self._spent_usd = Decimal(task_row.get("spent_usd") or 0)
-        self._reserved_tokens = 0
-        self._reserved_usd = Decimal(0)
+        #: The task's budget while it runs: reserve before each request, settle after.
+        self.budget = TaskBudget(
+            DEFAULT_BUDGET_TOKENS if budget_tokens is None else budget_tokens,
+            Decimal(DEFAULT_BUDGET_USD if budget_usd is None else budget_usd),
+            int(task_row.get("spent_tokens") or 0), Decimal(task_row.get("spent_usd") or 0),
+            task=self.task_id)
         self._calls = 0
         self._lock = threading.Lock()
-        self.offline = _is_offline(self._backend)
+        self.offline = is_offline(self._backend)
         #: The task's durable steps (``ctx.step``), recorded through the same ledger.
         self.steps = TaskSteps(factory.ledger, task_row, lease_token, lease_lost,  # type: ignore[arg-type]
                                in_ledger=factory.in_ledger)
 
     # ------------------------------------------------------------------ budget
     def remaining_tokens(self) -> int:
-        """Tokens the task's subtree may still spend."""
-        with self._lock:
-            return max(0, self.budget_tokens - self._spent_tokens)
+        """Tokens the task's subtree may still spend (requests in flight held back)."""
+        return self.budget.remaining_tokens()
 
     def remaining_usd(self) -> Decimal:
-        """USD the task's subtree may still spend."""
-        with self._lock:
-            return max(Decimal(0), self.budget_usd - self._spent_usd)
-
-    def _allowed_completion(self, prompt_estimate: int, price: Decimal, asked: int) -> int:
-        """Completion tokens this request may use; raises BudgetExceeded when too few remain."""
-        spent_tokens = self._spent_tokens + self._reserved_tokens
-        spent_usd = self._spent_usd + self._reserved_usd
-        token_room = self.budget_tokens - spent_tokens - prompt_estimate
-        usd_room = (math.floor((self.budget_usd - spent_usd) / price) - prompt_estimate
-                    if price > 0 else asked)
-        allowed = min(asked, token_room, usd_room)
-        needed = min(MIN_COMPLETION_TOKENS, asked)
-        if allowed >= needed:
-            return allowed
-        problems = []
-        if token_room < needed:
-            problems.append(
-                f"it needs about {prompt_estimate} prompt + {needed} completion tokens but "
-                f"{max(0, self.budget_tokens - spent_tokens)} of budget_tokens "
-                f"{self.budget_tokens} are left (spent {spent_tokens})")
-        if usd_room < needed:
-            cost = ((prompt_estimate + needed) * price).quantize(USD_QUANTUM)
-            problems.append(
-                f"it would cost about ${cost} at ${price}/token but "
-                f"${max(Decimal(0), self.budget_usd - spent_usd)} of budget_usd "
-                f"${self.budget_usd} is left (spent ${spent_usd})")
-        raise BudgetExceeded(f"budget: model call refused for task {self.task_id}: "
-                             + "; ".join(problems))
+        """USD the task's subtree may still spend (requests in flight held back)."""
+        return self.budget.remaining_usd()
 
     # ------------------------------------------------------------------ the call
     def complete(self, prompt: str, *, schema: type[BaseModel] | dict[str, Any] | None = None,
@@ -389,7 +294,7 @@ class TaskLLM:
         """
         if self._lease_lost.is_set():
             raise LeaseLost(f"task {self.task_id}: lease lost; the model was not called")
-        json_schema, model_cls = _schema_of(schema)
+        json_schema, model_cls = schema_of(schema)
         if not isinstance(prompt, str) or not prompt.strip():
             raise BadInput("complete() needs a non-empty prompt string")
         if key is not None and (not isinstance(key, str) or not key.strip()):
@@ -432,30 +337,18 @@ class TaskLLM:
         if self._model_override:
             route = Route(route.route, self._model_override,
                           f"{route.reason}; model {self._model_override} set by a fork")
-        price = settings.cost.price_for(route.route, route.model)
-        if price is None:
-            raise UnknownPrice(
-                f"model {route.model!r} (route {route.route}) has no price: set "
-                f"cost.{route.route}_per_token, or a price for {route.model!r} in cost.prices, "
-                "in orgchart.toml"
-            )
+        price = price_of(settings, route)
         digest = hashes.get(route.model) or request_hash(route.model, messages, json_schema,
                                                          asked, think)
         stored_prompt = (request_text(prompt, system, json_schema) if settings.llm.record
                          else f"{NOT_RECORDED} request {request_key(prompt, system, json_schema)}")
-        call = _Call(position, call_index, digest, stored_prompt, route, price)
+        call = Call(position, call_index, digest, stored_prompt, route, price)
         reply, data = await self._with_repairs(call, messages, json_schema, model_cls, asked,
                                                think)
         self._may_replay = True  # this reply is on record now (a repeated key replays it)
-        return Completion(
-            text=reply.text, data=data, prompt_tokens=reply.prompt_tokens,
-            completion_tokens=reply.completion_tokens, cost_usd=call.cost, route=route.route,
-            model=route.model, backend=reply.backend, offline=self.offline or reply.offline,
-            route_reason=route.reason, duration_seconds=reply.duration_seconds,
-            call_index=call_index, position=position, attempts=call.rows,
-            thinking=reply.thinking)
+        return answered(call, reply, data, self.offline)
 
-    async def _with_repairs(self, call: _Call, messages: list[Message],
+    async def _with_repairs(self, call: Call, messages: list[Message],
                             json_schema: dict[str, Any] | None,
                             model_cls: type[BaseModel] | None, asked: int,
                             think: bool) -> tuple[ModelReply, Any]:
@@ -482,54 +375,34 @@ class TaskLLM:
             f"model {call.route.model!r} gave no reply that fits the schema in {rounds} "
             f"attempt(s) ({call.rows} request(s)); last error: {errors[-1]}")
 
-    async def _with_retries(self, call: _Call, conversation: list[Message],
+    async def _with_retries(self, call: Call, conversation: list[Message],
                             json_schema: dict[str, Any] | None,
                             model_cls: type[BaseModel] | None, asked: int, think: bool,
                             kind: str) -> tuple[ModelReply, Any]:
         """Send, retrying transient failures with backoff; ``Retry-After`` and 503 waits."""
-        llm = self._settings.llm
-        spent = 0
-        busy_waited = 0.0
+        retries = Retries(self._settings.llm)
         while True:
             try:
                 return await self._request(call, conversation, json_schema, model_cls, asked,
                                            think, kind)
             except TransientModelError as exc:
-                status = getattr(exc, "status", None)
-                retry_after = getattr(exc, "retry_after", None)
-                if retry_after is not None:
-                    delay = min(float(retry_after), MAX_RETRY_AFTER_SECONDS)
-                else:
-                    ceiling = min(llm.retry_max_seconds, llm.retry_base_seconds * 2 ** spent)
-                    delay = random.uniform(0, ceiling)
-                if status == 503 and busy_waited + delay <= llm.busy_wait_seconds:
-                    busy_waited += delay  # a busy server: wait our turn, keep the retries
-                elif spent < llm.call_retries:
-                    spent += 1
-                else:
-                    raise TransientModelError(
-                        f"{exc} (gave up after {call.rows} request(s) in this call; "
-                        f"llm.call_retries = {llm.call_retries})") from exc
+                delay = retries.delay(exc, call.rows)  # raises when out of retries
                 kind = "retry"
                 await asyncio.sleep(delay)
                 if self._lease_lost.is_set():
                     raise LeaseLost(f"task {self.task_id}: lease lost while the model call "
                                     "waited to retry") from exc
 
-    async def _request(self, call: _Call, conversation: list[Message],
+    async def _request(self, call: Call, conversation: list[Message],
                        json_schema: dict[str, Any] | None, model_cls: type[BaseModel] | None,
                        asked: int, think: bool, kind: str) -> tuple[ModelReply, Any]:
         """One request: budget check, send, check the reply, record and charge it."""
         if self._lease_lost.is_set():
             raise LeaseLost(f"task {self.task_id}: lease lost; the model was not called")
         route, price = call.route, call.price
-        estimate = sum(estimate_tokens(m.get("content")) for m in conversation)
-        with self._lock:
-            allowed = self._allowed_completion(estimate, price, asked)
-            reserved_tokens = estimate + allowed
-            reserved_usd = reserved_tokens * price
-            self._reserved_tokens += reserved_tokens
-            self._reserved_usd += reserved_usd
+        # Reserve (budget rule 3); the finally below settles with what was charged (rule 4).
+        held = self.budget.reserve(
+            sum(estimate_tokens(m.get("content")) for m in conversation), asked, price)
         call.rows += 1
         started = time.monotonic()
         charged_tokens, charged_usd = 0, Decimal(0)
@@ -538,15 +411,16 @@ class TaskLLM:
                 reply = await self._factory.gate.send(  # cancelled? paused? (gate.py)
                     self.task_id, self._factory.slot(route),
                     lambda: self._backend.achat(route.model, conversation, json_schema,
-                                                allowed, route=route.route, think=think))
-                data = _validated(reply, model_cls)
+                                                held.completion_tokens, route=route.route,
+                                                think=think))
+                data = validated(reply, model_cls)
             except Exception as exc:
                 spent = exc.reply if isinstance(exc, BadModelReply) else None
                 charged_tokens, charged_usd = await self._record_failure(
                     exc, spent, call, kind, time.monotonic() - started)
                 raise
             tokens = reply.prompt_tokens + reply.completion_tokens
-            cost = (tokens * price).quantize(USD_QUANTUM)
+            cost = call_cost(tokens, price)
             await self._charge(self._row(call, kind, reply, reply.prompt_tokens,
                                          reply.completion_tokens, reply.duration_seconds,
                                          cost, None))
@@ -554,13 +428,13 @@ class TaskLLM:
             call.cost += cost
             return reply, data
         finally:
-            with self._lock:
-                self._reserved_tokens -= reserved_tokens
-                self._reserved_usd -= reserved_usd
-                self._spent_tokens += charged_tokens
-                self._spent_usd += charged_usd
+            settled = self.budget.settle(held, charged_tokens, charged_usd)
+            if settled.over_tokens > 0:
+                log.info("a request spent more than it reserved (the server counted more "
+                         "prompt tokens than estimated)",
+                         extra={"task_id": str(self.task_id), "over": settled.over_tokens})
 
-    def _row(self, call: _Call, kind: str, reply: ModelReply | None, prompt_tokens: int,
+    def _row(self, call: Call, kind: str, reply: ModelReply | None, prompt_tokens: int,
              completion_tokens: int, duration: float, cost: Decimal,
              error: str | None) -> ModelCharge:
         record = self._settings.llm.record
@@ -582,7 +456,7 @@ class TaskLLM:
             raise LeaseLost(f"task {self.task_id}: lease lost; the model call was not charged "
                             "and its answer is dropped")
 
-    async def _record_failure(self, exc: Exception, reply: ModelReply | None, call: _Call,
+    async def _record_failure(self, exc: Exception, reply: ModelReply | None, call: Call,
                               kind: str, duration: float) -> tuple[int, Decimal]:
         """Record a failed request (with the tokens it used, if any); return what was charged.
 
@@ -593,9 +467,9 @@ class TaskLLM:
             return 0, Decimal(0)
         prompt_tokens = reply.prompt_tokens if reply else 0
         completion_tokens = reply.completion_tokens if reply else 0
-        cost = ((prompt_tokens + completion_tokens) * call.price).quantize(USD_QUANTUM)
+        cost = call_cost(prompt_tokens + completion_tokens, call.price)
         charge = self._row(call, kind, reply, prompt_tokens, completion_tokens, duration,
-                           cost, f"{_error_name(exc)}: {exc}")
+                           cost, f"{error_name(exc)}: {exc}")
         try:
             applied = await self._factory.charge(charge)
         except Exception:  # never hide the call's own error behind a recording error
@@ -612,61 +486,11 @@ class TaskLLM:
                         json_schema: dict[str, Any] | None, model_cls: type[BaseModel] | None,
                         call_index: int, position: str) -> Completion | None:
         """Serve a recorded reply (charged zero, a ``replayed`` row); None if it is unusable."""
-        data = None
-        if json_schema:
-            try:
-                data = parse_structured(recorded.response, json_schema, recorded.model)
-                if model_cls is not None:
-                    data = model_cls.model_validate(data).model_dump(mode="json")
-            except (BadModelReply, ValidationError):
-                return None
-        route = Route("cloud" if recorded.route == "cloud" else "local", recorded.model,
-                      f"replayed from model call {recorded.call_id}")
-        call = _Call(position, call_index, recorded.request_hash,
-                     request_text(prompt, system, json_schema), route, Decimal(0))
-        reply = ModelReply(recorded.response, data, 0, 0, 0.0, recorded.model,
-                           recorded.backend, offline=recorded.backend == OfflineBackend.name,
-                           thinking=recorded.thinking)
+        replay = replay_of(recorded, prompt, system, json_schema, model_cls, call_index,
+                           position)
+        if replay is None:
+            return None
+        call, reply = replay
         charge = self._row(call, "call", reply, 0, 0, 0.0, Decimal(0), None)
         await self._charge(dataclasses.replace(charge, replayed=True, call_try=0))
-        return Completion(
-            text=recorded.response, data=data, prompt_tokens=0, completion_tokens=0,
-            cost_usd=Decimal(0), route=route.route, model=recorded.model,
-            backend=recorded.backend, offline=self.offline or reply.offline,
-            route_reason=route.reason, call_index=call_index, position=position, attempts=0,
-            replayed=True, thinking=recorded.thinking)
-
-
-def _error_name(exc: BaseException) -> str:
-    """The error's class as recorded: a retryable error is recorded as transient."""
-    return "TransientModelError" if isinstance(exc, TransientModelError) else type(exc).__name__
-
-
-def _is_offline(backend: Backend) -> bool:
-    """Offline backend, or a replay of a run that was recorded offline."""
-    return backend.name == OfflineBackend.name or bool(getattr(backend, "offline", False))
-
-
-def _schema_of(schema: Any) -> tuple[dict[str, Any] | None, type[BaseModel] | None]:
-    if schema is None:
-        return None, None
-    if isinstance(schema, type) and issubclass(schema, BaseModel):
-        return schema.model_json_schema(), schema
-    if isinstance(schema, dict):
-        return schema, None
-    raise BadInput(f"schema must be a pydantic model class or a JSON schema dict, "
-                   f"not {type(schema).__name__}")
-
-
-def _validated(reply: ModelReply, model_cls: type[BaseModel] | None) -> Any:
-    if model_cls is None or reply.data is None:
-        return reply.data
-    try:
-        return model_cls.model_validate(reply.data).model_dump(mode="json")
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(root)"
-        raise BadModelReply(
-            f"the reply of model {reply.model!r} does not fit {model_cls.__name__} at "
-            f"{where}: {first['msg']}", reply) from None
-
+        return answered(call, reply, reply.data, self.offline, replayed=True)

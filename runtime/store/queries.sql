@@ -238,7 +238,7 @@ FOR UPDATE;
 -- Children that reached a terminal status hand their spend not yet rolled up to their
 -- parent: marks it rolled and returns the difference per child (a child retried by its
 -- parent's aggregate rolls up only what it spent since). The parents are then updated by
--- task_add_children_spend in the same transaction.
+-- task_add_children_spend in the same transaction. Budget rule 6 (runtime/budget.py).
 UPDATE tasks c
 SET rolled_tokens = c.spent_tokens, rolled_usd = c.spent_usd
 FROM (
@@ -254,6 +254,7 @@ RETURNING c.parent_id, c.spent_tokens - old.rolled_tokens AS tokens,
 
 -- task_add_children_spend --
 -- Add finished children's spend to their (locked) parents: one row per parent.
+-- Budget rule 6 (runtime/budget.py: sum_by_parent adds the children up per parent).
 UPDATE tasks p
 SET spent_tokens = p.spent_tokens + x.tokens, spent_usd = p.spent_usd + x.usd
 FROM unnest(CAST(:ids AS uuid[]), CAST(:tokens AS bigint[]), CAST(:usd AS numeric[]))
@@ -465,7 +466,8 @@ SELECT (SELECT count(*) FROM parent) AS parents, (SELECT count(*) FROM kids) AS 
 -- task_charge_running --
 -- Charge one model call to the leased task's own spend and record the call. Only this
 -- task's row is touched (no ancestor: the spend rolls up when the task ends), so a
--- thousand leaves of one tree never queue on their root.
+-- thousand leaves of one tree never queue on their root. Budget rule 5
+-- (runtime/budget.py; :usd is runtime.budget.call_cost of the call's tokens).
 WITH me AS (
     UPDATE tasks
     SET own_tokens = own_tokens + :tokens,
@@ -510,6 +512,7 @@ WHERE EXISTS (
 -- Charge a batch of model calls (one JSON array) in one statement: each task's row gets
 -- the sum of its calls, guarded by its lease token; a call whose lease is gone changes
 -- nothing and is not recorded. Returns the input positions that were recorded.
+-- Budget rule 5, as task_charge_running (runtime/budget.py).
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(CAST(:batch AS jsonb))
         AS i(n int, id uuid, token uuid, tokens bigint, usd numeric, route text,

@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from decimal import Decimal
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from runtime.budget import sum_by_parent
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.reads import StoreReads
 from runtime.store.rows import (
@@ -95,19 +95,19 @@ class StoreWrites(StoreReads):
 
     @staticmethod
     def _roll_up(conn: Connection, child_ids: Sequence[uuid.UUID]) -> None:
-        """Add terminal children's spend since their last roll-up to their locked parents."""
+        """Add terminal children's spend since their last roll-up to their locked parents.
+
+        Budget rule 6 (:mod:`runtime.budget`): the SQL returns each child's unrolled spend,
+        :func:`~runtime.budget.sum_by_parent` adds them up, one update per parent.
+        """
         rolled = conn.execute(_TEXT["task_roll_up_children"], {"ids": list(child_ids)}).all()
         if not rolled:
             return
-        tokens: dict[uuid.UUID, int] = {}
-        usd: dict[uuid.UUID, Decimal] = {}
-        for r in rolled:
-            tokens[r.parent_id] = tokens.get(r.parent_id, 0) + int(r.tokens)
-            usd[r.parent_id] = usd.get(r.parent_id, Decimal(0)) + Decimal(r.usd)
-        ids = sorted(tokens)
+        totals = sum_by_parent((r.parent_id, r.tokens, r.usd) for r in rolled)
+        ids = sorted(totals)
         conn.execute(_TEXT["task_add_children_spend"],
-                     {"ids": ids, "tokens": [tokens[i] for i in ids],
-                      "usd": [usd[i] for i in ids]})
+                     {"ids": ids, "tokens": [totals[i][0] for i in ids],
+                      "usd": [totals[i][1] for i in ids]})
 
     def _fan_in(self, conn: Connection, parent_ids: set[uuid.UUID], worker: str,
                 ended_children: Sequence[uuid.UUID] = ()) -> list[uuid.UUID]:

@@ -146,6 +146,22 @@ def test_aggregate_can_retry_failed_children_on_another_agent(runtime: Runtime) 
     assert all(c["retry_count"] == 1 for c in children)  # what ChildView.retries reads
 
 
+def test_a_retry_whose_children_could_overspend_the_parent_is_refused(
+        runtime: Runtime) -> None:
+    root = submit(runtime.store, "fanout", {"goal": "g", "n": 2, "child": "boom",
+                                            "retry_failed": True})
+    worker = runtime.worker(None, maintenance=False, listen=False)
+    assert worker.run_once() == 1  # the parent delegates
+    with runtime.store.transaction() as conn:  # each child could now spend the whole tree's
+        conn.execute(sa.text("UPDATE tasks SET budget_tokens = :b WHERE parent_id = :p"),
+                     {"b": root["budget_tokens"], "p": root["id"]})
+    drain(runtime)
+    row = runtime.store.get(root["id"])
+    assert row["status"] == "failed", row["error"]
+    assert row["error"].startswith("delegation refused: budget: retrying 2 children")
+    assert [c["retry_count"] for c in runtime.store.children(root["id"])] == [0, 0]
+
+
 def test_stop_releases_what_the_worker_still_holds(runtime: Runtime) -> None:
     task = submit(runtime.store, "echo", {"goal": "slow", "sleep": 3})
     worker = runtime.worker(["echo"], maintenance=False, listen=False,

@@ -1,0 +1,218 @@
+"""One model call's pieces: the answer agents see, its identity, its record, its checks.
+
+Pure helpers of :mod:`runtime.llm.handle` (no I/O): :class:`Completion` (what
+``ctx.llm.complete`` returns), :func:`request_hash` (a durable call's identity),
+:class:`Call` (one logical call in flight), and the checks of a request's schema and a
+reply's shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from runtime.config import Settings
+from runtime.errors import BadInput, TransientModelError, UnknownPrice
+from runtime.llm.backends.offline import OfflineBackend
+from runtime.llm.ledger import RecordedCall
+from runtime.llm.reply import (
+    Backend,
+    BadModelReply,
+    Message,
+    ModelReply,
+    parse_structured,
+    request_text,
+)
+from runtime.llm.routing import Route
+
+#: The longest ``Retry-After`` honoured as given (longer ones are cut to this).
+MAX_RETRY_AFTER_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One answered model call, as an agent sees it.
+
+    Attributes:
+        text: the reply text (JSON text for structured output), thinking excluded.
+        data: the parsed reply when a schema was given (a JSON-ready dict for a pydantic
+            model, validated by it), else None.
+        prompt_tokens / completion_tokens: tokens of the request that answered (zero when
+            replayed from the record).
+        cost_usd: what the whole call cost (every attempt; zero when replayed).
+        route / model / route_reason: where the call went and why.
+        backend: ``ollama``, ``offline`` or ``replay``.
+        offline: True when the answer came from the offline backend (not a model's work),
+            directly or replayed from a run recorded offline.
+        call_index: the call's order of issue in this task's run of the agent.
+        position: the call's identity in the task (``key=``, else ``call_index``).
+        attempts: requests made (1 + retries + repairs; 0 when replayed).
+        replayed: True when served from the record of an earlier delivery.
+        thinking: a thinking model's reasoning (``[ollama] think``), else None.
+
+    """
+
+    text: str
+    data: Any
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: Decimal
+    route: str
+    model: str
+    backend: str
+    offline: bool
+    route_reason: str = ""
+    duration_seconds: float = 0.0
+    call_index: int = 0
+    position: str = "0"
+    attempts: int = 1
+    replayed: bool = False
+    thinking: str | None = None
+
+
+def request_hash(model: str, messages: list[Message], schema: dict[str, Any] | None,
+                 max_tokens: int, think: bool) -> str:
+    """sha256 of a request's canonical JSON: model, messages, schema and options.
+
+    ``max_tokens`` is what the agent asked (not what the budget left), so the same call
+    hashes the same on every delivery.
+    """
+    body = {"model": model, "messages": messages, "schema": schema,
+            "options": {"num_predict": max_tokens, "think": think}}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass
+class Call:
+    """One logical call in flight: its identity, route and the attempts made so far."""
+
+    position: str
+    call_index: int
+    request_hash: str
+    stored_prompt: str
+    route: Route
+    price: Decimal
+    rows: int = 0
+    cost: Decimal = field(default_factory=lambda: Decimal(0))
+
+
+def error_name(exc: BaseException) -> str:
+    """The error's class as recorded: a retryable error is recorded as transient."""
+    return "TransientModelError" if isinstance(exc, TransientModelError) else type(exc).__name__
+
+
+def is_offline(backend: Backend) -> bool:
+    """Offline backend, or a replay of a run that was recorded offline."""
+    return backend.name == OfflineBackend.name or bool(getattr(backend, "offline", False))
+
+
+def schema_of(schema: Any) -> tuple[dict[str, Any] | None, type[BaseModel] | None]:
+    """The JSON schema of a call's ``schema=`` argument, and its pydantic class if it is one."""
+    if schema is None:
+        return None, None
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        return schema.model_json_schema(), schema
+    if isinstance(schema, dict):
+        return schema, None
+    raise BadInput(f"schema must be a pydantic model class or a JSON schema dict, "
+                   f"not {type(schema).__name__}")
+
+
+def validated(reply: ModelReply, model_cls: type[BaseModel] | None) -> Any:
+    """The reply's data, validated by ``model_cls`` (``BadModelReply`` if it does not fit)."""
+    if model_cls is None or reply.data is None:
+        return reply.data
+    try:
+        return model_cls.model_validate(reply.data).model_dump(mode="json")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(root)"
+        raise BadModelReply(
+            f"the reply of model {reply.model!r} does not fit {model_cls.__name__} at "
+            f"{where}: {first['msg']}", reply) from None
+
+
+def price_of(settings: Settings, route: Route) -> Decimal:
+    """The routed model's price per token; ``UnknownPrice`` when it has none."""
+    price = settings.cost.price_for(route.route, route.model)
+    if price is None:
+        raise UnknownPrice(
+            f"model {route.model!r} (route {route.route}) has no price: set "
+            f"cost.{route.route}_per_token, or a price for {route.model!r} in cost.prices, "
+            "in orgchart.toml")
+    return price
+
+
+def answered(call: Call, reply: ModelReply, data: Any, offline: bool,
+             replayed: bool = False) -> Completion:
+    """What the agent gets for an answered (or ``replayed``) call."""
+    return Completion(
+        text=reply.text, data=data, prompt_tokens=reply.prompt_tokens,
+        completion_tokens=reply.completion_tokens, cost_usd=call.cost, route=call.route.route,
+        model=call.route.model, backend=reply.backend, offline=offline or reply.offline,
+        route_reason=call.route.reason, duration_seconds=reply.duration_seconds,
+        call_index=call.call_index, position=call.position, attempts=call.rows,
+        replayed=replayed, thinking=reply.thinking)
+
+
+def replay_of(recorded: RecordedCall, prompt: str, system: str | None,
+              json_schema: dict[str, Any] | None, model_cls: type[BaseModel] | None,
+              call_index: int, position: str) -> tuple[Call, ModelReply] | None:
+    """A recorded reply as a call and its reply (no request made); None if it is unusable."""
+    data = None
+    if json_schema:
+        try:
+            data = parse_structured(recorded.response, json_schema, recorded.model)
+            if model_cls is not None:
+                data = model_cls.model_validate(data).model_dump(mode="json")
+        except (BadModelReply, ValidationError):
+            return None
+    route = Route("cloud" if recorded.route == "cloud" else "local", recorded.model,
+                  f"replayed from model call {recorded.call_id}")
+    call = Call(position, call_index, recorded.request_hash,
+                request_text(prompt, system, json_schema), route, Decimal(0))
+    reply = ModelReply(recorded.response, data, 0, 0, 0.0, recorded.model, recorded.backend,
+                       offline=recorded.backend == OfflineBackend.name,
+                       thinking=recorded.thinking)
+    return call, reply
+
+
+@dataclass
+class Retries:
+    """One call's retries of transient failures (``[llm]`` settings).
+
+    Backoff with full jitter, a server's ``Retry-After`` honoured (up to
+    :data:`MAX_RETRY_AFTER_SECONDS`), and a busy server's 503s waited out for up to
+    ``busy_wait_seconds`` without spending a retry.
+    """
+
+    llm: Any
+    spent: int = 0
+    busy_waited: float = 0.0
+
+    def delay(self, exc: TransientModelError, requests: int) -> float:
+        """Seconds to wait before the next request; raises when the retries are spent."""
+        llm = self.llm
+        retry_after = getattr(exc, "retry_after", None)
+        if retry_after is not None:
+            delay = min(float(retry_after), MAX_RETRY_AFTER_SECONDS)
+        else:
+            ceiling = min(llm.retry_max_seconds, llm.retry_base_seconds * 2 ** self.spent)
+            delay = random.uniform(0, ceiling)
+        if getattr(exc, "status", None) == 503 and \
+                self.busy_waited + delay <= llm.busy_wait_seconds:
+            self.busy_waited += delay  # a busy server: wait our turn, keep the retries
+        elif self.spent < llm.call_retries:
+            self.spent += 1
+        else:
+            raise TransientModelError(
+                f"{exc} (gave up after {requests} request(s) in this call; "
+                f"llm.call_retries = {llm.call_retries})") from exc
+        return delay
