@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy.engine import Connection
