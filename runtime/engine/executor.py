@@ -47,6 +47,7 @@ from agents.tasks import ChildView, TaskView
 from policies.criteria import validate_criteria
 from runtime.budget import Ask, BudgetRefused, ChildSpend, TaskBudget, carve, check_retry
 from runtime.config import Settings
+from runtime.engine.actions import Action, DelegateAction, Dropped, RetryAction
 from runtime.errors import (
     BadInput,
     BudgetExceeded,
@@ -90,40 +91,6 @@ class JudgeFn(Protocol):
     def __call__(self, task: Any, children: list[Any], llm: Any,
                  settings: Settings) -> Any:
         """Judge one task; returns a ``Judgement``."""
-
-
-@dataclass(frozen=True)
-class DelegateAction:
-    """Insert children and park the parent in ``waiting``."""
-
-    task_id: uuid.UUID
-    lease_token: uuid.UUID
-    children: list[ChildRow]
-    detail: str
-    #: What ran (:attr:`runtime.store.rows.RunOutcome.stamp`).
-    stamp: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class RetryAction:
-    """Send finished children back to pending; the parent waits again."""
-
-    task_id: uuid.UUID
-    lease_token: uuid.UUID
-    child_ids: list[uuid.UUID]
-    reassign_to: str | None
-    detail: str
-
-
-@dataclass(frozen=True)
-class Dropped:
-    """The task was taken away while it ran (lease lost): nothing to write."""
-
-    task_id: uuid.UUID
-    reason: str
-
-
-Action = RunOutcome | JudgeOutcome | DelegateAction | RetryAction | Dropped
 
 
 #: Errors that mean the database connection went away (restart, terminated backend).

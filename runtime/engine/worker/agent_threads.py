@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from runtime.engine.executor import Action, Executor
+from runtime.engine.actions import Action
+from runtime.engine.executor import Executor
 from runtime.engine.threads import ThreadRunner
 from runtime.engine.worker.state import InFlight
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from runtime.engine.executor import Action, Executor
+from runtime.engine.actions import Action
+from runtime.engine.executor import Executor
 from runtime.engine.maintenance import Maintenance
 from runtime.engine.worker.agent_threads import SyncAgentRunner
 from runtime.engine.worker.config import JUDGE, WorkerConfig, WorkerStats

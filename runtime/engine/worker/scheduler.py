@@ -36,7 +36,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from runtime.engine.executor import Action, Dropped, Executor
+from runtime.engine.actions import Action, Dropped
+from runtime.engine.executor import Executor
 from runtime.engine.threads import ThreadRunner
 from runtime.engine.worker.agent_threads import SyncAgentRunner
 from runtime.engine.worker.config import (

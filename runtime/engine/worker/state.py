@@ -18,7 +18,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 
-from runtime.engine.executor import Action
+from runtime.engine.actions import Action
 from runtime.engine.worker.config import WorkerStats
 from runtime.store.rows import TaskRow
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from runtime.engine.executor import Action, DelegateAction, Dropped, RetryAction
+from runtime.engine.actions import Action, DelegateAction, Dropped, RetryAction
 from runtime.engine.maintenance import Maintenance, MaintenanceConfig
 from runtime.engine.worker.config import WorkerConfig, WorkerStats
 from runtime.engine.worker.state import InFlight
