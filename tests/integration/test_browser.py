@@ -213,3 +213,49 @@ def test_the_waterfall_groups_siblings_and_marks_the_critical_path(browser: Any,
         page.screenshot(path=str(ARTIFACTS / "waterfall_931_leads_open.png"), full_page=False)
         assert errors == []
         page.close()
+
+
+def drained(runtime: Runtime) -> None:
+    """:func:`drain` in a thread (Playwright's loop runs in this one)."""
+    thread = threading.Thread(target=drain, args=(runtime,))
+    thread.start()
+    thread.join(timeout=120)
+
+
+def test_the_diff_page_compares_a_branch_with_its_original(
+        browser: Any, db_url: str, store: Store) -> None:
+    from runtime.forks import fork
+
+    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
+                                  "ORGCHART_LLM__BACKEND": "offline"})
+    runtime = build_runtime(settings, ["tests.fork_agents"], store=store)
+    original = submit(runtime, "harbour report", "fork_planner")
+    drained(runtime)
+    writer = next(c for c in store.children(original) if c["idempotency_key"] == "w1")
+    branch = fork(store, runtime.registry, settings, writer["id"],
+                  payload={"goal": "the lighthouse at night"}, note="new angle")["id"]
+    drained(runtime)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with serve(runtime) as server:
+        page = browser.new_page(viewport={"width": 1300, "height": 700})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        # The original's tree page lists its branch; the branch's names its origin.
+        page.goto(f"{server.url}/ui/trees/{original}")
+        page.wait_for_selector(f'#branches a[href^="/ui/trees/{branch}"]', timeout=TIMEOUT_MS)
+        page.goto(f"{server.url}/ui/trees/{branch}")
+        page.wait_for_selector("#origin a.diff-link", timeout=TIMEOUT_MS)
+        page.wait_for_selector(".wf-call.wf-replayed", state="attached", timeout=TIMEOUT_MS)
+        assert "new angle" in page.inner_text("#origin")
+        page.click("#origin a.diff-link")
+        page.wait_for_url(f"**/ui/diff/{original}/{branch}")
+        page.wait_for_selector('body[data-loaded="true"]', timeout=TIMEOUT_MS)
+        rows = {r.get_attribute("data-path"): r for r in page.query_selector_all("#diff tbody tr")}
+        assert sorted(rows) == ["/", "/w0", "/w1", "/w2"]
+        assert rows["/w1"].query_selector("td.calls-b").inner_text() == "1 paid, 0 replayed"
+        assert rows["/w0"].query_selector("td.calls-b").inner_text() == "0 paid, 1 replayed"
+        assert "changed" in (rows["/w1"].get_attribute("class") or "")
+        assert "lighthouse" in rows["/w1"].inner_text()
+        assert "2 calls paid, 2 replayed" in page.inner_text("#totals")
+        page.screenshot(path=str(ARTIFACTS / "diff.png"), full_page=True)
+        assert errors == []
