@@ -24,6 +24,7 @@ from bench import (
     claim_latency,
     drain,
     fanin,
+    fork,
     makespan,
     pgqueuer_drain,
     pickup,
@@ -36,7 +37,7 @@ from bench import (
 from bench.common import RESULTS_DIR, machine, server_url
 
 ORDER = ("reference", "drain", "pgqueuer", "pickup", "fanin", "claim_latency", "tree_read",
-         "scrape", "worker_memory", "makespan", "charge", "transport")
+         "scrape", "worker_memory", "makespan", "fork", "charge", "transport")
 
 FULL: dict[str, dict[str, Any]] = {
     "reference": {"n": 20_000, "threads": 4},
@@ -49,6 +50,7 @@ FULL: dict[str, dict[str, Any]] = {
     "scrape": {"finished": 1_000_000, "repeats": 9},
     "worker_memory": {"n": 20_000},
     "makespan": {"leads": 30, "writers": 30, "delay": 1.0, "wide_leads": 40},
+    "fork": {"leads": 30, "writers": 30, "delay": 1.0},
     "charge": {"leaves": 1000, "threads": 64, "charges": 10_000},
     "transport": {"calls": 900, "seq": 300, "rounds": 2, "delay": 0.5},
 }
@@ -64,6 +66,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "scrape": {"finished": 2_000, "repeats": 2},
     "worker_memory": {"n": 200},
     "makespan": {"leads": 2, "writers": 3, "delay": 0.1, "wide_leads": 3},
+    "fork": {"leads": 2, "writers": 3, "delay": 0.1},
     "charge": {"leaves": 20, "threads": 4, "charges": 40, "calls_per_leaf": 2},
     "transport": {"calls": 20, "seq": 10, "rounds": 1, "delay": 0.05},
 }
@@ -79,6 +82,7 @@ MAINS: dict[str, Callable[..., dict[str, Any]]] = {
     "scrape": scrape.main,
     "worker_memory": worker_memory.main,
     "makespan": makespan.main,
+    "fork": fork.main,
     "charge": charge.main,
     "transport": transport.main,
 }

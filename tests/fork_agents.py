@@ -79,7 +79,7 @@ class ForkWriter(Agent):
         if part.fail:
             return Fail(f"asked to fail: {part.goal}")
         reply = ctx.llm.complete(f"Write a paragraph about {part.goal}", max_tokens=64)
-        return Result({"text": reply.text})
+        return Result({"goal": part.goal, "text": reply.text})
 
 
 def drafts_of(result: dict[str, Any] | None) -> int:

@@ -200,3 +200,14 @@ def test_transport() -> None:
     for kind in ("httpx", "lean"):
         _numbers(figures, f"transport_{kind}_burst_cpu_ms_per_call",
                  f"transport_{kind}_sequential_p50_ms", f"transport_{kind}_sequential_p99_ms")
+
+
+def test_fork(server_url: str) -> None:
+    from bench import fork
+
+    figures = fork.main(leads=2, writers=3, delay=0.05, server=server_url)
+    _numbers(figures, "rerun_makespan_seconds", "noop_makespan_seconds", "rerun_vs_noop")
+    # counted at the model server: the forked writer and the aggregate that quotes it
+    assert (figures["fork_paid_calls"], figures["fork_replayed_calls"]) == (2, 2)
+    assert figures["rerun_tree_tasks"] == 9
+    assert (figures["rerun_paid_calls"], figures["rerun_replayed_calls"]) == (0, 7)
