@@ -114,3 +114,39 @@ def test_the_builtin_org_runs_as_the_docs_describe(tmp_path: Path,
     assert report["offline"] is True and report["gaps"] == []
     assert set(director["result"]["findings"]) == {"competitors", "market", "trends"}
     assert tree["totals"]["by_status"] == {"done": 5}
+
+
+def orgchart(docs_dir: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runtime.cli.app", *args],
+                          env={**env, "PYTHONPATH": str(docs_dir)}, cwd=docs_dir,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_docs_fork_pays_only_for_the_changed_poem(
+        docs_dir: Path, orgchart_env: dict[str, str]) -> None:
+    """The commands of "Tuning a tree: fork, re-run, diff", as written there."""
+    tree = finished_tree(orgchart_run(docs_dir, orgchart_env, "haiku_editor"))
+    poet = next(c for c in tree["children"] if c["key"] == "calm")
+    text = DOC.read_text(encoding="utf-8")
+    assert "orgchart fork POET_ID --payload '{\"goal\": \"first snow on the harbour\", " \
+           "\"mood\": \"stormy\"}'" in text
+
+    forked = orgchart(docs_dir, orgchart_env, "fork", poet["id"], "--payload",
+                      json.dumps({"goal": GOAL, "mood": "stormy"}), "--note", "a darker take",
+                      "--run", "--json", "--agents-module", "my_agents")
+    branch = finished_tree(forked)
+    assert branch["forked_from"] == tree["id"]
+    stormy = next(c for c in branch["children"] if c["key"] == "calm")
+    assert stormy["payload"]["mood"] == "stormy" and stormy["result"]["mood"] == "stormy"
+
+    diff = orgchart(docs_dir, orgchart_env, "diff", tree["id"], branch["id"], "--json")
+    totals = json.loads(diff.stdout)["totals"]["b"]
+    assert (totals["calls_paid"], totals["calls_replayed"]) == (1, 2)
+    shown = orgchart(docs_dir, orgchart_env, "diff", tree["id"], branch["id"])
+    assert "/calm" in shown.stdout and '"mood": "stormy"' in shown.stdout
+
+    rerun = orgchart(docs_dir, orgchart_env, "fork", tree["id"], "--run", "--json",
+                     "--agents-module", "my_agents")
+    again = json.loads(orgchart(docs_dir, orgchart_env, "diff", tree["id"],
+                                finished_tree(rerun)["id"], "--json").stdout)
+    assert (again["totals"]["b"]["calls_paid"], again["totals"]["b"]["calls_replayed"]) == (0, 3)
