@@ -32,7 +32,13 @@ bench: install ## Run the benchmarks; writes bench/results/latest.json
 chaos: install ## Only the chaos suite (kills workers, restarts PostgreSQL)
 	$(BIN)/python -m pytest -q tests/chaos
 
+ha-demo: install ## Kill the primary of a local pg_auto_failover formation mid-tree (root)
+	$(BIN)/python -m bench.ha_demo
+
+ha: install ## Only the high-availability tests (a formation, network namespaces; root)
+	$(BIN)/python -m pytest -q -s tests/ha
+
 clean: ## Remove the virtualenv and local data
 	rm -rf $(VENV) .orgchart
 
-.PHONY: help install demo test lint bench chaos clean
+.PHONY: help install demo test lint bench chaos ha-demo ha clean

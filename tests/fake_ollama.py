@@ -64,7 +64,7 @@ class _QuietServer(ThreadingHTTPServer):
 class FakeOllama:
     """The server's state and counters (thread-safe)."""
 
-    def __init__(self, models: tuple[str, ...] = DEFAULT_MODELS) -> None:
+    def __init__(self, models: tuple[str, ...] = DEFAULT_MODELS, host: str = "127.0.0.1") -> None:
         self.models = list(models)
         self.delay_seconds = 0.0
         self.reply_text: str | None = None
@@ -85,7 +85,7 @@ class FakeOllama:
         self.seen: Counter[str] = Counter()
         self.answered: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._server = _QuietServer(("127.0.0.1", 0), _handler_for(self))
+        self._server = _QuietServer((host, 0), _handler_for(self))
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         kwargs={"poll_interval": 0.02},
                                         name="fake-ollama", daemon=True)

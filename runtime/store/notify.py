@@ -5,6 +5,14 @@ payload is the agent name, ``judge`` for the judge stage). :class:`TaskChannel` 
 own autocommit connection (a pooled one would hand the subscription to whoever borrows it
 next) and subscribes with the named statement ``channel_listen_tasks``.
 
+The URL may name several hosts (a failover formation): the connection goes to the one
+that takes writes (``target_session_attrs=read-write``), and the channel checks
+``pg_is_in_recovery()`` before it subscribes, so it never listens on a standby (a
+multi-host URL without ``target_session_attrs``, or a primary demoted since): it raises
+:class:`StandbyServer` instead and the caller tries again. Keepalives and
+``tcp_user_timeout`` come with the URL (:func:`runtime.store.db.with_options`), so a
+listener whose server vanished notices in seconds, not after the kernel's 15 minutes.
+
 Failure modes: a dropped connection raises from :meth:`TaskChannel.notes`
 (``psycopg.Error``); the caller closes the channel and opens a new one, which subscribes
 again (a LISTEN does not survive its connection).
@@ -25,6 +33,10 @@ from runtime.store.queries import QUERIES
 CONNECT_TIMEOUT_SECONDS = 5
 
 
+class StandbyServer(psycopg.OperationalError):
+    """The channel reached a standby (``pg_is_in_recovery()``): look for the primary again."""
+
+
 class TaskChannel:
     """A connection subscribed to the task channel; close it when done.
 
@@ -38,6 +50,11 @@ class TaskChannel:
         self._conn = psycopg.connect(libpq_url(url), autocommit=True,
                                      connect_timeout=connect_timeout)
         try:
+            row = self._conn.execute(QUERIES["server_in_recovery"]).fetchone()
+            if row is not None and row[0]:
+                info = self._conn.info
+                raise StandbyServer(f"{info.host}:{info.port} is a standby (in recovery); "
+                                    "the listener will look for the primary again")
             self._conn.execute(QUERIES["channel_listen_tasks"])
         except BaseException:
             self._conn.close()

@@ -943,6 +943,11 @@ LIMIT :limit;
 -- The cheapest statement that proves the database answers (health checks).
 SELECT 1;
 
+-- server_in_recovery --
+-- Whether this server is a standby (replaying WAL): a LISTEN there would hear nothing,
+-- since work is written on the primary. The listener asks after every (re)connection.
+SELECT pg_is_in_recovery();
+
 -- channel_listen_tasks --
 -- Subscribe this connection to the task channel (a worker waits on it between claims).
 LISTEN {tasks_channel};

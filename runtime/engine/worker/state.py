@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from runtime.engine.actions import Action
 from runtime.engine.worker.config import WorkerStats
+from runtime.store import db
 from runtime.store.rows import TaskRow
 
 log = logging.getLogger(__name__)
@@ -155,16 +156,25 @@ class DbHealth:
         self._failing: set[str] = set()
 
     def error(self, where: str, exc: BaseException) -> None:
-        """Count a database error in ``where``; log it when a streak starts."""
+        """Count a database error in ``where``; log it when a streak starts.
+
+        A failover error (the server gone, restarting or read-only) is the process's
+        outage, logged once for every place at once (:data:`runtime.store.db.OUTAGE`);
+        each place's streak is then logged at DEBUG only.
+        """
         self._stats.db_errors += 1
         if where not in self._failing:
             self._failing.add(where)
-            error = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:300]
-            log.warning(f"database error in the worker's {where}; retrying: "
-                        f"{type(exc).__name__}: {error}")
+            error = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+            line = f"{type(exc).__name__}: {error[0][:300] if error else ''}"
+            if db.is_failover_error(exc):
+                db.OUTAGE.begin(exc)
+                log.debug(f"the worker's {where} waits for the database: {line}")
+            else:
+                log.warning(f"database error in the worker's {where}; retrying: {line}")
 
     def ok(self, where: str) -> None:
         """``where`` reached the database: end its streak, saying so."""
         if where in self._failing:
             self._failing.discard(where)
-            log.info(f"the worker's {where} reaches the database again")
+            log.debug(f"the worker's {where} reaches the database again")

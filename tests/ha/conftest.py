@@ -1,0 +1,104 @@
+"""Fixtures for the high-availability suite: one pg_auto_failover formation per session.
+
+The formation (a monitor and two PostgreSQL 15 nodes, synchronous replication, loopback
+ports; :class:`bench.ha_cluster.Formation`) takes about 10 to 100 s to form, so the
+session starts it once; each test gets a database of its own on whatever node is the
+primary. Every test here is marked ``ha`` and skips, saying why, where a formation cannot
+run (not root, no ``pg_autoctl``). Figures the tests measure go to
+``bench/results/ha-tests.json`` at the end of the session (``python -m bench.ha`` runs
+this suite and prints them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from bench.ha_cluster import MONITOR_SETTINGS, Formation, unavailable
+from runtime.store import db
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "ha-tests.json"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test of this folder ``ha`` (``-m "not ha"`` leaves them out)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.ha)
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.fixture(scope="session")
+def figures() -> Iterator[dict[str, Any]]:
+    """What the suite measured; written to :data:`RESULTS` when the session ends."""
+    found: dict[str, Any] = {}
+    yield found
+    if found:
+        found["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        found["monitor_settings_ms"] = dict(MONITOR_SETTINGS)
+        found["machine"] = f"{os.cpu_count()} cores, shared with other work (figures are noisy)"
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(found, indent=2, sort_keys=True) + "\n")
+        print(f"\nha figures written to {RESULTS}:\n{json.dumps(found, indent=2)}")
+
+
+@pytest.fixture(scope="session")
+def formation(figures: dict[str, Any]) -> Iterator[Formation]:
+    """A running formation (skips when it cannot run here); everything killed at the end."""
+    why = unavailable()
+    if why:
+        pytest.skip(f"pg_auto_failover formation: {why}")
+    if os.environ.get("ORGCHART_TEST_DATABASE_URL"):
+        pytest.skip("the ha tests bring their own servers: they run in the embedded pass only")
+    monitor, *nodes = _free_ports(3)
+    f = Formation(Path(f"/tmp/orgchart-ha-{os.getpid()}"), monitor_port=monitor,
+                  node_ports=(nodes[0], nodes[1]))
+    started = time.monotonic()
+    try:
+        f.start()
+        figures["formation_start_seconds"] = round(time.monotonic() - started, 1)
+        yield f
+    finally:
+        f.close()
+
+
+def _admin(url: str, sql: str) -> None:
+    with psycopg.connect(db.libpq_url(url), autocommit=True, connect_timeout=5) as conn:
+        conn.execute(sql)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def ha_db(formation: Formation) -> Iterator[str]:
+    """A migrated database of its own on the formation; the multi-host URL (libpq form)."""
+    name = f"orgchart_ha_{uuid.uuid4().hex[:10]}"
+    admin = formation.url().replace("/orgchart?", "/postgres?")
+    _admin(admin, f'CREATE DATABASE "{name}"')
+    url = formation.url().replace("/orgchart?", f"/{name}?")
+    db.upgrade(url)
+    yield url
+    try:
+        _admin(admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    except psycopg.Error as exc:  # the formation may be down to one node by now
+        print(f"could not drop {name}: {exc}")
