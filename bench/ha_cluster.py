@@ -14,7 +14,8 @@ Used by the high-availability tests (``tests/ha``), ``bench/ha.py`` and ``make h
 - :class:`Host` is a network namespace joined to the root namespace by a veth pair on a
   private /30 this module creates (10.213.N.0/30). Processes started in it reach the
   root namespace's end of the pair (PostgreSQL and the model server listen there) and
-  nothing else. :meth:`Host.cut` takes the link down; :meth:`Host.heal` brings it back.
+  nothing else. :meth:`Host.cut` takes both ends of the link down; :meth:`Host.heal`
+  brings them back.
 
 Failure modes: :func:`unavailable` says why this cannot run here (no ``pg_autoctl``, not
 root); a formation that does not form within its timeout raises with the last
@@ -385,17 +386,22 @@ class Host:
         return ["ip", "netns", "exec", self.name, *args]
 
     def cut(self) -> None:
-        """Drop every packet between this host and the root namespace (netem loss 100%)."""
-        subprocess.run(["tc", "qdisc", "replace", "dev", self.veth, "root", "netem",
-                        "loss", "100%"], check=True, capture_output=True)
-        subprocess.run(self.command(["tc", "qdisc", "replace", "dev", "eth0", "root",
-                                     "netem", "loss", "100%"]), check=True,
+        """Cut this host off: both ends of its link go down (no packet either way).
+
+        Established connections are not closed: their sends fail silently and TCP keeps
+        retransmitting, as across a real partition, until ``tcp_user_timeout`` or the
+        keepalives give up. (netem packet loss would do the same; this kernel has no
+        netem.)
+        """
+        subprocess.run(["ip", "link", "set", self.veth, "down"], check=True,
+                       capture_output=True)
+        subprocess.run(self.command(["ip", "link", "set", "eth0", "down"]), check=True,
                        capture_output=True)
 
     def heal(self) -> None:
-        """Undo :meth:`cut`."""
-        for cmd in (["tc", "qdisc", "del", "dev", self.veth, "root"],
-                    self.command(["tc", "qdisc", "del", "dev", "eth0", "root"])):
+        """Undo :meth:`cut`: both ends up, addresses (and so routes) as before."""
+        for cmd in (["ip", "link", "set", self.veth, "up"],
+                    self.command(["ip", "link", "set", "eth0", "up"])):
             subprocess.run(cmd, check=False, capture_output=True)
 
     def destroy(self) -> None:

@@ -25,6 +25,7 @@ from bench import (
     drain,
     fanin,
     fork,
+    ha,
     makespan,
     pgqueuer_drain,
     pickup,
@@ -37,7 +38,7 @@ from bench import (
 from bench.common import RESULTS_DIR, machine, server_url
 
 ORDER = ("reference", "drain", "pgqueuer", "pickup", "fanin", "claim_latency", "tree_read",
-         "scrape", "worker_memory", "makespan", "fork", "charge", "transport")
+         "scrape", "worker_memory", "makespan", "fork", "charge", "transport", "ha")
 
 FULL: dict[str, dict[str, Any]] = {
     "reference": {"n": 20_000, "threads": 4},
@@ -53,6 +54,7 @@ FULL: dict[str, dict[str, Any]] = {
     "fork": {"leads": 30, "writers": 30, "delay": 1.0},
     "charge": {"leaves": 1000, "threads": 64, "charges": 10_000},
     "transport": {"calls": 900, "seq": 300, "rounds": 2, "delay": 0.5},
+    "ha": {},
 }
 
 QUICK: dict[str, dict[str, Any]] = {
@@ -69,6 +71,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "fork": {"leads": 2, "writers": 3, "delay": 0.1},
     "charge": {"leaves": 20, "threads": 4, "charges": 40, "calls_per_leaf": 2},
     "transport": {"calls": 20, "seq": 10, "rounds": 1, "delay": 0.05},
+    "ha": {"quick": True},
 }
 
 MAINS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -85,6 +88,7 @@ MAINS: dict[str, Callable[..., dict[str, Any]]] = {
     "fork": fork.main,
     "charge": charge.main,
     "transport": transport.main,
+    "ha": ha.main,
 }
 
 

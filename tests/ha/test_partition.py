@@ -4,7 +4,7 @@ Three "hosts" are network namespaces joined to this one by veth pairs on private
 the test creates (10.213.N.0/30). Each runs one ``orgchart worker`` that reaches the
 formation's PostgreSQL and its own fake Ollama server at the root end of its pair, with
 ``tcp_user_timeout`` and keepalives lowered (``TCP_USER_TIMEOUT_MS``). Once host 0 holds
-leases, all its packets are dropped (netem loss 100% both ways) for twice the lease, then
+leases, both ends of its link go down (no packet passes) for twice the lease, then
 the link heals.
 
 Then: the other hosts ran host 0's tasks once its leases expired (within lease + 2 s of
@@ -175,6 +175,8 @@ def test_a_host_cut_off_while_holding_leases_loses_nothing(
         "takeover_seconds": round(took_over, 2), "lease_seconds": LEASE_SECONDS,
         "tcp_user_timeout_ms": TCP_USER_TIMEOUT_MS, "cut_seconds": round(healed_at - cut_at, 1),
         "tasks_held_at_cut": len(held), "late_writes_recorded": int(late or 0),
+        "late_writes_refused": sum(logs[0].count(f"late {w} ignored")
+                                   for w in ("write", "charge", "delegation", "retry")),
         "model_calls_paid_twice": twice, "model_calls_in_flight_at_cut": in_flight_at_cut,
         "tasks": history["tasks"], "hosts": HOSTS,
     }
@@ -185,7 +187,8 @@ def test_a_host_cut_off_while_holding_leases_loses_nothing(
     assert history["terminal_events_not_once"] == {}, history
     assert history["duplicate_children"] == []
     assert int(late or 0) == 0, "a write of the cut-off host was recorded"
-    assert noticed is not None, logs[0][-3000:]
+    assert noticed is not None, "\n".join(  # what host 0 said, repeats left out
+        dict.fromkeys(line[24:200] for line in logs[0].splitlines()))
     assert noticed - cut_at <= TCP_USER_TIMEOUT_MS / 1000 + LEASE_SECONDS / 3 + 2, result
     assert took_over <= LEASE_SECONDS + 2 + TAKEOVER_SLACK_SECONDS, result
     assert twice <= in_flight_at_cut, result

@@ -51,6 +51,7 @@ from runtime.engine.worker.config import (
 )
 from runtime.engine.worker.state import DbHealth, Held, InFlight, Wake
 from runtime.engine.worker.steps import Steps
+from runtime.store import db
 from runtime.store.rows import RunOutcome
 
 log = logging.getLogger(__name__)
@@ -258,6 +259,12 @@ class Scheduler:
                 return
             except DB_ERRORS as exc:
                 self.health.error("writer", exc)
+                if db.in_doubt(exc):
+                    # The retry below is the check: every write is guarded by its lease
+                    # token, so what already landed matches nothing and changes nothing.
+                    log.warning(f"the COMMIT of {len(actions)} outcome(s) was in doubt; "
+                                "writing them again (those already recorded are refused by "
+                                "their lease tokens, logged as late writes)")
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, DB_RETRY_MAX_SECONDS)
 
