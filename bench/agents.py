@@ -120,3 +120,20 @@ class MakespanWriter(Agent):
     async def run(self, ctx: AgentContext, task: TaskView) -> Result:
         reply = await model_call(ctx, f"write {task.payload['goal']}")
         return Result({"text": reply.text})
+
+
+# ---------------------------------------------------------------------- control
+class BenchAsker(Agent):
+    """Asks a person one question (``bench.control``'s answer_to_parent_ms); returns the answer."""
+
+    name = "bench_asker"
+    input_model = StampInput
+    output_model = AnyResult
+
+    async def run(self, ctx: AgentContext, task: TaskView) -> Delegate:
+        return Delegate([ChildSpec("human", {"question": "go ahead?", "choices": ["yes", "no"]},
+                                   key="q", budget_seconds=task.budget_seconds)])
+
+    async def aggregate(self, ctx: AgentContext, task: TaskView,
+                        children: list[ChildView]) -> Result:
+        return Result({"answer": children[0].result})

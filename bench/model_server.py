@@ -6,7 +6,8 @@ Prints ``port N`` once it listens. Speaks just enough HTTP/1.1 (keep-alive,
 ``Content-Length`` bodies) for the official client: ``POST /api/chat`` (non-streaming;
 a ``format`` schema gets ``{}``-shaped JSON text, which the bench agents do not use),
 ``GET /api/tags``, ``GET /api/version``; and ``GET /stats`` (calls answered, calls in
-flight now, peak in flight) and ``POST /stats/reset`` for the benchmark. One asyncio loop,
+flight now, peak in flight, calls aborted by their client), ``GET /starts`` (when each
+call started) and ``POST /stats/reset`` for the benchmark. One asyncio loop,
 no thread per connection, so a thousand concurrent calls cost a thousand sockets.
 """
 
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import resource
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,10 +31,13 @@ class Counts:
     answered: int = 0
     in_flight: int = 0
     peak: int = 0
+    #: Calls whose client hung up before the answer (a cancelled task's call, aborted).
+    aborted: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """JSON-ready."""
-        return {"answered": self.answered, "in_flight": self.in_flight, "peak": self.peak}
+        return {"answered": self.answered, "in_flight": self.in_flight, "peak": self.peak,
+                "aborted": self.aborted}
 
 
 def raise_open_files_limit() -> int:
@@ -55,9 +61,15 @@ class ModelServer:
     def __init__(self, delay: float) -> None:
         self.delay = delay
         self.counts = Counts()
+        #: When each chat started (``time.time()``, this machine's clock), in order.
+        self.starts: list[float] = []
+        #: When each aborted chat's client hung up, and when each answered chat ended.
+        self.aborts: list[float] = []
+        self.ends: list[float] = []
 
     async def chat(self, request: dict[str, Any]) -> dict[str, Any]:
         """One chat: wait ``delay``, answer with token counts like Ollama's."""
+        self.starts.append(time.time())
         c = self.counts
         c.in_flight += 1
         c.peak = max(c.peak, c.in_flight)
@@ -66,6 +78,7 @@ class ModelServer:
         finally:
             c.in_flight -= 1
         c.answered += 1
+        self.ends.append(time.time())
         prompt = " ".join(str(m.get("content", "")) for m in request.get("messages", []))
         text = json.dumps({"text": "ok"}) if request.get("format") else "ok: an answer"
         return {
@@ -91,7 +104,11 @@ class ModelServer:
             return _response("200 OK", self.counts.as_dict())
         if path == "/stats/reset":
             self.counts = Counts(in_flight=self.counts.in_flight)
+            self.starts, self.aborts, self.ends = [], [], []
             return _response("200 OK", self.counts.as_dict())
+        if path == "/starts":  # when each chat since the last reset started (or was aborted)
+            return _response("200 OK", {"starts": self.starts, "aborts": self.aborts,
+                                        "ends": self.ends})
         return _response("404 Not Found", {"error": f"no {path}"})
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -105,7 +122,11 @@ class ModelServer:
                            (line.partition(":") for line in lines[1:] if line)}
                 size = int(headers.get("content-length", "0"))
                 body = await reader.readexactly(size) if size else b""
-                writer.write(await self.route(method, path.split("?")[0], body))
+                answer = await self._answer_unless_gone(reader, method, path.split("?")[0],
+                                                        body)
+                if answer is None:
+                    break  # the client hung up while it waited: its call was aborted
+                writer.write(answer)
                 await writer.drain()
                 if headers.get("connection", "").lower() == "close":
                     break
@@ -113,6 +134,30 @@ class ModelServer:
             pass
         finally:
             writer.close()
+
+
+    async def _answer_unless_gone(self, reader: asyncio.StreamReader, method: str, path: str,
+                                  body: bytes) -> bytes | None:
+        """Answer, or None when the client closes the connection first (counted aborted).
+
+        The client sends nothing more on a connection until it has its answer, so a read
+        that returns while the answer is being made is the connection's end.
+        """
+        answering = asyncio.ensure_future(self.route(method, path, body))
+        closing = asyncio.ensure_future(reader.read(1))
+        done, _ = await asyncio.wait({answering, closing},
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if answering in done:
+            closing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await closing  # the stream has one reader at a time
+            return answering.result()
+        answering.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await answering
+        self.counts.aborted += 1
+        self.aborts.append(time.time())
+        return None
 
 
 async def serve(port: int, delay: float) -> None:

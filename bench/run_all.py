@@ -22,6 +22,7 @@ from typing import Any
 from bench import (
     charge,
     claim_latency,
+    control,
     drain,
     fanin,
     fork,
@@ -38,7 +39,7 @@ from bench import (
 from bench.common import RESULTS_DIR, machine, server_url
 
 ORDER = ("reference", "drain", "pgqueuer", "pickup", "fanin", "claim_latency", "tree_read",
-         "scrape", "worker_memory", "makespan", "fork", "charge", "transport", "ha")
+         "scrape", "worker_memory", "makespan", "fork", "charge", "transport", "ha", "control")
 
 FULL: dict[str, dict[str, Any]] = {
     "reference": {"n": 20_000, "threads": 4},
@@ -55,6 +56,7 @@ FULL: dict[str, dict[str, Any]] = {
     "charge": {"leaves": 1000, "threads": 64, "charges": 10_000},
     "transport": {"calls": 900, "seq": 300, "rounds": 2, "delay": 0.5},
     "ha": {},
+    "control": {"leads": 30, "writers": 30, "delay": 1.0, "answers": 20, "in_flight": 300},
 }
 
 QUICK: dict[str, dict[str, Any]] = {
@@ -72,6 +74,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "charge": {"leaves": 20, "threads": 4, "charges": 40, "calls_per_leaf": 2},
     "transport": {"calls": 20, "seq": 10, "rounds": 1, "delay": 0.05},
     "ha": {"quick": True},
+    "control": {"leads": 2, "writers": 5, "delay": 0.5, "answers": 2, "in_flight": 5},
 }
 
 MAINS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -89,6 +92,7 @@ MAINS: dict[str, Callable[..., dict[str, Any]]] = {
     "charge": charge.main,
     "transport": transport.main,
     "ha": ha.main,
+    "control": control.main,
 }
 
 

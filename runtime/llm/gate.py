@@ -12,6 +12,9 @@ is sent:
    wave, not one each. A read always starts after its call asked, so a call that starts
    after ``orgchart cancel`` returned sees the cancel: this is what makes "no call
    starts after the cancel command returned" hold without depending on a notification;
+   A cancel or pause announced (``refresh``, on the worker's notification) while a read
+   was in flight makes its callers read again: a read that began before the command
+   committed could not see it;
 3. a task that is no longer running (cancelled, or taken away) is refused; a task whose
    tree is paused gives its slot back and waits, asking again every
    :data:`PAUSE_POLL_SECONDS`, until the tree is resumed (a call already sent finishes
@@ -71,6 +74,7 @@ class CallGate:
         self._waiting: dict[asyncio.AbstractEventLoop, _Waiting] = {}
         self._reading: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
         self._sending: dict[uuid.UUID, set[asyncio.Task[Any]]] = {}
+        self._generation = 0
 
     # ------------------------------------------------------------------ stopping
     def stop(self, task_ids: Sequence[uuid.UUID]) -> int:
@@ -85,6 +89,16 @@ class CallGate:
             with contextlib.suppress(RuntimeError):  # its loop already closed
                 job.get_loop().call_soon_threadsafe(job.cancel)
         return len(jobs)
+
+    def refresh(self) -> None:
+        """A cancel or a pause was announced (from any thread): answers read before it are stale.
+
+        Every call whose database read was in flight reads again before it is sent, so the
+        window in which a call may start after a cancel or pause committed is the time the
+        announcement takes to reach this process.
+        """
+        with self._lock:
+            self._generation += 1
 
     def forget(self, task_ids: Sequence[uuid.UUID]) -> None:
         """Drop tasks from the stopped set (their work is over; keeps the set small)."""
@@ -135,16 +149,23 @@ class CallGate:
             raise LeaseLost(f"task {task_id}: cancelled; the model was not called")
         if self._read is None:
             return False
-        for attempt in range(READ_TRIES):
+        attempt = 0
+        while True:
+            generation = self._generation
             try:
                 status, paused = await self._ask(task_id)
-                break
             except Exception:  # the database is away: wait, never send unchecked
-                if attempt == READ_TRIES - 1:
+                attempt += 1
+                if attempt >= READ_TRIES:
                     raise
                 log.warning("model-call gate: the database did not answer; retrying",
                             exc_info=True)
                 await asyncio.sleep(READ_RETRY_SECONDS)
+                continue
+            # A cancel or pause announced while the read was in flight may have committed
+            # after the read's snapshot: ask again (a fresh read sees it).
+            if generation == self._generation:
+                break
         if status not in _OPEN:
             with self._lock:
                 self._stopped.add(task_id)

@@ -1452,10 +1452,17 @@ FROM upd;
 
 -- tree_pause_insert --
 -- Pause a tree: one row for its root (a root only); pausing a paused tree inserts nothing.
-INSERT INTO tree_pauses (root_id, paused_by, note)
-SELECT id, :actor, :note FROM tasks WHERE id = :root_id AND parent_id IS NULL
-ON CONFLICT (root_id) DO NOTHING
-RETURNING root_id, paused_at;
+-- NOTIFY 'pause' makes the workers' model-call gates read again (a read in flight may
+-- predate the pause); nothing depends on it: every call reads the pause before it starts.
+WITH ins AS (
+    INSERT INTO tree_pauses (root_id, paused_by, note)
+    SELECT id, :actor, :note FROM tasks WHERE id = :root_id AND parent_id IS NULL
+    ON CONFLICT (root_id) DO NOTHING
+    RETURNING root_id, paused_at
+), notify AS (
+    SELECT pg_notify('{tasks_channel}', 'pause') FROM ins
+)
+SELECT root_id, paused_at, (SELECT count(*) FROM notify) AS notified FROM ins;
 
 -- tree_pause_delete --
 -- Resume a tree: delete its pause, move the deadlines of its running tasks on by the time

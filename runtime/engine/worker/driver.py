@@ -27,7 +27,7 @@ from runtime.engine.worker.listener import Listener, NotifierFactory
 from runtime.engine.worker.scheduler import Scheduler
 from runtime.engine.worker.state import DbHealth, Held, InFlight, Wake
 from runtime.engine.worker.steps import Steps
-from runtime.engine.worker.stopper import CANCEL_NOTE, StopWatcher
+from runtime.engine.worker.stopper import CANCEL_NOTE, PAUSE_NOTE, StopWatcher
 from runtime.store.notify import TaskChannel
 from runtime.store.store import Store
 
@@ -74,7 +74,8 @@ class Worker:
         self.listener: Listener | None = None
         if config.listen:
             self.listener = Listener(notifier or (lambda: TaskChannel.open(store.engine)),
-                                     config.notifications | {CANCEL_NOTE}, self._noted,
+                                     config.notifications | {CANCEL_NOTE, PAUSE_NOTE},
+                                     self._noted,
                                      self.wake, self._stopping)
 
     @property
@@ -100,8 +101,13 @@ class Worker:
 
     def _noted(self, payload: str) -> None:
         """A notification for this worker: wake the claim loop (and the judge's claims)."""
-        if payload == CANCEL_NOTE:
-            self.stopper.poke()
+        if payload in (CANCEL_NOTE, PAUSE_NOTE):
+            # Model calls whose gate read was in flight read again (it may predate this).
+            refresh = getattr(self.stopper.gate, "refresh", None)
+            if refresh is not None:
+                refresh()
+            if payload == CANCEL_NOTE:
+                self.stopper.poke()
             return
         if payload == JUDGE:
             self.steps.judging_may_wait.set()

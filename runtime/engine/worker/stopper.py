@@ -36,8 +36,10 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two stop checks while the worker holds tasks.
 STOP_CHECK_SECONDS = 0.5
-#: The notification payload a cancel sends (``task_cancel_subtree``'s NOTIFY).
+#: The notification payloads a cancel and a pause send (``task_cancel_subtree``,
+#: ``tree_pause_insert``): the model layer's gate reads again, a cancel is looked for.
 CANCEL_NOTE = "cancel"
+PAUSE_NOTE = "pause"
 
 
 class Gate(Protocol):
