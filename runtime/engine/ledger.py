@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from runtime.engine.charges import ChargeWriter
-from runtime.llm.ledger import RecordedCall
+from runtime.llm.ledger import RecordedCall, RecordLookup
 from runtime.store.rows import ModelCharge, StepBegin, StepEnd, StepRecord
 from runtime.store.store import Store
 
@@ -53,15 +54,15 @@ class StoreLedger:
                                                           position, list(request_hashes))
         else:
             row = self.store.recorded_call(task_id, phase, position, list(request_hashes))
-        if row is None:
-            return None
-        return RecordedCall(
-            call_id=int(row["id"]), request_hash=str(row["request_hash"]),
-            response=str(row["response"]), thinking=row.get("thinking"),
-            model=str(row["model"]), route=str(row["route"]), backend=str(row["backend"]),
-            prompt_tokens=int(row["prompt_tokens"] or 0),
-            completion_tokens=int(row["completion_tokens"] or 0),
-            tool_calls=row.get("tool_calls"))
+        return None if row is None else _recorded(row)
+
+    def recorded_calls(self, lookups: Sequence[RecordLookup]) -> list[RecordedCall | None]:
+        """Many look-ups of :meth:`recorded_call` in one statement, in order."""
+        rows = self.store.recorded_calls_many([
+            {"n": n, "task_id": lk.task_id, "counterpart": lk.counterpart, "phase": lk.phase,
+             "position": lk.position, "hashes": list(lk.hashes)}
+            for n, lk in enumerate(lookups)])
+        return [_recorded(rows[n]) if n in rows else None for n in range(len(lookups))]
 
     def gate_calls(self, task_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, tuple[str | None, bool]]:
         """For the model-call gate: each task's status and whether its tree is paused."""
@@ -74,3 +75,14 @@ class StoreLedger:
     def step_finish(self, end: StepEnd) -> bool:
         """Record a step's result or error (fenced); False when the lease is gone."""
         return self.store.step_finish(end)
+
+
+def _recorded(row: dict[str, Any]) -> RecordedCall:
+    """A ``model_calls`` row as the model layer's :class:`RecordedCall`."""
+    return RecordedCall(
+        call_id=int(row["id"]), request_hash=str(row["request_hash"]),
+        response=str(row["response"]), thinking=row.get("thinking"),
+        model=str(row["model"]), route=str(row["route"]), backend=str(row["backend"]),
+        prompt_tokens=int(row["prompt_tokens"] or 0),
+        completion_tokens=int(row["completion_tokens"] or 0),
+        tool_calls=row.get("tool_calls"))

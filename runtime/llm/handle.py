@@ -65,7 +65,7 @@ from runtime.llm.calls import (
     validated,
 )
 from runtime.llm.gate import CallGate
-from runtime.llm.ledger import CallLedger, RecordedCall
+from runtime.llm.ledger import CallLedger, RecordedCall, RecordReader
 from runtime.llm.loop import CallLoop
 from runtime.llm.reply import (
     NOT_RECORDED,
@@ -123,6 +123,7 @@ class LLMFactory:
         self.calls = CallLoop()
         #: The start gate of every request: cancelled tasks and paused trees (gate.py).
         self.gate = CallGate(getattr(ledger, "gate_calls", None), self.in_ledger)
+        self.records = RecordReader(ledger, self.in_ledger)  # durable calls' look-ups
         # The ledger's blocking reads run here, not in asyncio's default executor (a few
         # threads per core): a thousand calls in flight each look up their record.
         self._ledger_pool = ThreadPoolExecutor(max_workers=LEDGER_THREADS,
@@ -322,11 +323,9 @@ class TaskLLM:
                       else (settings.models.local, settings.models.cloud))
             hashes = {model: request_hash(model, messages, json_schema, asked, think)
                       for model in models}
-            lookup: tuple[Any, ...] = (self.task_id, self.phase, position,
-                                       sorted(set(hashes.values())))
-            if self._counterpart is not None:
-                lookup = (*lookup, self._counterpart)
-            recorded = await self._factory.in_ledger(self._ledger.recorded_call, *lookup)
+            recorded = await self._factory.records.read(  # batched with other calls' reads
+                self.task_id, self.phase, position, sorted(set(hashes.values())),
+                self._counterpart)
             if recorded is not None:
                 replayed = await self._replayed(recorded, prompt, system, json_schema,
                                                 model_cls, call_index, position)

@@ -6,6 +6,7 @@ The wiring (:func:`runtime.wiring.build_runtime`) passes an implementation over 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -75,3 +76,75 @@ class StepLedger(Protocol):
     def step_finish(self, end: StepEnd) -> bool:
         """Record a step's result or error and charge its cost; False: lease lost."""
         ...
+
+
+@dataclass(frozen=True)
+class RecordLookup:
+    """One durable call's look-up: the task, phase, position, hashes (and counterpart)."""
+
+    task_id: uuid.UUID
+    phase: str
+    position: str
+    hashes: tuple[str, ...]
+    counterpart: uuid.UUID | None = None
+
+
+class RecordReader:
+    """Looks recorded replies up, batching the look-ups that arrive together.
+
+    A re-run (a fork's branch) of a thousand-task tree asks for a thousand records at
+    once; one read per call would be a thousand statements and thread hops. When the
+    ledger offers ``recorded_calls`` (a batched read), the look-ups that arrive while a
+    read is in flight share the next read, per event loop (as the start gate's reads do);
+    without it, each look-up is one ``recorded_call``.
+
+    Args:
+        ledger: the model layer's ledger.
+        off_loop: runs a blocking ledger read off the event loop.
+
+    """
+
+    def __init__(self, ledger: Any, off_loop: Any) -> None:
+        self._ledger = ledger
+        self._off_loop = off_loop
+        self._batched = getattr(ledger, "recorded_calls", None)
+        self._waiting: dict[asyncio.AbstractEventLoop,
+                            list[tuple[RecordLookup, asyncio.Future[RecordedCall | None]]]] = {}
+        self._reading: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
+
+    async def read(self, task_id: uuid.UUID, phase: str, position: str,
+                   hashes: Sequence[str],
+                   counterpart: uuid.UUID | None = None) -> RecordedCall | None:
+        """The recorded reply for one call (see :meth:`CallLedger.recorded_call`)."""
+        if self._batched is None:
+            args: tuple[Any, ...] = (task_id, phase, position, list(hashes))
+            if counterpart is not None:
+                args = (*args, counterpart)
+            result: RecordedCall | None = await self._off_loop(self._ledger.recorded_call,
+                                                               *args)
+            return result
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[RecordedCall | None] = loop.create_future()
+        lookup = RecordLookup(task_id, phase, position, tuple(hashes), counterpart)
+        self._waiting.setdefault(loop, []).append((lookup, future))
+        if loop not in self._reading:
+            self._reading[loop] = loop.create_task(self._read_batches(loop))
+        return await future
+
+    async def _read_batches(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the waiting look-ups, batch after batch, until nobody waits."""
+        try:
+            while self._waiting.get(loop):
+                batch = self._waiting.pop(loop)
+                try:
+                    found = await self._off_loop(self._batched, [lk for lk, _ in batch])
+                except Exception as exc:  # each caller sees the database's error
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, future), record in zip(batch, found, strict=True):
+                    if not future.done():
+                        future.set_result(record)
+        finally:
+            self._reading.pop(loop, None)

@@ -1628,7 +1628,7 @@ SELECT ins.*, (SELECT count(*) FROM notify) AS notified FROM ins;
 -- replayed rows count too (they hold the reply they were served): a branch of a branch
 -- replays through the branch in between.
 SELECT id, request_hash, response, thinking, model, route, backend, prompt_tokens,
-       completion_tokens
+       completion_tokens, tool_calls
 FROM model_calls
 WHERE task_id IN (:task_id, :counterpart) AND phase = :phase AND position = :position
   AND request_hash = ANY(CAST(:hashes AS text[]))
@@ -1636,6 +1636,29 @@ WHERE task_id IN (:task_id, :counterpart) AND phase = :phase AND position = :pos
   AND (task_id = :counterpart OR NOT replayed)
 ORDER BY task_id = :task_id DESC, id DESC
 LIMIT 1;
+
+-- model_call_get_recorded_many --
+-- The recorded replies of a batch of durable calls (one JSON array: n, task_id,
+-- counterpart, phase, position, hashes), one row per call that has one: as
+-- model_call_get_recorded for a call without a counterpart, as
+-- model_call_get_recorded_or_counterpart for a fork's branch task. A thousand calls
+-- replayed at once (a re-run) are one statement, not a thousand.
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset(CAST(:batch AS jsonb))
+        AS i(n int, task_id uuid, counterpart uuid, phase text, position text, hashes text[])
+)
+SELECT i.n, m.id, m.request_hash, m.response, m.thinking, m.model, m.route, m.backend,
+       m.prompt_tokens, m.completion_tokens, m.tool_calls
+FROM input i
+CROSS JOIN LATERAL (
+    SELECT * FROM model_calls c
+    WHERE c.task_id IN (i.task_id, i.counterpart) AND c.phase = i.phase
+      AND c.position = i.position AND c.request_hash = ANY(i.hashes)
+      AND c.error IS NULL AND c.response IS NOT NULL
+      AND (c.task_id = i.counterpart OR NOT c.replayed)
+    ORDER BY c.task_id = i.task_id DESC, c.id DESC
+    LIMIT 1
+) m;
 
 -- model_call_count_by_task --
 -- Per task of one tree, the requests paid for and the calls served from the record.

@@ -188,6 +188,18 @@ class StoreReads:
                           hashes=list(hashes))
         return rows[0] if rows else None
 
+    def recorded_calls_many(self, lookups: Sequence[dict[str, Any]]) -> dict[int, Task]:
+        """Recorded replies of many durable calls in one statement: ``{n: row}``.
+
+        Each look-up is ``{"n", "task_id", "counterpart", "phase", "position", "hashes"}``
+        (``counterpart`` None outside a fork's branch); calls with no record are absent.
+        """
+        if not lookups:
+            return {}
+        rows = self.query("model_call_get_recorded_many",
+                          batch=json.dumps(list(lookups), default=str))
+        return {int(r["n"]): r for r in rows}
+
     def call_counts(self, root_id: uuid.UUID) -> dict[uuid.UUID, tuple[int, int]]:
         """Per task of a tree: ``(requests paid for, calls served from the record)``."""
         return {r["task_id"]: (int(r["paid"]), int(r["replayed"]))
