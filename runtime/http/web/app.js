@@ -5,7 +5,7 @@
 "use strict";
 
 (function () {
-  const TERMINAL = new Set(["done", "failed", "escalated"]);
+  const TERMINAL = new Set(["done", "failed", "escalated", "cancelled"]);
   const POLL_MS = 1000;
   const INDEX_POLL_MS = 5000;
   const token = new URLSearchParams(window.location.search).get("token");
@@ -428,6 +428,7 @@
       }
       const box = document.getElementById("message");
       if (box.dataset.kind === "error") showMessage("");
+      await refreshSteering();
       stamp();
       if (finished) {
         document.getElementById("updated").textContent += " (finished: no longer polling)";
@@ -653,6 +654,157 @@
       showMessage("could not resolve " + taskId.slice(0, 8) + ": " + error.message, "error");
       for (const b of document.querySelectorAll("button.resolve")) b.disabled = false;
     }
+    state.tree = null; // read it whole again, then follow it
+    state.finalRead = false;
+    schedule(0);
+  }
+
+  // ------------------------------------------------------------------ steering
+  // Pause, resume and cancel the tree; answer its questions to a person; approve or
+  // reject its held tasks. Read on every poll (GET /trees/{id}/pause, GET /inbox).
+  async function refreshSteering() {
+    if (!state.rootId) return;
+    try {
+      const [pause, inbox] = await Promise.all([
+        api("GET", "/trees/" + state.rootId + "/pause"),
+        api("GET", "/inbox"),
+      ]);
+      renderSteer(pause);
+      renderInbox(inbox.filter((i) => i.root_id === state.rootId && i.kind !== "escalation"));
+    } catch (error) {
+      showMessage("could not read the steering state: " + error.message, "error");
+    }
+  }
+
+  function steerButton(label, className, onclick) {
+    return el("button", { type: "button", className: "steer " + className, text: label,
+      onclick: onclick });
+  }
+
+  function renderSteer(pause) {
+    const box = document.getElementById("steer");
+    const paused = document.getElementById("paused");
+    paused.hidden = !pause.paused;
+    paused.textContent = pause.paused ? "paused" + (pause.paused_by ? " by " + pause.paused_by : "") : "";
+    const finished = state.tree && TERMINAL.has(state.tree.status);
+    box.replaceChildren(...(finished ? [] : [
+      pause.paused
+        ? steerButton("Resume", "resume", () => steer("POST", "/trees/" + state.rootId + "/resume", {}, "resumed"))
+        : steerButton("Pause", "pause", () => steer("POST", "/trees/" + state.rootId + "/pause",
+          { note: "paused from the web page" }, "paused")),
+      steerButton("Cancel tree", "cancel", () => {
+        if (window.confirm("Cancel this whole tree? Its open tasks end cancelled.")) {
+          steer("POST", "/tasks/" + state.rootId + "/cancel",
+            { note: "cancelled from the web page" }, "cancelled");
+        }
+      }),
+    ]));
+  }
+
+  // A form from the question's answer_schema: choices as buttons, an object's properties
+  // as fields (text, number, checkbox, or a select for an enum), anything else as JSON.
+  function answerForm(item) {
+    const send = (answer) => steer("POST", "/tasks/" + item.id + "/answer",
+      { answer: answer, by: "web page" }, "answered");
+    if (item.choices && item.choices.length) {
+      return el("div", { className: "answer-form" }, item.choices.map((choice) =>
+        el("button", { type: "button", className: "answer choice", "data-choice": JSON.stringify(choice),
+          text: typeof choice === "string" ? choice : JSON.stringify(choice),
+          onclick: () => send(choice) })));
+    }
+    const schema = item.answer_schema || {};
+    const props = schema.type === "object" && schema.properties ? schema.properties : null;
+    const form = el("form", { className: "answer-form" });
+    const fields = [];
+    if (props) {
+      for (const [name, spec] of Object.entries(props)) {
+        let input;
+        if (Array.isArray(spec.enum)) {
+          input = el("select", { name: name }, spec.enum.map((v) =>
+            el("option", { value: JSON.stringify(v), text: String(v) })));
+        } else if (spec.type === "boolean") {
+          input = el("input", { type: "checkbox", name: name });
+        } else {
+          input = el("input", { type: spec.type === "number" || spec.type === "integer" ? "number" : "text",
+            name: name });
+        }
+        fields.push([name, spec, input]);
+        form.append(el("label", {}, [el("span", { text: name }), input]));
+      }
+    } else {
+      const input = el("textarea", { name: "json", rows: 2, placeholder: "the answer as JSON" });
+      fields.push(["json", {}, input]);
+      form.append(input);
+    }
+    form.append(el("button", { type: "submit", className: "answer submit", text: "Answer" }));
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      try {
+        if (!props) return send(JSON.parse(fields[0][2].value));
+        const answer = {};
+        for (const [name, spec, input] of fields) {
+          if (input.tagName === "SELECT") answer[name] = JSON.parse(input.value);
+          else if (spec.type === "boolean") answer[name] = input.checked;
+          else if (spec.type === "number" || spec.type === "integer") {
+            if (input.value !== "") answer[name] = Number(input.value);
+          } else if (input.value !== "") answer[name] = input.value;
+        }
+        return send(answer);
+      } catch (error) {
+        showMessage("the answer is not valid JSON: " + error.message, "error");
+        return null;
+      }
+    });
+    return form;
+  }
+
+  function inboxItem(item) {
+    const head = el("div", { className: "line" }, [
+      el("span", { className: "status", "data-status": item.kind === "approval" ? "awaiting_approval" : "pending",
+        text: item.kind }),
+      el("span", { className: "question", text: item.question || "" }),
+      el("span", { className: "hint", text: "asked by " + (item.asking_agent || "?") + ", " +
+        Math.round(item.age_seconds) + " s ago" }),
+      el("code", { className: "id", title: item.id, text: item.id.slice(0, 8) }),
+    ]);
+    let body;
+    if (item.kind === "question") {
+      body = answerForm(item);
+    } else {
+      const note = el("input", { type: "text", className: "note", placeholder: "note (needed to reject)" });
+      body = el("div", { className: "actions" }, [
+        el("button", { type: "button", className: "approve", text: "Approve",
+          onclick: () => steer("POST", "/tasks/" + item.id + "/approve",
+            { note: note.value || null, by: "web page" }, "approved") }),
+        note,
+        el("button", { type: "button", className: "reject", text: "Reject",
+          onclick: () => steer("POST", "/tasks/" + item.id + "/reject",
+            { note: note.value, by: "web page" }, "rejected") }),
+      ]);
+    }
+    return el("li", { className: "inbox-item", "data-task-id": item.id, "data-kind": item.kind },
+      [head, body]);
+  }
+
+  function renderInbox(items) {
+    const section = document.getElementById("inbox");
+    section.hidden = items.length === 0;
+    const list = document.getElementById("inbox-items");
+    const editing = list.contains(document.activeElement);
+    if (editing && list.dataset.ids === items.map((i) => i.id).join(",")) return;
+    list.dataset.ids = items.map((i) => i.id).join(",");
+    list.replaceChildren(...items.map(inboxItem));
+  }
+
+  async function steer(method, path, body, what) {
+    for (const b of document.querySelectorAll("button.steer, .inbox button")) b.disabled = true;
+    try {
+      const out = await api(method, path, body);
+      showMessage(out.message || what, out.changed === false ? "error" : "ok");
+    } catch (error) {
+      showMessage("could not do it: " + error.message, "error");
+    }
+    for (const b of document.querySelectorAll("button.steer, .inbox button")) b.disabled = false;
     state.tree = null; // read it whole again, then follow it
     state.finalRead = false;
     schedule(0);
