@@ -41,6 +41,7 @@ from agents.tasks import (
     ChildView,
     TaskView,
 )
+from agents.tools import Tool
 
 if TYPE_CHECKING:
     from agents.context import AgentContext
@@ -171,6 +172,8 @@ class Agent:
         prompt_name: prompt file in ``prompts/`` (defaults to ``name``).
         prompts_dir: where ``ctx.prompt`` looks (default: the package's ``prompts/``);
             user agents point it at their own folder.
+        tools: tools its model calls may use (``agents.tools.Tool``); ``ctx.tools`` holds
+            them, with the MCP tools configured for the agent (``[mcp.servers.*] agents``).
         register: set False on an abstract intermediate class.
         version: what a re-run compares (``orgchart diff``); recorded on every task the
             agent runs. Default: a short hash of the class's source, so editing the class
@@ -185,6 +188,7 @@ class Agent:
     delegates_to: ClassVar[tuple[str, ...]] = ()
     prompt_name: ClassVar[str | None] = None
     prompts_dir: ClassVar[Path | None] = None
+    tools: ClassVar[tuple[Tool, ...]] = ()
     register: ClassVar[bool] = True
     version: ClassVar[str] = ""
 

@@ -12,7 +12,7 @@ from string import Template
 from typing import Any, Protocol
 
 from agents.tasks import TaskView
-from agents.tools import RetryPolicy
+from agents.tools import RetryPolicy, Tool
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 
@@ -25,12 +25,14 @@ class LLM(Protocol):
     """What ``ctx.llm`` offers (implemented by ``runtime.llm.handle.TaskLLM``)."""
 
     def complete(self, prompt: str, *, schema: Any = None, system: str | None = None,
-                 max_tokens: int | None = None, key: str | None = None) -> Any:
+                 max_tokens: int | None = None, key: str | None = None,
+                 tools: Any = None, max_tool_rounds: int | None = None) -> Any:
         """Call the model; see ``runtime.llm.handle.TaskLLM.complete``."""
         ...
 
     async def acomplete(self, prompt: str, *, schema: Any = None, system: str | None = None,
-                        max_tokens: int | None = None, key: str | None = None) -> Any:
+                        max_tokens: int | None = None, key: str | None = None,
+                        tools: Any = None, max_tool_rounds: int | None = None) -> Any:
         """Call the model from an ``async`` agent; several may run at once (``gather``)."""
         ...
 
@@ -82,6 +84,8 @@ class AgentContext:
         log: a logger named after the agent.
         lease_lost: set by the worker's heartbeat when the task was taken away.
         steps: the task's durable steps (default: the model handle's, ``llm.steps``).
+        tools: the agent's tools and the MCP tools configured for it: hand them to the
+            model with ``ctx.llm.complete(prompt, tools=ctx.tools)``.
 
     """
 
@@ -92,6 +96,7 @@ class AgentContext:
     lease_lost: threading.Event = field(default_factory=threading.Event)
     offline: bool = False
     steps: Steps | None = None
+    tools: tuple[Tool, ...] = ()
 
     def step(self, name: str, fn: Any, *args: Any, retry: RetryPolicy | None = None,
              **kwargs: Any) -> Any:

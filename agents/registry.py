@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
+from agents.tools import described
 from runtime.registry import Registry as NamedRegistry
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ class Registry(NamedRegistry["type[Agent]"]):
                 "delegates_to": list(cls.delegates_to),
                 "input_schema": cls.input_model.model_json_schema(),
                 "output_schema": cls.output_model.model_json_schema(),
+                "tools": described(cls.tools),
                 "module": cls.__module__,
             }
             for cls in self

@@ -93,6 +93,10 @@ class Policy:
         """Check the children a task wants to create before any is written."""
         return None
 
+    def validate_tool(self, task: TaskView, tool: str) -> Violation | None:
+        """Check a tool call the model asked for, before the tool runs (never run if refused)."""
+        return None
+
     def settings_view(self) -> dict[str, Any]:
         """Return the settings this rule runs with, as ``orgchart policies`` shows them."""
         return {}

@@ -12,6 +12,8 @@ output_schema      output        ``output_schema``: result matches the agent's o
 model_price        (worker)      ``[cost]``: a model without a price is a violation
 require_approval   delegation    ``require_approval``, ``approve_above_usd``: holds, not
                                  refuses (``policies/approval.py``)
+allowed_tools      tool call     ``allowed_tools``: ``{agent = [tool, ...]}``, the tools an
+                                 agent may call (an agent not listed may call its own)
 =================  ============  ==========================================================
 
 Every rule can be switched off by name in ``[policies] disabled`` except ``model_price``:
@@ -313,6 +315,34 @@ class ModelPrice(Policy):
         }
 
 
+class AllowedTools(Policy):
+    """An agent listed in ``allowed_tools`` may call only the tools named for it.
+
+    A refused call is never run: the model is told the tool is not allowed, as for bad
+    arguments (``runtime.llm.tool_loop``).
+    """
+
+    name = "allowed_tools"
+    description = "Agents listed in allowed_tools may call only the tools named for them."
+
+    @classmethod
+    def inactive_reason(cls, settings: Settings) -> str | None:
+        """Off while no agent is listed."""
+        return None if settings.policies.allowed_tools else "no agent listed in allowed_tools"
+
+    def validate_tool(self, task: TaskView, tool: str) -> Violation | None:
+        """Refuse a tool that is not among the agent's allowed ones."""
+        allowed = self.settings.policies.allowed_tools.get(task.agent)
+        if allowed is None or tool in allowed:
+            return None
+        return self.violation(f"agent {task.agent!r} may not call tool {tool!r} "
+                              f"(allowed: {', '.join(allowed) or 'none'})")
+
+    def settings_view(self) -> dict[str, Any]:
+        """``allowed_tools``."""
+        return {"allowed_tools": self.settings.policies.allowed_tools}
+
+
 #: The built-in rules, in the order they run.
 BUILTIN_POLICIES: tuple[type[Policy], ...] = (
     MaxDepth,
@@ -323,6 +353,7 @@ BUILTIN_POLICIES: tuple[type[Policy], ...] = (
     OutputSchema,
     ModelPrice,
     RequireApproval,
+    AllowedTools,
 )
 #: Rules ``[policies] disabled`` may not name, with the reason.
 MANDATORY_RULES: dict[str, str] = {

@@ -94,6 +94,10 @@ class PolicySet:
         """Check the children a task wants to create."""
         return self._first("validate_delegation", parent, list(children))
 
+    def validate_tool(self, task: TaskView, tool: str) -> Violation | None:
+        """Check a tool call before it runs (``allowed_tools``)."""
+        return self._first("validate_tool", task, tool)
+
     def describe(self) -> list[dict[str, Any]]:
         """Every known rule: name, description, source module, active or why not, settings."""
         rows = [_describe(type(p), True, None, p.settings_view()) for p in self.policies]

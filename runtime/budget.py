@@ -282,6 +282,22 @@ class TaskBudget:
                 f"${self.budget_usd} is left (spent ${spent_usd})")
         return f"budget: model call refused for task {self.task}: " + "; ".join(problems)
 
+    def reserve_usd(self, usd: Decimal, what: str) -> Reservation:
+        """Hold a tool's cost (USD, no tokens) before it runs (rule 3, for tools).
+
+        Raises:
+            BudgetExceeded: it does not fit what is left; nothing is held.
+
+        """
+        with self._lock:
+            left = self.budget_usd - self._spent_usd - self._reserved_usd
+            if usd > left:
+                raise BudgetExceeded(
+                    f"budget: {what} refused for task {self.task}: it costs ${usd} but "
+                    f"${max(Decimal(0), left)} of budget_usd ${self.budget_usd} is left")
+            self._reserved_usd += usd
+            return Reservation(0, 0, usd)
+
     def settle(self, held: Reservation, tokens: int = 0,
                usd: Decimal = Decimal(0)) -> Settlement:
         """Release ``held`` and spend what the request really used (rule 4).

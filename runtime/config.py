@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from decimal import Decimal
@@ -195,6 +196,8 @@ class PoliciesSettings(_Section):
     delegation_edges: bool = True
     forbidden_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_FORBIDDEN_PATTERNS))
     output_schema: bool = True
+    #: ``{agent: [tool, ...]}``: the tools an agent may call (agents not listed: any).
+    allowed_tools: dict[str, list[str]] = Field(default_factory=dict)
     modules: list[str] = Field(default_factory=list)
     disabled: list[str] = Field(default_factory=list)
     #: ``require_approval``: tasks delegated to these agents wait for a person's approval.
@@ -252,6 +255,41 @@ class DoctorSettings(_Section):
     inbox_age_alert: float = Field(3600.0, gt=0)
 
 
+class McpServerSettings(_Section):
+    """``[mcp.servers.<name>]``: one MCP server started over stdio, and who gets its tools.
+
+    ``command`` is the program and its arguments (``["python", "notes_server.py"]``);
+    ``env`` extra environment variables; ``agents`` the agents whose ``ctx.tools`` get the
+    server's tools; ``timeout_seconds`` bounds the start, the listing and each call.
+    """
+
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    agents: list[str] = Field(default_factory=list)
+    timeout_seconds: float = Field(30.0, gt=0, le=3600)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: list[str]) -> list[str]:
+        if not value[0].strip():
+            raise ValueError("command[0] must name a program")
+        return value
+
+
+class McpSettings(_Section):
+    """``[mcp]``: tools from Model Context Protocol servers (the official ``mcp`` SDK)."""
+
+    servers: dict[str, McpServerSettings] = Field(default_factory=dict)
+
+    @field_validator("servers")
+    @classmethod
+    def _names(cls, value: dict[str, McpServerSettings]) -> dict[str, McpServerSettings]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+                raise ValueError(f"MCP server name {name!r} must be letters, digits, _ or -")
+        return value
+
+
 class Settings(_Section):
     """The whole validated configuration."""
 
@@ -267,6 +305,7 @@ class Settings(_Section):
     orchestrator: OrchestratorSettings = OrchestratorSettings()
     worker: WorkerSettings = WorkerSettings()
     doctor: DoctorSettings = DoctorSettings()
+    mcp: McpSettings = McpSettings()
     source: str | None = Field(None, exclude=True)
     sources: dict[str, str] = Field(default_factory=dict, exclude=True)
 

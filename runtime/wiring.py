@@ -73,14 +73,18 @@ class Runtime:
     registry: Registry
     policies: Any
     llm_factory: Any
+    #: The MCP tools of ``[mcp]`` (``runtime.llm.mcp_tools.McpToolSource``).
+    tool_source: Any = None
 
     def executor(self) -> Any:
         """An executor over these parts."""
         from runtime.engine.executor import Executor
         from runtime.engine.judge_stage import judge_task
 
+        tools_for = self.tool_source.tools_for if self.tool_source is not None else None
         return Executor(store=self.store, registry=self.registry, settings=self.settings,
-                        policies=self.policies, llm_factory=self.llm_factory, judge=judge_task)
+                        policies=self.policies, llm_factory=self.llm_factory, judge=judge_task,
+                        tools_for=tools_for)
 
     def worker(self, agents: Sequence[str] | None = None, **overrides: Any) -> Any:
         """A worker for ``agents`` (default: every registered agent plus the judge stage)."""
@@ -136,7 +140,29 @@ def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
     # Model-call charges are batched (ChargeWriter): what arrives within a few ms is one
     # statement, each call still guarded by its task's lease token.
     llm_factory = LLMFactory(settings, StoreLedger(store, ChargeWriter(store)))
-    return Runtime(settings, store, registry, policies, llm_factory)
+    return Runtime(settings, store, registry, policies, llm_factory,
+                   mcp_tool_source(settings, registry))
+
+
+def mcp_tool_source(settings: Settings, registry: Registry) -> Any:
+    """The ``[mcp]`` servers' tools (started on first use), or None when none is configured.
+
+    Raises:
+        UnknownAgent: a server names an agent that is not registered (with a suggestion).
+
+    """
+    if not settings.mcp.servers:
+        return None
+    for server in settings.mcp.servers.values():
+        for agent in server.agents:
+            registry.get(agent)
+    import atexit
+
+    from runtime.llm.mcp_tools import McpToolSource
+
+    source = McpToolSource(settings)
+    atexit.register(source.close)
+    return source
 
 
 # ---------------------------------------------------------------------- submission

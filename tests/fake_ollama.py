@@ -17,6 +17,12 @@ retry_after`` seconds; ``hang`` sleeps ``hang_seconds`` before answering. A requ
 ``seen`` counts every chat request by its identity (model, messages, format, options) and
 ``answered`` the ones that got a good reply.
 
+Tools: ``tool_plan(body)`` decides, for a request that lists ``tools``, which tool calls
+the reply makes (a list of ``{"name", "arguments"}``; None or empty: answer as usual).
+It is a function of the request, so concurrent conversations and replays each get their
+own, deterministic plan (:func:`calls_until` makes the usual one). ``tool_requests``
+counts the requests that listed tools.
+
 Use it with ``from tests.fake_ollama import fake_ollama_server  # noqa: F401`` and a test
 argument named ``fake_ollama`` (the fixture's name differs from the function's so that
 ruff does not read the argument as a redefinition of the import).
@@ -30,7 +36,7 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -44,6 +50,29 @@ DEFAULT_MODELS = ("llama3.2:latest", "qwen3:14b")
 MODES = ("ok", "broken_json", "wrong_shape", "empty", "length", "429", "500", "502", "503",
          "hang")
 ERROR_STATUSES = {"429": 429, "500": 500, "502": 502, "503": 503}
+
+ToolPlan = Callable[[dict[str, Any]], list[dict[str, Any]] | None]
+
+
+def tool_results(body: dict[str, Any]) -> int:
+    """How many tool results the request's conversation already holds."""
+    return sum(1 for m in body.get("messages") or [] if m.get("role") == "tool")
+
+
+def calls_until(total: int, name: str, per_round: int = 1,
+                arguments: Callable[[int], dict[str, Any]] | None = None) -> ToolPlan:
+    """A plan calling tool ``name`` ``per_round`` times a reply until ``total`` results are in.
+
+    ``arguments(i)`` gives the i-th call's arguments (default ``{"n": i}``).
+    """
+    def plan(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+        done = tool_results(body)
+        if done >= total:
+            return None
+        return [{"name": name, "arguments": (arguments or (lambda i: {"n": i}))(i)}
+                for i in range(done, min(total, done + per_round))]
+
+    return plan
 
 
 def request_identity(body: dict[str, Any]) -> str:
@@ -77,6 +106,8 @@ class FakeOllama:
         self.every_structured: dict[int, str] = {}
         self.retry_after: float | None = 1.0
         self.hang_seconds = 5.0
+        self.tool_plan: ToolPlan | None = None
+        self.tool_requests = 0
         self.received = 0
         self.structured = 0
         self.in_flight = 0
@@ -151,7 +182,11 @@ class FakeOllama:
                      if m.get("role") == "user"), prompt)
         fmt = body.get("format")
         done_reason = "stop"
-        if self.reply_text is not None:
+        calls = (self.tool_plan(body) if mode == "ok" and body.get("tools")
+                 and self.tool_plan is not None else None)
+        if calls:
+            content = ""
+        elif self.reply_text is not None:
             content = self.reply_text
         elif isinstance(fmt, dict):
             content = json.dumps(instance_for_schema(fmt, user))
@@ -176,12 +211,16 @@ class FakeOllama:
         with self._lock:
             self.requests.append(body)
             self.chats += 1
+            self.tool_requests += 1 if body.get("tools") else 0
             self.prompt_tokens += prompt_tokens
             self.completion_tokens += completion_tokens
             if mode == "ok" and self.reply_text is None:
                 self.answered[request_identity(body)] += 1
+        if calls:
+            completion_tokens = estimate_tokens(json.dumps(calls))
         return {"content": content, "thinking": thinking, "done_reason": done_reason,
-                "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+                "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "tool_calls": [{"function": c} for c in calls or []]}
 
 
 def _handler_for(fake: FakeOllama) -> type[BaseHTTPRequestHandler]:
@@ -259,9 +298,11 @@ def _handler_for(fake: FakeOllama) -> type[BaseHTTPRequestHandler]:
                 "eval_count": answer["completion_tokens"], "eval_duration": 0,
             }
             if body.get("stream", True) is False:
-                message = {"role": "assistant", "content": content}
+                message: dict[str, Any] = {"role": "assistant", "content": content}
                 if answer["thinking"]:
                     message["thinking"] = answer["thinking"]
+                if answer["tool_calls"]:
+                    message["tool_calls"] = answer["tool_calls"]
                 self._json(200, {**final, "message": message})
                 return
             self.send_response(200)

@@ -276,15 +276,26 @@ def worker(
 
 def agents(agents_module: ModulesOpt = None, json_: JsonOpt = False) -> None:
     """List registered agents: types, delegation targets, input and output schemas."""
-    from runtime.wiring import load_registry
+    from agents.tools import described as described_tools
+    from runtime.wiring import load_registry, mcp_tool_source
 
-    described = load_registry(settings(), agents_module or []).describe()
+    registry = load_registry(settings(), agents_module or [])
+    described = registry.describe()
+    source = mcp_tool_source(settings(), registry)
+    if source is not None:  # the MCP servers are started to list their tools, then stopped
+        try:
+            for a in described:
+                a["tools"] += described_tools(source.tools_for(a["name"]))
+        finally:
+            source.close()
     if json_:
         print_json(described)
         return
-    table = Table("agent", "types", "delegates to", "input fields", "output fields", "module")
+    table = Table("agent", "types", "delegates to", "input fields", "output fields", "tools",
+                  "module")
     for a in described:
         table.add_row(a["name"], ", ".join(a["types"]), ", ".join(a["delegates_to"]) or "-",
                       ", ".join(a["input_schema"].get("properties", {})),
-                      ", ".join(a["output_schema"].get("properties", {})), a["module"])
+                      ", ".join(a["output_schema"].get("properties", {})),
+                      ", ".join(t["name"] for t in a["tools"]) or "-", a["module"])
     out.print(table)

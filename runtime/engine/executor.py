@@ -182,6 +182,19 @@ def _check_retry_budget(parent: TaskView, llm: Any, child_ids: list[uuid.UUID],
         raise DelegationRefused(str(exc)) from None
 
 
+def _check_tools_with(llm: Any, policies: Any, view: TaskView) -> None:
+    """Let the tool loop ask the policies (``allowed_tools``) before each tool call runs."""
+    validate_tool = getattr(policies, "validate_tool", None)
+    if validate_tool is None or not hasattr(llm, "tool_check"):
+        return
+
+    def check(tool: str) -> str | None:
+        violation = validate_tool(view, tool)
+        return None if violation is None else str(violation)
+
+    llm.tool_check = check
+
+
 def backoff_seconds(retry_count: int) -> float:
     """Seed 001's backoff: ``2 ** retry_count`` seconds."""
     return float(2**retry_count)
@@ -191,8 +204,11 @@ class Executor:
     """Runs agents and the judge for claimed tasks and says what should happen next."""
 
     def __init__(self, *, store: Store, registry: Registry, settings: Settings,
-                 policies: PolicyChecks, llm_factory: LLMFactoryLike, judge: JudgeFn) -> None:
+                 policies: PolicyChecks, llm_factory: LLMFactoryLike, judge: JudgeFn,
+                 tools_for: Callable[[str], tuple[Any, ...]] | None = None) -> None:
         self.store = store
+        #: The MCP tools configured for an agent (``[mcp.servers.*] agents``), by name.
+        self.tools_for = tools_for
         self.registry = registry
         self.settings = settings
         self.policies = policies
@@ -281,9 +297,11 @@ class Executor:
         if violation is not None:
             return outcome("escalated", error=str(violation))
         llm = self.llm_factory.for_task(row, token, lease_lost)
+        _check_tools_with(llm, self.policies, view)
+        tools = tuple(cls.tools) + (self.tools_for(cls.name) if self.tools_for else ())
         ctx = AgentContext(llm=llm, task=view, log=agent_logger(cls.name), lease_lost=lease_lost,
                            offline=bool(getattr(self.llm_factory, "offline", False)),
-                           prompts_dir=cls.prompts_dir or PROMPTS_DIR)
+                           prompts_dir=cls.prompts_dir or PROMPTS_DIR, tools=tools)
         return _Started(row, cls, cls(), view, ctx, llm, outcome)
 
     @staticmethod

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import uuid
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -26,10 +27,13 @@ from runtime.llm.reply import (
     BadModelReply,
     Message,
     ModelReply,
+    ToolCall,
     parse_structured,
     request_text,
 )
 from runtime.llm.routing import Route
+from runtime.llm.tool_loop import ToolOutcome, ToolRound, recorded_tool_calls, round_note
+from runtime.store.rows import ModelCharge
 
 #: The longest ``Retry-After`` honoured as given (longer ones are cut to this).
 MAX_RETRY_AFTER_SECONDS = 300.0
@@ -55,6 +59,9 @@ class Completion:
         attempts: requests made (1 + retries + repairs; 0 when replayed).
         replayed: True when served from the record of an earlier delivery.
         thinking: a thinking model's reasoning (``[ollama] think``), else None.
+        tool_calls: the tools this reply asked to call (one round of a tool loop).
+        tool_results: what the tool loop ran (``tools=``): one outcome per call, in order.
+        tool_rounds: the rounds of tool calls the loop ran.
 
     """
 
@@ -74,17 +81,23 @@ class Completion:
     attempts: int = 1
     replayed: bool = False
     thinking: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_results: tuple[ToolOutcome, ...] = ()
+    tool_rounds: int = 0
 
 
 def request_hash(model: str, messages: list[Message], schema: dict[str, Any] | None,
-                 max_tokens: int, think: bool) -> str:
-    """sha256 of a request's canonical JSON: model, messages, schema and options.
+                 max_tokens: int, think: bool,
+                 tools: list[dict[str, Any]] | None = None) -> str:
+    """sha256 of a request's canonical JSON: model, messages, schema, tools and options.
 
     ``max_tokens`` is what the agent asked (not what the budget left), so the same call
-    hashes the same on every delivery.
+    hashes the same on every delivery. ``tools`` count only when given.
     """
     body = {"model": model, "messages": messages, "schema": schema,
             "options": {"num_predict": max_tokens, "think": think}}
+    if tools:
+        body["tools"] = tools
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -101,6 +114,40 @@ class Call:
     price: Decimal
     rows: int = 0
     cost: Decimal = field(default_factory=lambda: Decimal(0))
+    #: The tools offered (a round of a tool loop), and the kind of its first request
+    #: (``repair`` after a round whose tool arguments were bad).
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    first_kind: str = "call"
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Whose ``model_calls`` rows a task's requests are: builds each row to charge."""
+
+    task_id: uuid.UUID
+    lease_token: uuid.UUID
+    attempt: int
+    backend: str
+    phase: str
+    record: bool
+
+    def row(self, call: Call, kind: str, reply: ModelReply | None, prompt_tokens: int,
+            completion_tokens: int, duration: float, cost: Decimal,
+            error: str | None) -> ModelCharge:
+        """The row of one request of ``call`` (its text kept only when ``record``)."""
+        kept = reply is not None and self.record
+        return ModelCharge(
+            task_id=self.task_id, lease_token=self.lease_token, attempt=self.attempt,
+            call_index=call.call_index,
+            backend=reply.backend if reply is not None else self.backend,
+            route=call.route.route, route_reason=call.route.reason, model=call.route.model,
+            prompt=call.stored_prompt, response=reply.text if kept and reply else None,
+            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+            duration_seconds=duration, cost_usd=cost, error=error, phase=self.phase,
+            position=call.position, request_hash=call.request_hash, attempt_kind=kind,
+            call_try=call.rows, thinking=reply.thinking if kept and reply else None,
+            tool_calls=([c.as_json() for c in reply.tool_calls]
+                        if reply is not None and reply.tool_calls else None))
 
 
 def error_name(exc: BaseException) -> str:
@@ -159,15 +206,17 @@ def answered(call: Call, reply: ModelReply, data: Any, offline: bool,
         model=call.route.model, backend=reply.backend, offline=offline or reply.offline,
         route_reason=call.route.reason, duration_seconds=reply.duration_seconds,
         call_index=call.call_index, position=call.position, attempts=call.rows,
-        replayed=replayed, thinking=reply.thinking)
+        replayed=replayed, thinking=reply.thinking, tool_calls=reply.tool_calls)
 
 
 def replay_of(recorded: RecordedCall, prompt: str, system: str | None,
               json_schema: dict[str, Any] | None, model_cls: type[BaseModel] | None,
-              call_index: int, position: str) -> tuple[Call, ModelReply] | None:
+              call_index: int, position: str,
+              tools: ToolRound | None = None) -> tuple[Call, ModelReply] | None:
     """A recorded reply as a call and its reply (no request made); None if it is unusable."""
     data = None
-    if json_schema:
+    calls = recorded_tool_calls(recorded.tool_calls)
+    if json_schema and not calls:
         try:
             data = parse_structured(recorded.response, json_schema, recorded.model)
             if model_cls is not None:
@@ -177,10 +226,11 @@ def replay_of(recorded: RecordedCall, prompt: str, system: str | None,
     route = Route("cloud" if recorded.route == "cloud" else "local", recorded.model,
                   f"replayed from model call {recorded.call_id}")
     call = Call(position, call_index, recorded.request_hash,
-                request_text(prompt, system, json_schema), route, Decimal(0))
+                request_text(prompt, system, json_schema) + round_note(tools), route,
+                Decimal(0))
     reply = ModelReply(recorded.response, data, 0, 0, 0.0, recorded.model, recorded.backend,
                        offline=recorded.backend == OfflineBackend.name,
-                       thinking=recorded.thinking)
+                       thinking=recorded.thinking, tool_calls=calls)
     return call, reply
 
 

@@ -39,7 +39,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from agents.tasks import DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
+from agents.tools import Tool
 from runtime.budget import TaskBudget, call_cost
 from runtime.config import Settings
 from runtime.errors import BadInput, BudgetExceeded, LeaseLost, TransientModelError
@@ -55,6 +56,7 @@ from runtime.llm.calls import (
     Call,
     Completion,
     Retries,
+    Rows,
     answered,
     error_name,
     is_offline,
@@ -73,13 +75,14 @@ from runtime.llm.reply import (
     BadModelReply,
     Message,
     ModelReply,
-    estimate_tokens,
     first_messages,
+    message_tokens,
     request_key,
     request_text,
 )
 from runtime.llm.routing import Route, decide_route
 from runtime.llm.steps import TaskSteps
+from runtime.llm.tool_loop import ToolRound, round_note, run_with_tools
 from runtime.store.rows import ModelCharge
 
 T = TypeVar("T")
@@ -238,9 +241,12 @@ class TaskLLM:
         self._calls = 0
         self._lock = threading.Lock()
         self.offline = is_offline(self._backend)
-        #: The task's durable steps (``ctx.step``), recorded through the same ledger.
         self.steps = TaskSteps(factory.ledger, task_row, lease_token, lease_lost,  # type: ignore[arg-type]
-                               in_ledger=factory.in_ledger)
+                               in_ledger=factory.in_ledger, budget=self.budget)
+        #: steps: ctx.step, tool calls; tool_check: allowed_tools' refusal (by the executor)
+        self.tool_check: Callable[[str], str | None] | None = None
+        self._rows = Rows(self.task_id, lease_token, self._attempt, self._backend.name,
+                          self.phase, self._settings.llm.record)
 
     # ------------------------------------------------------------------ budget
     def remaining_tokens(self) -> int:
@@ -254,19 +260,22 @@ class TaskLLM:
     # ------------------------------------------------------------------ the call
     def complete(self, prompt: str, *, schema: type[BaseModel] | dict[str, Any] | None = None,
                  system: str | None = None, max_tokens: int | None = None,
-                 key: str | None = None) -> Completion:
+                 key: str | None = None, tools: Sequence[Tool] | None = None,
+                 max_tool_rounds: int | None = None) -> Completion:
         """Call the model from synchronous code: :meth:`acomplete` run on the factory's loop.
 
         Takes the same arguments and raises the same errors as :meth:`acomplete`. Do not
         call it from a coroutine running on the factory's loop: await :meth:`acomplete`.
         """
-        return self._factory.calls.run(self.acomplete(prompt, schema=schema, system=system,
-                                                      max_tokens=max_tokens, key=key))
+        return self._factory.calls.run(self.acomplete(
+            prompt, schema=schema, system=system, max_tokens=max_tokens, key=key, tools=tools,
+            max_tool_rounds=max_tool_rounds))
 
     async def acomplete(self, prompt: str, *,
                         schema: type[BaseModel] | dict[str, Any] | None = None,
                         system: str | None = None, max_tokens: int | None = None,
-                        key: str | None = None) -> Completion:
+                        key: str | None = None, tools: Sequence[Tool] | None = None,
+                        max_tool_rounds: int | None = None) -> Completion:
         """Call the model for this task, within its budget, and charge the call.
 
         Parallel calls in one task: ``await asyncio.gather(llm.acomplete(a),
@@ -280,6 +289,8 @@ class TaskLLM:
                 shrunk to what the budget leaves.
             key: the call's position in the task instead of its order of issue (unique
                 within the task's phase); use it when the order of calls is not stable.
+            tools: tools the model may call (the loop of :mod:`runtime.llm.tool_loop`).
+            max_tool_rounds: rounds of tool calls at most (default 8).
 
         Raises:
             LeaseLost: the task was taken away (before the call, or found at charge time).
@@ -291,6 +302,7 @@ class TaskLLM:
             BadModelReply: no reply fit the schema in 1 + ``[llm] output_retries`` attempts.
             ReplayMiss: replaying, and the request was never recorded.
             BadInput: the arguments themselves are wrong.
+            ToolRoundLimit: the model still called tools after ``max_tool_rounds``.
 
         """
         if self._lease_lost.is_set():
@@ -307,28 +319,34 @@ class TaskLLM:
             call_index = self._calls
             self._calls += 1
         position = f"key:{key}" if key is not None else str(call_index)
+        if tools:  # every round is a call of its own, at position <position>#<round>
+            return await run_with_tools(lambda at, rnd: self._call(
+                prompt, system, json_schema, model_cls, asked, call_index, at, rnd),
+                self.steps, tools, position, self.tool_check, first_messages(prompt, system),
+                max_tool_rounds)
         return await self._call(
             prompt, system, json_schema, model_cls, asked, call_index, position)
 
     async def _call(self, prompt: str, system: str | None, json_schema: dict[str, Any] | None,
                     model_cls: type[BaseModel] | None, asked: int, call_index: int,
-                    position: str) -> Completion:
+                    position: str, tools: ToolRound | None = None) -> Completion:
         settings = self._settings
         think = settings.ollama.think
-        messages = first_messages(prompt, system)
+        messages = tools.conversation if tools else first_messages(prompt, system)
+        specs = tools.specs if tools else None
         hashes: dict[str, str] = {}
         if settings.llm.durable and settings.llm.record and self._may_replay:
             # Either route may have answered before: look for a reply to either model.
             models = ((self._model_override,) if self._model_override
                       else (settings.models.local, settings.models.cloud))
-            hashes = {model: request_hash(model, messages, json_schema, asked, think)
+            hashes = {model: request_hash(model, messages, json_schema, asked, think, specs)
                       for model in models}
             recorded = await self._factory.records.read(  # batched with other calls' reads
                 self.task_id, self.phase, position, sorted(set(hashes.values())),
                 self._counterpart)
             if recorded is not None:
                 replayed = await self._replayed(recorded, prompt, system, json_schema,
-                                                model_cls, call_index, position)
+                                                model_cls, call_index, position, tools)
                 if replayed is not None:
                     return replayed
         depth = await self._factory.pending_depth()
@@ -338,10 +356,12 @@ class TaskLLM:
                           f"{route.reason}; model {self._model_override} set by a fork")
         price = price_of(settings, route)
         digest = hashes.get(route.model) or request_hash(route.model, messages, json_schema,
-                                                         asked, think)
+                                                         asked, think, specs)
         stored_prompt = (request_text(prompt, system, json_schema) if settings.llm.record
                          else f"{NOT_RECORDED} request {request_key(prompt, system, json_schema)}")
-        call = Call(position, call_index, digest, stored_prompt, route, price)
+        call = Call(position, call_index, digest, stored_prompt + round_note(tools), route,
+                    price, tools=specs or [],
+                    first_kind="repair" if tools and tools.repair else "call")
         reply, data = await self._with_repairs(call, messages, json_schema, model_cls, asked,
                                                think)
         self._may_replay = True  # this reply is on record now (a repeated key replays it)
@@ -356,7 +376,7 @@ class TaskLLM:
         rounds = 1 + (self._settings.llm.output_retries if json_schema else 0)
         errors: list[str] = []
         for number in range(rounds):
-            kind = "call" if number == 0 else "repair"
+            kind = call.first_kind if number == 0 else "repair"
             try:
                 return await self._with_retries(call, conversation, json_schema, model_cls,
                                                 asked, think, kind)
@@ -400,8 +420,7 @@ class TaskLLM:
             raise LeaseLost(f"task {self.task_id}: lease lost; the model was not called")
         route, price = call.route, call.price
         # Reserve (budget rule 3); the finally below settles with what was charged (rule 4).
-        held = self.budget.reserve(
-            sum(estimate_tokens(m.get("content")) for m in conversation), asked, price)
+        held = self.budget.reserve(message_tokens(conversation), asked, price)
         call.rows += 1
         started = time.monotonic()
         charged_tokens, charged_usd = 0, Decimal(0)
@@ -411,7 +430,9 @@ class TaskLLM:
                     self.task_id, self._factory.slot(route),
                     lambda: self._backend.achat(route.model, conversation, json_schema,
                                                 held.completion_tokens, route=route.route,
-                                                think=think))
+                                                think=think,
+                                                **({"tools": call.tools} if call.tools
+                                                   else {})))
                 data = validated(reply, model_cls)
             except Exception as exc:
                 spent = exc.reply if isinstance(exc, BadModelReply) else None
@@ -420,7 +441,7 @@ class TaskLLM:
                 raise
             tokens = reply.prompt_tokens + reply.completion_tokens
             cost = call_cost(tokens, price)
-            await self._charge(self._row(call, kind, reply, reply.prompt_tokens,
+            await self._charge(self._rows.row(call, kind, reply, reply.prompt_tokens,
                                          reply.completion_tokens, reply.duration_seconds,
                                          cost, None))
             charged_tokens, charged_usd = tokens, cost
@@ -432,23 +453,6 @@ class TaskLLM:
                 log.info("a request spent more than it reserved (the server counted more "
                          "prompt tokens than estimated)",
                          extra={"task_id": str(self.task_id), "over": settled.over_tokens})
-
-    def _row(self, call: Call, kind: str, reply: ModelReply | None, prompt_tokens: int,
-             completion_tokens: int, duration: float, cost: Decimal,
-             error: str | None) -> ModelCharge:
-        record = self._settings.llm.record
-        return ModelCharge(
-            task_id=self.task_id, lease_token=self._lease_token, attempt=self._attempt,
-            call_index=call.call_index,
-            backend=reply.backend if reply is not None else self._backend.name,
-            route=call.route.route, route_reason=call.route.reason, model=call.route.model,
-            prompt=call.stored_prompt,
-            response=reply.text if reply is not None and record else None,
-            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-            duration_seconds=duration, cost_usd=cost, error=error, phase=self.phase,
-            position=call.position, request_hash=call.request_hash, attempt_kind=kind,
-            call_try=call.rows,
-            thinking=reply.thinking if reply is not None and record else None)
 
     async def _charge(self, charge: ModelCharge) -> None:
         if not await self._factory.charge(charge):
@@ -467,7 +471,7 @@ class TaskLLM:
         prompt_tokens = reply.prompt_tokens if reply else 0
         completion_tokens = reply.completion_tokens if reply else 0
         cost = call_cost(prompt_tokens + completion_tokens, call.price)
-        charge = self._row(call, kind, reply, prompt_tokens, completion_tokens, duration,
+        charge = self._rows.row(call, kind, reply, prompt_tokens, completion_tokens, duration,
                            cost, f"{error_name(exc)}: {exc}")
         try:
             applied = await self._factory.charge(charge)
@@ -483,13 +487,14 @@ class TaskLLM:
 
     async def _replayed(self, recorded: RecordedCall, prompt: str, system: str | None,
                         json_schema: dict[str, Any] | None, model_cls: type[BaseModel] | None,
-                        call_index: int, position: str) -> Completion | None:
+                        call_index: int, position: str,
+                        tools: ToolRound | None = None) -> Completion | None:
         """Serve a recorded reply (charged zero, a ``replayed`` row); None if it is unusable."""
         replay = replay_of(recorded, prompt, system, json_schema, model_cls, call_index,
-                           position)
+                           position, tools)
         if replay is None:
             return None
         call, reply = replay
-        charge = self._row(call, "call", reply, 0, 0, 0.0, Decimal(0), None)
+        charge = self._rows.row(call, "call", reply, 0, 0, 0.0, Decimal(0), None)
         await self._charge(dataclasses.replace(charge, replayed=True, call_try=0))
         return answered(call, reply, reply.data, self.offline, replayed=True)

@@ -29,7 +29,33 @@ TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 #: Marks a model_calls prompt whose text was not kept (``[llm] record = false``).
 NOT_RECORDED = "[not recorded]"
 
-Message = dict[str, str]
+#: One chat message: ``role`` and ``content``; an assistant message that called tools
+#: also has ``tool_calls``, a tool's answer has ``role: "tool"`` and ``tool_name``.
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call a model's reply asked for (Ollama's ``message.tool_calls[i]``).
+
+    Attributes:
+        name: the tool's name.
+        arguments: the arguments the model gave (a dict when it gave JSON).
+        id: the call's id, stable across deliveries (``<position>.<round>.<index>``).
+
+    """
+
+    name: str
+    arguments: Any
+    id: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        """The call as recorded in ``model_calls.tool_calls``."""
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+    def as_message_part(self) -> dict[str, Any]:
+        """The call as an assistant message's ``tool_calls`` entry sends it back."""
+        return {"function": {"name": self.name, "arguments": self.arguments}}
 
 
 @dataclass(frozen=True)
@@ -48,6 +74,7 @@ class ModelReply:
             replayed from a run recorded offline).
         thinking: a thinking model's reasoning, kept apart from the answer (or None).
         done_reason: why the model stopped (``"stop"``, ``"length"``, ...), if reported.
+        tool_calls: the tools the model asked to call (a tool round), else empty.
 
     """
 
@@ -61,6 +88,7 @@ class ModelReply:
     offline: bool = False
     thinking: str | None = None
     done_reason: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class BadModelReply(OrgchartError):
@@ -104,7 +132,11 @@ class Backend(Protocol):
     async def achat(self, model: str, messages: Sequence[Message],
                     schema: dict[str, Any] | None, max_tokens: int, *,
                     route: str = "local", think: bool = False) -> ModelReply:
-        """Send one conversation and return the reply."""
+        """Send one conversation and return the reply.
+
+        A backend that serves tool calling also takes ``tools=`` (Ollama's list of
+        ``{"type": "function", ...}``); the model layer passes it only when tools are given.
+        """
         ...
 
 
@@ -154,6 +186,16 @@ def first_messages(prompt: str, system: str | None) -> list[Message]:
     return messages
 
 
+def message_tokens(messages: Sequence[Message]) -> int:
+    """Estimated prompt tokens of a conversation (tool calls' arguments included)."""
+    total = 0
+    for m in messages:
+        total += estimate_tokens(m.get("content"))
+        if m.get("tool_calls"):
+            total += estimate_tokens(json.dumps(m["tool_calls"], default=str))
+    return total
+
+
 def split_messages(messages: Sequence[Message]) -> tuple[str, str | None]:
     """Return ``(prompt, system)`` of a conversation: its first user and system messages."""
     system = next((m["content"] for m in messages if m.get("role") == "system"), None)
@@ -195,8 +237,8 @@ def checked_reply(reply: ModelReply, schema: Mapping[str, Any] | None) -> ModelR
     A structured reply fails when it stopped at the token limit (``done_reason ==
     "length"``: the JSON is cut), is empty, is not JSON, or does not fit ``schema``.
     """
-    if not schema:
-        return reply
+    if not schema or reply.tool_calls:
+        return reply  # a tool round has no answer to check yet
     if reply.done_reason == "length":
         raise BadModelReply(
             f"the reply of model {reply.model!r} stopped at the token limit "
@@ -207,4 +249,4 @@ def checked_reply(reply: ModelReply, schema: Mapping[str, Any] | None) -> ModelR
         raise BadModelReply(str(exc), reply, exc.reason) from None
     return ModelReply(reply.text, data, reply.prompt_tokens, reply.completion_tokens,
                       reply.duration_seconds, reply.model, reply.backend, reply.offline,
-                      reply.thinking, reply.done_reason)
+                      reply.thinking, reply.done_reason, reply.tool_calls)

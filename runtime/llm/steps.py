@@ -45,13 +45,13 @@ ARGS_DISPLAY_CHARS = 2000
 
 
 class StepBudget(Protocol):
-    """What a step needs from the task's budget: room for a tool's cost, then the charge."""
+    """What a step needs from the task's budget (``runtime.budget.TaskBudget``)."""
 
-    def reserve_usd(self, amount: Decimal, what: str) -> None:
-        """Hold ``amount`` for a call about to run; raises BudgetExceeded if it does not fit."""
+    def reserve_usd(self, usd: Decimal, what: str) -> Any:
+        """Hold a tool's cost before it runs; raises BudgetExceeded if it does not fit."""
         ...
 
-    def settle_usd(self, reserved: Decimal, charged: Decimal) -> None:
+    def settle(self, held: Any, tokens: int = 0, usd: Decimal = Decimal(0)) -> Any:
         """Release a reservation and add what was charged."""
         ...
 
@@ -210,8 +210,8 @@ class TaskSteps:
         if record.replayed:
             return StepResult(record.result, None, None, True, record.idempotency_key,
                               record.starts, 0, 0.0, record.step_id)
-        if cost_usd and self.budget is not None:
-            self.budget.reserve_usd(cost_usd, f"tool {name!r}")
+        held = (self.budget.reserve_usd(cost_usd, f"tool {name!r}")
+                if cost_usd and self.budget is not None else None)
         started, charged = time.monotonic(), Decimal(0)
         try:
             value, error, tries = await self._attempts(name, fn, args, kwargs, record, retry)
@@ -222,8 +222,8 @@ class TaskSteps:
                 charged = Decimal(0)
                 raise self._lost(name, "its result was not recorded")
         finally:
-            if cost_usd and self.budget is not None:
-                self.budget.settle_usd(cost_usd, charged)
+            if held is not None and self.budget is not None:
+                self.budget.settle(held, 0, charged)
         return StepResult(value, end.error, error, False, record.idempotency_key,
                           record.starts, tries, end.duration_seconds, record.step_id)
 

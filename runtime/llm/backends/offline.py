@@ -9,6 +9,11 @@ list of behaviours used one per call, in order (then it behaves again):
 - ``"broken_json"``, ``"wrong_shape"``, ``"empty"``, ``"length"``: a bad structured reply
   (not JSON, JSON that misses the schema, nothing, cut at the token limit);
 - ``"transient"``: a :class:`~runtime.llm.reply.RetryableModelError` (HTTP 503).
+
+Tools: given ``tools=``, a conversation with no tool result yet is answered with one call
+of each tool (arguments built from the tool's parameter schema and the prompt, like a
+structured answer); once tool results are in the conversation it answers as usual. So
+an agent's tool loop runs one round offline, deterministically, with no model.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ from runtime.llm.reply import (
     Message,
     ModelReply,
     RetryableModelError,
+    ToolCall,
     checked_reply,
     estimate_tokens,
     first_messages,
+    message_tokens,
 )
 from runtime.llm.schema_instance import instance_for_schema, offline_text
 
@@ -52,9 +59,27 @@ class OfflineBackend:
 
     async def achat(self, model: str, messages: Sequence[Message],
                     schema: dict[str, Any] | None, max_tokens: int, *,
-                    route: str = "local", think: bool = False) -> ModelReply:
-        """Answer the conversation's first user prompt (see :meth:`chat`)."""
+                    route: str = "local", think: bool = False,
+                    tools: Sequence[dict[str, Any]] = ()) -> ModelReply:
+        """Answer the conversation's first user prompt (see :meth:`chat`), or call tools."""
+        if tools and not any(m.get("role") == "tool" for m in messages):
+            return self._tool_round(model, messages, tools, max_tokens)
         return self._answer(model, messages, schema, max_tokens)
+
+    def _tool_round(self, model: str, messages: Sequence[Message],
+                    tools: Sequence[dict[str, Any]], max_tokens: int) -> ModelReply:
+        """Call every tool once, with arguments made from its schema and the prompt."""
+        prompt = next((m["content"] for m in messages if m.get("role") == "user"), "")
+        calls = []
+        for spec in tools:
+            function = spec.get("function") or {}
+            parameters = function.get("parameters") or {"type": "object"}
+            calls.append(ToolCall(str(function.get("name")),
+                                  instance_for_schema(parameters, prompt)))
+        text = json.dumps([c.as_json() for c in calls])
+        return ModelReply("", None, message_tokens(messages),
+                          min(estimate_tokens(text), max(int(max_tokens), 0)), 0.0, model,
+                          self.name, offline=True, done_reason="stop", tool_calls=tuple(calls))
 
     def chat(self, model: str, prompt: str, system: str | None, schema: dict[str, Any] | None,
              max_tokens: int, *, route: str = "local", think: bool = False) -> ModelReply:
@@ -81,7 +106,7 @@ class OfflineBackend:
                 done_reason = "length"
         else:
             text = offline_text(prompt)
-        prompt_tokens = sum(estimate_tokens(m.get("content")) for m in messages)
+        prompt_tokens = message_tokens(messages)
         completion_tokens = min(estimate_tokens(text), max(int(max_tokens), 0))
         reply = ModelReply(text, None, prompt_tokens, completion_tokens, 0.0, model, self.name,
                            offline=True, done_reason=done_reason)

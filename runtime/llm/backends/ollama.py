@@ -42,9 +42,11 @@ from runtime.llm.reply import (
     ModelReply,
     ModelRequestError,
     RetryableModelError,
+    ToolCall,
     checked_reply,
     estimate_tokens,
     first_messages,
+    message_tokens,
 )
 
 log = logging.getLogger(__name__)
@@ -91,15 +93,17 @@ class _Client(ollama.AsyncClient):
 
     async def text_chat(self, model: str, messages: Sequence[Message],
                         schema: dict[str, Any] | None, options: dict[str, Any],
-                        think: bool) -> ollama.ChatResponse:
-        """``chat(..., stream=False)`` for text messages (no tools, no images).
+                        think: bool,
+                        tools: Sequence[dict[str, Any]] = ()) -> ollama.ChatResponse:
+        """``chat(..., stream=False)`` for text messages and tools (no images).
 
         Sends the body ``chat`` would (``ChatRequest(...).model_dump(exclude_none=True)``;
         a test holds the two equal) without building and dumping its pydantic models for
         every call; the response, its type and the errors are ``chat``'s own.
         """
         body: dict[str, Any] = {
-            "model": model, "stream": False, "options": options, "tools": [], "think": think,
+            "model": model, "stream": False, "options": options, "tools": list(tools),
+            "think": think,
             # chat() drops empty fields of a message the same way
             "messages": [{k: v for k, v in m.items() if v} for m in messages],
         }
@@ -156,8 +160,12 @@ class OllamaBackend:
 
     async def achat(self, model: str, messages: Sequence[Message],
                     schema: dict[str, Any] | None, max_tokens: int, *,
-                    route: str = "local", think: bool = False) -> ModelReply:
+                    route: str = "local", think: bool = False,
+                    tools: Sequence[dict[str, Any]] = ()) -> ModelReply:
         """Call ``/api/chat`` once (no streaming) on the running loop.
+
+        ``tools`` (Ollama's function specs) lets the model answer with tool calls
+        (:attr:`ModelReply.tool_calls`) instead of text.
 
         Raises:
             RetryableModelError: unreachable, timed out, or busy (429, 5xx).
@@ -167,17 +175,18 @@ class OllamaBackend:
 
         """
         return await self._send(self._client_for(route), self.host_for(route), model,
-                                messages, schema, max_tokens, think)
+                                messages, schema, max_tokens, think, tools)
 
     async def _send(self, client: _Client, host: str, model: str,
                     messages: Sequence[Message], schema: dict[str, Any] | None,
-                    max_tokens: int, think: bool) -> ModelReply:
+                    max_tokens: int, think: bool,
+                    tools: Sequence[dict[str, Any]] = ()) -> ModelReply:
         box: dict[str, float] = {}
         token = _RETRY_AFTER.set(box)
         started = time.monotonic()
         try:
             response = await client.text_chat(model, messages, schema,
-                                              {"num_predict": max_tokens}, think)
+                                              {"num_predict": max_tokens}, think, tools)
         except ollama.ResponseError as exc:
             if exc.status_code == 404:
                 raise ModelNotFound(model, f"{host} answered 404: {exc.error}") from exc
@@ -208,13 +217,15 @@ class OllamaBackend:
         # rather than charge nothing. eval_count includes the thinking tokens.
         prompt_tokens = response.prompt_eval_count
         if prompt_tokens is None:
-            prompt_tokens = sum(estimate_tokens(m.get("content")) for m in messages)
+            prompt_tokens = message_tokens(messages)
         completion_tokens = response.eval_count
         if completion_tokens is None:
             completion_tokens = estimate_tokens(text) + estimate_tokens(thinking)
+        calls = tuple(ToolCall(c.function.name, dict(c.function.arguments or {}))
+                      for c in response.message.tool_calls or ())
         reply = ModelReply(text, None, int(prompt_tokens), int(completion_tokens), duration,
                            model, self.name, thinking=thinking,
-                           done_reason=response.done_reason)
+                           done_reason=response.done_reason, tool_calls=calls)
         return checked_reply(reply, schema)
 
     def chat(self, model: str, prompt: str, system: str | None, schema: dict[str, Any] | None,

@@ -23,6 +23,7 @@ from runtime.llm.reply import (
     BackendConfigError,
     Message,
     ModelReply,
+    ModelRequestError,
     ReplayMiss,
     checked_reply,
     request_key,
@@ -161,8 +162,15 @@ class ReplayBackend:
 
     async def achat(self, model: str, messages: Sequence[Message],
                     schema: dict[str, Any] | None, max_tokens: int, *,
-                    route: str = "local", think: bool = False) -> ModelReply:
-        """Return the recorded response to the conversation's first prompt (see :meth:`chat`)."""
+                    route: str = "local", think: bool = False,
+                    tools: Sequence[dict[str, Any]] = ()) -> ModelReply:
+        """Return the recorded response to the conversation's first prompt (see :meth:`chat`).
+
+        A replay file holds answers, not tool rounds: a call with tools is refused.
+        """
+        if tools:
+            raise ModelRequestError("the replay backend cannot replay a tool loop (a replay "
+                                    "file records answers only); use the offline backend")
         prompt, system = split_messages(messages)
         return self.chat(model, prompt, system, schema, max_tokens, route=route)
 

@@ -1,0 +1,251 @@
+"""The tool loop: ``ctx.llm.acomplete(prompt, tools=..., max_tool_rounds=N)``.
+
+Ollama's tool calling, run by the model layer for one agent call:
+
+1. The model is asked with the tools listed (``tools`` in the chat request). Each round's
+   model call is a durable call like any other (position ``<call>#<round>``), so a
+   redelivered task replays the rounds its dead worker already paid for.
+2. A reply with ``message.tool_calls`` is a *tool round*: each call's arguments are
+   validated against the tool's schema. Bad arguments, an unknown tool or a tool the
+   ``allowed_tools`` policy refuses go back to the model as a tool error (never passed
+   to a function) and the next round counts as a repair.
+3. Each valid call runs as a durable step (``runtime.llm.steps``; its id
+   ``<call>#<round>.<index>``): recorded before and after, served from the record on a
+   redelivery. The calls of one reply that are ``async`` run at once; plain ones run one
+   after another in a thread. A tool that raises answers the model with its error.
+4. The results go back as ``role: "tool"`` messages and the model is asked again, until
+   it answers without tool calls or ``max_tool_rounds`` rounds were run (then
+   :class:`ToolRoundLimit`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Protocol
+
+from agents.tools import BadToolArguments, Tool
+from runtime.errors import BadInput, OrgchartError
+from runtime.llm.reply import Message, ToolCall
+from runtime.llm.steps import StepResult, TaskSteps
+
+#: Rounds of tool calls one ``complete`` may run unless it says otherwise.
+DEFAULT_MAX_TOOL_ROUNDS = 8
+#: How much of a tool's result (as JSON) is sent back to the model.
+MAX_TOOL_RESULT_CHARS = 8000
+
+
+class ToolRoundLimit(OrgchartError):
+    """The model still called tools after ``max_tool_rounds`` rounds (a runaway loop)."""
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """One tool call of a loop, as the agent sees it in ``Completion.tool_calls``.
+
+    Attributes:
+        id: the call's id (``<call>#<round>.<index>``), stable across deliveries.
+        name: the tool called.
+        arguments: the arguments the model gave.
+        result: the tool's JSON result (None on error).
+        error: why the call failed (bad arguments, not allowed, the tool raised), or None.
+        replayed: True when served from the record of an earlier delivery.
+
+    """
+
+    id: str
+    name: str
+    arguments: Any
+    result: Any
+    error: str | None
+    replayed: bool
+
+
+class RoundReply(Protocol):
+    """What one model round returns (a ``Completion``)."""
+
+    text: str
+    tool_calls: tuple[ToolCall, ...]
+
+
+#: Makes one model round: ``(conversation, round number, repair) -> Completion``.
+AskModel = Callable[[list[Message], int, bool], Awaitable[Any]]
+
+
+def refused(error: str) -> Callable[..., Any]:
+    """A step function that records a refusal without calling any tool."""
+    def refuse(**_: Any) -> Any:
+        raise BadToolArguments(error)
+    return refuse
+
+
+class ToolLoop:
+    """Runs the rounds of one tool-calling ``complete`` for a task."""
+
+    def __init__(self, steps: TaskSteps, tools: Sequence[Tool], position: str,
+                 allowed: Callable[[str], str | None] | None = None) -> None:
+        names = [t.name for t in tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tools have repeated names: {sorted(names)}")
+        self.steps = steps
+        self.tools = {t.name: t for t in tools}
+        self.position = position
+        self.allowed = allowed
+        self.outcomes: list[ToolOutcome] = []
+
+    def specs(self) -> list[dict[str, Any]]:
+        """The tools as the chat request lists them."""
+        return [t.ollama_spec() for t in self.tools.values()]
+
+    async def run(self, conversation: list[Message], ask: AskModel,
+                  max_rounds: int) -> tuple[Any, int]:
+        """Ask, run the tool calls, ask again; return the final reply and the rounds run."""
+        repair = False
+        for number in range(max_rounds + 1):
+            reply = await ask(conversation, number, repair)
+            calls = tuple(reply.tool_calls)
+            if not calls:
+                return reply, number
+            if number == max_rounds:
+                asked = ", ".join(sorted({c.name for c in calls}))
+                raise ToolRoundLimit(
+                    f"the model still called tools ({asked}) after max_tool_rounds="
+                    f"{max_rounds} round(s); raise max_tool_rounds or tighten the prompt")
+            ids = [f"{self.position}#{number}.{j}" for j in range(len(calls))]
+            results = await self._round(calls, ids)
+            repair = any(r.error is not None and r.error.startswith(BadToolArguments.__name__)
+                         for r in results)
+            conversation.append({"role": "assistant", "content": reply.text,
+                                 "tool_calls": [c.as_message_part() for c in calls]})
+            for call, outcome in zip(calls, results, strict=True):
+                conversation.append({"role": "tool", "tool_name": call.name,
+                                     "content": _content(outcome)})
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _round(self, calls: Sequence[ToolCall], ids: list[str]) -> list[ToolOutcome]:
+        """Run one reply's calls: async tools at once, plain ones one after another."""
+        results: list[ToolOutcome | None] = [None] * len(calls)
+
+        async def one(j: int) -> None:
+            results[j] = await self._call(calls[j], ids[j])
+
+        async def in_order(indexes: list[int]) -> None:
+            for j in indexes:
+                await one(j)
+
+        concurrent = [j for j, c in enumerate(calls) if self._is_async(c.name)]
+        sequential = [j for j in range(len(calls)) if j not in concurrent]
+        await asyncio.gather(in_order(sequential), *(one(j) for j in concurrent))
+        return [r for r in results if r is not None]
+
+    def _is_async(self, name: str) -> bool:
+        tool = self.tools.get(name)
+        return tool is not None and tool.is_async
+
+    async def _call(self, call: ToolCall, call_id: str) -> ToolOutcome:
+        tool = self.tools.get(call.name)
+        refusal = self._refusal(call, tool)
+        if refusal is not None or tool is None:
+            step = await self.steps.run(call.name, refused(refusal or ""), (),
+                                        {"arguments": call.arguments}, position=call_id,
+                                        kind="tool", tool_call_id=call_id)
+        else:
+            kwargs = tool.validate(call.arguments)
+            step = await self.steps.run(tool.name, tool.fn, (), kwargs, position=call_id,
+                                        kind="tool", tool_call_id=call_id, retry=tool.retry,
+                                        cost_usd=tool.cost_usd)
+        outcome = _outcome(call, call_id, step)
+        self.outcomes.append(outcome)
+        return outcome
+
+    def _refusal(self, call: ToolCall, tool: Tool | None) -> str | None:
+        if tool is None:
+            return (f"there is no tool {call.name!r}; the tools are: "
+                    f"{', '.join(sorted(self.tools))}")
+        if self.allowed is not None:
+            reason = self.allowed(call.name)
+            if reason is not None:
+                return reason
+        try:
+            tool.validate(call.arguments)
+        except BadToolArguments as exc:
+            return (f"the arguments do not fit tool {tool.name!r}'s schema at {exc}; call it "
+                    "again with arguments that fit")
+        return None
+
+
+def _outcome(call: ToolCall, call_id: str, step: StepResult) -> ToolOutcome:
+    return ToolOutcome(call_id, call.name, call.arguments, step.value, step.error,
+                       step.replayed)
+
+
+def _content(outcome: ToolOutcome) -> str:
+    """A tool's answer to the model: its JSON result, or its error."""
+    if outcome.error is not None:
+        return f"error: {outcome.error}"[:MAX_TOOL_RESULT_CHARS]
+    return json.dumps(outcome.result, ensure_ascii=False)[:MAX_TOOL_RESULT_CHARS]
+
+
+@dataclass(frozen=True)
+class ToolRound:
+    """One model round of a tool loop: the conversation so far and the tools offered."""
+
+    conversation: list[Message]
+    specs: list[dict[str, Any]]
+    number: int
+    repair: bool = False
+
+
+def round_note(tools: ToolRound | None) -> str:
+    """What a round adds to the stored prompt: the tools, the round, the conversation's hash.
+
+    The stored prompt identifies a request; later rounds differ from the first by the tool
+    results in their conversation, hence the hash.
+    """
+    if tools is None:
+        return ""
+    names = ", ".join(s["function"]["name"] for s in tools.specs)
+    note = f"\n\n[tools] {names}; round {tools.number}"
+    if tools.number:
+        canonical = json.dumps(tools.conversation, sort_keys=True, default=str)
+        note += f" sha256:{hashlib.sha256(canonical.encode()).hexdigest()[:16]}"
+    return note
+
+
+def recorded_tool_calls(recorded: Any) -> tuple[ToolCall, ...]:
+    """The tool calls of a recorded reply (``model_calls.tool_calls``)."""
+    return tuple(ToolCall(str(c.get("name")), c.get("arguments"), str(c.get("id") or ""))
+                 for c in recorded or ())
+
+
+async def run_with_tools(ask_round: Callable[[str, ToolRound], Awaitable[Any]],
+                         steps: TaskSteps, tools: Sequence[Tool], position: str,
+                         check: Callable[[str], str | None] | None,
+                         first: list[Message], max_rounds: int | None) -> Any:
+    """Run the loop for one ``complete(..., tools=...)`` at ``position``.
+
+    ``ask_round(position, round)`` makes one round's model call (a durable call at
+    ``<position>#<round>``) and returns its ``Completion``. Returns the final one, its
+    cost the sum of every round's, with ``tool_results`` and ``tool_rounds``.
+    """
+    rounds = DEFAULT_MAX_TOOL_ROUNDS if max_rounds is None else int(max_rounds)
+    if rounds < 0:
+        raise BadInput(f"max_tool_rounds must not be negative (got {max_rounds})")
+    loop = ToolLoop(steps, list(tools), position, check)
+    specs, cost = loop.specs(), Decimal(0)
+
+    async def ask(conversation: list[Message], number: int, repair: bool) -> Any:
+        nonlocal cost
+        reply = await ask_round(f"{position}#{number}",
+                                ToolRound(list(conversation), specs, number, repair))
+        cost += reply.cost_usd
+        return reply
+
+    final, used = await loop.run(first, ask, rounds)
+    return dataclasses.replace(final, cost_usd=cost, position=position,
+                               tool_results=tuple(loop.outcomes), tool_rounds=used)
