@@ -139,6 +139,8 @@ class CompetitorReport(CompetitorFindings):
     """The competitor scout's result."""
 
     offline: bool
+    tool_notes: list[str] = Field(default_factory=list, max_length=8,
+                                  description="What the scout's notes tool returned")
 
 
 class MarketFindings(BaseModel):
@@ -154,6 +156,8 @@ class MarketReport(MarketFindings):
     """The market researcher's result."""
 
     offline: bool
+    tool_notes: list[str] = Field(default_factory=list, max_length=8,
+                                  description="What the scout's notes tool returned")
 
 
 class Trend(BaseModel):
@@ -174,6 +178,8 @@ class TrendReport(TrendFindings):
     """The trend analyst's result."""
 
     offline: bool
+    tool_notes: list[str] = Field(default_factory=list, max_length=8,
+                                  description="What the scout's notes tool returned")
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -215,7 +221,14 @@ def complete_as(ctx: AgentContext, prompt: str, schema: type[M]) -> tuple[M, boo
             with the validation errors named).
 
     """
-    reply = ctx.llm.complete(prompt, schema=schema)
+    value, offline, _ = complete_with_reply(ctx, prompt, schema)
+    return value, offline
+
+
+def complete_with_reply(ctx: AgentContext, prompt: str, schema: type[M],
+                        **options: Any) -> tuple[M, bool, Any]:
+    """:func:`complete_as`, with ``complete``'s options (``tools=``...) and its reply."""
+    reply = ctx.llm.complete(prompt, schema=schema, **options)
     data = getattr(reply, "data", None)
     if data is None:
         text = getattr(reply, "text", "") or ""
@@ -233,7 +246,7 @@ def complete_as(ctx: AgentContext, prompt: str, schema: type[M]) -> tuple[M, boo
             f"{ctx.task.agent}: the model's answer does not match {schema.__name__}: "
             f"{_problems(exc)}"
         ) from None
-    return value, is_offline(ctx, reply)
+    return value, is_offline(ctx, reply), reply
 
 
 def as_json(value: Any) -> str:

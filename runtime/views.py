@@ -131,6 +131,35 @@ def model_call_json(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: How much of a step's arguments and result the JSON of a task shows.
+STEP_SHOWN_CHARS = 500
+
+
+def _capped(value: Any, limit: int = STEP_SHOWN_CHARS) -> str | None:
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else json.dumps(value, default=str,
+                                                         ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+
+
+def step_json(row: dict[str, Any]) -> dict[str, Any]:
+    """One ``task_steps`` row: a durable step or a tool call, its arguments and result capped.
+
+    ``replayed`` says its result was served from the record at least once (``replays``
+    times); ``starts`` > 1 says it ran again after a delivery that died inside it.
+    """
+    out = {k: _scalar(row.get(k)) for k in (
+        "id", "phase", "position", "name", "kind", "status", "tool_call_id", "error",
+        "idempotency_key", "attempt", "starts", "replays", "tries", "duration_seconds",
+        "started_at", "finished_at")}
+    out["args"] = _capped(row.get("args"))
+    out["result"] = _capped(row.get("result"))
+    out["cost_usd"] = money(row.get("cost_usd"))
+    out["replayed"] = int(row.get("replays") or 0) > 0
+    return out
+
+
 _POLICY_RULE = re.compile(r"^policy ([^\s:]+):")
 
 
@@ -279,7 +308,8 @@ def tree_changes_json(store: Store, root_id: uuid.UUID, after: int,
 
 
 def task_detail_json(store: Store, task_id: uuid.UUID, model_calls: bool = True) -> dict[str, Any]:
-    """A task with its transitions (``events``), its children and its model calls."""
+    """A task with its transitions (``events``), children, steps and tool calls (``steps``,
+    arguments and results capped) and, when asked, its model calls."""
     task = store.get(task_id)
     detail = task_json(task)
     detail["events"] = [event_json(e) for e in store.events(task_id)]
@@ -287,6 +317,7 @@ def task_detail_json(store: Store, task_id: uuid.UUID, model_calls: bool = True)
                           for c in store.children(task_id)]
     if model_calls:
         detail["model_calls"] = [model_call_json(c) for c in store.model_calls(task_id)]
+    detail["steps"] = [step_json(s) for s in store.steps(task_id)]
     return detail
 
 

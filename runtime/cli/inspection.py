@@ -207,6 +207,25 @@ def _print_detail(d: dict[str, Any]) -> None:
         out.print(kids)
     if d["model_calls"]:
         out.print(_model_calls_table(d["model_calls"]))
+    if d.get("steps"):
+        out.print(_steps_table(d["steps"]))
+
+
+def _steps_table(steps: list[dict[str, Any]]) -> Table:
+    """One line per durable step or tool call: arguments, result or error, replayed."""
+    table = Table("id", "kind", "name", "args", "result / error", "seconds", "runs",
+                  title="steps and tool calls")
+    for s in steps:
+        outcome = (f"[red]{escape(str(s['error']))}[/]" if s["error"]
+                   else escape(str(s["result"] if s["result"] is not None else "-")))
+        runs = f"started {s['starts']}x" + (f", replayed {s['replays']}x" if s["replays"]
+                                             else "")
+        if s["status"] == "started":
+            runs += ", unfinished"
+        table.add_row(escape(str(s["tool_call_id"] or s["position"])), escape(s["kind"]),
+                      escape(s["name"]), escape(str(s["args"] or "")), outcome,
+                      f"{float(s['duration_seconds'] or 0):.3f}", runs)
+    return table
 
 def escalations(json_: JsonOpt = False) -> None:
     """The tasks waiting for a person, oldest first, with the rule that stopped them."""

@@ -1240,9 +1240,10 @@ SELECT id FROM tasks WHERE root_id = :root_id;
 -- 'waiting'), own (seconds in every phase but 'waiting'), queued (seconds pending or ready
 -- to aggregate); and the task's JSON for the page, in integer milliseconds from the root's
 -- creation: its phases ("segments": [kind, from, to], each lasting until the next
--- transition) and its model calls ("calls": [from, to], or [from, to, 1] for a call
--- served from the record; a call's row is written when it
--- returns, so it ends at created_at). date_part gives float8: cheaper than numeric.
+-- transition), its model calls ("calls": [from, to], or [from, to, 1] for a call
+-- served from the record; a call's row is written when it returns, so it ends at
+-- created_at) and its steps and tool calls ("tools": [from, to, name, status]; an
+-- unfinished one lasts until now). date_part gives float8: cheaper than numeric.
 WITH base AS (
     SELECT created_at AS t0, statement_timestamp() AS now FROM tasks WHERE id = :root_id
 ), ev AS (
@@ -1289,6 +1290,20 @@ WITH base AS (
     CROSS JOIN base b
     WHERE t.root_id = :root_id
     GROUP BY c.task_id
+), tools AS (
+    SELECT s.task_id,
+           string_agg('[' || round(date_part('epoch', s.started_at - b.t0) * 1000)::bigint
+                      || ',' || round(date_part('epoch', COALESCE(s.finished_at, b.now) - b.t0)
+                                      * 1000)::bigint
+                      || ',' || to_json(s.name) || ',"' || s.status || '"]', ','
+                      ORDER BY s.id) AS tools
+    FROM tasks t
+    CROSS JOIN LATERAL (  -- per-task lookups by the (task_id, ...) unique index
+        SELECT * FROM task_steps x WHERE x.task_id = t.id OFFSET 0
+    ) s
+    CROSS JOIN base b
+    WHERE t.root_id = :root_id
+    GROUP BY s.task_id
 )
 SELECT t.id::text AS id, t.parent_id::text AS parent_id, t.to_agent AS agent, t.status,
        t.depth, date_part('epoch', t.created_at - b.t0) AS start,
@@ -1303,10 +1318,11 @@ SELECT t.id::text AS id, t.parent_id::text AS parent_id, t.to_agent AS agent, t.
        || ',"end":' || round(date_part('epoch', COALESCE(t.completed_at, b.now) - b.t0)
                              * 1000)::bigint
        || ',"segments":[' || COALESCE(s.segments, '') || '],"calls":['
-       || COALESCE(c.calls, '') || ']}' AS json
+       || COALESCE(c.calls, '') || '],"tools":[' || COALESCE(x.tools, '') || ']}' AS json
 FROM tasks t CROSS JOIN base b
 LEFT JOIN seg s ON s.task_id = t.id
 LEFT JOIN calls c ON c.task_id = t.id
+LEFT JOIN tools x ON x.task_id = t.id
 WHERE t.root_id = :root_id;
 
 -- ---------------------------------------------------------------- durable steps and tools

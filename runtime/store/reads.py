@@ -300,12 +300,13 @@ class StoreReads:
                          {"name": name, "last_event_id": last_event_id})
 
     def trace_rows(self, task_ids: Sequence[uuid.UUID]) -> dict[str, list[Task]]:
-        """What spans are built from: ``tasks``, their ``events`` and ``model_calls``."""
+        """What spans are built from: ``tasks``, their ``events``, ``model_calls``, steps."""
         ids = list(task_ids)
         with self.engine.connect() as conn:
             return {"tasks": self._rows(conn, "trace_list_tasks", ids=ids),
                     "events": self._rows(conn, "trace_list_events", ids=ids),
-                    "model_calls": self._rows(conn, "trace_list_model_calls", ids=ids)}
+                    "model_calls": self._rows(conn, "trace_list_model_calls", ids=ids),
+                    "steps": self._rows(conn, "step_list_by_tasks", ids=ids)}
 
     def tree_ids(self, root_id: uuid.UUID) -> list[uuid.UUID]:
         """Every task id of one tree."""

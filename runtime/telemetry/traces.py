@@ -97,6 +97,39 @@ def call_span_id_for(call_id: int) -> int:
     return int.from_bytes(digest[:8], "big") or 1
 
 
+def step_span_id_for(step_id: int) -> int:
+    """A step's (or tool call's) span id, from its ``task_steps`` id (never 0)."""
+    digest = hashlib.sha256(b"orgchart.step:" + str(step_id).encode()).digest()
+    return int.from_bytes(digest[:8], "big") or 1
+
+
+def _step_span(s: Mapping[str, Any], parent: Any, resource: Any, scope: Any) -> Any:
+    """An ``execute_tool <name>`` span for a tool call (``step <name>`` for a step)."""
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
+
+    tool = s["kind"] == "tool"
+    attributes: dict[str, Any] = {
+        "orgchart.step.position": str(s["position"]), "orgchart.step.starts": int(s["starts"]),
+        "orgchart.step.replays": int(s["replays"]), "orgchart.cost_usd": _num(s["cost_usd"]),
+    }
+    if tool:
+        attributes.update({"gen_ai.operation.name": "execute_tool",
+                           "gen_ai.tool.name": s["name"], "gen_ai.tool.type": "function",
+                           "gen_ai.tool.call.id": str(s["tool_call_id"] or s["position"])})
+    if s["error"]:
+        attributes["error.type"] = str(s["error"]).split(":", 1)[0][:200]
+    return ReadableSpan(
+        name=f"execute_tool {s['name']}" if tool else f"step {s['name']}",
+        context=SpanContext(parent.trace_id, step_span_id_for(s["id"]), False,
+                            parent.trace_flags),
+        parent=parent, resource=resource, attributes=attributes, kind=SpanKind.INTERNAL,
+        status=Status(StatusCode.ERROR, str(s["error"])[:200]) if s["error"]
+        else Status(StatusCode.UNSET),
+        start_time=_ns(s["started_at"]), end_time=_ns(s["finished_at"]),
+        instrumentation_scope=scope)
+
+
 def _ns(value: dt.datetime) -> int:
     return int(value.timestamp() * 1_000_000) * 1000
 
@@ -169,8 +202,9 @@ def _call_attributes(c: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _task_spans(t: Mapping[str, Any], history: list[dict[str, Any]],
-                calls: list[dict[str, Any]], resource: Any) -> list[Any]:
-    """One ended task's span, then one child span per model call of it."""
+                calls: list[dict[str, Any]], resource: Any,
+                steps: list[dict[str, Any]] | None = None) -> list[Any]:
+    """One ended task's span, then one child span per model call and per step of it."""
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -205,6 +239,8 @@ def _task_spans(t: Mapping[str, Any], history: list[dict[str, Any]],
             status=Status(StatusCode.ERROR, str(c["error"])[:200]) if c["error"]
             else Status(StatusCode.UNSET),
             start_time=_ns(started), end_time=_ns(finished), instrumentation_scope=scope))
+    spans += [_step_span(s, context, resource, scope) for s in steps or ()
+              if s["finished_at"] is not None]
     return spans
 
 
@@ -221,11 +257,15 @@ def build_spans(rows: Mapping[str, list[dict[str, Any]]]) -> list[Any]:
     calls: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for c in rows["model_calls"]:
         calls[c["task_id"]].append(c)
+    steps: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for s in rows.get("steps", ()):
+        steps[s["task_id"]].append(s)
     spans: list[Any] = []
     for t in rows["tasks"]:
         history = events.get(t["id"], [])
         if t["status"] in _FINAL and (t["completed_at"] or history):
-            spans += _task_spans(t, history, calls.get(t["id"], []), resource)
+            spans += _task_spans(t, history, calls.get(t["id"], []), resource,
+                                 steps.get(t["id"]))
     return spans
 
 

@@ -237,3 +237,41 @@ def test_a_tool_the_policy_refuses_is_never_run(store: Store) -> None:
     reply = llm.complete(PROMPT, tools=[effects.tool()])
     assert effects.lines == []
     assert "policy allowed_tools: scout may not use 'lookup'" in str(reply.tool_results[0].error)
+
+
+def test_a_worker_runs_a_scouts_tool_loop_and_traces_each_tool_call(
+        db_url: str, store: Store) -> None:
+    from runtime.config import load_settings
+    from runtime.telemetry import traces
+    from runtime.views import task_detail_json
+    from runtime.wiring import build_runtime
+
+    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
+                                  "ORGCHART_LLM__BACKEND": "offline"})
+    runtime = build_runtime(settings, store=store)
+    task, _ = store.submit(NewTask(to_agent="trend_analyst", type="research",
+                                   payload={"goal": "durable agent runtimes"}))
+    worker = runtime.worker(None, maintenance=False, listen=False)
+    for _ in range(20):
+        if worker.run_once() == 0 and store.get(task["id"])["status"] == "done":
+            break
+    done = store.get(task["id"])
+    assert done["status"] == "done", done["error"]
+    assert done["result"]["tool_notes"] and done["result"]["offline"] is True
+    (step,) = task_detail_json(store, task["id"])["steps"]
+    assert (step["kind"], step["name"], step["tool_call_id"]) == (
+        "tool", "search_trend_notes", "0#0.0")
+    assert step["replayed"] is False and '"query"' in step["args"]
+    spans = traces.build_spans(store.trace_rows([task["id"]]))
+    (tool,) = [s for s in spans if s.name.startswith("execute_tool")]
+    (agent,) = [s for s in spans if s.name == "trend_analyst"]
+    assert tool.name == "execute_tool search_trend_notes"
+    assert tool.attributes["gen_ai.tool.name"] == "search_trend_notes"
+    assert tool.attributes["gen_ai.tool.call.id"] == "0#0.0"
+    assert tool.attributes["gen_ai.operation.name"] == "execute_tool"
+    assert tool.parent.span_id == agent.context.span_id
+    assert tool.start_time <= tool.end_time
+    # The page's waterfall draws it as a segment of the task's bar.
+    (row,) = store.timeline_rows(task["id"])
+    (segment,) = __import__("json").loads(row["json"])["tools"]
+    assert segment[2:] == ["search_trend_notes", "finished"] and segment[0] <= segment[1]

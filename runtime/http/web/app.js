@@ -222,8 +222,43 @@
       node.error ? el("div", { className: "error", text: node.error }) : null,
       actions(node),
       extras(node),
+      stepsDetails(node),
       children.length ? childList(node, children) : null,
     ]);
+  }
+
+  // A task's durable steps and tool calls, read from GET /tasks/{id} when opened.
+  function stepsDetails(node) {
+    const box = el("details", { className: "steps", "data-key": "steps-" + node.id }, [
+      el("summary", { text: "steps and tool calls" }),
+    ]);
+    box.addEventListener("toggle", async () => {
+      if (!box.open || box.dataset.loaded) return;
+      box.dataset.loaded = "1";
+      try {
+        const task = await api("GET", "/tasks/" + node.id);
+        box.append(stepsList(task.steps || []));
+      } catch (error) {
+        box.append(el("div", { className: "error", text: "steps unavailable: " + error.message }));
+      }
+    });
+    return box;
+  }
+
+  function stepsList(steps) {
+    if (!steps.length) return el("div", { className: "hint", text: "none" });
+    return el("ul", { className: "step-list" }, steps.map((s) => el("li", {
+      "data-kind": s.kind, "data-status": s.status }, [
+      el("code", { text: s.tool_call_id || s.position }),
+      el("span", { className: "step-name", text: s.kind + " " + s.name }),
+      el("span", { className: "step-args", text: s.args || "" }),
+      el("span", { className: s.error ? "error" : "step-result",
+        text: s.error || (s.result === null ? "-" : s.result) }),
+      el("span", { className: "duration", text: seconds(s.duration_seconds || 0) }),
+      el("span", { className: "hint", text: (s.replays ? "replayed " + s.replays + "x " : "")
+        + (s.starts > 1 ? "ran " + s.starts + "x" : "") + (s.status === "started"
+          ? " unfinished" : "") }),
+    ])));
   }
 
   // Big trees draw their first two levels; deeper children are drawn when opened.
@@ -477,6 +512,7 @@
         t.end /= 1000;
         for (const seg of t.segments) { seg[1] /= 1000; seg[2] /= 1000; }
         for (const call of t.calls) { call[0] /= 1000; call[1] /= 1000; }
+        for (const tool of t.tools || []) { tool[0] /= 1000; tool[1] /= 1000; }
       }
       wf.data = data;
       renderTimeline();
@@ -527,6 +563,10 @@
       track.append(replayed
         ? bar("wf-call wf-replayed", a, b, total, "model call replayed from the record (free)")
         : bar("wf-call", a, b, total, "model call " + (b - a).toFixed(2) + " s"));
+    }
+    for (const [a, b, name, status] of t.tools || []) {
+      track.append(bar("wf-tool" + (status === "failed" ? " wf-tool-failed" : ""), a, b, total,
+        "tool " + name + " " + (b - a).toFixed(2) + " s (" + status + ")"));
     }
     return el("div", { className: "wf-row" + (t.critical ? " wf-critical" : ""),
       "data-task-id": t.id, "data-index": index, "data-status": t.status }, [label, track]);
