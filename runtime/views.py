@@ -308,8 +308,10 @@ def tree_changes_json(store: Store, root_id: uuid.UUID, after: int,
 
 
 def task_detail_json(store: Store, task_id: uuid.UUID, model_calls: bool = True) -> dict[str, Any]:
-    """A task with its transitions (``events``), children, steps and tool calls (``steps``,
-    arguments and results capped) and, when asked, its model calls."""
+    """A task with its transitions, children, steps and, when asked, its model calls.
+
+    ``steps`` lists its durable steps and tool calls, arguments and results capped.
+    """
     task = store.get(task_id)
     detail = task_json(task)
     detail["events"] = [event_json(e) for e in store.events(task_id)]
