@@ -12,10 +12,14 @@ nodes after workers died in the middle of charging.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
+
+from pydantic import BaseModel, Field
 
 from agents.base import Agent, ChildSpec, Delegate, Escalate, Result, TaskView
 from agents.context import AgentContext
+from agents.tools import Tool
 from tests.support_agents import AnyInput, AnyOutput
 
 #: Completion tokens asked per call: small, so even a grandchild's carved budget covers it.
@@ -103,3 +107,41 @@ class TenCalls(Agent):
             replayed += int(bool(getattr(reply, "replayed", False)))
             previous = reply.text
         return Result({"last": previous, "replayed_in_this_delivery": replayed})
+
+
+#: How long one tool call of ``six_tools`` works (the steps-under-crash chaos test).
+TOOL_SECONDS = 0.5
+#: Where each tool call that ran appends its idempotency key (set by the test).
+SIDE_EFFECTS_ENV = "CHAOS_SIDE_EFFECTS_LOG"
+
+
+class WorkArgs(BaseModel):
+    """One unit of work."""
+
+    n: int = Field(ge=0, le=100)
+
+
+async def work(n: int, idempotency_key: str) -> dict[str, Any]:
+    """A tool with a visible side effect: sleep, then append one line keyed by the call."""
+    await asyncio.sleep(TOOL_SECONDS)
+    path = os.environ.get(SIDE_EFFECTS_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(f"{idempotency_key}\n")
+    return {"n": n, "done": True}
+
+
+class SixTools(Agent):
+    """Asks the model, which calls the ``work`` tool six times, one call per round."""
+
+    name = "six_tools"
+    input_model = AnyInput
+    output_model = AnyOutput
+    tools = (Tool("work", "Do unit of work number n.", WorkArgs, work),)
+
+    async def run(self, ctx: AgentContext, task: TaskView) -> Result:
+        reply = await ctx.llm.acomplete(f"do six units of work for {task.payload.get('goal')}",
+                                        tools=ctx.tools, max_tool_rounds=10,
+                                        max_tokens=CALL_MAX_TOKENS)
+        return Result({"tool_calls": len(reply.tool_results), "rounds": reply.tool_rounds,
+                       "replayed": sum(t.replayed for t in reply.tool_results)})
