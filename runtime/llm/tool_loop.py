@@ -6,9 +6,10 @@ Ollama's tool calling, run by the model layer for one agent call:
    model call is a durable call like any other (position ``<call>#<round>``), so a
    redelivered task replays the rounds its dead worker already paid for.
 2. A reply with ``message.tool_calls`` is a *tool round*: each call's arguments are
-   validated against the tool's schema. Bad arguments, an unknown tool or a tool the
-   ``allowed_tools`` policy refuses go back to the model as a tool error (never passed
-   to a function) and the next round counts as a repair.
+   validated against the tool's schema. Bad arguments, an unknown tool, a tool the
+   ``allowed_tools`` policy refuses or one that ``requires_approval`` (approval of a
+   single tool call is not built yet: such a tool never runs) go back to the model as a
+   tool error (never passed to a function) and the next round counts as a repair.
 3. Each valid call runs as a durable step (``runtime.llm.steps``; its id
    ``<call>#<round>.<index>``): recorded before and after, served from the record on a
    redelivery. The calls of one reply that are ``async`` run at once; plain ones run one
@@ -118,6 +119,7 @@ class ToolLoop:
                     f"{max_rounds} round(s); raise max_tool_rounds or tighten the prompt")
             ids = [f"{self.position}#{number}.{j}" for j in range(len(calls))]
             results = await self._round(calls, ids)
+            self.outcomes += results  # in the order of the calls, not of their ends
             repair = any(r.error is not None and r.error.startswith(BadToolArguments.__name__)
                          for r in results)
             conversation.append({"role": "assistant", "content": reply.text,
@@ -159,14 +161,17 @@ class ToolLoop:
             step = await self.steps.run(tool.name, tool.fn, (), kwargs, position=call_id,
                                         kind="tool", tool_call_id=call_id, retry=tool.retry,
                                         cost_usd=tool.cost_usd)
-        outcome = _outcome(call, call_id, step)
-        self.outcomes.append(outcome)
-        return outcome
+        return _outcome(call, call_id, step)
 
     def _refusal(self, call: ToolCall, tool: Tool | None) -> str | None:
         if tool is None:
             return (f"there is no tool {call.name!r}; the tools are: "
                     f"{', '.join(sorted(self.tools))}")
+        if tool.requires_approval:
+            # Fail closed: approval of a single tool call mid-task is not built yet, so a
+            # tool that needs it never runs (the model is told).
+            return (f"tool {tool.name!r} requires a person's approval before it runs, "
+                    "which this runtime cannot ask for yet: it was not run")
         if self.allowed is not None:
             reason = self.allowed(call.name)
             if reason is not None:

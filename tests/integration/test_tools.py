@@ -229,6 +229,15 @@ def test_a_tools_cost_is_charged_and_checked_against_the_budget(store: Store) ->
     assert len(effects.lines) == 1
 
 
+def test_a_tool_that_requires_approval_is_never_run_without_it(store: Store) -> None:
+    row = new_task(store)
+    effects = Ledger()
+    reply = llm_for(store, row, OfflineBackend()).complete(
+        PROMPT, tools=[effects.tool(requires_approval=True)])
+    assert effects.lines == []
+    assert "requires a person's approval" in str(reply.tool_results[0].error)
+
+
 def test_a_tool_the_policy_refuses_is_never_run(store: Store) -> None:
     row = new_task(store)
     llm = llm_for(store, row, OfflineBackend())

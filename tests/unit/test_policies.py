@@ -235,11 +235,13 @@ def test_every_builtin_rule_is_described_in_order(agents: Registry) -> None:
     rows = policy_set(agents).describe()
     assert [r["name"] for r in rows] == [
         "max_depth", "max_children", "max_payload_bytes", "delegation_edges",
-        "forbidden_output", "output_schema", "model_price", "require_approval",
+        "forbidden_output", "output_schema", "model_price", "require_approval", "allowed_tools",
     ]
     assert all(r["source"] == "builtin" for r in rows)
-    # require_approval holds nothing until an agent or a spend threshold is configured.
-    assert [r["name"] for r in rows if not r["active"]] == ["require_approval"]
+    # require_approval holds nothing until an agent or a spend threshold is configured;
+    # allowed_tools restricts nothing until an agent is listed.
+    assert [r["name"] for r in rows if not r["active"]] == ["require_approval",
+                                                             "allowed_tools"]
     by_name = {r["name"]: r for r in rows}
     assert by_name["max_depth"]["settings"] == {"max_depth": 5}
     assert by_name["model_price"]["settings"]["local_per_token"] == "0.00001"
@@ -364,3 +366,12 @@ def test_policies_refuses_an_unknown_disabled_rule(cli: typer.Typer,
     assert outcome.exit_code == 2
     assert "[policies] disabled" in outcome.output
     assert "did you mean 'output_schema'" in outcome.output
+
+
+def test_allowed_tools_refuses_a_tool_not_named_for_a_listed_agent(agents: Registry) -> None:
+    rules = policy_set(agents, allowed_tools={"t_boss": ["search"]})
+    assert rules.validate_tool(view("t_boss"), "search") is None
+    refused = rules.validate_tool(view("t_boss"), "delete_everything")
+    assert refused is not None and refused.rule == "allowed_tools"
+    assert "may not call tool 'delete_everything' (allowed: search)" in str(refused)
+    assert rules.validate_tool(view("t_worker"), "delete_everything") is None
