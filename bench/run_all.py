@@ -32,6 +32,7 @@ from bench import (
     pickup,
     reference,
     scrape,
+    tools,
     transport,
     tree_read,
     worker_memory,
@@ -39,7 +40,8 @@ from bench import (
 from bench.common import RESULTS_DIR, machine, server_url
 
 ORDER = ("reference", "drain", "pgqueuer", "pickup", "fanin", "claim_latency", "tree_read",
-         "scrape", "worker_memory", "makespan", "fork", "charge", "transport", "ha", "control")
+         "scrape", "worker_memory", "makespan", "fork", "charge", "transport", "ha", "control",
+         "tools")
 
 FULL: dict[str, dict[str, Any]] = {
     "reference": {"n": 20_000, "threads": 4},
@@ -57,6 +59,7 @@ FULL: dict[str, dict[str, Any]] = {
     "transport": {"calls": 900, "seq": 300, "rounds": 2, "delay": 0.5},
     "ha": {},
     "control": {"leads": 30, "writers": 30, "delay": 1.0, "answers": 20, "in_flight": 300},
+    "tools": {"samples": 200, "rounds": 5, "crash": True},
 }
 
 QUICK: dict[str, dict[str, Any]] = {
@@ -75,6 +78,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "transport": {"calls": 20, "seq": 10, "rounds": 1, "delay": 0.05},
     "ha": {"quick": True},
     "control": {"leads": 2, "writers": 5, "delay": 0.5, "answers": 2, "in_flight": 5},
+    "tools": {"samples": 3, "rounds": 2, "crash": False},
 }
 
 MAINS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -93,6 +97,7 @@ MAINS: dict[str, Callable[..., dict[str, Any]]] = {
     "transport": transport.main,
     "ha": ha.main,
     "control": control.main,
+    "tools": tools.main,
 }
 
 

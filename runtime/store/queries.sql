@@ -1339,9 +1339,15 @@ WHERE t.root_id = :root_id;
 -- A row found 'started' or 'failed' (its worker died inside it, or it raised) starts
 -- again: 'starts' counts it. Different arguments at the same place are a new step.
 -- No row returned: the lease is gone.
+-- Run alone (autocommit: one round trip), it commits without waiting for its WAL to
+-- reach the disk (set_config(..., true): this transaction only). A later commit that
+-- waits flushes it too (WAL is flushed in order); only a database crash in between
+-- loses it, with everything the task did after it, and the step then runs again as
+-- after a worker's crash (StoreSteps.step_finish says more).
 WITH me AS (
     SELECT id, root_id FROM tasks
     WHERE id = :task_id AND lease_token = :token
+      AND set_config('synchronous_commit', 'off', true) IS NOT NULL
     FOR SHARE
 ), began AS (
     INSERT INTO task_steps AS s (task_id, root_id, phase, position, name, kind, status,
@@ -1373,9 +1379,11 @@ SELECT * FROM began UNION ALL SELECT * FROM served;
 -- Record a started step's result ('finished') or error ('failed'), and charge its cost
 -- (a tool's cost_usd) to the task's own spend, fenced by the lease token. No row
 -- returned: the lease is gone (a late worker's result is not recorded, nor charged).
+-- Committed without waiting for the disk, as task_step_begin.
 WITH me AS (
     SELECT id FROM tasks
     WHERE id = :task_id AND lease_token = :token
+      AND set_config('synchronous_commit', 'off', true) IS NOT NULL
     FOR SHARE
 ), done AS (
     UPDATE task_steps s

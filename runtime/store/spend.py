@@ -15,13 +15,15 @@ with its lease token, so a worker whose lease was taken away writes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
@@ -111,9 +113,18 @@ class StoreSpend(StoreReads):
 class StoreSteps(StoreReads):
     """Recording durable steps (begin, finish) and reading them back."""
 
+    @contextlib.contextmanager
+    def _autocommit(self) -> Iterator[Connection]:
+        """A connection on which each statement is its own transaction (no BEGIN/COMMIT)."""
+        with self.engine.connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
     def step_begin(self, begin: StepBegin) -> StepRecord | None:
-        """Record a step as started, or return its finished record; None: the lease is gone."""
-        with self.transaction() as conn:
+        """Record a step as started, or return its finished record; None: the lease is gone.
+
+        Commits without waiting for the disk (see :meth:`step_finish`).
+        """
+        with self._autocommit() as conn:
             row = conn.execute(_TEXT["task_step_begin"], {
                 "task_id": begin.task_id, "token": begin.lease_token, "phase": begin.phase,
                 "position": begin.position, "name": begin.name, "kind": begin.kind,
@@ -131,8 +142,18 @@ class StoreSteps(StoreReads):
                           replayed=bool(row.replayed))
 
     def step_finish(self, end: StepEnd) -> bool:
-        """Record a step's result or error (and charge its cost); False: the lease is gone."""
-        with self.transaction() as conn:
+        """Record a step's result or error (and charge its cost); False: the lease is gone.
+
+        Each step record is one statement in its own transaction (autocommit: one round
+        trip), committed without waiting for its WAL to reach the disk (a flush per
+        commit was most of a tool round's cost). WAL is flushed in order, so the next
+        write of the task that does wait (a model call's charge, the task's outcome)
+        makes the step's record durable too.
+        Only a crash of the database server in between can lose it, and then everything
+        the task did after it is lost with it: the step runs again on the next delivery,
+        as after a worker's crash inside it (its idempotency key is the same).
+        """
+        with self._autocommit() as conn:
             row = conn.execute(_TEXT["task_step_finish"], {
                 "task_id": end.task_id, "token": end.lease_token, "step_id": end.step_id,
                 "starts": end.starts, "status": "failed" if end.error is not None else "finished",

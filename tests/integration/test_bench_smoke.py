@@ -211,3 +211,12 @@ def test_fork(server_url: str) -> None:
     assert (figures["fork_paid_calls"], figures["fork_replayed_calls"]) == (2, 2)
     assert figures["rerun_tree_tasks"] == 9
     assert (figures["rerun_paid_calls"], figures["rerun_replayed_calls"]) == (0, 14)  # 2 rounds
+
+
+def test_tools(server_url: str) -> None:
+    from bench import tools
+
+    figures = tools.main(samples=2, rounds=2, crash=False, server=server_url)
+    _numbers(figures, "tool_round_overhead_ms_p50", "tool_round_overhead_ms_p90",
+             "model_call_ms_p50", "loop_ms_p50")
+    assert figures["rounds_per_sample"] == 2
