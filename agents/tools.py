@@ -99,7 +99,8 @@ class Tool:
         fn: the function, plain or ``async def``; its result must be JSON-serialisable.
         parameters: a JSON schema instead of ``args`` (MCP tools); validated with it.
         cost_usd: charged to the task per call that runs (not for a replay).
-        requires_approval: a person must approve a call before it runs (approval gates).
+        requires_approval: a person must approve each call before it runs: the task waits
+            in ``awaiting_approval`` until ``orgchart approve`` (run phase only).
         retry: retries for transient errors (default: none).
         source: where it came from (``python``, or ``mcp:<server>``).
 

@@ -56,6 +56,7 @@ from runtime.errors import (
     TransientModelError,
     UnknownPrice,
 )
+from runtime.llm.tool_loop import ToolApprovalNeeded
 from runtime.store.rows import TERMINAL_STATUSES, ChildRow, JudgeOutcome, RunOutcome, TaskRow
 from runtime.store.store import Store
 
@@ -317,6 +318,8 @@ class Executor:
         outcome, row = started.outcome, started.row
         if isinstance(exc, LeaseLost):
             return Dropped(row.id, "lease lost while the agent worked")
+        if isinstance(exc, ToolApprovalNeeded):  # held until a person approves the call
+            return outcome("awaiting_approval", error=exc.detail, detail=exc.detail)
         if isinstance(exc, TRANSIENT_ERRORS):
             # The model server or the database went away mid-task: infrastructure, retried.
             retries = int(row.retry_count or 0)

@@ -76,6 +76,10 @@ class StoreLedger:
         """Record a step's result or error (fenced); False when the lease is gone."""
         return self.store.step_finish(end)
 
+    def tool_call_approved(self, task_id: uuid.UUID, detail: str) -> bool:
+        """Whether a person approved the tool call the task was held for."""
+        return self.store.tool_call_approved(task_id, detail)
+
 
 def _recorded(row: dict[str, Any]) -> RecordedCall:
     """A ``model_calls`` row as the model layer's :class:`RecordedCall`."""

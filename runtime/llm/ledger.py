@@ -77,6 +77,10 @@ class StepLedger(Protocol):
         """Record a step's result or error and charge its cost; False: lease lost."""
         ...
 
+    def tool_call_approved(self, task_id: uuid.UUID, detail: str) -> bool:
+        """Whether a person approved the tool call the task was held for (``detail``)."""
+        ...
+
 
 @dataclass(frozen=True)
 class RecordLookup:

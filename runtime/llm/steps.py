@@ -227,6 +227,11 @@ class TaskSteps:
         return StepResult(value, end.error, error, False, record.idempotency_key,
                           record.starts, tries, end.duration_seconds, record.step_id)
 
+    async def approved(self, detail: str) -> bool:
+        """Whether a person approved the tool call this task was held for (``detail``)."""
+        return bool(await self._in_ledger(self._ledger.tool_call_approved, self.task_id,
+                                          detail))
+
     # ------------------------------------------------------------------ parts
     async def _attempts(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
                         kwargs: dict[str, Any], record: StepRecord,

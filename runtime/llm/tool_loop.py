@@ -6,10 +6,12 @@ Ollama's tool calling, run by the model layer for one agent call:
    model call is a durable call like any other (position ``<call>#<round>``), so a
    redelivered task replays the rounds its dead worker already paid for.
 2. A reply with ``message.tool_calls`` is a *tool round*: each call's arguments are
-   validated against the tool's schema. Bad arguments, an unknown tool, a tool the
-   ``allowed_tools`` policy refuses or one that ``requires_approval`` (approval of a
-   single tool call is not built yet: such a tool never runs) go back to the model as a
-   tool error (never passed to a function) and the next round counts as a repair.
+   validated against the tool's schema. Bad arguments, an unknown tool or a tool the
+   ``allowed_tools`` policy refuses go back to the model as a tool error (never passed
+   to a function) and the next round counts as a repair. A call of a tool that
+   ``requires_approval`` holds the task (:class:`ToolApprovalNeeded`: it waits in
+   ``awaiting_approval`` until ``orgchart approve``; the next delivery replays up to the
+   call, now approved, and runs it); in an aggregate it is refused instead.
 3. Each valid call runs as a durable step (``runtime.llm.steps``; its id
    ``<call>#<round>.<index>``): recorded before and after, served from the record on a
    redelivery. The calls of one reply that are ``async`` run at once; plain ones run one
@@ -43,6 +45,25 @@ MAX_TOOL_RESULT_CHARS = 8000
 
 class ToolRoundLimit(OrgchartError):
     """The model still called tools after ``max_tool_rounds`` rounds (a runaway loop)."""
+
+
+class ToolApprovalNeeded(OrgchartError):
+    """A tool call needs a person's approval: the task is held (``awaiting_approval``).
+
+    The worker moves the task to ``awaiting_approval`` with :attr:`detail` as the hold's
+    event detail; ``orgchart approve`` makes it pending, and the next delivery replays the
+    loop up to this call (recorded model calls and steps) and runs it.
+    """
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+def approval_detail(call_id: str, name: str, arguments: Any) -> str:
+    """The hold's event detail: names the call (what an approval is looked up by)."""
+    shown = json.dumps(arguments, sort_keys=True, default=str)[:300]
+    return f"tool call {call_id} ({name}) waits for a person's approval; arguments {shown}"
 
 
 @dataclass(frozen=True)
@@ -130,7 +151,12 @@ class ToolLoop:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _round(self, calls: Sequence[ToolCall], ids: list[str]) -> list[ToolOutcome]:
-        """Run one reply's calls: async tools at once, plain ones one after another."""
+        """Run one reply's calls: async tools at once, plain ones one after another.
+
+        Calls that need a person's approval are checked first: while one is not approved,
+        none of the round's calls runs (:class:`ToolApprovalNeeded`).
+        """
+        await self._check_approvals(calls, ids)
         results: list[ToolOutcome | None] = [None] * len(calls)
 
         async def one(j: int) -> None:
@@ -144,6 +170,15 @@ class ToolLoop:
         sequential = [j for j in range(len(calls)) if j not in concurrent]
         await asyncio.gather(in_order(sequential), *(one(j) for j in concurrent))
         return [r for r in results if r is not None]
+
+    async def _check_approvals(self, calls: Sequence[ToolCall], ids: list[str]) -> None:
+        for call, call_id in zip(calls, ids, strict=True):
+            tool = self.tools.get(call.name)
+            if tool is None or not tool.requires_approval or self.steps.phase != "run":
+                continue  # (an aggregate cannot be held: _refusal refuses such a call)
+            detail = approval_detail(call_id, call.name, call.arguments)
+            if not await self.steps.approved(detail):
+                raise ToolApprovalNeeded(detail)
 
     def _is_async(self, name: str) -> bool:
         tool = self.tools.get(name)
@@ -167,11 +202,10 @@ class ToolLoop:
         if tool is None:
             return (f"there is no tool {call.name!r}; the tools are: "
                     f"{', '.join(sorted(self.tools))}")
-        if tool.requires_approval:
-            # Fail closed: approval of a single tool call mid-task is not built yet, so a
-            # tool that needs it never runs (the model is told).
-            return (f"tool {tool.name!r} requires a person's approval before it runs, "
-                    "which this runtime cannot ask for yet: it was not run")
+        if tool.requires_approval and self.steps.phase != "run":
+            # A held task restarts in its run phase: an aggregate cannot wait for a person.
+            return (f"tool {tool.name!r} requires a person's approval, which can only be "
+                    f"asked for in a task's run phase (this is {self.steps.phase}): not run")
         if self.allowed is not None:
             reason = self.allowed(call.name)
             if reason is not None:

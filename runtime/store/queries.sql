@@ -1404,6 +1404,19 @@ WITH me AS (
 )
 SELECT id FROM done;
 
+-- task_tool_call_approved --
+-- Whether a person approved a tool call the task was held for: a hold event
+-- (running -> awaiting_approval) whose detail names the call, followed by an approval
+-- (awaiting_approval -> pending). Both by the (task_id, id) index of task_events.
+SELECT EXISTS (
+    SELECT 1
+    FROM task_events h
+    JOIN task_events a ON a.task_id = h.task_id AND a.id > h.id
+    WHERE h.task_id = :task_id AND h.from_status = 'running'
+      AND h.to_status = 'awaiting_approval' AND h.detail = :detail
+      AND a.from_status = 'awaiting_approval' AND a.to_status = 'pending'
+) AS approved;
+
 -- task_list_steps --
 -- The steps and tool calls of one task, in the order they first started.
 SELECT * FROM task_steps WHERE task_id = :id ORDER BY id;

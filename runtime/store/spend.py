@@ -167,6 +167,11 @@ class StoreSteps(StoreReads):
             return False
         return True
 
+    def tool_call_approved(self, task_id: uuid.UUID, detail: str) -> bool:
+        """Whether a person approved the tool call the task was held for (``detail``)."""
+        rows = self.query("task_tool_call_approved", task_id=task_id, detail=detail)
+        return bool(rows and rows[0]["approved"])
+
     def steps(self, task_id: uuid.UUID) -> list[Task]:
         """The steps and tool calls of one task, in the order they first started."""
         return self.query("task_list_steps", id=task_id)

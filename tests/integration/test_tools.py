@@ -23,7 +23,7 @@ from runtime.errors import BudgetExceeded, LeaseLost
 from runtime.llm.backends.offline import OfflineBackend
 from runtime.llm.backends.ollama import OllamaBackend
 from runtime.llm.handle import LLMFactory, TaskLLM
-from runtime.llm.tool_loop import ToolRoundLimit
+from runtime.llm.tool_loop import ToolApprovalNeeded, ToolRoundLimit
 from runtime.store.rows import NewTask
 from runtime.store.store import Store
 from tests.factories import expire_leases
@@ -194,21 +194,28 @@ def test_a_tool_that_raises_answers_the_model_with_its_error(
 def test_the_async_tool_calls_of_one_reply_run_at_once(
         store: Store, fake_ollama: FakeOllama) -> None:
     fake_ollama.tool_plan = calls_until(3, "lookup", per_round=3)
-    running = {"now": 0, "most": 0}
+    started: list[int] = []
+    all_in = asyncio.Event()
 
     async def slow_lookup(n: int) -> int:
-        running["now"] += 1
-        running["most"] = max(running["most"], running["now"])
-        await asyncio.sleep(0.05)
-        running["now"] -= 1
+        # Each call waits until all three have started: run one after another, the
+        # first would wait in vain and fail with TimeoutError.
+        started.append(n)
+        if len(started) == 3:
+            all_in.set()
+        await asyncio.wait_for(all_in.wait(), 20)
         return n
 
     row = new_task(store)
     llm = llm_for(store, row, OllamaBackend(fake_ollama.url, 5.0))
-    reply = asyncio.run(llm.acomplete(PROMPT, tools=[
-        Tool("lookup", "Look up n.", Lookup, slow_lookup)]))
+
+    async def run() -> Any:
+        return await llm.acomplete(PROMPT, tools=[
+            Tool("lookup", "Look up n.", Lookup, slow_lookup)])
+
+    reply = asyncio.run(run())
+    assert [t.error for t in reply.tool_results] == [None, None, None]
     assert reply.tool_rounds == 1 and [t.result for t in reply.tool_results] == [0, 1, 2]
-    assert running["most"] == 3
     assert sorted(s["tool_call_id"] for s in store.steps(row["id"])) == [
         "0#0.0", "0#0.1", "0#0.2"]
 
@@ -232,10 +239,10 @@ def test_a_tools_cost_is_charged_and_checked_against_the_budget(store: Store) ->
 def test_a_tool_that_requires_approval_is_never_run_without_it(store: Store) -> None:
     row = new_task(store)
     effects = Ledger()
-    reply = llm_for(store, row, OfflineBackend()).complete(
-        PROMPT, tools=[effects.tool(requires_approval=True)])
+    with pytest.raises(ToolApprovalNeeded, match=r"tool call 0#0.0 \(lookup\) waits"):
+        llm_for(store, row, OfflineBackend()).complete(
+            PROMPT, tools=[effects.tool(requires_approval=True)])
     assert effects.lines == []
-    assert "requires a person's approval" in str(reply.tool_results[0].error)
 
 
 def test_a_tool_the_policy_refuses_is_never_run(store: Store) -> None:
