@@ -7,6 +7,7 @@ an in-process worker against a real PostgreSQL.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -133,6 +134,25 @@ def test_forking_one_writer_pays_its_call_and_the_aggregate_and_replays_the_rest
     assert w1["b"]["calls_paid"] == 1 and w1["b"]["calls_replayed"] == 0
     assert diff["totals"]["b"]["calls_replayed"] == 2
     assert any("lighthouse" in line for line in diff_lines(diff))
+
+
+def test_replayed_calls_are_marked_in_traces_and_the_timeline(runtime: Runtime) -> None:
+    from runtime.telemetry.traces import build_spans
+    from runtime.views import timeline_for
+
+    original = finished_tree(runtime)
+    branch = fork(runtime.store, runtime.registry, runtime.settings, original)
+    drain(runtime)
+
+    for root, replayed in ((original, False), (branch["id"], True)):
+        ids = [r["id"] for r in runtime.store.tree_rows(root)]
+        calls = [s for s in build_spans(runtime.store.trace_rows(ids))
+                 if s.name.startswith("chat ")]
+        assert len(calls) == 4
+        assert {s.attributes["orgchart.replayed"] for s in calls} == {replayed}
+        timeline = json.loads(timeline_for(runtime.store, root))
+        marks = [len(c) == 3 and c[2] == 1 for t in timeline["tasks"] for c in t["calls"]]
+        assert len(marks) == 4 and set(marks) == {replayed}
 
 
 def test_a_fork_whose_override_fails_validation_creates_nothing(runtime: Runtime) -> None:
