@@ -109,6 +109,30 @@ def test_a_rerun_replays_every_call_and_leaves_the_original_byte_for_byte(
     assert runtime.store.events(branch["id"])[0]["detail"] == f"forked from {original}: re-run"
 
 
+def test_a_branch_of_a_branch_replays_through_the_branch_in_between(runtime: Runtime) -> None:
+    original = finished_tree(runtime)
+    first = fork(runtime.store, runtime.registry, runtime.settings, original)
+    drain(runtime)
+    second = fork(runtime.store, runtime.registry, runtime.settings, first["id"])
+    drain(runtime)
+
+    assert calls(runtime.store, second["id"]) == (0, 4)
+    links = {k: r["forked_from"] for k, r in by_key(runtime.store, second["id"]).items()}
+    assert links == {k: r["id"] for k, r in by_key(runtime.store, first["id"]).items()}
+
+
+def test_forking_the_root_with_another_agent_runs_that_agent(runtime: Runtime) -> None:
+    original = finished_tree(runtime)
+    branch = fork(runtime.store, runtime.registry, runtime.settings, original,
+                  agent="fork_writer")
+    drain(runtime)
+
+    row = runtime.store.get(branch["id"])
+    assert row["to_agent"] == "fork_writer" and row["status"] == "done"
+    assert row["payload"] == runtime.store.get(original)["payload"]
+    assert calls(runtime.store, branch["id"]) == (1, 0)  # a writer's question: never asked
+
+
 def test_forking_one_writer_pays_its_call_and_the_aggregate_and_replays_the_rest(
         runtime: Runtime) -> None:
     original = finished_tree(runtime)
