@@ -16,6 +16,7 @@ aborted while it runs has its thread run to the end and its result ignored.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -25,6 +26,21 @@ from runtime.engine.threads import ThreadRunner
 from runtime.engine.worker.state import InFlight
 
 T = TypeVar("T")
+
+
+def serves_async_agents(executor: Executor, agents: list[str]) -> bool:
+    """Whether any of ``agents`` has an ``async def`` run or aggregate."""
+    registry = getattr(executor, "registry", None)
+    if registry is None:
+        return False
+    for name in agents:
+        try:
+            cls = registry.get(name)
+        except Exception:  # an unknown agent fails its tasks; it is not async
+            continue
+        if inspect.iscoroutinefunction(cls.run) or inspect.iscoroutinefunction(cls.aggregate):
+            return True
+    return False
 
 
 class SyncAgentRunner:

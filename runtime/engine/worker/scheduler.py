@@ -29,7 +29,6 @@ and be written; the rest is released back to the queue.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import threading
 import time
@@ -37,9 +36,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from runtime.engine.actions import Action, Dropped
-from runtime.engine.executor import Executor
 from runtime.engine.threads import ThreadRunner
-from runtime.engine.worker.agent_threads import SyncAgentRunner
+from runtime.engine.worker.agent_threads import SyncAgentRunner, serves_async_agents
 from runtime.engine.worker.config import (
     CLAIMS_AT_ONCE,
     DB_ERRORS,
@@ -57,21 +55,6 @@ from runtime.store.rows import RunOutcome
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-def serves_async_agents(executor: Executor, agents: list[str]) -> bool:
-    """Whether any of ``agents`` has an ``async def`` run or aggregate."""
-    registry = getattr(executor, "registry", None)
-    if registry is None:
-        return False
-    for name in agents:
-        try:
-            cls = registry.get(name)
-        except Exception:  # an unknown agent fails its tasks; it is not async
-            continue
-        if inspect.iscoroutinefunction(cls.run) or inspect.iscoroutinefunction(cls.aggregate):
-            return True
-    return False
 
 
 class Scheduler:
