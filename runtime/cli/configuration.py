@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from runtime.cli.common import JsonOpt, out, print_json, settings
 from runtime.store.db import redacted, sqlalchemy_url
@@ -35,8 +35,11 @@ def config(json_: JsonOpt = False) -> None:
             sections.setdefault(section, {})[key] = value
         print_json(sections)
         return
-    table = Table("key", "value", "from", title=f"configuration (file: "
-                  f"{effective.source or 'none'})", title_justify="left")
+    # Long values fold; the key and where it came from stay whole on their line.
+    table = Table(Column("key", no_wrap=True), Column("value", overflow="fold"),
+                  Column("from", no_wrap=True),
+                  title=f"configuration (file: {effective.source or 'none'})",
+                  title_justify="left")
     for section, key, value, origin in rows:
         table.add_row(f"{section}.{key}", escape(json.dumps(value, default=str)),
                       escape(origin), style=None if origin != "default" else "dim")

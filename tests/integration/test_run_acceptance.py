@@ -65,14 +65,17 @@ def test_run_drives_the_seed_org_to_done_offline(orgchart_env: dict[str, str]) -
     assert last.startswith("critical path ") and "(ceo > intel_director > " in last, last
 
 
-def test_agents_json_lists_the_six_agents_with_schemas(orgchart_env: dict[str, str]) -> None:
+def test_agents_json_lists_the_seed_org_and_human_with_schemas(
+        orgchart_env: dict[str, str]) -> None:
     res = orgchart(orgchart_env, "agents", "--json")
     assert res.returncode == 0, res.stderr
     agents = {a["name"]: a for a in json.loads(res.stdout)}
     assert set(agents) == {"ceo", "intel_director", "competitor_scout", "market_researcher",
-                           "trend_analyst", "judge"}
+                           "trend_analyst", "judge", "human"}
     assert all(a["input_schema"]["type"] == "object" and a["output_schema"]["properties"]
-               for a in agents.values())
+               for name, a in agents.items() if name != "human")
+    # A person answers whatever the question's own answer_schema asks for.
+    assert "question" in agents["human"]["input_schema"]["properties"]
     assert agents["intel_director"]["delegates_to"] == ["competitor_scout",
                                                         "market_researcher", "trend_analyst"]
 

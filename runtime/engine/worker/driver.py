@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from runtime.engine.actions import Action
 from runtime.engine.executor import Executor
@@ -30,6 +33,8 @@ from runtime.engine.worker.steps import Steps
 from runtime.engine.worker.stopper import CANCEL_NOTE, PAUSE_NOTE, StopWatcher
 from runtime.store.notify import TaskChannel
 from runtime.store.store import Store
+
+T = TypeVar("T")
 
 
 class Worker:
@@ -136,7 +141,7 @@ class Worker:
         self.steps.judging_may_wait.set()  # stepping by hand: always look at both queues
         items = self.steps.claim_batch(self.config.batch_size)
         if items:
-            self.steps.apply(asyncio.run(self.scheduler.step(items)))
+            self.steps.apply(run_to_end(self.scheduler.step(items)))
         return len(items)
 
     def heartbeat_once(self) -> int:
@@ -185,3 +190,17 @@ class Worker:
                 await detach()
             self.leases.close()
             self.wake.unbind()
+
+
+def run_to_end(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on a loop of its own and return its result.
+
+    In a thread that already runs an event loop (a test driven by Playwright, a notebook)
+    ``asyncio.run`` refuses to start, so the coroutine gets a short-lived thread of its own.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="run-once") as pool:
+        return pool.submit(asyncio.run, coro).result()
