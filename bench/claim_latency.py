@@ -35,7 +35,8 @@ from bench.common import (
 from runtime.store.queries import QUERIES
 
 CLAIM = sa.text(QUERIES["task_claim_available"])
-PARAMS = {"agents": ["noop"], "worker": "bench", "lease_seconds": 30.0}
+PARAMS = {"agents": ["noop"], "worker": "bench", "lease_seconds": 30.0,
+          "cap_tenants": [], "caps": []}
 WARMUP = 20
 
 

@@ -248,6 +248,39 @@ class WorkerSettings(_Section):
     gc_threshold: int = Field(10_000, ge=0, le=10_000_000)
 
 
+#: What a tenant's name may be: a short label (letters, digits, ``_ . -``).
+TENANT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+#: The tenant of a root submitted without one.
+DEFAULT_TENANT = "default"
+
+
+class TenantSettings(_Section):
+    """``[tenants.<name>]``: one tenant's share and limits (see docs/operations.md).
+
+    ``weight``: its share of the claims and of the model slots against other tenants'.
+    ``max_in_flight``: its tasks running at once across every worker (unset: no limit),
+    counted from live leases at the claim.
+    """
+
+    weight: float = Field(1.0, gt=0, le=1000)
+    max_in_flight: int | None = Field(None, ge=1, le=1_000_000)
+
+
+class SchedulerSettings(_Section):
+    """``[scheduler]``: fair claiming between trees and tenants.
+
+    A claimable task carries a *fair time* (``tasks.fair_at``): a root's is its submission
+    time; the children one parent delegates are spaced ``fair_quantum_seconds / weight``
+    apart after ``max(now, the parent's fair time)``. The claim takes the earliest fair
+    times first (after priority), so a wide tree's later children queue behind a newer
+    small tree's, and a tenant of weight 3 gets three claims to another's one. No task's
+    fair time is later than its creation plus ``max_wait_seconds``: nothing starves.
+    """
+
+    fair_quantum_seconds: float = Field(0.5, ge=0, le=3600)
+    max_wait_seconds: float = Field(300.0, gt=0, le=86_400)
+
+
 class DoctorSettings(_Section):
     """``[doctor]``: what ``orgchart doctor`` counts as overdue."""
 
@@ -306,6 +339,9 @@ class Settings(_Section):
     worker: WorkerSettings = WorkerSettings()
     doctor: DoctorSettings = DoctorSettings()
     mcp: McpSettings = McpSettings()
+    scheduler: SchedulerSettings = SchedulerSettings()
+    #: ``[tenants.<name>]`` tables, by tenant name.
+    tenants: dict[str, TenantSettings] = Field(default_factory=dict)
     source: str | None = Field(None, exclude=True)
     sources: dict[str, str] = Field(default_factory=dict, exclude=True)
 
@@ -321,6 +357,19 @@ class Settings(_Section):
         values = self.model_dump(mode="json")
         return [(section, key, value, self.origin(section, key))
                 for section, body in values.items() for key, value in body.items()]
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenant_names(cls, value: dict[str, TenantSettings]) -> dict[str, TenantSettings]:
+        for name in value:
+            if not re.match(TENANT_NAME_PATTERN, name):
+                raise ValueError(f"tenant name {name!r} must match {TENANT_NAME_PATTERN}")
+        return value
+
+    def tenant_weight(self, tenant: str) -> float:
+        """The weight of ``tenant`` (1 when it has no ``[tenants.<name>]`` table)."""
+        entry = self.tenants.get(tenant)
+        return entry.weight if entry is not None else 1.0
 
 
 def _split_list(value: Any) -> Any:
@@ -338,15 +387,36 @@ def _sections() -> dict[str, type[_Section]]:
     return {
         name: field.annotation  # type: ignore[misc]
         for name, field in Settings.model_fields.items()
-        if name not in ("source", "sources")
+        if name not in ("source", "sources", "tenants")
     }
+
+
+def _check_tenants(body: Any, where: str) -> None:
+    """``[tenants.<name>]``: a table of tables, each with known keys only."""
+    if not isinstance(body, Mapping):
+        raise ConfigError(f"{where}: [tenants] must hold [tenants.<name>] tables")
+    keys = list(TenantSettings.model_fields)
+    for name, table in body.items():
+        if not re.match(TENANT_NAME_PATTERN, name):
+            raise ConfigError(f"{where}: bad tenant name 'tenants.{name}': "
+                              f"use letters, digits, '_', '.', '-' (at most 64)")
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{where}: 'tenants.{name}' must be a table "
+                              f"([tenants.{name}] with {', '.join(keys)})")
+        for key in table:
+            if key not in keys:
+                raise ConfigError(
+                    f"{where}: unknown key 'tenants.{name}.{key}'{_suggest(key, keys)}")
 
 
 def _check_keys(raw: Mapping[str, Any], where: str) -> None:
     sections = _sections()
     for section, body in raw.items():
+        if section == "tenants":
+            _check_tenants(body, where)
+            continue
         if section not in sections:
-            hint = _suggest(section, list(sections))
+            hint = _suggest(section, [*sections, "tenants"])
             raise ConfigError(f"{where}: unknown section [{section}]{hint}")
         if not isinstance(body, Mapping):
             raise ConfigError(f"{where}: [{section}] must be a table of keys")
@@ -366,6 +436,9 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, tuple[str, str
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
         section, _, key = name[len(ENV_PREFIX) :].lower().partition("__")
+        if section == "tenants":
+            raise ConfigError(f"environment variable {name}: [tenants.<name>] tables are "
+                              "set in the configuration file only")
         if section not in sections:
             raise ConfigError(
                 f"environment variable {name}: unknown section [{section}]"

@@ -52,6 +52,7 @@ def task_json(row: dict[str, Any]) -> dict[str, Any]:
         "type": row["type"],
         "status": row["status"],
         "priority": row.get("priority"),
+        "tenant": row.get("tenant", "default"),
         "payload": row.get("payload"),
         "result": row.get("result"),
         "error": row.get("error"),

@@ -23,6 +23,8 @@ from runtime.config import (
     DEFAULT_BUDGET_SECONDS,
     DEFAULT_BUDGET_TOKENS,
     DEFAULT_BUDGET_USD,
+    DEFAULT_TENANT,
+    TENANT_NAME_PATTERN,
     Settings,
 )
 from runtime.errors import BadInput
@@ -36,7 +38,7 @@ from runtime.store.db import (
     resolve_url,
 )
 from runtime.store.queries import Task
-from runtime.store.rows import HUMAN_AGENT, NewTask, NotFound
+from runtime.store.rows import HUMAN_AGENT, NewTask, NotFound, Tenancy
 from runtime.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -54,9 +56,11 @@ def open_store(settings: Settings, migrate: bool = True) -> Store:
     url = resolve_url(settings.database.url)
     if migrate:
         db.retry(lambda: ensure_schema(url), settings.database.failover_timeout_seconds)
-    return Store(create_db_engine(url, pool_size=settings.database.pool_size,
-                                  statement_timeout_ms=settings.database.statement_timeout_ms,
-                                  options=ConnectionOptions.from_settings(settings.database)))
+    store = Store(create_db_engine(url, pool_size=settings.database.pool_size,
+                                   statement_timeout_ms=settings.database.statement_timeout_ms,
+                                   options=ConnectionOptions.from_settings(settings.database)))
+    store.tenancy = Tenancy.from_settings(settings)
+    return store
 
 
 def load_registry(settings: Settings, extra_modules: Sequence[str] = ()) -> Registry:
@@ -245,7 +249,8 @@ def build_root(registry: Registry, settings: Settings, *, goal: str | None, agen
                budget_seconds: int = DEFAULT_BUDGET_SECONDS,
                budget_usd: Decimal | float | str = DEFAULT_BUDGET_USD,
                payload: dict[str, Any] | None = None, success: Any = None, kill: Any = None,
-               idempotency_key: str | None = None) -> NewTask:
+               idempotency_key: str | None = None,
+               tenant: str = DEFAULT_TENANT) -> NewTask:
     """Validate a root goal and return the task to insert; raise :class:`BadInput` if bad.
 
     Checks, before anything is written: the agent exists, the payload matches its input
@@ -286,10 +291,14 @@ def build_root(registry: Registry, settings: Settings, *, goal: str | None, agen
         raise BadInput(f"agent {agent!r} handles types {list(cls.types)}, not {type_!r}")
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
         raise BadInput("an idempotency key must be 1 to 200 characters")
+    if not isinstance(tenant, str) or not re.match(TENANT_NAME_PATTERN, tenant):
+        raise BadInput(f"bad tenant {tenant!r}: letters, digits, '_', '.', '-' "
+                       "(at most 64, starting with a letter or digit)")
     return NewTask(
         to_agent=agent, type=type_ or cls.types[0], payload=body, priority=priority,
         budget_tokens=budget_tokens, budget_seconds=budget_seconds, budget_usd=usd,
         success_criteria=success, kill_criteria=kill, idempotency_key=idempotency_key,
+        tenant=tenant,
     )
 
 

@@ -137,7 +137,7 @@ def _detail_fields(d: dict[str, Any]) -> Table:
         ("id", d["id"]), ("status", styled(d["status"])),
         ("agent", f"{escape(d['agent'])} ({escape(d['type'])})"),
         ("root", d["root_id"]), ("parent", d["parent_id"] or "-"),
-        ("priority", str(d["priority"])),
+        ("priority", str(d["priority"])), ("tenant", escape(str(d.get("tenant", "default")))),
         ("spend", f"{d['spent_tokens']} tokens, ${d['spent_usd']} "
                   f"(own: {d['own_tokens']} tokens, ${d['own_usd']})"),
         ("budget", f"{d['budget_tokens']} tokens, {d['budget_seconds']} s, "

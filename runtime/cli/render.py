@@ -45,6 +45,8 @@ def node_label(node: dict[str, Any]) -> Text:
 def render_tree(tree: dict[str, Any], max_nodes: int = 2000) -> Tree:
     """A rich Tree for a ``tree_json`` dict, totals in the root's label."""
     label = node_label(tree)
+    if tree.get("tenant") not in (None, "default"):
+        label.append(f"  tenant {tree['tenant']}", style="cyan")
     if tree.get("forked_from"):
         fork = tree.get("fork") or {}
         label.append(f"  branch of {tree['forked_from']}"

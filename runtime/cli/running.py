@@ -56,6 +56,7 @@ class GoalOptions:
     success: str | None = None
     kill: str | None = None
     idempotency_key: str | None = None
+    tenant: str = NewTask.tenant
     agents_module: list[str] | None = None
 
     def new_task(self, registry: Registry, config: Settings, goal: str) -> NewTask:
@@ -74,6 +75,7 @@ class GoalOptions:
             payload=parse_json_option("--payload", self.payload),
             success=parse_json_option("--success", self.success),
             kill=parse_json_option("--kill", self.kill), idempotency_key=self.idempotency_key,
+            tenant=self.tenant,
         )
 
 
@@ -91,6 +93,8 @@ GOAL_OPTION_TYPES: dict[str, Any] = {
     "kill": Annotated[str | None, typer.Option("--kill", help="kill_criteria JSON.")],
     "idempotency_key": Annotated[str | None, typer.Option("--idempotency-key",
                                                           help="Deduplicates submits.")],
+    "tenant": Annotated[str, typer.Option(
+        "--tenant", help="The tenant the tree runs under ([tenants.<name>] shares and limits).")],
     "agents_module": ModulesOpt,
 }
 

@@ -91,6 +91,8 @@ class SubmitRequest(BaseModel):
     agent: str = Field("ceo", description="The agent that receives the goal.")
     type: str | None = Field(None, description="Task type (default: the agent's first).")
     priority: int = Field(5, description="Lower is more urgent.")
+    tenant: str = Field("default", description="The tenant the tree runs under "
+                        "([tenants.<name>] in orgchart.toml: weight, max_in_flight).")
     budget_tokens: int = Field(DEFAULT_BUDGET_TOKENS, description="Tree-wide token budget.")
     budget_seconds: int = Field(DEFAULT_BUDGET_SECONDS, description="Seconds per run of each task.")
     budget_usd: Decimal = Field(DEFAULT_BUDGET_USD, allow_inf_nan=False,
@@ -315,7 +317,7 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
             priority=body.priority, budget_tokens=body.budget_tokens,
             budget_seconds=body.budget_seconds, budget_usd=body.budget_usd,
             payload=body.payload, success=body.success_criteria, kill=body.kill_criteria,
-            idempotency_key=idempotency_key,
+            idempotency_key=idempotency_key, tenant=body.tenant,
         )
         task, created = submit_root(store, new, "api",
                                     settings.database.failover_timeout_seconds)

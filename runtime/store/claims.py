@@ -30,10 +30,14 @@ class StoreClaims(StoreReads):
         """Claim up to ``limit`` pending or ready-to-aggregate tasks for ``agents``."""
         if not agents or limit <= 0:
             return []
+        tenants = self.tenancy.claim_params()
         with self.transaction() as conn:
+            if tenants["cap_tenants"]:
+                # Capped tenants' claims take turns: each counts the others' commits.
+                conn.execute(_TEXT["task_lock_tenants"], {"tenants": tenants["cap_tenants"]})
             return self._task_rows(conn, "task_claim_available", agents=list(agents),
                                    limit=limit, worker=worker,
-                                   lease_seconds=float(lease_seconds))
+                                   lease_seconds=float(lease_seconds), **tenants)
 
     def claim_judging(self, limit: int, worker: str, lease_seconds: float) -> list[TaskRow]:
         """Lease up to ``limit`` tasks waiting for the judge stage."""

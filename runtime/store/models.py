@@ -146,6 +146,12 @@ class Task(Base):
     #: The version of the agent that ran the task, and the hash of each prompt it rendered.
     agent_version: Mapped[str | None] = mapped_column(Text)
     prompt_hashes: Mapped[jsonb | None]
+    # --- tenants and fair claiming (migration 0008) ---
+    #: The label the root was submitted under; the whole tree inherits it.
+    tenant: Mapped[str] = mapped_column(Text, nullable=False, server_default=text("'default'"))
+    #: The claim's order after priority (see runtime.config.SchedulerSettings).
+    fair_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False,
+                                                 server_default=text("now()"))
 
     __table_args__ = (
         CheckConstraint(f"status IN ({_quoted(STATUSES)})", name="status_valid"),
@@ -160,16 +166,19 @@ class Task(Base):
         Index("idx_tasks_status_agent", "status", "to_agent", "priority"),
         Index("idx_tasks_root", "root_id"),
         # Claiming reads only claimable rows: millions of finished rows never enter it.
-        # Ordered like the claim (priority, created_at) so a worker serving several
+        # Ordered like the claim (priority, fair_at) so a worker serving several
         # agents walks it in order and stops at its LIMIT instead of sorting the queue;
         # to_agent is a filter on that walk.
         Index(
             "ix_tasks_claimable",
             "priority",
-            "created_at",
+            "fair_at",
             "to_agent",
             postgresql_where=text("status IN ('pending', 'ready_to_aggregate')"),
         ),
+        # A tenant's running tasks and their leases: [tenants.<name>] max_in_flight.
+        Index("ix_tasks_tenant_running", "tenant", "lease_expires_at",
+              postgresql_where=text("status = 'running'")),
         Index(
             "ix_tasks_judgeable",
             "priority",

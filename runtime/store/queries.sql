@@ -11,10 +11,11 @@
 WITH ins AS (
     INSERT INTO tasks (id, root_id, from_agent, to_agent, type, hypothesis_id, payload,
                        success_criteria, kill_criteria, budget_tokens, budget_seconds,
-                       budget_usd, priority, idempotency_key, request_hash, depth)
+                       budget_usd, priority, idempotency_key, request_hash, depth, tenant)
     VALUES (:id, :id, :from_agent, :to_agent, :type, :hypothesis_id, CAST(:payload AS jsonb),
             CAST(:success_criteria AS jsonb), CAST(:kill_criteria AS jsonb), :budget_tokens,
-            :budget_seconds, :budget_usd, :priority, :idempotency_key, :request_hash, 0)
+            :budget_seconds, :budget_usd, :priority, :idempotency_key, :request_hash, 0,
+            :tenant)
     ON CONFLICT (idempotency_key) WHERE parent_id IS NULL AND idempotency_key IS NOT NULL
     DO NOTHING
     RETURNING *
@@ -49,12 +50,25 @@ SELECT count(*) AS inserted, (SELECT count(*) FROM notify) AS notified FROM ins;
 SELECT * FROM tasks WHERE parent_id IS NULL AND idempotency_key = :key;
 
 -- task_claim_available --
--- Claim up to :limit pending or ready-to-aggregate tasks for :agents, most urgent first.
--- The CTE selects and locks first: a LIMIT inside a CTE runs once, so the planner cannot
+-- Claim up to :limit pending or ready-to-aggregate tasks for :agents, most urgent first, then earliest fair time.
+-- The CTEs select and lock first: a LIMIT inside a CTE runs once, so the planner cannot
 -- re-evaluate it per joined row and over-claim (Oban's basic engine does the same).
 -- SKIP LOCKED lets concurrent workers pass over each other's rows instead of waiting.
-WITH picked AS (
-    SELECT id, status
+-- fair_at (not created_at) orders the walk: a wide tree's later children carry later
+-- fair times than a newer small tree's tasks (runtime.config.SchedulerSettings).
+-- Tenants with [tenants.<name>] max_in_flight (:cap_tenants, :caps) are claimed apart,
+-- up to their room; the caller holds their advisory locks (task_lock_tenants), so the
+-- room counted here sees every other claim of theirs that committed.
+WITH caps AS (
+    -- Room from live leases only: a SIGKILLed worker's tasks stop counting when their
+    -- leases expire, before the reaper moves them (no counter to leak).
+    SELECT c.tenant,
+           GREATEST(c.cap - (SELECT count(*) FROM tasks r
+                             WHERE r.status = 'running' AND r.tenant = c.tenant
+                               AND r.lease_expires_at > now()), 0) AS room
+    FROM unnest(CAST(:cap_tenants AS text[]), CAST(:caps AS int[])) AS c(tenant, cap)
+), free AS (
+    SELECT id, status, priority, fair_at
     FROM tasks
     WHERE status IN ('pending', 'ready_to_aggregate')
       AND to_agent = ANY(CAST(:agents AS text[]))
@@ -64,9 +78,31 @@ WITH picked AS (
       -- A paused tree's tasks wait (tree_pauses is tiny: an anti-join on its key keeps
       -- the walk of ix_tasks_claimable in order; test_steering pins the plan).
       AND NOT EXISTS (SELECT 1 FROM tree_pauses z WHERE z.root_id = tasks.root_id)
-    ORDER BY priority, created_at
+      AND tenant <> ALL(CAST(:cap_tenants AS text[]))
+    ORDER BY priority, fair_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
+), capped AS (
+    SELECT k.*
+    FROM caps c
+    CROSS JOIN LATERAL (
+        SELECT id, status, priority, fair_at
+        FROM tasks
+        WHERE status IN ('pending', 'ready_to_aggregate')
+          AND to_agent = ANY(CAST(:agents AS text[]))
+          AND available_at <= now()
+          AND to_agent <> 'human'
+          AND NOT EXISTS (SELECT 1 FROM tree_pauses z WHERE z.root_id = tasks.root_id)
+          AND tenant = c.tenant
+        ORDER BY priority, fair_at
+        LIMIT LEAST(c.room, :limit)
+        FOR UPDATE SKIP LOCKED
+    ) k
+), picked AS (
+    -- Rows locked here but not picked stay locked only until this transaction ends.
+    SELECT id, status FROM (SELECT * FROM free UNION ALL SELECT * FROM capped) a
+    ORDER BY priority, fair_at
+    LIMIT :limit
 ), claimed AS (
     UPDATE tasks t
     SET status = 'running',
@@ -93,7 +129,15 @@ WITH picked AS (
 SELECT c.*, EXISTS (SELECT 1 FROM model_calls m
                     WHERE m.task_id = c.id AND m.phase = c.phase AND m.error IS NULL
                       AND NOT m.replayed AND m.response IS NOT NULL) AS recorded_calls
-FROM claimed c;
+FROM claimed c
+ORDER BY c.priority, c.fair_at;
+
+-- task_lock_tenants --
+-- Take the claim's lock of each tenant in :tenants (sorted by the caller: one order, no
+-- deadlock) until the transaction ends: claims of a capped tenant queue here, so each
+-- counts the others' committed claims (task_claim_available runs next, with a new snapshot).
+SELECT count(pg_advisory_xact_lock(hashtextextended('orgchart.tenant:' || t, 0)))
+FROM unnest(CAST(:tenants AS text[])) AS u(t);
 
 -- task_claim_judging --
 -- Lease up to :limit tasks waiting in 'judging' for the judge stage (status unchanged).
@@ -350,7 +394,7 @@ WITH input AS (
               CASE WHEN CAST(:approve_above_usd AS numeric) IS NULL THEN 0
                    ELSE (SELECT COALESCE(sum(m.cost_usd), 0) FROM model_calls m
                          WHERE m.root_id = t.root_id) END AS tree_spend,
-              t.forked_from, t.model_override
+              t.forked_from, t.model_override, t.tenant, t.fair_at
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, 'running', 'waiting', :worker, detail FROM parent
@@ -358,7 +402,7 @@ WITH input AS (
     INSERT INTO tasks (id, parent_id, root_id, from_agent, to_agent, type, payload,
                        success_criteria, kill_criteria, budget_tokens, budget_seconds,
                        budget_usd, priority, idempotency_key, depth, created_at, status,
-                       forked_from, model_override)
+                       forked_from, model_override, tenant, fair_at)
     -- clock_timestamp() keeps siblings in the order the agent listed them.
     -- The require_approval policy (issue 22) holds a child in 'awaiting_approval' when its
     -- agent is listed in :approval_agents, or when its budget would take the tree's spend
@@ -376,12 +420,24 @@ WITH input AS (
                 ELSE 'pending' END,
            o.id,
            CASE WHEN f.named THEN COALESCE(r.fork->>'model', p.model_override)
-                ELSE p.model_override END
+                ELSE p.model_override END,
+           -- The tree's tenant; the fair time: the parent's children spaced by the
+           -- tenant's step (:fair_quantum / its weight) after max(now, the parent's),
+           -- never later than the child's creation plus :max_wait (nothing starves).
+           p.tenant,
+           LEAST(clock_timestamp() + make_interval(secs => CAST(:max_wait AS float8)),
+                 GREATEST(now(), p.fair_at)
+                 + make_interval(secs => CAST(:fair_quantum AS float8) * c.n
+                                 / COALESCE((SELECT w.weight FROM unnest(
+                                                 CAST(:tenant_names AS text[]),
+                                                 CAST(:tenant_weights AS float8[]))
+                                                 AS w(name, weight)
+                                             WHERE w.name = p.tenant), 1)))
     FROM parent p
     CROSS JOIN LATERAL jsonb_to_recordset(p.children) AS c(
              id uuid, to_agent text, type text, payload jsonb, success_criteria jsonb,
              kill_criteria jsonb, budget_tokens int, budget_seconds int,
-             budget_usd numeric, priority int, key text)
+             budget_usd numeric, priority int, key text, n int)
     -- The counterpart: the original parent's child with the same key (unique index).
     LEFT JOIN tasks o ON p.forked_from IS NOT NULL AND o.parent_id = p.forked_from
                      AND o.idempotency_key = c.key
@@ -996,6 +1052,7 @@ concat('{"id":"', n.id, '","root_id":"', n.root_id,
        -- built and cut here took 30 % of the read on a 10,000-task tree).
        '"agent":', to_json(n.to_agent), ',"type":', to_json(n.type),
        ',"status":', to_json(n.status),
+       ',"tenant":', to_json(n.tenant),
        ',"payload":', COALESCE(n.payload::text, 'null'),
        ',"result":', COALESCE(n.result::text, 'null'),
        ',"error":', COALESCE(to_json(n.error)::text, 'null'),
@@ -1056,6 +1113,7 @@ WHERE n.root_id = :root_id;  -- every task of the subtree is in the tree: root_i
 concat('{"id":"', n.id, '","parent_id":', COALESCE('"' || n.parent_id || '"', 'null'),
        ',"agent":', to_json(n.to_agent), ',"type":', to_json(n.type),
        ',"status":', to_json(n.status), ',"depth":', n.depth,
+       ',"tenant":', to_json(n.tenant),
        ',"spent_tokens":', n.spent_tokens, ',"spent_usd":"', n.spent_usd,
        '","own_tokens":', n.own_tokens, ',"own_usd":"', n.own_usd,
        '","duration_seconds":', round(n.duration_seconds * 1e6) / 1e6,
@@ -1645,11 +1703,11 @@ WHERE (status = 'awaiting_approval' OR (status = 'pending' AND to_agent = 'human
 WITH ins AS (
     INSERT INTO tasks (id, root_id, from_agent, to_agent, type, hypothesis_id, payload,
                        success_criteria, kill_criteria, budget_tokens, budget_seconds,
-                       budget_usd, priority, depth, forked_from, fork, model_override)
+                       budget_usd, priority, depth, forked_from, fork, model_override, tenant)
     VALUES (:id, :id, :from_agent, :to_agent, :type, :hypothesis_id, CAST(:payload AS jsonb),
             CAST(:success_criteria AS jsonb), CAST(:kill_criteria AS jsonb), :budget_tokens,
             :budget_seconds, :budget_usd, :priority, 0, :forked_from, CAST(:fork AS jsonb),
-            :model_override)
+            :model_override, :tenant)
     RETURNING *
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection, Engine
 from runtime.store import db
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
-from runtime.store.rows import NotFound, canonical_json
+from runtime.store.rows import NotFound, Tenancy, canonical_json
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,10 @@ class StoreReads:
 
     Transactions and named queries; tasks, trees, events, metrics and fires; the fire lock.
     """
+
+    #: ``[tenants.*]`` and ``[scheduler]`` (claims, delegation), set by the wiring;
+    #: the defaults: every tenant weighs 1, none is capped.
+    tenancy: Tenancy = Tenancy()
 
     engine: Engine
 

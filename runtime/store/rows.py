@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from runtime.config import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
+from runtime.config import (
+    DEFAULT_BUDGET_SECONDS,
+    DEFAULT_BUDGET_TOKENS,
+    DEFAULT_BUDGET_USD,
+    DEFAULT_TENANT,
+    Settings,
+)
 
 #: Every status a task can have; the CHECK constraint (models.py) and the code share this
 #: tuple (kept here, not in models.py: reading it must not load the ORM).
@@ -113,6 +119,8 @@ class TaskRow:
     #: (its recorded calls are replayed), and the model a fork set for its calls.
     forked_from: uuid.UUID | None = None
     model_override: str | None = None
+    #: The tree's tenant (migration 0008): its share and limits (``[tenants.<name>]``).
+    tenant: str = DEFAULT_TENANT
     claimed_from: str | None = None
     #: From a claim: whether a durable model reply of the claimed phase is on record
     #: (True when unknown: the model layer then looks replies up call by call).
@@ -178,6 +186,7 @@ class NewTask:
     idempotency_key: str | None = None
     from_agent: str | None = None
     hypothesis_id: uuid.UUID | None = None
+    tenant: str = DEFAULT_TENANT
 
     def request_hash(self) -> str:
         """A stable hash of everything that defines the request (idempotency conflicts)."""
@@ -192,7 +201,47 @@ class NewTask:
             "success_criteria": self.success_criteria,
             "kill_criteria": self.kill_criteria,
         }
+        if self.tenant != DEFAULT_TENANT:  # hashes of requests made before tenants hold
+            body["tenant"] = self.tenant
         return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Tenancy:
+    """What the store needs of ``[tenants.*]`` and ``[scheduler]`` (claims, delegation).
+
+    Attributes:
+        weights: each configured tenant's weight (others weigh 1).
+        caps: each tenant's ``max_in_flight``, for those that have one.
+        quantum_seconds: the fair-time spacing of one parent's children at weight 1.
+        max_wait_seconds: no child's fair time is later than its creation plus this.
+
+    """
+
+    weights: Mapping[str, float] = field(default_factory=dict)
+    caps: Mapping[str, int] = field(default_factory=dict)
+    quantum_seconds: float = 0.5
+    max_wait_seconds: float = 300.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Tenancy:
+        """The tenancy ``settings`` describe."""
+        return cls(weights={n: t.weight for n, t in settings.tenants.items()},
+                   caps={n: t.max_in_flight for n, t in settings.tenants.items()
+                         if t.max_in_flight is not None},
+                   quantum_seconds=settings.scheduler.fair_quantum_seconds,
+                   max_wait_seconds=settings.scheduler.max_wait_seconds)
+
+    def claim_params(self) -> dict[str, Any]:
+        """The claim's tenant parameters: capped tenants (sorted) and their caps."""
+        names = sorted(self.caps)
+        return {"cap_tenants": names, "caps": [self.caps[n] for n in names]}
+
+    def delegation_params(self) -> dict[str, Any]:
+        """The delegation statement's fair-time parameters."""
+        names = sorted(self.weights)
+        return {"tenant_names": names, "tenant_weights": [self.weights[n] for n in names],
+                "fair_quantum": self.quantum_seconds, "max_wait": self.max_wait_seconds}
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,7 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
             "budget_seconds": new.budget_seconds,
             "budget_usd": Decimal(new.budget_usd),
             "priority": new.priority,
+            "tenant": new.tenant,
             "idempotency_key": new.idempotency_key,
             "request_hash": request_hash,
             "actor": actor,
@@ -142,6 +143,7 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
                 budget_usd=(branch.budget_usd if branch.budget_usd is not None
                             else original.get("budget_usd")),
                 priority=original.get("priority"), forked_from=original["id"],
+                tenant=original.get("tenant", "default"),
                 fork=_dumps(branch.fork), model_override=branch.model_override,
                 actor=actor, detail=detail)
         task = rows[0]

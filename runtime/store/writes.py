@@ -170,15 +170,16 @@ class StoreWrites(StoreReads):
                   "payload": c.payload, "success_criteria": c.success_criteria,
                   "kill_criteria": c.kill_criteria, "budget_tokens": c.budget_tokens,
                   "budget_seconds": c.budget_seconds, "budget_usd": str(c.budget_usd),
-                  "priority": c.priority, "key": c.key}
-                 for c in children],
+                  "priority": c.priority, "key": c.key, "n": n}
+                 for n, c in enumerate(children, start=1)],
              "stamp": rest[0] if rest else None}
             for task_id, token, children, detail, *rest in delegations
         ]
         with self.transaction() as conn:
             moved = {row.id: int(row.inserted) for row in conn.execute(
                 _TEXT["task_delegate_running_many"],
-                {"batch": canonical_json(batch), "worker": worker, **self.approval_params()})}
+                {"batch": canonical_json(batch), "worker": worker, **self.approval_params(),
+                 **self.tenancy.delegation_params()})}
             self._fan_in(conn, set(moved), worker)
         ids = [d[0] for d in delegations]
         for task_id in ids:

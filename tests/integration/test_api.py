@@ -96,6 +96,17 @@ def test_post_tasks_creates_a_root_and_answers_201_with_the_task(client: TestCli
     assert store.get(uuid.UUID(task["id"]))["budget_tokens"] == 1000
 
 
+def test_post_tasks_takes_a_tenant_and_refuses_a_bad_one(client: TestClient,
+                                                         store: Store) -> None:
+    task = submit(client, tenant="acme")
+    assert task["tenant"] == "acme" and store.get(uuid.UUID(task["id"]))["tenant"] == "acme"
+    assert submit(client)["tenant"] == "default"
+    before = count_roots(store)
+    bad = client.post("/tasks", json={"prompt": "x", "agent": "echo", "tenant": "a b"})
+    assert bad.status_code == 422 and "tenant" in bad.text, bad.text
+    assert count_roots(store) == before
+
+
 def test_the_same_idempotency_key_and_body_returns_the_same_task_once(
         client: TestClient, store: Store) -> None:
     body = {"prompt": "once", "agent": "echo"}

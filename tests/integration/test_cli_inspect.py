@@ -227,3 +227,14 @@ def test_serve_refuses_a_public_host_without_a_token(orgchart_env: dict[str, str
     result = cli("serve", "--host", "0.0.0.0")
     assert result.exit_code == 2
     assert "refusing to listen on 0.0.0.0 without ORGCHART_API_TOKEN" in result.stderr
+
+
+def test_submit_takes_a_tenant_and_tree_shows_it(runtime: Runtime) -> None:
+    task = cli_json("submit", "tenant goal", "--agent", "echo", "--tenant", "acme",
+                    "--agents-module", "tests.support_agents")
+    assert task["tenant"] == "acme"
+    shown = cli("tree", task["id"])
+    assert shown.exit_code == 0 and "tenant acme" in shown.stdout, shown.stdout
+    bad = cli("submit", "x", "--agent", "echo", "--tenant", "no spaces",
+              "--agents-module", "tests.support_agents")
+    assert bad.exit_code == 2 and "tenant" in bad.output

@@ -224,7 +224,8 @@ def test_claim_keeps_the_partial_index_with_a_paused_tree(store: Store) -> None:
     with store.engine.connect() as conn:
         plan = "\n".join(r[0] for r in conn.execute(
             sa.text("EXPLAIN " + QUERIES["task_claim_available"]),
-            {"agents": ["echo"], "limit": 10, "worker": "w", "lease_seconds": 30.0}))
+            {"agents": ["echo"], "limit": 10, "worker": "w", "lease_seconds": 30.0,
+             "cap_tenants": [], "caps": []}))
         conn.rollback()
     assert "ix_tasks_claimable" in plan, plan
 

@@ -66,7 +66,7 @@ def test_many_threads_claiming_at_once_never_share_a_task(store: Store) -> None:
     assert len(set(claimed)) == 400
 
 
-def test_claim_orders_by_priority_then_created_at(store: Store) -> None:
+def test_claim_orders_by_priority_then_fair_time(store: Store) -> None:
     late_urgent = None
     first = submit(store, priority=5)
     second = submit(store, priority=5)
@@ -362,7 +362,8 @@ def test_claim_uses_the_partial_index_with_many_finished_rows(store: Store) -> N
     with store.engine.connect() as conn:
         plan = "\n".join(r[0] for r in conn.execute(
             sa.text("EXPLAIN " + sql),
-            {"agents": ["echo"], "limit": 10, "worker": "w", "lease_seconds": 30.0}))
+            {"agents": ["echo"], "limit": 10, "worker": "w", "lease_seconds": 30.0,
+             "cap_tenants": [], "caps": []}))
         conn.rollback()
     assert "ix_tasks_claimable" in plan, plan
 

@@ -174,3 +174,29 @@ def test_the_example_config_names_every_key_orgchart_config_prints(
     printed = {f"{section}.{key}" for section, body in json.loads(result.stdout).items()
                for key in body}
     assert printed - _keys_named_in(example.read_text(encoding="utf-8")) == set()
+
+
+@pytest.mark.parametrize(("text", "named"), [
+    ("[tenants.acme]\nwieght = 3\n", "'tenants.acme.wieght'; did you mean 'weight'?"),
+    ("[tenants.acme]\nweight = 0\n", "'tenants.acme.weight'"),
+    ("[tenants.acme]\nmax_in_flight = -1\n", "'tenants.acme.max_in_flight'"),
+    ("[tenants]\nacme = 3\n", "'tenants.acme' must be a table"),
+    ('[tenants."a b"]\nweight = 1\n', "bad tenant name 'tenants.a b'"),
+    ("[scheduler]\nmax_wait_seconds = 0\n", "'scheduler.max_wait_seconds'"),
+])
+def test_a_bad_tenant_or_scheduler_table_names_the_key(tmp_path: Path, text: str,
+                                                       named: str) -> None:
+    cfg = tmp_path / "orgchart.toml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_settings(cfg, env={})
+    assert named in str(err.value)
+
+
+def test_tenant_tables_are_read_with_their_defaults(tmp_path: Path) -> None:
+    cfg = tmp_path / "orgchart.toml"
+    cfg.write_text("[tenants.acme]\nweight = 3\nmax_in_flight = 10\n[tenants.beta]\n")
+    s = load_settings(cfg, env={})
+    assert s.tenants["acme"].weight == 3 and s.tenants["acme"].max_in_flight == 10
+    assert s.tenants["beta"].max_in_flight is None and s.tenant_weight("beta") == 1.0
+    assert s.tenant_weight("nobody") == 1.0

@@ -303,8 +303,8 @@
       .sort()
       .map(([status, n]) => status + " " + n)
       .join(", ");
-    document.getElementById("totals").textContent =
-      (t.tasks || 0) + " tasks (" + byStatus + ") · " + (t.spent_tokens || 0) + " tokens · " +
+    document.getElementById("totals").textContent = "tenant " + (tree.tenant || "default") +
+      " · " + (t.tasks || 0) + " tasks (" + byStatus + ") · " + (t.spent_tokens || 0) + " tokens · " +
       usd(t.spent_usd) + " · " + seconds(t.duration_seconds) + " of work";
     document.title = "orgchart: " + tree.status + " " + (goalOf(tree) || state.rootId);
   }
