@@ -255,26 +255,17 @@ DEFAULT_TENANT = "default"
 
 
 class TenantSettings(_Section):
-    """``[tenants.<name>]``: one tenant's share and limits (see docs/operations.md).
-
-    ``weight``: its share of the claims and of the model slots against other tenants'.
-    ``max_in_flight``: its tasks running at once across every worker (unset: no limit),
-    counted from live leases at the claim.
-    """
+    """``[tenants.<name>]``: one tenant's share (``weight``) and ``max_in_flight`` limit."""
 
     weight: float = Field(1.0, gt=0, le=1000)
     max_in_flight: int | None = Field(None, ge=1, le=1_000_000)
 
 
 class SchedulerSettings(_Section):
-    """``[scheduler]``: fair claiming between trees and tenants.
+    """``[scheduler]``: fair claiming by fair time (``tasks.fair_at``; docs/operations.md).
 
-    A claimable task carries a *fair time* (``tasks.fair_at``): a root's is its submission
-    time; the children one parent delegates are spaced ``fair_quantum_seconds / weight``
-    apart after ``max(now, the parent's fair time)``. The claim takes the earliest fair
-    times first (after priority), so a wide tree's later children queue behind a newer
-    small tree's, and a tenant of weight 3 gets three claims to another's one. No task's
-    fair time is later than its creation plus ``max_wait_seconds``: nothing starves.
+    One parent's children are spaced ``fair_quantum_seconds / weight`` apart after
+    ``max(now, the parent's fair time)``, and at most ``max_wait_seconds`` after creation.
     """
 
     fair_quantum_seconds: float = Field(0.5, ge=0, le=3600)
@@ -357,14 +348,6 @@ class Settings(_Section):
         values = self.model_dump(mode="json")
         return [(section, key, value, self.origin(section, key))
                 for section, body in values.items() for key, value in body.items()]
-
-    @field_validator("tenants")
-    @classmethod
-    def _tenant_names(cls, value: dict[str, TenantSettings]) -> dict[str, TenantSettings]:
-        for name in value:
-            if not re.match(TENANT_NAME_PATTERN, name):
-                raise ValueError(f"tenant name {name!r} must match {TENANT_NAME_PATTERN}")
-        return value
 
     def tenant_weight(self, tenant: str) -> float:
         """The weight of ``tenant`` (1 when it has no ``[tenants.<name>]`` table)."""
