@@ -29,6 +29,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -50,6 +51,20 @@ MONITOR_SETTINGS: dict[str, int] = {
     "pgautofailover.node_considered_unhealthy_timeout": 2000,
     "pgautofailover.primary_demote_timeout": 3000,
 }
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` loopback ports free right now (the formation's, so runs do not collide)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def unavailable() -> str | None:
@@ -260,13 +275,13 @@ class Formation:
         return f"postgresql://postgres@{hosts}/{DBNAME}?target_session_attrs=read-write"
 
     def primary_port(self) -> int:
-        """The port of the node the monitor calls primary."""
-        for _, port, reported, goal in self.states():
-            if reported == "primary" and goal == "primary":
-                return port
-        for _, port, reported, _ in self.states():
-            if reported in ("primary", "wait_primary", "single"):
-                return port
+        """The port of the node that takes writes (asked directly: not in recovery)."""
+        for port in self.node_ports:
+            with contextlib.suppress(Exception), psycopg.connect(
+                    self.url(direct_port=port), connect_timeout=2) as conn:
+                row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+                if row is not None and row[0] is False:
+                    return port
         raise RuntimeError(f"no primary:\n{self.state_text()}")
 
     def node_at(self, port: int) -> Node:

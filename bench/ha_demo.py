@@ -7,8 +7,8 @@ loopback ports, synchronous replication, run as the ``postgres`` user; needs roo
 Debian packages ``postgresql-15-auto-failover`` and ``pg-auto-failover-cli``), starts
 ``orgchart worker`` processes on its multi-host URL, submits a tree of ``bench.agents``
 (a planner, ``leads`` leads, ``writers`` writers each; the agents sleep instead of calling
-a model), SIGKILLs the primary (its ``pg_autoctl`` tree and postmaster) a third of the
-way through, and prints the tree finishing on the new primary. Everything it started is
+a model, 3 s each), SIGKILLs the primary (its ``pg_autoctl`` tree and postmaster) while
+the writers run, and prints the tree finishing on the new primary. Everything it started is
 killed at the end, and its files removed.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from bench.ha_cluster import Formation, unavailable
+from bench.ha_cluster import Formation, free_ports, unavailable
 from runtime.store import db
 from runtime.store.store import Store
 
@@ -58,7 +58,7 @@ def _submit(store: Store, leads: int, writers: int) -> str:
     settings = Settings()
     new = build_root(load_registry(settings, ["bench.agents"]), settings, goal="ha demo",
                      agent="mk_planner", budget_tokens=10_000_000, budget_usd="1000",
-                     payload={"leads": leads, "writers": writers, "simulate": 0.5})
+                     payload={"leads": leads, "writers": writers, "simulate": 3.0})
     return str(submit_root(store, new, "demo", timeout=60)[0]["id"])
 
 
@@ -69,7 +69,9 @@ def demo(leads: int, writers: int, workers: int) -> int:
         print(f"ha-demo cannot run here: {why}")
         return 2
     home = Path(tempfile.mkdtemp(prefix="orgchart-ha-demo-"))
-    formation = Formation(Path(f"/tmp/orgchart-ha-demo-{os.getpid()}"))
+    monitor, node1, node2 = free_ports(3)
+    formation = Formation(Path(f"/tmp/orgchart-ha-demo-{os.getpid()}"), monitor_port=monitor,
+                          node_ports=(node1, node2))
     procs: list[subprocess.Popen[bytes]] = []
     try:
         print("starting a monitor and two nodes (pg_autoctl, synchronous replication)...")
@@ -92,13 +94,14 @@ def demo(leads: int, writers: int, workers: int) -> int:
                   + ("" if done >= 0 else "  (database away: failing over)"), flush=True)
             if root_done == 1:
                 break
-            if killed_at is None and done >= total // 3:
+            running = _count(store, "SELECT count(*) FROM tasks WHERE status = 'running'")
+            if killed_at is None and running >= leads:  # writers in flight
                 port = formation.primary_port()
                 _, killed_at = formation.kill_primary()
                 print(f"SIGKILLed the primary (127.0.0.1:{port}: pg_autoctl and postmaster)")
                 new = formation.wait_failover(port)
                 print(f"new primary 127.0.0.1:{new} after {time.time() - killed_at:.1f}s")
-            time.sleep(1.0)
+            time.sleep(0.5)
         once = _count(store, "SELECT count(*) FROM (SELECT task_id FROM task_events WHERE "
                              "to_status IN ('done','failed','escalated') GROUP BY task_id "
                              "HAVING count(*) <> 1) x")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from bench.ha_cluster import MONITOR_SETTINGS, Formation, unavailable
+from bench.ha_cluster import MONITOR_SETTINGS, Formation, free_ports, unavailable
 from runtime.store import db
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "ha-tests.json"
@@ -35,19 +34,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.ha)
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +58,7 @@ def formation(figures: dict[str, Any]) -> Iterator[Formation]:
         pytest.skip(f"pg_auto_failover formation: {why}")
     if os.environ.get("ORGCHART_TEST_DATABASE_URL"):
         pytest.skip("the ha tests bring their own servers: they run in the embedded pass only")
-    monitor, *nodes = _free_ports(3)
+    monitor, *nodes = free_ports(3)
     f = Formation(Path(f"/tmp/orgchart-ha-{os.getpid()}"), monitor_port=monitor,
                   node_ports=(nodes[0], nodes[1]))
     started = time.monotonic()
