@@ -293,8 +293,8 @@ class Formation:
         node = self.node_at(self.primary_port())
         postmaster = node.postmaster_pid()
         roots = [p for p in (node.proc.pid if node.proc else None, postmaster) if p]
-        killed_at = time.time()
         kill_tree(*roots)
+        killed_at = time.time()  # every process stopped: nothing commits there after this
         node.killed = True
         return node, killed_at
 

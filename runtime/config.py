@@ -138,6 +138,8 @@ class DatabaseSettings(_Section):
     parameters of the same names), so a server or host that vanished is noticed within
     ``tcp_user_timeout_ms`` while a statement waits, and within about ``keepalives_idle +
     keepalives_interval * keepalives_count`` seconds on an idle connection.
+    ``idle_in_transaction_timeout_ms``: the server ends a session idle inside a
+    transaction this long, so a worker cut off mid-transaction frees its row locks.
     ``failover_timeout_seconds``: how long a command (``submit``, ...) retries while the
     database fails over before it gives up with one line.
     """
@@ -150,6 +152,7 @@ class DatabaseSettings(_Section):
     keepalives_interval_seconds: int = Field(2, ge=1, le=600)
     keepalives_count: int = Field(3, ge=1, le=100)
     tcp_user_timeout_ms: int = Field(10_000, ge=0, le=3_600_000)
+    idle_in_transaction_timeout_ms: int = Field(10_000, ge=0, le=86_400_000)
     failover_timeout_seconds: float = Field(60.0, ge=0, le=3600)
 
 

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, unquote, urlencode, urlsplit
 
 import psycopg
 import sqlalchemy as sa
@@ -74,6 +74,9 @@ class ConnectionOptions:
         tcp_user_timeout_ms: how long sent data may stay unacknowledged before the
             kernel drops the connection (``TCP_USER_TIMEOUT``); 0 leaves the kernel's
             default (about 15 minutes of retransmissions).
+        idle_in_transaction_timeout_ms: the server ends a session idle in a transaction
+            this long: a worker cut off before its COMMIT would keep its row locks (the
+            reaper skips them) until the server's keepalives give up (2 h). 0: unset.
 
     """
 
@@ -82,6 +85,7 @@ class ConnectionOptions:
     keepalives_interval_seconds: int = 2
     keepalives_count: int = 3
     tcp_user_timeout_ms: int = 10_000
+    idle_in_transaction_timeout_ms: int = 10_000
 
     def libpq(self) -> dict[str, str]:
         """The libpq parameters."""
@@ -94,6 +98,9 @@ class ConnectionOptions:
         }
         if self.tcp_user_timeout_ms:
             params["tcp_user_timeout"] = str(self.tcp_user_timeout_ms)
+        if self.idle_in_transaction_timeout_ms:
+            params["options"] = ("-c idle_in_transaction_session_timeout="
+                                 f"{int(self.idle_in_transaction_timeout_ms)}")
         return params
 
     @classmethod
@@ -103,7 +110,8 @@ class ConnectionOptions:
                    keepalives_idle_seconds=database.keepalives_idle_seconds,
                    keepalives_interval_seconds=database.keepalives_interval_seconds,
                    keepalives_count=database.keepalives_count,
-                   tcp_user_timeout_ms=database.tcp_user_timeout_ms)
+                   tcp_user_timeout_ms=database.tcp_user_timeout_ms,
+                   idle_in_transaction_timeout_ms=database.idle_in_transaction_timeout_ms)
 
 
 #: The libpq parameters :class:`ConnectionOptions` sets (left out of messages).
@@ -186,8 +194,8 @@ def with_options(url: str, options: ConnectionOptions | None) -> str:
         return url
     parsed = make_url(sqlalchemy_url(url))
     added = {k: v for k, v in options.libpq().items() if k not in parsed.query}
-    if _is_unix_socket(parsed):
-        return parsed.render_as_string(hide_password=False)  # TCP settings do not apply
+    if _is_unix_socket(parsed):  # TCP settings do not apply; the server's one does
+        added = {k: v for k, v in added.items() if k == "options"}
     return parsed.update_query_dict(added).render_as_string(hide_password=False)
 
 
@@ -198,23 +206,29 @@ def _is_unix_socket(url: URL) -> bool:
 
 
 def libpq_url(url: str) -> str:
-    """Return ``url`` in the form psycopg's ``connect()`` accepts (several hosts too)."""
+    """Return ``url`` in the form psycopg's ``connect()`` accepts (several hosts too).
+
+    The query is percent-encoded (libpq decodes ``%20``, not ``+``: ``options=-c x=1``).
+    """
     parsed = make_url(sqlalchemy_url(url)).set(drivername="postgresql")
     hosts = parsed.query.get("host")
-    if not isinstance(hosts, tuple):
-        return parsed.render_as_string(hide_password=False)
     userinfo = ""
     if parsed.username:
         userinfo = quote(parsed.username, safe="")
         if parsed.password is not None:
             userinfo += ":" + quote(str(parsed.password), safe="*")
         userinfo += "@"
-    rest = parsed.difference_update_query(["host"]).set(
-        username=None, password=None, host=None, port=None, database=None)
-    query = rest.render_as_string(hide_password=False).partition("?")[2]
+    if isinstance(hosts, tuple):
+        where = ",".join(hosts)
+        query = {k: v for k, v in parsed.query.items() if k != "host"}
+    else:
+        where = (parsed.host or "") + (f":{parsed.port}" if parsed.port else "")
+        query = dict(parsed.query)
+    pairs = [(k, item) for k, v in sorted(query.items())
+             for item in (v if isinstance(v, tuple) else (v,))]
+    text = urlencode(pairs, quote_via=quote)
     database = quote(parsed.database or "", safe="")
-    return f"postgresql://{userinfo}{','.join(hosts)}/{database}" + \
-        (f"?{query}" if query else "")
+    return f"postgresql://{userinfo}{where}/{database}" + (f"?{text}" if text else "")
 
 
 def redacted(url: str) -> str:
@@ -235,7 +249,6 @@ def redacted(url: str) -> str:
 # SQLAlchemy discards the connection and its pool's siblings; ``OUTAGE`` logs it once.
 #: SQLSTATEs that mean "this server cannot take our writes now; connect again".
 FAILOVER_SQLSTATES = frozenset({"25006", "57P01", "57P02", "57P03"})
-_IN_DOUBT = "_orgchart_commit_in_doubt"
 
 
 def _driver_error(exc: BaseException) -> BaseException:
@@ -258,6 +271,8 @@ def is_failover_error(exc: BaseException) -> bool:
     :data:`FAILOVER_SQLSTATES`. False for every other error (a constraint, a bad value,
     a statement timeout: those are the statement's fault, not the server's).
     """
+    if isinstance(exc, DatabaseUnavailable) and exc.__cause__ is not None:
+        return is_failover_error(exc.__cause__)  # ``cannot reach ...`` wrapping the error
     if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
         return True
     state = sqlstate(exc)
@@ -269,12 +284,12 @@ def is_failover_error(exc: BaseException) -> bool:
 
 def mark_in_doubt(exc: BaseException) -> None:
     """Flag ``exc`` as raised by a COMMIT whose outcome is unknown."""
-    setattr(exc, _IN_DOUBT, True)
+    exc._orgchart_commit_in_doubt = True  # type: ignore[attr-defined]
 
 
 def in_doubt(exc: BaseException) -> bool:
     """Whether ``exc`` was raised by a COMMIT that may have committed."""
-    return bool(getattr(exc, _IN_DOUBT, False))
+    return bool(getattr(exc, "_orgchart_commit_in_doubt", False))
 
 
 class Outage:
@@ -379,11 +394,9 @@ def create_db_engine(url: str, pool_size: int = 10, statement_timeout_ms: int = 
                      options: ConnectionOptions | None = ConnectionOptions()) -> Engine:
     """Create the engine used by the store (psycopg 3, pre-ping for restarts).
 
-    Workers keep the pre-ping too, though they retry database errors: without it the
-    first statement after a server restart fails on a dead pooled connection, and when
-    that statement is a batch of model-call charges, replies already paid for are lost
-    (their calls are made again). The ping is one round trip per transaction, that is
-    per batch of claims, outcomes or charges, not per task.
+    Workers keep the pre-ping too: without it the first statement after a server restart
+    fails on a dead pooled connection. The ping is one round trip per transaction, that
+    is per batch of claims, outcomes or charges, not per task.
 
     Args:
         url: the database URL.
@@ -398,10 +411,13 @@ def create_db_engine(url: str, pool_size: int = 10, statement_timeout_ms: int = 
     if statement_timeout_ms < 0:
         raise ValueError(f"statement_timeout_ms cannot be negative (got {statement_timeout_ms})")
     connect_args: dict[str, Any] = {}
-    if statement_timeout_ms:
-        connect_args["options"] = f"-c statement_timeout={int(statement_timeout_ms)}"
+    full = with_options(url, options)
+    if statement_timeout_ms:  # beside the URL's own ``options`` (connect_args win)
+        before = make_url(full).query.get("options")
+        timeout = f"-c statement_timeout={int(statement_timeout_ms)}"
+        connect_args["options"] = f"{before} {timeout}" if before else timeout
     return install(sa.create_engine(
-        with_options(url, options),
+        full,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,

@@ -114,12 +114,17 @@ def roots_done(store: Store, ids: Iterable[uuid.UUID]) -> bool:
     return int(done or 0) == len(wanted)
 
 
-def paid_twice(servers: Iterable[FakeOllama]) -> int:
-    """Requests a model server answered more than once (each extra answer counts)."""
+def answered_more_than_once(servers: Iterable[FakeOllama]) -> Counter[str]:
+    """Requests (by identity) the servers answered more than once, with their counts."""
     answered: Counter[str] = Counter()
     for server in servers:
         answered.update(server.answered)
-    return sum(n - 1 for n in answered.values() if n > 1)
+    return Counter({k: n for k, n in answered.items() if n > 1})
+
+
+def paid_twice(servers: Iterable[FakeOllama]) -> int:
+    """Requests a model server answered more than once (each extra answer counts)."""
+    return sum(n - 1 for n in answered_more_than_once(servers).values())
 
 
 def check_history(store: Store, roots: list[uuid.UUID]) -> dict[str, Any]:

@@ -80,7 +80,8 @@ def _acknowledged(procs: list[subprocess.Popen[str]]) -> tuple[list[uuid.UUID], 
             acked.append(uuid.UUID(json.loads(out)["id"]))
             continue
         lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
-        assert proc.returncode == 1 and len(lines) == 1 and "database" in lines[0], err
+        assert proc.returncode == 1 and len(lines) == 1, err
+        assert "database" in lines[0] or "cannot reach" in lines[0], err
         refused.append(lines[0])
     return acked, refused
 

@@ -6,6 +6,7 @@ A failover is simulated on one real server: a pooled connection that answers rea
 
 from __future__ import annotations
 
+import time
 import uuid
 from decimal import Decimal
 from typing import Any
@@ -167,3 +168,38 @@ def test_unrelated_failures_are_not_retried(store: Store) -> None:
     with pytest.raises(sa.exc.IntegrityError):
         db.retry(refuse, timeout=10)
     assert len(calls) == 1
+
+
+def test_every_connection_carries_the_network_options(store: Store) -> None:
+    with store.engine.connect() as conn:
+        shown = conn.execute(sa.text("SHOW idle_in_transaction_session_timeout")).scalar()
+    assert shown == "10s"
+    url = store.engine.url.render_as_string(hide_password=False)
+    with psycopg.connect(db.libpq_url(url)) as raw:  # the LISTEN connection's way
+        row = raw.execute("SHOW idle_in_transaction_session_timeout").fetchone()
+    assert row is not None and row[0] == "10s"
+
+
+def test_a_session_stuck_in_a_transaction_lets_its_locks_go(db_url: str) -> None:
+    # A worker cut off between its UPDATE and its COMMIT: the server ends the session.
+    stuck = Store(db.create_db_engine(db_url, pool_size=1, options=db.ConnectionOptions(
+        idle_in_transaction_timeout_ms=300)))
+    other = Store(db.create_db_engine(db_url, pool_size=1))
+    try:
+        task = submit(other)
+        conn = stuck.engine.connect()
+        conn.execute(sa.text("UPDATE tasks SET priority = 1 WHERE id = :id"), {"id": task["id"]})
+        locked = "SELECT count(*) FROM (SELECT id FROM tasks WHERE id = :id " \
+                 "FOR UPDATE SKIP LOCKED) x"
+        assert _count(other, locked, id=task["id"]) == 0
+        deadline = time.monotonic() + 30
+        while _count(other, locked, id=task["id"]) == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _count(other, locked, id=task["id"]) == 1
+        assert other.get(task["id"])["priority"] == task["priority"]  # rolled back
+        with pytest.raises(sa.exc.DBAPIError):
+            conn.commit()
+        conn.close()
+    finally:
+        stuck.dispose()
+        other.dispose()

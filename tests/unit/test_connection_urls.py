@@ -104,3 +104,15 @@ def test_an_outage_is_logged_once_and_its_end_once(caplog: pytest.LogCaptureFixt
     assert len(lines) == 2, lines
     assert "connection lost" in lines[0] and "reachable again" in lines[1]
     assert outage.outages == 1 and not outage.active
+
+
+def test_cannot_reach_wrapping_a_failover_error_is_one_too() -> None:
+    def wrapped(cause: BaseException) -> db.DatabaseUnavailable:
+        try:
+            raise db.DatabaseUnavailable("cannot reach postgresql://h1:1,h2:2/db") from cause
+        except db.DatabaseUnavailable as exc:
+            return exc
+
+    assert db.is_failover_error(wrapped(psycopg.OperationalError("session is read-only")))
+    assert not db.is_failover_error(wrapped(ValueError("bad")))
+    assert not db.is_failover_error(db.DatabaseUnavailable("could not start the embedded one"))
