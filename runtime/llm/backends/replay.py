@@ -23,13 +23,14 @@ from runtime.llm.reply import (
     BackendConfigError,
     Message,
     ModelReply,
-    ModelRequestError,
     ReplayMiss,
     checked_reply,
     request_key,
+    request_text,
     split_messages,
 )
 from runtime.llm.schema_instance import prompt_snippet
+from runtime.llm.tool_loop import ToolRound, recorded_tool_calls, round_note
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class ReplayRecord:
     model: str
     route: str
     backend: str = ""
+    #: A tool round's calls (``[{"id", "name", "arguments"}]``), else None.
+    tool_calls: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON object written on the record's line."""
@@ -53,7 +56,7 @@ class ReplayRecord:
                 "response": self.response, "data": self.data,
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens, "model": self.model,
-                "route": self.route, "backend": self.backend}
+                "route": self.route, "backend": self.backend, "tool_calls": self.tool_calls}
 
 
 _RECORD_FIELDS = ("key", "prompt", "response", "prompt_tokens", "completion_tokens", "model",
@@ -77,7 +80,8 @@ def records_from_calls(calls: Iterable[Mapping[str, Any]]) -> list[ReplayRecord]
             continue
         key = hashlib.sha256(prompt.encode()).hexdigest()
         data = None
-        if "\n\n[format] json schema " in prompt:
+        tool_calls = call.get("tool_calls")
+        if "\n\n[format] json schema " in prompt and not tool_calls:
             try:
                 data = json.loads(response)
             except json.JSONDecodeError:
@@ -86,7 +90,7 @@ def records_from_calls(calls: Iterable[Mapping[str, Any]]) -> list[ReplayRecord]
                                     int(call.get("prompt_tokens") or 0),
                                     int(call.get("completion_tokens") or 0),
                                     str(call.get("model") or ""), str(call.get("route") or ""),
-                                    str(call.get("backend") or "")))
+                                    str(call.get("backend") or ""), tool_calls))
         seen[key] += 1
     return records
 
@@ -127,7 +131,7 @@ def load_replay_file(path: str | Path) -> dict[str, list[ReplayRecord]]:
             raw["key"], int(raw.get("occurrence", len(records))), raw["prompt"],
             raw["response"], raw.get("data"), int(raw["prompt_tokens"]),
             int(raw["completion_tokens"]), raw["model"], raw["route"],
-            str(raw.get("backend") or "")))
+            str(raw.get("backend") or ""), raw.get("tool_calls")))
     for records in by_key.values():
         records.sort(key=lambda r: r.occurrence)
     return dict(by_key)
@@ -166,13 +170,22 @@ class ReplayBackend:
                     tools: Sequence[dict[str, Any]] = ()) -> ModelReply:
         """Return the recorded response to the conversation's first prompt (see :meth:`chat`).
 
-        A replay file holds answers, not tool rounds: a call with tools is refused.
+        A round of a tool loop (``tools`` given) is keyed as it was stored: the request's
+        text plus the round's note (the tools, the round, the conversation's hash), and
+        gets the recorded tool calls back.
         """
-        if tools:
-            raise ModelRequestError("the replay backend cannot replay a tool loop (a replay "
-                                    "file records answers only); use the offline backend")
         prompt, system = split_messages(messages)
-        return self.chat(model, prompt, system, schema, max_tokens, route=route)
+        if not tools:
+            return self.chat(model, prompt, system, schema, max_tokens, route=route)
+        number = sum(1 for m in messages if m.get("role") == "assistant" and m.get("tool_calls"))
+        text = request_text(prompt, system, schema) + round_note(
+            ToolRound(list(messages), list(tools), number))
+        record = self._next(hashlib.sha256(text.encode()).hexdigest(), prompt)
+        calls = recorded_tool_calls(record.tool_calls)
+        reply = ModelReply(record.response, None, record.prompt_tokens,
+                           record.completion_tokens, 0.0, model, self.name,
+                           offline=record.backend == OfflineBackend.name, tool_calls=calls)
+        return checked_reply(reply, schema)
 
     def chat(self, model: str, prompt: str, system: str | None, schema: dict[str, Any] | None,
              max_tokens: int, *, route: str = "local", think: bool = False) -> ModelReply:
@@ -183,7 +196,18 @@ class ReplayBackend:
             BadModelReply: a schema was given and the recorded text does not fit it.
 
         """
-        key = request_key(prompt, system, schema)
+        record = self._next(request_key(prompt, system, schema), prompt)
+        reply = ModelReply(record.response, None, record.prompt_tokens,
+                           record.completion_tokens, 0.0, model, self.name,
+                           offline=record.backend == OfflineBackend.name)
+        if schema and record.data is not None:
+            return ModelReply(record.response, record.data, record.prompt_tokens,
+                              record.completion_tokens, 0.0, model, self.name,
+                              offline=reply.offline)
+        return checked_reply(reply, schema)
+
+    def _next(self, key: str, prompt: str) -> ReplayRecord:
+        """The next recorded response to the request keyed ``key`` (the last one again)."""
         records = self._records.get(key)
         if not records:
             raise ReplayMiss(
@@ -195,12 +219,4 @@ class ReplayBackend:
         with self._lock:
             occurrence = self._served[key]
             self._served[key] += 1
-        record = records[min(occurrence, len(records) - 1)]
-        reply = ModelReply(record.response, None, record.prompt_tokens,
-                           record.completion_tokens, 0.0, model, self.name,
-                           offline=record.backend == OfflineBackend.name)
-        if schema and record.data is not None:
-            return ModelReply(record.response, record.data, record.prompt_tokens,
-                              record.completion_tokens, 0.0, model, self.name,
-                              offline=reply.offline)
-        return checked_reply(reply, schema)
+        return records[min(occurrence, len(records) - 1)]
