@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from runtime.engine.charges import ChargeWriter
@@ -64,9 +64,14 @@ class StoreLedger:
             for n, lk in enumerate(lookups)])
         return [_recorded(rows[n]) if n in rows else None for n in range(len(lookups))]
 
-    def gate_calls(self, task_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, tuple[str | None, bool]]:
-        """For the model-call gate: each task's status and whether its tree is paused."""
-        return {i: (g.status, g.paused) for i, g in self.store.gate_calls(task_ids).items()}
+    def gate_calls(self, task_ids: Sequence[uuid.UUID]
+                   ) -> tuple[dict[uuid.UUID, tuple[str | None, bool]], Callable[[], None]]:
+        """For the model-call gate: each task's status and whether its tree is paused.
+
+        Read under the trees' steering locks, held until the returned ``release()``.
+        """
+        rows, release = self.store.gate_calls_held(task_ids)
+        return {i: (g.status, g.paused) for i, g in rows.items()}, release
 
     def step_begin(self, begin: StepBegin) -> StepRecord | None:
         """Record a durable step as started, or return its finished record (fenced)."""

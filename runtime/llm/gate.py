@@ -9,9 +9,13 @@ is sent:
 2. otherwise the database is asked (the ledger's ``gate_calls``: the task's status and
    whether its tree is paused). The question is batched: the calls that arrive while one
    read is in flight share the next read, so a thousand calls in flight cost a read per
-   wave, not one each. A read always starts after its call asked, so a call that starts
-   after ``orgchart cancel`` returned sees the cancel: this is what makes "no call
-   starts after the cancel command returned" hold without depending on a notification;
+   wave, not one each. A read always starts after its call asked, and it holds the
+   trees' steering locks (shared) until the calls it let through have started: a cancel
+   or a pause takes the lock exclusively before it writes, so it waits for those calls
+   to be sent and the reads after it see it. "Sent" is said by the HTTP transport once a
+   request's bytes are written (:func:`request_sent`; other backends: when the request
+   ends), bounded by :data:`SENT_WAIT_SECONDS`. So no call starts after such a command
+   committed;
    A cancel or pause announced (``refresh``, on the worker's notification) while a read
    was in flight makes its callers read again: a read that began before the command
    committed could not see it;
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import threading
 import uuid
@@ -47,14 +52,58 @@ PAUSE_POLL_SECONDS = 0.25
 #: A gate read that fails is retried this many times, this far apart, before the call fails.
 READ_TRIES = 20
 READ_RETRY_SECONDS = 0.5
+#: The longest a wave of reads holds its trees' steering locks waiting for its calls to
+#: be sent (a caller that never says so: cancelled before it resumed, a stuck send).
+SENT_WAIT_SECONDS = 5.0
 #: The database's answer for one task: (status or None when gone, tree paused).
 GateState = tuple[str | None, bool]
-#: Reads the gate's state of many tasks at once (blocking: run in the ledger's threads).
-GateRead = Callable[[Sequence[uuid.UUID]], dict[uuid.UUID, GateState]]
+#: Reads the gate's state of many tasks at once (blocking: run in the ledger's threads),
+#: under the trees' steering locks; returns the states and the ``release`` of the locks.
+GateRead = Callable[[Sequence[uuid.UUID]],
+                    tuple[dict[uuid.UUID, GateState], Callable[[], None]]]
 #: Runs a blocking function off the loop (the model layer's ledger threads).
 OffLoop = Callable[..., Awaitable[Any]]
 _OPEN = ("running", "judging")
-_Waiting = dict[uuid.UUID, list["asyncio.Future[GateState]"]]
+_Waiting = dict[uuid.UUID, list["asyncio.Future[tuple[GateState, _Wave]]"]]
+
+#: Set by the gate around a request it let through: the HTTP transport calls it once the
+#: request's bytes are written (``runtime/llm/backends/transport.py``), so the wave that
+#: let it through can release its trees' steering locks. Other backends never call it:
+#: the request's end counts instead.
+REQUEST_SENT: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "orgchart_request_sent", default=None)
+
+
+def request_sent() -> None:
+    """Say that the current request's bytes are on their way (called by the transport)."""
+    hook = REQUEST_SENT.get()
+    if hook is not None:
+        hook()
+
+
+class _Wave:
+    """The callers one gate read answered; its locks are released when all have sent."""
+
+    def __init__(self, callers: int, release: Callable[[], None]) -> None:
+        self.pending = callers
+        self.release = release
+        self.all_sent = asyncio.Event()
+        if callers <= 0:
+            self.all_sent.set()
+
+    def sent_by(self) -> Callable[[], None]:
+        """A callback for one caller: the first call counts it as sent, later ones nothing."""
+        done = False
+
+        def sent() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                self.pending -= 1
+                if self.pending <= 0:
+                    self.all_sent.set()
+
+        return sent
 
 
 class CallGate:
@@ -73,6 +122,7 @@ class CallGate:
         self._lock = threading.Lock()
         self._waiting: dict[asyncio.AbstractEventLoop, _Waiting] = {}
         self._reading: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
+        self._releasing: set[asyncio.Task[None]] = set()
         self._sending: dict[uuid.UUID, set[asyncio.Task[Any]]] = {}
         self._generation = 0
 
@@ -93,9 +143,7 @@ class CallGate:
     def refresh(self) -> None:
         """A cancel or a pause was announced (from any thread): answers read before it are stale.
 
-        Every call whose database read was in flight reads again before it is sent, so the
-        window in which a call may start after a cancel or pause committed is the time the
-        announcement takes to reach this process.
+        Every call whose database read was in flight reads again before it is sent.
         """
         with self._lock:
             self._generation += 1
@@ -121,21 +169,27 @@ class CallGate:
         """
         while True:
             async with slot:
-                paused = await self._check(task_id)
-                if not paused:
-                    return await self._sending_as(task_id, request)
+                paused, sent = await self._check(task_id)
+                try:
+                    if not paused:
+                        return await self._sending_as(task_id, request, sent)
+                finally:
+                    sent()  # sent, refused or waiting: the wave need not wait for this one
             await asyncio.sleep(PAUSE_POLL_SECONDS)  # the slot is free for other trees
 
-    async def _sending_as(self, task_id: uuid.UUID, request: Callable[[], Awaitable[T]]) -> T:
+    async def _sending_as(self, task_id: uuid.UUID, request: Callable[[], Awaitable[T]],
+                          sent: Callable[[], None]) -> T:
         job = asyncio.current_task()
         assert job is not None
         with self._lock:
             if task_id in self._stopped:
                 raise LeaseLost(f"task {task_id}: cancelled; the model was not called")
             self._sending.setdefault(task_id, set()).add(job)
+        token = REQUEST_SENT.set(sent)
         try:
             return await request()
         finally:
+            REQUEST_SENT.reset(token)
             with self._lock:
                 jobs = self._sending.get(task_id)
                 if jobs is not None:
@@ -143,17 +197,20 @@ class CallGate:
                     if not jobs:
                         del self._sending[task_id]
 
-    async def _check(self, task_id: uuid.UUID) -> bool:
-        """True when the task's tree is paused; raises when the task may not call at all."""
+    async def _check(self, task_id: uuid.UUID) -> tuple[bool, Callable[[], None]]:
+        """Whether the task's tree is paused, and the caller's "sent" callback.
+
+        Raises when the task may not call at all.
+        """
         if self.is_stopped(task_id):
             raise LeaseLost(f"task {task_id}: cancelled; the model was not called")
         if self._read is None:
-            return False
+            return False, _nothing
         attempt = 0
         while True:
             generation = self._generation
             try:
-                status, paused = await self._ask(task_id)
+                (status, paused), wave = await self._ask(task_id)
             except Exception:  # the database is away: wait, never send unchecked
                 attempt += 1
                 if attempt >= READ_TRIES:
@@ -162,20 +219,23 @@ class CallGate:
                             exc_info=True)
                 await asyncio.sleep(READ_RETRY_SECONDS)
                 continue
+            sent = wave.sent_by()
             # A cancel or pause announced while the read was in flight may have committed
             # after the read's snapshot: ask again (a fresh read sees it).
             if generation == self._generation:
                 break
+            sent()
         if status not in _OPEN:
+            sent()
             with self._lock:
                 self._stopped.add(task_id)
             raise LeaseLost(f"task {task_id}: {status or 'gone'}; the model was not called")
-        return paused
+        return paused, sent
 
-    async def _ask(self, task_id: uuid.UUID) -> GateState:
+    async def _ask(self, task_id: uuid.UUID) -> tuple[GateState, _Wave]:
         """Join the next batched read for this loop."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[GateState] = loop.create_future()
+        future: asyncio.Future[tuple[GateState, _Wave]] = loop.create_future()
         self._waiting.setdefault(loop, {}).setdefault(task_id, []).append(future)
         if loop not in self._reading:
             self._reading[loop] = loop.create_task(self._read_batches(loop))
@@ -188,17 +248,41 @@ class CallGate:
             while self._waiting.get(loop):
                 batch = self._waiting.pop(loop)
                 try:
-                    states = await self._off_loop(self._read, list(batch))
+                    states, release = await self._off_loop(self._read, list(batch))
                 except Exception as exc:  # the callers see the database's error
                     for futures in batch.values():
                         for f in futures:
                             if not f.done():
                                 f.set_exception(exc)
                     continue
+                wave = _Wave(sum(len(f) for f in batch.values()), release)
                 for task_id, futures in batch.items():
                     state = states.get(task_id, (None, False))
                     for f in futures:
-                        if not f.done():
-                            f.set_result(state)
+                        if f.done():
+                            wave.sent_by()()  # its caller is gone
+                        else:
+                            f.set_result((state, wave))
+                # The locks are held until this wave's calls are sent; the next read need
+                # not wait for that.
+                job = loop.create_task(self._release_when_sent(wave))
+                self._releasing.add(job)
+                job.add_done_callback(self._releasing.discard)
         finally:
             self._reading.pop(loop, None)
+
+    async def _release_when_sent(self, wave: _Wave) -> None:
+        """Release a wave's steering locks once its calls are sent (bounded wait)."""
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wave.all_sent.wait(), SENT_WAIT_SECONDS)
+        finally:
+            try:
+                await self._off_loop(wave.release)
+            except asyncio.CancelledError:
+                wave.release()  # the loop is ending: never leave the locks held
+                raise
+
+
+def _nothing() -> None:
+    """The "sent" callback when no read was made."""

@@ -1592,6 +1592,22 @@ SELECT t.id, t.status, (z.root_id IS NOT NULL) AS paused
 FROM tasks t LEFT JOIN tree_pauses z ON z.root_id = t.root_id
 WHERE t.id = ANY(CAST(:ids AS uuid[]));
 
+-- tree_lock_steer --
+-- A cancel or a pause takes its tree's steering lock (exclusive, until it commits): it
+-- waits for the model-call gate reads holding the lock shared (each held until its calls
+-- have started), and the reads that come after wait for it. So no call that starts after
+-- the command committed was let through by a read that could not see it.
+SELECT pg_advisory_xact_lock(:lock_class, hashtext(CAST(:root_id AS text)));
+
+-- tree_lock_steer_shared --
+-- The model-call gate holds the steering locks of the trees of the given tasks, shared,
+-- in key order (see tree_lock_steer); the gate's read runs after, in the same transaction.
+SELECT count(*) FROM (
+    SELECT pg_advisory_xact_lock_shared(:lock_class, k)
+    FROM (SELECT DISTINCT hashtext(CAST(root_id AS text)) AS k FROM tasks
+          WHERE id = ANY(CAST(:ids AS uuid[])) ORDER BY 1) keys
+) locked;
+
 -- task_approve_awaiting --
 -- A person approves a task held by require_approval: it becomes claimable. Guarded by
 -- status = 'awaiting_approval', so an approval is used once (a second one changes nothing).

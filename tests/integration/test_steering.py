@@ -331,3 +331,22 @@ def test_the_watchdog_spares_a_paused_tree(store: Store) -> None:
     assert store.time_out().failed == 0
     store.resume(root["id"])
     assert store.get(row.id)["status"] == "running"
+
+
+def test_a_cancel_waits_for_a_gate_read_that_holds_its_tree(store: Store) -> None:
+    root, _ = parent_with_children(store, 1)
+    row = store.claim(["echo"], 1, "w", 30)[0]
+    states, release = store.gate_calls_held([row.id])
+    assert states[row.id].status == "running"
+    done: dict = {}
+    t = threading.Thread(target=lambda: done.update(out=store.cancel(root["id"])))
+    t.start()
+    t.join(0.5)
+    assert t.is_alive()            # the calls that read let through start first
+    assert store.get(row.id)["status"] == "running"
+    release()
+    t.join(10)
+    assert done["out"].cancelled == 2
+    again, release = store.gate_calls_held([row.id])
+    release()
+    assert again[row.id].status == "cancelled"

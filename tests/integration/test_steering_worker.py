@@ -138,8 +138,9 @@ def test_the_gate_refuses_a_cancelled_task_without_calling(store: Store) -> None
     row = store.claim(["echo"], 1, "w", 30)[0]
     calls: list[int] = []
 
-    def read(ids: Any) -> dict[uuid.UUID, tuple[str | None, bool]]:
-        return {i: (g.status, g.paused) for i, g in store.gate_calls(ids).items()}
+    def read(ids: Any) -> tuple[dict[uuid.UUID, tuple[str | None, bool]], Any]:
+        rows, release = store.gate_calls_held(ids)
+        return {i: (g.status, g.paused) for i, g in rows.items()}, release
 
     async def off_loop(fn: Any, *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)

@@ -41,6 +41,8 @@ from typing import Any
 
 import httpx
 
+from runtime.llm.gate import request_sent
+
 #: The largest response head (status line and headers, interim 1xx heads included).
 MAX_HEAD_BYTES = 64 * 1024
 #: A chunk size line: hex digits (at most 16), then optional ``;extensions``.
@@ -330,6 +332,7 @@ class StreamTransport(httpx.AsyncBaseTransport):
                     await conn.writer.drain()
             else:
                 await conn.writer.drain()  # all sent: returns at once (no timer to arm)
+            request_sent()  # the model-call gate may release its steering locks
         except TimeoutError as exc:
             raise httpx.WriteTimeout("timed out sending the request") from exc
         except OSError as exc:

@@ -6,8 +6,9 @@ See :mod:`runtime.store.steering` for what each command guarantees.
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -27,6 +28,9 @@ from runtime.store.writes import StoreWrites
 #: How many times a cancel repeats its statement to catch children inserted by a
 #: delegation that committed while it ran (the second pass normally finds none).
 CANCEL_PASSES = 5
+#: The first key of the trees' steering locks (advisory, two-int form; the second is the
+#: hash of the root id): what a cancel or pause and the model-call gate meet on.
+STEER_LOCK_CLASS = 0x5354  # "ST"
 #: SQLSTATE of a deadlock: a cancel that lost one to a worker's batch is run again.
 DEADLOCK_SQLSTATE = "40P01"
 
@@ -58,6 +62,7 @@ class StoreSteering(StoreWrites):
             top = conn.execute(_TEXT["task_get"], {"id": task_id}).first()
             if top is None:
                 raise NotFound(f"no task {task_id}")
+            self._lock_steer(conn, top.root_id)
             rows: list[Any] = []
             for _ in range(CANCEL_PASSES):
                 more = conn.execute(_TEXT["task_cancel_subtree"],
@@ -112,6 +117,42 @@ class StoreSteering(StoreWrites):
             rows = conn.execute(_TEXT["task_gate_calls"], {"ids": list(task_ids)}).all()
         return {r.id: GateRow(r.status, bool(r.paused)) for r in rows}
 
+    def gate_calls_held(self, task_ids: Sequence[uuid.UUID]
+                        ) -> tuple[dict[uuid.UUID, GateRow], Callable[[], None]]:
+        """:meth:`gate_calls` under the trees' steering locks, held until ``release()``.
+
+        The caller starts the calls the answer allows, then releases: a cancel or a pause
+        of these trees (``tree_lock_steer``) waits for that, so it cannot commit between
+        this read and the calls' start. Always call ``release`` (it ends the transaction).
+        """
+        conn = self.engine.connect()
+        try:
+            tx = conn.begin()
+            conn.execute(_TEXT["tree_lock_steer_shared"],
+                         {"ids": list(task_ids), "lock_class": STEER_LOCK_CLASS})
+            rows = conn.execute(_TEXT["task_gate_calls"], {"ids": list(task_ids)}).all()
+        except BaseException:
+            conn.close()
+            raise
+
+        released = threading.Lock()
+
+        def release() -> None:  # idempotent: a second call does nothing
+            if not released.acquire(blocking=False):
+                return
+            try:
+                tx.commit()
+            finally:
+                conn.close()
+
+        return {r.id: GateRow(r.status, bool(r.paused)) for r in rows}, release
+
+    @staticmethod
+    def _lock_steer(conn: Connection, root_id: uuid.UUID) -> None:
+        """Take the tree's steering lock (see ``tree_lock_steer``) in this transaction."""
+        conn.execute(_TEXT["tree_lock_steer"], {"root_id": root_id,
+                                                "lock_class": STEER_LOCK_CLASS})
+
     # ------------------------------------------------------------------ pause
     def pause(self, root_id: uuid.UUID, actor: str = "person",
               note: str | None = None) -> SteerOutcome:
@@ -124,6 +165,7 @@ class StoreSteering(StoreWrites):
         """
         with self.transaction() as conn:
             root = self._root(conn, root_id)
+            self._lock_steer(conn, root_id)
             row = conn.execute(_TEXT["tree_pause_insert"],
                                {"root_id": root_id, "actor": actor, "note": note}).first()
         if row is None:
