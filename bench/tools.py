@@ -9,6 +9,8 @@
    conversation. p50 (and p90) over ``samples`` tasks; goal <= 2 ms. Also given: the
    loop against the plain calls timed apart (noisier: two runs of six model calls).
    Charges are written one transaction per call (no batch writer), in both measurements.
+   The loopback server sets TCP_NODELAY (without it every answer waited ~40 ms for a
+   delayed ACK, which drowned the figure in noise).
 2. ``steps_under_crash``: runs the chaos test ``tests/chaos/test_steps_under_crash.py``
    (four tasks of six tool calls, real worker processes, one SIGKILLed every 1.5 s) and
    reports the counts it prints (``--crash`` to include it; it takes about a minute).

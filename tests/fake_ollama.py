@@ -226,6 +226,9 @@ class FakeOllama:
 def _handler_for(fake: FakeOllama) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Headers and body go out as separate writes: without TCP_NODELAY, Nagle's
+        # algorithm and the client's delayed ACK add about 40 ms to every answer.
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             pass
