@@ -122,6 +122,24 @@ class MakespanWriter(Agent):
         return Result({"text": reply.text})
 
 
+class FairRoot(Agent):
+    """Delegates ``writers`` writers at once; aggregates with one model call (bench.fairness)."""
+
+    name = "fair_root"
+    input_model = StampInput
+    output_model = AnyResult
+    delegates_to = ("mk_writer",)
+
+    async def run(self, ctx: AgentContext, task: TaskView) -> Delegate:
+        return Delegate([ChildSpec("mk_writer", {"goal": f"part {i:05d}"}, key=f"w-{i}")
+                         for i in range(int(task.payload.get("writers", 3)))])
+
+    async def aggregate(self, ctx: AgentContext, task: TaskView,
+                        children: list[ChildView]) -> Result:
+        reply = await model_call(ctx, f"sum up {len(children):05d} parts")
+        return Result({"writers": len(children), "text": reply.text})
+
+
 # ---------------------------------------------------------------------- control
 class BenchAsker(Agent):
     """Asks a person one question (``bench.control``'s answer_to_parent_ms); returns the answer."""

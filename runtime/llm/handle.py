@@ -17,18 +17,17 @@ waits):
 4. reserves the request in the task's budget (:class:`runtime.budget.TaskBudget`: the
    estimated prompt tokens plus ``max_tokens``, shrunk to what is left, or
    :class:`~runtime.errors.BudgetExceeded`) and settles it with the server's counts after;
-5. sends it, at most ``[ollama] max_parallel`` at once per server and model, once the
-   start gate (:mod:`runtime.llm.gate`) says its task is not cancelled nor paused; transient
-   failures are retried in the call (``[llm] call_retries``, backoff with full jitter,
-   ``Retry-After`` honoured, a 503 waits its turn); a bad structured reply is asked again
-   with its error appended to the conversation (``[llm] output_retries``);
+5. sends it, ``[ollama] max_parallel`` at once per server, waiting calls served in fair
+   order (:class:`runtime.llm.loop.FairSlots`), once the start gate (:mod:`~runtime.llm.gate`)
+   lets its task call; transient failures are retried (``[llm] call_retries``, jittered
+   backoff, ``Retry-After``); a bad structured reply is asked again with its error
+   appended (``[llm] output_retries``);
 6. records every attempt as a ``model_calls`` row (its error, its tokens, its kind:
    ``call``, ``retry`` or ``repair``) and charges it through the ledger
    (:class:`~runtime.llm.ledger.CallLedger`): the task's own spend and the row, nothing
    above it (spend rolls up to the parent when the task ends).
 
-Cost is ``(prompt + completion tokens) x the per-token price``, in ``Decimal``
-(:func:`runtime.budget.call_cost`).
+Cost: ``(prompt + completion tokens) x the per-token price`` (:func:`runtime.budget.call_cost`).
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ from pydantic import BaseModel
 
 from agents.tasks import DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
 from agents.tools import Tool
-from runtime.budget import TaskBudget, call_cost
+from runtime.budget import Reservation, TaskBudget, call_cost
 from runtime.config import Settings
 from runtime.errors import BadInput, BudgetExceeded, LeaseLost, TransientModelError
 from runtime.llm.backends.choice import build_backend
@@ -68,7 +67,7 @@ from runtime.llm.calls import (
 )
 from runtime.llm.gate import CallGate
 from runtime.llm.ledger import CallLedger, RecordedCall, RecordReader
-from runtime.llm.loop import CallLoop
+from runtime.llm.loop import CallLoop, Ticket
 from runtime.llm.reply import (
     NOT_RECORDED,
     Backend,
@@ -124,11 +123,11 @@ class LLMFactory:
         self.offline = is_offline(backend)
         self.announcement = announcement or f"using the {backend.name} backend"
         self.calls = CallLoop()
+        self.calls.max_wait_seconds = settings.scheduler.max_wait_seconds
         #: The start gate of every request: cancelled tasks and paused trees (gate.py).
         self.gate = CallGate(getattr(ledger, "gate_calls", None), self.in_ledger)
         self.records = RecordReader(ledger, self.in_ledger)  # durable calls' look-ups
-        # The ledger's blocking reads run here, not in asyncio's default executor (a few
-        # threads per core): a thousand calls in flight each look up their record.
+        # The ledger's blocking reads: a thousand calls in flight each look up a record.
         self._ledger_pool = ThreadPoolExecutor(max_workers=LEDGER_THREADS,
                                                thread_name_prefix="llm-ledger")
         self._depth: tuple[float, int] | None = None
@@ -139,12 +138,7 @@ class LLMFactory:
         return await asyncio.get_running_loop().run_in_executor(self._ledger_pool, fn, *args)
 
     async def pending_depth(self) -> int:
-        """The pending queue's depth for routing, read at most once per TTL.
-
-        Routing needs its order of magnitude; a thousand calls in flight must not each
-        count the queue, nor each wait for a thread (:data:`DEPTH_TTL_SECONDS`; one read
-        in flight per loop, shared by the callers that arrive meanwhile).
-        """
+        """The pending queue's depth for routing: one read per TTL and loop, shared."""
         cached = self._depth
         if cached is not None and time.monotonic() - cached[0] < DEPTH_TTL_SECONDS:
             return cached[1]
@@ -179,13 +173,15 @@ class LLMFactory:
         """Return the model handle for one leased task (``ctx.llm``)."""
         return TaskLLM(self, task_row, lease_token, lease_lost)
 
-    def slot(self, route: Route) -> asyncio.Semaphore:
-        """The semaphore bounding calls in flight to this route's server and model."""
+    def slot(self, route: Route, fair: tuple[str, Any, int], held: Reservation) -> Ticket:
+        """A call's turn at its route's server slots (``fair``: tenant, tree, priority)."""
         host_for = getattr(self.backend, "host_for", None)
         host = host_for(route.route) if host_for is not None else self.backend.name
-        o = self.settings.ollama
+        o, (tenant, tree, priority) = self.settings.ollama, fair
         limit = o.cloud_max_parallel if route.route == "cloud" else o.max_parallel
-        return self.calls.slot(host, route.model, limit)
+        return self.calls.slot(host, route.model, limit).ticket(
+            tenant, tree, priority, self.settings.tenant_weight(tenant),
+            held.prompt_tokens + held.completion_tokens)
 
     async def aclose(self) -> None:
         """Release the backend's connections made on the running loop."""
@@ -218,6 +214,8 @@ class TaskLLM:
         self._lease_token = lease_token
         self._lease_lost = lease_lost
         self.task_id: uuid.UUID = task_row["id"]
+        self._fair = (task_row.get("tenant") or "default", task_row.get("root_id"),
+                      int(task_row.get("priority") or 5))
         self.phase = ("judge" if task_row.get("status") == "judging"
                       else str(task_row.get("phase") or "run"))
         self._attempt = int(task_row.get("delivery_count") or 1)
@@ -426,8 +424,9 @@ class TaskLLM:
         charged_tokens, charged_usd = 0, Decimal(0)
         try:
             try:
+                ticket = self._factory.slot(route, self._fair, held)
                 reply = await self._factory.gate.send(  # cancelled? paused? (gate.py)
-                    self.task_id, self._factory.slot(route),
+                    self.task_id, ticket,
                     lambda: self._backend.achat(route.model, conversation, json_schema,
                                                 held.completion_tokens, route=route.route,
                                                 think=think,
@@ -440,6 +439,7 @@ class TaskLLM:
                     exc, spent, call, kind, time.monotonic() - started)
                 raise
             tokens = reply.prompt_tokens + reply.completion_tokens
+            ticket.settle(tokens)  # the tree's and tenant's share: what it spent
             cost = call_cost(tokens, price)
             await self._charge(self._rows.row(call, kind, reply, reply.prompt_tokens,
                                          reply.completion_tokens, reply.duration_seconds,

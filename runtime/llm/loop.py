@@ -14,11 +14,172 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import threading
+import time
 from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+#: A waiting call older than this is served first, whatever its share (nothing starves).
+DEFAULT_MAX_WAIT_SECONDS = 300.0
+
+
+@dataclass(order=True)
+class _Waiter:
+    priority: int
+    seq: int
+    tree: Any = field(compare=False)
+    enqueued: float = field(compare=False)
+    future: asyncio.Future[None] = field(compare=False)
+
+
+@dataclass
+class _Flow:
+    """A tenant or a tree: its virtual time (cost served / weight)."""
+
+    vtime: float = 0.0
+    waiting: int = 0
+
+
+class FairSlots:
+    """``limit`` call slots to one server, handed out in weighted fair order, not FIFO.
+
+    Free slots are taken at once. When all are busy, waiting calls are served by weighted
+    fair queueing on cost (tokens): the tenant with the least cost served per unit of
+    weight first; within it, the most urgent priority, then the tree with the least cost
+    served; within a tree, first come first served. The cost charged at the start is the
+    caller's estimate; :meth:`Ticket.settle` replaces it with what the call spent. A flow
+    that was idle starts at the smallest virtual time of the backlogged ones (no banked
+    credit). A call waiting longer than ``max_wait_seconds`` is served first.
+    """
+
+    def __init__(self, limit: int, max_wait_seconds: float = DEFAULT_MAX_WAIT_SECONDS) -> None:
+        self.limit = limit
+        self.free = limit
+        self.max_wait_seconds = max_wait_seconds
+        self._seq = itertools.count()
+        self._tenants: dict[str, _Flow] = {}
+        self._trees: dict[Any, _Flow] = {}
+        #: per tenant, per tree: the waiting calls (a heap by priority, then arrival)
+        self._queues: dict[str, dict[Any, list[_Waiter]]] = {}
+        self.waiting = 0
+
+    def ticket(self, tenant: str, tree: Any, priority: int = 5, weight: float = 1.0,
+               estimate: float = 1.0) -> Ticket:
+        """A call's claim on a slot: ``async with`` it around the request."""
+        return Ticket(self, tenant, tree, priority, weight, estimate)
+
+    # ---------------------------------------------------------------- internals
+    def _flow(self, flows: dict[Any, _Flow], key: Any, peers: list[_Flow]) -> _Flow:
+        flow = flows.get(key)
+        if flow is None:
+            flow = flows[key] = _Flow()
+        if flow.waiting == 0:  # coming back from idle: no credit for the idle time
+            busy = [p.vtime for p in peers if p.waiting > 0 and p is not flow]
+            if busy:
+                flow.vtime = max(flow.vtime, min(busy))
+        return flow
+
+    def _charge(self, tenant: str, tree: Any, cost: float, weight: float) -> None:
+        self._tenants.setdefault(tenant, _Flow()).vtime += cost / weight
+        self._trees.setdefault(tree, _Flow()).vtime += cost
+
+    async def _acquire(self, t: Ticket) -> None:
+        if self.free > 0 and self.waiting == 0:
+            self.free -= 1
+            self._charge(t.tenant, t.tree, t.estimate, t.weight)
+            return
+        tenant = self._flow(self._tenants, t.tenant, list(self._tenants.values()))
+        trees = self._queues.setdefault(t.tenant, {})
+        tree = self._flow(self._trees, t.tree,
+                          [self._trees[k] for k in trees if k in self._trees])
+        waiter = _Waiter(t.priority, next(self._seq), t.tree, time.monotonic(),
+                         asyncio.get_running_loop().create_future())
+        heapq.heappush(trees.setdefault(t.tree, []), waiter)
+        tenant.waiting += 1
+        tree.waiting += 1
+        self.waiting += 1
+        if self.free > 0:
+            self.free -= 1
+            self._grant()
+        try:
+            await waiter.future
+        except asyncio.CancelledError:
+            if waiter.future.done() and not waiter.future.cancelled():
+                self.release()  # granted as it was cancelled: hand the slot on
+            else:
+                self._forget(t.tenant, waiter)
+            raise
+        self._charge(t.tenant, t.tree, t.estimate, t.weight)
+
+    def _forget(self, tenant: str, waiter: _Waiter) -> None:
+        queue = self._queues[tenant][waiter.tree]
+        queue.remove(waiter)
+        heapq.heapify(queue)
+        self._dequeued(tenant, waiter.tree)
+
+    def _dequeued(self, tenant: str, tree: Any) -> None:
+        self._tenants[tenant].waiting -= 1
+        self._trees[tree].waiting -= 1
+        self.waiting -= 1
+        if not self._queues[tenant][tree]:
+            del self._queues[tenant][tree]
+            if not self._queues[tenant]:
+                del self._queues[tenant]
+
+    def _next(self) -> tuple[str, _Waiter]:
+        """The waiting call served next (fair order; the overdue first)."""
+        now = time.monotonic()
+        overdue = [(q[0].enqueued, tenant, q[0]) for tenant, trees in self._queues.items()
+                   for q in trees.values() if now - q[0].enqueued > self.max_wait_seconds]
+        if overdue:
+            _, tenant, waiter = min(overdue, key=lambda o: o[0])
+            return tenant, waiter
+        tenant = min(self._queues, key=lambda k: self._tenants[k].vtime)
+        trees = self._queues[tenant]
+        tree = min(trees, key=lambda k: (trees[k][0].priority, self._trees[k].vtime))
+        return tenant, trees[tree][0]
+
+    def _grant(self) -> None:
+        """Hand the slot just freed to the next waiting call."""
+        tenant, waiter = self._next()
+        heapq.heappop(self._queues[tenant][waiter.tree])
+        self._dequeued(tenant, waiter.tree)
+        waiter.future.set_result(None)
+
+    def release(self) -> None:
+        """A call ended: its slot goes to the next waiting call, or back to the free ones."""
+        if self.waiting > 0:
+            self._grant()
+        else:
+            self.free += 1
+
+
+class Ticket:
+    """One call's turn at a :class:`FairSlots` (re-enterable: a paused call waits again)."""
+
+    def __init__(self, slots: FairSlots, tenant: str, tree: Any, priority: int,
+                 weight: float, estimate: float) -> None:
+        self.slots, self.tenant, self.tree = slots, tenant, tree
+        self.priority, self.weight, self.estimate = priority, weight, max(estimate, 0.0)
+
+    async def __aenter__(self) -> Ticket:
+        await self.slots._acquire(self)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.slots.release()
+
+    def settle(self, cost: float) -> None:
+        """Replace the estimate charged at the start with what the call spent."""
+        self.slots._charge(self.tenant, self.tree, cost - self.estimate, self.weight)
+        self.estimate = cost
 
 
 class CallLoop:
@@ -29,7 +190,9 @@ class CallLoop:
         self._owned: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._slots: dict[tuple[int, str, int], asyncio.Semaphore] = {}
+        self._slots: dict[tuple[int, str, int], FairSlots] = {}
+        #: ``[scheduler] max_wait_seconds`` for the slots made from now on.
+        self.max_wait_seconds = DEFAULT_MAX_WAIT_SECONDS
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Run sync callers' calls on ``loop`` (a running worker's) until :meth:`detach`."""
@@ -76,8 +239,8 @@ class CallLoop:
                                "await acomplete() there instead")
         return asyncio.run_coroutine_threadsafe(coro, target).result()
 
-    def slot(self, host: str, model: str, limit: int) -> asyncio.Semaphore:
-        """The semaphore bounding calls in flight to a route's server (running loop).
+    def slot(self, host: str, model: str, limit: int) -> FairSlots:
+        """The fair slots bounding calls in flight to a route's server (running loop).
 
         A route is its server ``host`` and its limit (``[ollama] max_parallel`` or
         ``cloud_max_parallel``): every model's calls on it share one semaphore of ``limit``
@@ -88,10 +251,15 @@ class CallLoop:
         """
         del model  # one limit per server and route, whatever the model
         key = (id(asyncio.get_running_loop()), host, limit)
-        sem = self._slots.get(key)
-        if sem is None:
-            sem = self._slots[key] = asyncio.Semaphore(limit)
-        return sem
+        slots = self._slots.get(key)
+        if slots is None:
+            slots = self._slots[key] = FairSlots(limit, self.max_wait_seconds)
+        return slots
+
+    def pressure(self, loop: asyncio.AbstractEventLoop) -> tuple[int, int]:
+        """``(slots, waiting)``: calls that may run at once on ``loop``, and calls waiting."""
+        sets = [s for k, s in list(self._slots.items()) if k[0] == id(loop)]
+        return sum(s.limit for s in sets), sum(s.waiting for s in sets)
 
     def close(self, final: Coroutine[Any, Any, Any] | None = None) -> None:
         """Run ``final`` (closing connections) on the owned loop, then stop it."""

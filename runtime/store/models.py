@@ -358,6 +358,16 @@ class ExportCursor(Base):
                                                     nullable=False)
 
 
+class TreeClock(Base):
+    """A tree's fair clock (migration 0009): the fair time of its latest delegated task."""
+
+    __tablename__ = "tree_clocks"
+
+    root_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True)
+    clock: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False)
+
+
 class TreePause(Base):
     """A paused tree (migration 0006): its tasks are not claimed and start no model call.
 

@@ -394,7 +394,32 @@ WITH input AS (
               CASE WHEN CAST(:approve_above_usd AS numeric) IS NULL THEN 0
                    ELSE (SELECT COALESCE(sum(m.cost_usd), 0) FROM model_calls m
                          WHERE m.root_id = t.root_id) END AS tree_spend,
-              t.forked_from, t.model_override, t.tenant, t.fair_at
+              t.forked_from, t.model_override, t.tenant
+), spans AS (
+    -- Fair time (runtime.config.SchedulerSettings): each tree's tasks are one step apart
+    -- (:fair_quantum over its tenant's weight); ``before``: the tree's children listed by
+    -- the parents of this batch ahead of this one.
+    SELECT p.id, p.root_id, jsonb_array_length(p.children) AS n,
+           COALESCE(sum(jsonb_array_length(p.children)) OVER (
+               PARTITION BY p.root_id ORDER BY p.id
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before,
+           CAST(:fair_quantum AS float8)
+           / COALESCE((SELECT w.weight FROM unnest(CAST(:tenant_names AS text[]),
+                                                   CAST(:tenant_weights AS float8[]))
+                           AS w(name, weight) WHERE w.name = p.tenant), 1) AS step
+    FROM parent p
+), clock AS (
+    -- Each tree's clock moves past the fair times handed out here (one row per tree,
+    -- locked in root order: two batches of one tree's delegations take turns, never
+    -- deadlock). base: the clock before, or now when it is behind (no banked credit).
+    INSERT INTO tree_clocks AS tc (root_id, clock)
+    SELECT root_id, now() + make_interval(secs => sum(n * step)) FROM spans
+    GROUP BY root_id ORDER BY root_id
+    ON CONFLICT (root_id) DO UPDATE
+        SET clock = GREATEST(now(), tc.clock) + (excluded.clock - now())
+    RETURNING tc.root_id,
+              tc.clock - (SELECT make_interval(secs => sum(x.n * x.step)) FROM spans x
+                          WHERE x.root_id = tc.root_id) AS base
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, 'running', 'waiting', :worker, detail FROM parent
@@ -421,19 +446,15 @@ WITH input AS (
            o.id,
            CASE WHEN f.named THEN COALESCE(r.fork->>'model', p.model_override)
                 ELSE p.model_override END,
-           -- The tree's tenant; the fair time: the parent's children spaced by the
-           -- tenant's step (:fair_quantum / its weight) after max(now, the parent's),
+           -- The tree's tenant; the fair time: the tree's clock before this statement
+           -- (clock.base) plus one step per task delegated in the tree before this one,
            -- never later than the child's creation plus :max_wait (nothing starves).
            p.tenant,
            LEAST(clock_timestamp() + make_interval(secs => CAST(:max_wait AS float8)),
-                 GREATEST(now(), p.fair_at)
-                 + make_interval(secs => CAST(:fair_quantum AS float8) * c.n
-                                 / COALESCE((SELECT w.weight FROM unnest(
-                                                 CAST(:tenant_names AS text[]),
-                                                 CAST(:tenant_weights AS float8[]))
-                                                 AS w(name, weight)
-                                             WHERE w.name = p.tenant), 1)))
+                 k.base + make_interval(secs => s.step * (s.before + c.n)))
     FROM parent p
+    JOIN spans s ON s.id = p.id
+    JOIN clock k ON k.root_id = p.root_id
     CROSS JOIN LATERAL jsonb_to_recordset(p.children) AS c(
              id uuid, to_agent text, type text, payload jsonb, success_criteria jsonb,
              kill_criteria jsonb, budget_tokens int, budget_seconds int,

@@ -56,6 +56,26 @@ def test_one_parents_children_are_spaced_by_the_quantum_over_the_weight(store: S
     assert gaps == {0.5}, gaps
 
 
+def test_a_trees_tasks_are_one_step_apart_whatever_its_shape(store: Store) -> None:
+    store.tenancy = Tenancy(quantum_seconds=10.0)
+    root = submit(store, "fanout")
+    leads = _delegate(store, _claim_one(store, root["id"], "fanout"), 3, agent="fanout")
+    claimed = store.claim(["fanout"], 3, "w", 30)
+    assert len(claimed) == 3
+    first, *rest = claimed  # in fair order
+    _delegate(store, first, 2, prefix="a")  # alone
+    applied = store.delegate_many([(r["id"], r["lease_token"], child_rows(2, prefix=f"b{i}"),
+                                    None) for i, r in enumerate(rest)], "w")  # together
+    assert applied == [(True, 2), (True, 2)]
+    with store.engine.connect() as conn:
+        times = [r[0] for r in conn.execute(sa.text(
+            "SELECT fair_at FROM tasks WHERE root_id = :r AND depth > 0 ORDER BY fair_at"),
+            {"r": root["id"]})]
+    assert len(times) == 3 + 6 and len(leads) == 3
+    gaps = [round((b - a).total_seconds(), 2) for a, b in itertools.pairwise(times)]
+    assert all(g >= 9.99 for g in gaps), gaps
+
+
 def test_no_fair_time_is_later_than_creation_plus_max_wait(store: Store) -> None:
     store.tenancy = Tenancy(quantum_seconds=10.0, max_wait_seconds=25.0)
     root = submit(store, "fanout")

@@ -109,8 +109,19 @@ class Scheduler:
         return min(cfg.max_in_flight, cfg.threads * SYNC_PREFETCH)
 
     def room(self) -> int:
-        """How many more tasks this process may claim now."""
-        return self.limit - len(self.held)
+        """How many more tasks this process may claim now (by the model slots, once used)."""
+        room = self.limit - len(self.held)
+        slots, waiting = self._model_pressure()
+        return min(room, max(0, 2 * slots - waiting)) if slots else room
+
+    def _model_pressure(self) -> tuple[int, int]:
+        """``(slots, waiting)`` of the model calls on this loop (``(0, 0)``: none made)."""
+        calls = getattr(getattr(self.executor, "llm_factory", None), "calls", None)
+        pressure = getattr(calls, "pressure", None)
+        if pressure is None:
+            return 0, 0
+        slots, waiting = pressure(asyncio.get_running_loop())
+        return int(slots), int(waiting)
 
     def _claim_size(self, room: int) -> int:
         """The most one round of claims asks for: several batches at once with room."""
@@ -164,7 +175,9 @@ class Scheduler:
             # A smaller room is filled at the next poll, so it never stays empty while
             # work waits (a gap left by tasks that ended one by one, say).
             items: list[InFlight] = []
-            if room > 0 and (room >= threshold or not self.held or polled):
+            # Sized by the model slots (room()), a claim goes as soon as one is free.
+            need = 1 if self._model_pressure()[0] else threshold
+            if room > 0 and (room >= need or not self.held or polled):
                 try:
                     items = await self._claim(room)
                     self.health.ok("claims")

@@ -1,0 +1,242 @@
+"""Fair scheduling between trees and tenants (issue 25): three figures.
+
+    python -m bench.fairness [--wide 2000] [--delay 0.2] [--window 30]
+
+Each against the loopback model server (``bench.model_server``, every call held
+``delay`` seconds), with ``orgchart worker`` processes at their default settings (model
+limits included: ``[ollama] max_parallel`` = ``cloud_max_parallel`` = 8), each in a
+scratch database of its own. The trees are ``fair_root`` (``bench.agents``): a root that
+delegates ``writers`` writers (one model call each) and aggregates with one call.
+
+- ``fair_small_tree_ratio``: a 4-task tree (3 writers and the aggregate call) submitted
+  3 s after a ``wide``-writer tree of another tenant; its makespan (the root's
+  ``completed_at - created_at``) divided by its makespan alone on the same worker (the
+  median of three runs before the wide tree). Goal <= 1.5.
+- ``fair_share_error``: tenants ``heavy`` (weight 3) and ``light`` (weight 1), each a
+  tree of ``share_writers`` equal calls submitted together; over ``window`` seconds after
+  a 5 s warm-up, each tenant's share of the tokens of the calls made, against 75/25;
+  the figure is the larger distance in percentage points. Goal <= 5.
+- ``tenant_limit_overrun``: ``[tenants.capped] max_in_flight = 10``, 3 worker processes,
+  one tree of ``limit_writers`` writers of that tenant; every 50 ms, the tenant's running
+  tasks (live leases) and the model server's calls in flight; the figure is the largest
+  count over 10 (goal 0), with both maxima printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from bench.common import REPO_ROOT, open_store, report, scratch_database, worker_env
+from bench.makespan import WORKER_BOOT, start_model_server
+from runtime.store.rows import NewTask
+from runtime.store.store import Store
+
+AGENTS = "fair_root,mk_planner,mk_lead,mk_writer,judge"
+
+
+def start_worker(url: str, model_url: str, config: Path) -> subprocess.Popen[str]:
+    """One ``orgchart worker`` at its defaults with ``config``; returns once it serves."""
+    env = worker_env(url)
+    env.update({"ORGCHART_LLM__BACKEND": "ollama", "ORGCHART_OLLAMA__URL": model_url,
+                "ORGCHART_CONFIG": str(config)})
+    proc = subprocess.Popen([sys.executable, "-c", WORKER_BOOT, "worker", "--agents", AGENTS,
+                             "--agents-module", "bench.agents"],
+                            env=env, cwd=str(REPO_ROOT), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    ready = threading.Event()
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if "serving" in line:
+                ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not ready.wait(90):
+        proc.kill()
+        raise RuntimeError("the worker did not start:\n" + "".join(lines[-20:]))
+    return proc
+
+
+def stop(procs: list[subprocess.Popen[str]]) -> None:
+    """Terminate processes and reap them."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def submit(store: Store, writers: int, tenant: str, leads: int = 0) -> uuid.UUID:
+    """Under ``tenant`` (budgets never bind): a ``fair_root`` tree of ``writers`` writers,
+    or with ``leads``, the makespan tree (1 -> leads -> writers each: ``[policies]
+    max_children`` is 50)."""
+    agent = "mk_planner" if leads else "fair_root"
+    root, _ = store.submit(NewTask(to_agent=agent, type="task",
+                                   payload={"goal": f"fair {tenant}", "writers": writers,
+                                            "leads": leads},
+                                   budget_tokens=100_000_000, budget_usd=Decimal(100_000),
+                                   tenant=tenant))
+    return root["id"]  # type: ignore[no-any-return]
+
+
+def makespan(store: Store, root: uuid.UUID, timeout: float = 300.0) -> float:
+    """Wait for the root to finish; its ``completed_at - created_at`` in seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = store.get(root)
+        if row["status"] in ("done", "failed", "escalated", "cancelled"):
+            if row["status"] != "done":
+                raise RuntimeError(f"tree {root} ended {row['status']}: {row.get('error')}")
+            return float((row["completed_at"] - row["created_at"]).total_seconds())
+        time.sleep(0.01)
+    raise RuntimeError(f"tree {root} did not finish in {timeout} s")
+
+
+def _config(tmp: Path, text: str) -> Path:
+    path = tmp / f"fair-{uuid.uuid4().hex[:8]}.toml"
+    path.write_text(text)
+    return path
+
+
+def small_tree_ratio(tmp: Path, delay: float, wide: int) -> dict[str, Any]:
+    """fair_small_tree_ratio: the small tree alone, then 3 s after the wide tree."""
+    with scratch_database("fair_small") as url:
+        model_proc, model_url = start_model_server(delay)
+        worker = start_worker(url, model_url, _config(tmp, ""))
+        store = open_store(url)
+        try:
+            alone = [makespan(store, submit(store, 3, "small")) for _ in range(3)]
+            wide_root = submit(store, 45, "big", leads=max(1, wide // 45))
+            time.sleep(3.0)
+            beside = makespan(store, submit(store, 3, "small"))
+            wide_done = store.get(wide_root)["status"]
+        finally:
+            stop([worker])
+            model_proc.kill()
+            model_proc.wait()
+            store.dispose()
+    base = statistics.median(alone)
+    return {"fair_small_tree_alone_seconds": round(base, 3),
+            "fair_small_tree_beside_wide_seconds": round(beside, 3),
+            "fair_wide_tree_tasks": 1 + max(1, wide // 45) * 46,
+            "fair_wide_tree_status_then": wide_done,
+            "fair_small_tree_ratio": round(beside / base, 3)}
+
+
+def share_error(tmp: Path, delay: float, writers: int, window: float) -> dict[str, Any]:
+    """fair_share_error: weights 3 and 1, deep backlogs of equal calls, over ``window`` s."""
+    config = _config(tmp, "[tenants.heavy]\nweight = 3\n[tenants.light]\nweight = 1\n")
+    with scratch_database("fair_share") as url:
+        model_proc, model_url = start_model_server(delay)
+        worker = start_worker(url, model_url, config)
+        store = open_store(url)
+        try:
+            submit(store, 45, "heavy", leads=max(1, writers // 45))
+            submit(store, 45, "light", leads=max(1, writers // 45))
+            time.sleep(5.0)
+            start = time.time()
+            time.sleep(window)
+            with store.engine.connect() as conn:
+                rows = dict(conn.execute(sa.text(
+                    "SELECT t.tenant, sum(m.prompt_tokens + m.completion_tokens) "
+                    "FROM model_calls m JOIN tasks t ON t.id = m.task_id "
+                    "WHERE m.created_at >= to_timestamp(:a) "
+                    "AND m.created_at < to_timestamp(:b) "
+                    "GROUP BY t.tenant"), {"a": start, "b": start + window}).all())
+        finally:
+            stop([worker])
+            model_proc.kill()
+            model_proc.wait()
+            store.dispose()
+    heavy, light = int(rows.get("heavy") or 0), int(rows.get("light") or 0)
+    share = heavy / (heavy + light) if heavy + light else 0.0
+    return {"fair_share_window_seconds": window, "fair_share_tokens": {"heavy": heavy,
+                                                                       "light": light},
+            "fair_share_heavy_percent": round(share * 100, 2),
+            "fair_share_error": round(abs(share - 0.75) * 100, 2)}
+
+
+def limit_overrun(tmp: Path, delay: float, writers: int, cap: int = 10,
+                  workers: int = 3) -> dict[str, Any]:
+    """tenant_limit_overrun: ``max_in_flight = cap`` across ``workers`` processes."""
+    config = _config(tmp, f"[tenants.capped]\nmax_in_flight = {cap}\n")
+    with scratch_database("fair_limit") as url:
+        model_proc, model_url = start_model_server(delay)
+        procs = [start_worker(url, model_url, config) for _ in range(workers)]
+        store = open_store(url)
+        peak_running = peak_calls = samples = 0
+        try:
+            root = submit(store, 20, "capped", leads=max(1, writers // 20))
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                with store.engine.connect() as conn:
+                    running = int(conn.execute(sa.text(
+                        "SELECT count(*) FROM tasks WHERE tenant = 'capped' AND "
+                        "status = 'running' AND lease_expires_at > now()")).scalar_one())
+                calls = _in_flight(model_url)
+                peak_running, peak_calls = max(peak_running, running), max(peak_calls, calls)
+                samples += 1
+                if store.get(root)["status"] in ("done", "failed", "escalated"):
+                    break
+                time.sleep(0.05)
+            status = store.get(root)["status"]
+        finally:
+            stop(procs)
+            model_proc.kill()
+            model_proc.wait()
+            store.dispose()
+    return {"tenant_limit_max_in_flight": cap, "tenant_limit_workers": workers,
+            "tenant_limit_samples": samples, "tenant_limit_tree_status": status,
+            "tenant_limit_peak_running": peak_running,
+            "tenant_limit_peak_model_calls": peak_calls,
+            "tenant_limit_overrun": max(0, peak_running - cap, peak_calls - cap)}
+
+
+def _in_flight(model_url: str) -> int:
+    """The model server's calls in flight now."""
+    with urllib.request.urlopen(model_url + "/stats", timeout=10) as resp:
+        return int(json.loads(resp.read())["in_flight"])
+
+
+def main(wide: int = 2000, delay: float = 0.2, window: float = 30.0,
+         share_writers: int = 3000, limit_writers: int = 200) -> dict[str, Any]:
+    """Run the three measurements; print them."""
+    figures: dict[str, Any] = {"fair_model_delay_seconds": delay}
+    with tempfile.TemporaryDirectory(prefix="orgchart-fair-") as tmp:
+        figures.update(small_tree_ratio(Path(tmp), delay, wide))
+        figures.update(share_error(Path(tmp), delay, share_writers, window))
+        figures.update(limit_overrun(Path(tmp), delay, limit_writers))
+    return report("fairness", figures)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--wide", type=int, default=2000)
+    parser.add_argument("--delay", type=float, default=0.2)
+    parser.add_argument("--window", type=float, default=30.0)
+    parser.add_argument("--share-writers", type=int, default=3000)
+    parser.add_argument("--limit-writers", type=int, default=200)
+    args = parser.parse_args()
+    out = main(args.wide, args.delay, args.window, args.share_writers, args.limit_writers)
+    print(json.dumps(out, default=str))

@@ -1,0 +1,131 @@
+"""FairSlots (runtime/llm/loop.py): waiting model calls served in weighted fair order."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.llm.loop import FairSlots
+
+
+async def _serve(slots: FairSlots, calls: list[tuple[str, str, int, float, float]],
+                 served: int) -> list[tuple[str, str]]:
+    """Queue ``calls`` (tenant, tree, priority, weight, cost) behind one busy slot; return
+    the order of the first ``served`` of them."""
+    order: list[tuple[str, str]] = []
+    gate = slots.ticket("blocker", "blocker")
+    await gate.__aenter__()  # the only slot is busy: everything below waits
+    done = asyncio.Event()
+
+    async def call(tenant: str, tree: str, priority: int, weight: float, cost: float) -> None:
+        ticket = slots.ticket(tenant, tree, priority, weight, cost)
+        async with ticket:
+            order.append((tenant, tree))
+            ticket.settle(cost)
+            if len(order) >= served:
+                done.set()
+            await asyncio.sleep(0)
+
+    jobs = [asyncio.create_task(call(*c)) for c in calls]
+    await asyncio.sleep(0)
+    await gate.__aexit__(None, None, None)
+    await done.wait()
+    for job in jobs:
+        job.cancel()
+    await asyncio.gather(*jobs, return_exceptions=True)
+    return order[:served]
+
+
+def test_a_small_tree_is_not_served_after_a_wide_one() -> None:
+    calls = [("t", "wide", 5, 1.0, 100.0)] * 50 + [("t", "small", 5, 1.0, 100.0)] * 3
+    order = asyncio.run(_serve(FairSlots(1), calls, 8))
+    assert order.count(("t", "small")) == 3, order
+
+
+def test_priority_wins_within_a_tenant() -> None:
+    calls = [("t", "a", 5, 1.0, 1.0)] * 5 + [("t", "b", 1, 1.0, 1.0)] * 2
+    order = asyncio.run(_serve(FairSlots(1), calls, 2))
+    assert order == [("t", "b")] * 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(w1=st.integers(1, 5), w2=st.integers(1, 5), cost1=st.integers(1, 50),
+       cost2=st.integers(1, 50))
+def test_tenants_get_cost_shares_in_proportion_to_their_weights(
+        w1: int, w2: int, cost1: int, cost2: int) -> None:
+    backlog = 400
+    calls = [("a", "ta", 5, float(w1), float(cost1))] * backlog + \
+            [("b", "tb", 5, float(w2), float(cost2))] * backlog
+    served = 120
+    order = asyncio.run(_serve(FairSlots(1), calls, served))
+    counts = Counter(t for t, _ in order)
+    spent = {"a": counts["a"] * cost1, "b": counts["b"] * cost2}
+    share = spent["a"] / (spent["a"] + spent["b"])
+    want = w1 / (w1 + w2)
+    # Served one call at a time, each tenant is at most one call's cost off its share.
+    slack = max(cost1, cost2) / (spent["a"] + spent["b"]) * 2
+    assert abs(share - want) <= slack + 1e-9, (counts, share, want)
+
+
+def test_a_cancelled_waiter_gives_up_its_place_and_the_slot_is_not_lost() -> None:
+    async def scenario() -> tuple[int, int]:
+        slots = FairSlots(1)
+        first = slots.ticket("t", "a")
+        await first.__aenter__()
+        waiter = asyncio.create_task(slots.ticket("t", "b").__aenter__())
+        await asyncio.sleep(0)
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        await first.__aexit__(None, None, None)
+        return slots.free, slots.waiting
+
+    assert asyncio.run(scenario()) == (1, 0)
+
+
+def test_an_overdue_call_is_served_first() -> None:
+    async def scenario() -> list[str]:
+        slots = FairSlots(1, max_wait_seconds=0.0)
+        busy = slots.ticket("t", "x")
+        await busy.__aenter__()
+        order: list[str] = []
+
+        async def call(tree: str, priority: int) -> None:
+            async with slots.ticket("t", tree, priority):
+                order.append(tree)
+
+        old = asyncio.create_task(call("old", 9))
+        await asyncio.sleep(0.01)
+        urgent = asyncio.create_task(call("urgent", 0))
+        await asyncio.sleep(0)
+        await busy.__aexit__(None, None, None)
+        await asyncio.gather(old, urgent)
+        return order
+
+    assert asyncio.run(scenario()) == ["old", "urgent"]
+
+
+def test_the_worker_claims_no_more_than_one_round_of_model_slots_ahead() -> None:
+    from types import SimpleNamespace
+
+    from runtime.engine.worker.scheduler import Scheduler
+
+    def room(slots: int, waiting: int, held: int) -> int:
+        calls = SimpleNamespace(pressure=lambda loop: (slots, waiting))
+        sched = Scheduler.__new__(Scheduler)
+        sched.config = SimpleNamespace(max_in_flight=1000)  # type: ignore[assignment]
+        sched.async_agents = True
+        sched.held = [None] * held  # type: ignore[assignment]
+        sched.executor = SimpleNamespace(llm_factory=SimpleNamespace(calls=calls))  # type: ignore[assignment]
+
+        async def ask() -> int:
+            return sched.room()
+
+        return asyncio.run(ask())
+
+    assert room(0, 0, 10) == 990  # no model call made yet: max_in_flight alone
+    assert room(8, 0, 10) == 16  # one more round of 8 slots, besides the calls running
+    assert room(8, 12, 30) == 4
+    assert room(8, 40, 60) == 0  # a deep queue at the slots: claim nothing more
