@@ -118,9 +118,10 @@ def _config(tmp: Path, text: str) -> Path:
     return path
 
 
-def small_tree_ratio(tmp: Path, delay: float, wide: int) -> dict[str, Any]:
+def small_tree_ratio(tmp: Path, delay: float, wide: int,
+                     server: str | None = None) -> dict[str, Any]:
     """fair_small_tree_ratio: the small tree alone, then 3 s after the wide tree."""
-    with scratch_database("fair_small") as url:
+    with scratch_database("fair_small", server) as url:
         model_proc, model_url = start_model_server(delay)
         worker = start_worker(url, model_url, _config(tmp, ""))
         store = open_store(url)
@@ -143,10 +144,11 @@ def small_tree_ratio(tmp: Path, delay: float, wide: int) -> dict[str, Any]:
             "fair_small_tree_ratio": round(beside / base, 3)}
 
 
-def share_error(tmp: Path, delay: float, writers: int, window: float) -> dict[str, Any]:
+def share_error(tmp: Path, delay: float, writers: int, window: float,
+                server: str | None = None) -> dict[str, Any]:
     """fair_share_error: weights 3 and 1, deep backlogs of equal calls, over ``window`` s."""
     config = _config(tmp, "[tenants.heavy]\nweight = 3\n[tenants.light]\nweight = 1\n")
-    with scratch_database("fair_share") as url:
+    with scratch_database("fair_share", server) as url:
         model_proc, model_url = start_model_server(delay)
         worker = start_worker(url, model_url, config)
         store = open_store(url)
@@ -177,10 +179,10 @@ def share_error(tmp: Path, delay: float, writers: int, window: float) -> dict[st
 
 
 def limit_overrun(tmp: Path, delay: float, writers: int, cap: int = 10,
-                  workers: int = 3) -> dict[str, Any]:
+                  workers: int = 3, server: str | None = None) -> dict[str, Any]:
     """tenant_limit_overrun: ``max_in_flight = cap`` across ``workers`` processes."""
     config = _config(tmp, f"[tenants.capped]\nmax_in_flight = {cap}\n")
-    with scratch_database("fair_limit") as url:
+    with scratch_database("fair_limit", server) as url:
         model_proc, model_url = start_model_server(delay)
         procs = [start_worker(url, model_url, config) for _ in range(workers)]
         store = open_store(url)
@@ -219,13 +221,14 @@ def _in_flight(model_url: str) -> int:
 
 
 def main(wide: int = 2000, delay: float = 0.2, window: float = 30.0,
-         share_writers: int = 3000, limit_writers: int = 200) -> dict[str, Any]:
+         share_writers: int = 3000, limit_writers: int = 200,
+         server: str | None = None) -> dict[str, Any]:
     """Run the three measurements; print them."""
     figures: dict[str, Any] = {"fair_model_delay_seconds": delay}
     with tempfile.TemporaryDirectory(prefix="orgchart-fair-") as tmp:
-        figures.update(small_tree_ratio(Path(tmp), delay, wide))
-        figures.update(share_error(Path(tmp), delay, share_writers, window))
-        figures.update(limit_overrun(Path(tmp), delay, limit_writers))
+        figures.update(small_tree_ratio(Path(tmp), delay, wide, server))
+        figures.update(share_error(Path(tmp), delay, share_writers, window, server))
+        figures.update(limit_overrun(Path(tmp), delay, limit_writers, server=server))
     return report("fairness", figures)
 
 

@@ -24,6 +24,7 @@ from bench import (
     claim_latency,
     control,
     drain,
+    fairness,
     fanin,
     fork,
     ha,
@@ -41,7 +42,7 @@ from bench.common import RESULTS_DIR, machine, server_url
 
 ORDER = ("reference", "drain", "pgqueuer", "pickup", "fanin", "claim_latency", "tree_read",
          "scrape", "worker_memory", "makespan", "fork", "charge", "transport", "ha", "control",
-         "tools")
+         "tools", "fairness")
 
 FULL: dict[str, dict[str, Any]] = {
     "reference": {"n": 20_000, "threads": 4},
@@ -60,6 +61,8 @@ FULL: dict[str, dict[str, Any]] = {
     "ha": {},
     "control": {"leads": 30, "writers": 30, "delay": 1.0, "answers": 20, "in_flight": 300},
     "tools": {"samples": 200, "rounds": 5, "crash": True},
+    "fairness": {"wide": 2000, "delay": 0.2, "window": 30.0, "share_writers": 3000,
+                 "limit_writers": 200},
 }
 
 QUICK: dict[str, dict[str, Any]] = {
@@ -79,6 +82,8 @@ QUICK: dict[str, dict[str, Any]] = {
     "ha": {"quick": True},
     "control": {"leads": 2, "writers": 5, "delay": 0.5, "answers": 2, "in_flight": 5},
     "tools": {"samples": 3, "rounds": 2, "crash": False},
+    "fairness": {"wide": 90, "delay": 0.05, "window": 3.0, "share_writers": 90,
+                 "limit_writers": 20},
 }
 
 MAINS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -98,6 +103,7 @@ MAINS: dict[str, Callable[..., dict[str, Any]]] = {
     "ha": ha.main,
     "control": control.main,
     "tools": tools.main,
+    "fairness": fairness.main,
 }
 
 

@@ -220,3 +220,13 @@ def test_tools(server_url: str) -> None:
     _numbers(figures, "tool_round_overhead_ms_p50", "tool_round_overhead_ms_p90",
              "model_call_ms_p50", "loop_ms_p50")
     assert figures["rounds_per_sample"] == 2
+
+
+def test_fairness(server_url: str) -> None:
+    from bench import fairness
+
+    figures = fairness.main(wide=90, delay=0.05, window=3.0, share_writers=90,
+                            limit_writers=20, server=server_url)
+    _numbers(figures, "fair_small_tree_ratio", "fair_share_error", "tenant_limit_overrun")
+    assert figures["tenant_limit_tree_status"] == "done"
+    assert figures["tenant_limit_peak_running"] <= 10
