@@ -588,7 +588,8 @@ WHERE EXISTS (
 -- task_charge_running_many --
 -- Charge a batch of model calls (one JSON array) in one statement: each task's row gets
 -- the sum of its calls, guarded by its lease token; a call whose lease is gone changes
--- nothing and is not recorded. Returns the input positions that were recorded.
+-- nothing and is not recorded (unless its task was cancelled: see below). Returns the
+-- input positions that were recorded, with their task's parent and status.
 -- Budget rule 5, as task_charge_running (runtime/budget.py).
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(CAST(:batch AS jsonb))
@@ -617,8 +618,12 @@ WITH input AS (
         model = p.model,
         updated_at = now()
     FROM per_task p
-    WHERE t.id = p.id AND t.lease_token = p.token
-    RETURNING t.id, t.root_id, p.token
+    WHERE t.id = p.id AND (t.lease_token = p.token
+                           -- A cancelled task's calls answered before its worker stopped
+                           -- are still recorded: the money was spent. None of its calls
+                           -- starts after the cancel (the model-call gate).
+                           OR t.status = 'cancelled')
+    RETURNING t.id, t.root_id, p.token, t.parent_id, t.status
 ), calls AS (
     INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model,
                              prompt, response, prompt_tokens, completion_tokens,
@@ -632,7 +637,8 @@ WITH input AS (
     FROM input i JOIN me ON me.id = i.id AND me.token = i.token
     ORDER BY i.n
 )
-SELECT i.n FROM input i JOIN me ON me.id = i.id AND me.token = i.token;
+SELECT i.n, me.id, me.parent_id, me.status
+FROM input i JOIN me ON me.id = i.id AND me.token = i.token;
 
 -- model_call_spend_by_root --
 -- The live spend of one tree, summed from its model calls (index on root_id): what the

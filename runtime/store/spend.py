@@ -33,6 +33,10 @@ from runtime.store.rows import ModelCharge, StepBegin, StepEnd, StepRecord, dump
 log = logging.getLogger(__name__)
 
 
+#: How many levels a late charge of a cancelled task is rolled up at most (a tree's depth).
+MAX_ROLL_UP_LEVELS = 100
+
+
 class StoreSpend(StoreReads):
     """Charging model calls (one at a time or batched) and reading a tree's live spend."""
 
@@ -92,8 +96,12 @@ class StoreSpend(StoreReads):
         ]
         try:
             with self.transaction() as conn:
-                done = {r.n for r in conn.execute(_TEXT["task_charge_running_many"],
-                                                  {"batch": dumps_fast(batch)})}
+                rows = conn.execute(_TEXT["task_charge_running_many"],
+                                    {"batch": dumps_fast(batch)}).all()
+                done = {r.n for r in rows}
+                late = sorted({r.id for r in rows if r.status == "cancelled" and r.parent_id})
+                if late:
+                    self._roll_up_late(conn, late)
         except sa.exc.DataError:
             if len(charges) == 1:
                 raise
@@ -102,6 +110,31 @@ class StoreSpend(StoreReads):
             if n not in done:
                 log.warning("late charge ignored: lease gone", extra={"task_id": str(c.task_id)})
         return [n in done for n in range(len(charges))]
+
+    @staticmethod
+    def _roll_up_late(conn: Connection, ids: list[uuid.UUID]) -> None:
+        """Roll a late charge of cancelled tasks up through their finished ancestors.
+
+        A cancelled task's spend was rolled up when it was cancelled; a call answered
+        before its worker stopped may be charged after. Its difference goes to its parent,
+        and on up while the parent is finished too (a cancelled subtree), each level's
+        parents locked (children first, as everywhere) in the charge's transaction.
+        """
+        level = ids
+        for _ in range(MAX_ROLL_UP_LEVELS):
+            rolled = conn.execute(_TEXT["task_roll_up_children"], {"ids": level}).all()
+            if not rolled:
+                return
+            tokens: dict[uuid.UUID, int] = {}
+            usd: dict[uuid.UUID, Decimal] = {}
+            for r in rolled:
+                tokens[r.parent_id] = tokens.get(r.parent_id, 0) + int(r.tokens)
+                usd[r.parent_id] = usd.get(r.parent_id, Decimal(0)) + Decimal(r.usd)
+            level = sorted(tokens)
+            conn.execute(_TEXT["task_lock_parents"], {"ids": level})
+            conn.execute(_TEXT["task_add_children_spend"],
+                         {"ids": level, "tokens": [tokens[i] for i in level],
+                          "usd": [usd[i] for i in level]})
 
     def live_spend(self, root_id: uuid.UUID) -> tuple[int, Decimal, int]:
         """``(tokens, usd, calls)`` a tree has spent so far, running tasks included."""

@@ -110,10 +110,26 @@ def test_cancel_rolls_spend_up_through_every_level(store: Store) -> None:
     assert store.get(root)["spent_usd"] == Decimal("2.0")
 
 
-def test_a_late_charge_after_cancel_is_refused(store: Store) -> None:
+def test_a_call_answered_before_the_cancel_is_charged_after_it_and_rolled_up(
+        store: Store) -> None:
     root, _, _ = _grow(store)
     row = store.claim(["echo"], 1, "w", 30)[0]
     store.cancel(root)
+    # The reply came back before the worker stopped; its charge lands after the cancel.
+    assert store.charge_many([_charge(row, "0.5")]) == [True]
+    assert store.get(row.id)["spent_usd"] == Decimal("0.5")
+    # ... and reaches every (cancelled) ancestor, up to the root.
+    assert store.get(root)["spent_usd"] == Decimal("0.5")
+    assert len(store.model_calls(row.id)) == 1
+    # Every other fenced write of that worker is still refused.
+    late = store.finish_running([RunOutcome(row.id, row.lease, "judging", result={})], "w")
+    assert late.applied == []
+
+
+def test_a_late_charge_of_a_task_that_was_not_cancelled_is_refused(store: Store) -> None:
+    submit(store)
+    row = store.claim(["echo"], 1, "w", 30)[0]
+    store.finish_running([RunOutcome(row.id, row.lease, "failed", error="x")], "w")
     assert store.charge_many([_charge(row)]) == [False]
 
 
