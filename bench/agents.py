@@ -140,6 +140,55 @@ class FairRoot(Agent):
         return Result({"writers": len(children), "text": reply.text})
 
 
+# ---------------------------------------------------------------------- makespan, sync
+class SyncMakespanPlanner(Agent):
+    """:class:`MakespanPlanner` as a plain ``def`` agent (``bench.sync_agents``)."""
+
+    name = "mks_planner"
+    input_model = StampInput
+    output_model = AnyResult
+    delegates_to = ("mks_lead",)
+
+    def run(self, ctx: AgentContext, task: TaskView) -> Delegate:
+        leads = int(task.payload.get("leads", 30))
+        writers = int(task.payload.get("writers", 30))
+        return Delegate([ChildSpec("mks_lead", {"goal": f"lead {i}", "writers": writers},
+                                   key=f"lead-{i}") for i in range(leads)])
+
+    def aggregate(self, ctx: AgentContext, task: TaskView, children: list[ChildView]) -> Result:
+        reply = ctx.llm.complete(f"sum up {len(children)} leads", max_tokens=8)
+        return Result({"leads": len(children), "text": reply.text})
+
+
+class SyncMakespanLead(Agent):
+    """:class:`MakespanLead` as a plain ``def`` agent."""
+
+    name = "mks_lead"
+    input_model = StampInput
+    output_model = AnyResult
+    delegates_to = ("mks_writer",)
+
+    def run(self, ctx: AgentContext, task: TaskView) -> Delegate:
+        return Delegate([ChildSpec("mks_writer", {"goal": f"{task.payload['goal']} part {i}"},
+                                   key=f"w-{i}")
+                         for i in range(int(task.payload.get("writers", 30)))])
+
+    def aggregate(self, ctx: AgentContext, task: TaskView, children: list[ChildView]) -> Result:
+        return Result({"writers": len(children)})
+
+
+class SyncMakespanWriter(Agent):
+    """:class:`MakespanWriter` as a plain ``def`` agent: one blocking ``ctx.llm.complete``."""
+
+    name = "mks_writer"
+    input_model = StampInput
+    output_model = AnyResult
+
+    def run(self, ctx: AgentContext, task: TaskView) -> Result:
+        reply = ctx.llm.complete(f"write {task.payload['goal']}", max_tokens=8)
+        return Result({"text": reply.text})
+
+
 # ---------------------------------------------------------------------- control
 class BenchAsker(Agent):
     """Asks a person one question (``bench.control``'s answer_to_parent_ms); returns the answer."""

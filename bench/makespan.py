@@ -112,8 +112,12 @@ def start_model_server(delay: float) -> tuple[subprocess.Popen[str], str]:
     return proc, f"http://127.0.0.1:{line.split()[1]}"
 
 
-def start_worker(url: str, model_url: str) -> tuple[subprocess.Popen[str], list[str]]:
-    """Start one ``orgchart worker`` on the makespan agents; wait until it serves."""
+def start_worker(url: str, model_url: str,
+                 prefix: str = "mk") -> tuple[subprocess.Popen[str], list[str]]:
+    """Start one ``orgchart worker`` on the makespan agents; wait until it serves.
+
+    ``prefix``: ``mk`` for the ``async def`` agents, ``mks`` for the plain ``def`` ones.
+    """
     env = worker_env(url)
     env.update({"ORGCHART_LLM__BACKEND": "ollama", "ORGCHART_OLLAMA__URL": model_url})
     # Both routes: a deep queue routes calls to the cloud model (routing.pending_threshold).
@@ -121,7 +125,8 @@ def start_worker(url: str, model_url: str) -> tuple[subprocess.Popen[str], list[
     env["ORGCHART_OLLAMA__CLOUD_MAX_PARALLEL"] = "2000"
     proc = subprocess.Popen(
         [sys.executable, "-c", WORKER_BOOT, "worker", "--agents",
-         "mk_planner,mk_lead,mk_writer,judge", "--agents-module", "bench.agents"],
+         f"{prefix}_planner,{prefix}_lead,{prefix}_writer,judge",
+         "--agents-module", "bench.agents"],
         env=env, cwd=str(REPO_ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
     lines: list[str] = []
@@ -143,28 +148,34 @@ def start_worker(url: str, model_url: str) -> tuple[subprocess.Popen[str], list[
 
 
 def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
-            server: str | None = None, simulate: bool = False) -> dict[str, Any]:
-    """Run the tree once; return the figures (``simulate``: agents sleep, no model)."""
+            server: str | None = None, simulate: bool = False,
+            prefix: str = "mk") -> dict[str, Any]:
+    """Run the tree once; return the figures (``simulate``: agents sleep, no model).
+
+    ``prefix``: the agents (``mk``: async, ``mks``: sync; see :func:`start_worker`).
+    """
     expected = 1 + leads + leads * writers
     with scratch_database("makespan", server) as url:
         model_proc, model_url = start_model_server(delay)
-        worker, log_lines = start_worker(url, model_url)
+        worker, log_lines = start_worker(url, model_url, prefix)
         store = open_store(url)
         try:
             idle_kb = _vm_kb(worker.pid, "VmRSS") or 0
             cpu_before = proc_cpu_seconds(worker.pid)
             _get(model_url + "/stats/reset")
             root, _ = store.submit(NewTask(
-                to_agent="mk_planner", type="task",
+                to_agent=f"{prefix}_planner", type="task",
                 payload={"goal": "makespan", "leads": leads, "writers": writers,
                          "simulate": delay if simulate else None},
                 budget_tokens=10_000_000, budget_usd=Decimal(1000)))
             started = time.monotonic()
             peak_kb = idle_kb
+            idle_threads = peak_threads = _vm_kb(worker.pid, "Threads") or 0
             status = "pending"
             while time.monotonic() - started < 600:
                 status = store.get(root["id"])["status"]
                 peak_kb = max(peak_kb, _vm_kb(worker.pid, "VmRSS") or 0)
+                peak_threads = max(peak_threads, _vm_kb(worker.pid, "Threads") or 0)
                 if status in TERMINAL:
                     break
                 time.sleep(0.02)
@@ -211,6 +222,8 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
         "makespan_idle_rss_mb": round(idle_kb / 1024, 1),
         "makespan_peak_rss_mb": round(peak_kb / 1024, 1),
         "rss_per_task_in_flight_kb": round((peak_kb - idle_kb) / peak, 1) if peak else None,
+        "makespan_idle_threads": idle_threads,
+        "makespan_peak_threads": peak_threads,
         "makespan_timeline_seconds": timeline,
     }
 

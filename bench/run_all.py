@@ -33,6 +33,7 @@ from bench import (
     pickup,
     reference,
     scrape,
+    sync_agents,
     tools,
     transport,
     tree_read,
@@ -41,8 +42,8 @@ from bench import (
 from bench.common import RESULTS_DIR, machine, server_url
 
 ORDER = ("reference", "drain", "pgqueuer", "pickup", "fanin", "claim_latency", "tree_read",
-         "scrape", "worker_memory", "makespan", "fork", "charge", "transport", "ha", "control",
-         "tools", "fairness")
+         "scrape", "worker_memory", "makespan", "sync_agents", "fork", "charge", "transport",
+         "ha", "control", "tools", "fairness")
 
 FULL: dict[str, dict[str, Any]] = {
     "reference": {"n": 20_000, "threads": 4},
@@ -55,6 +56,7 @@ FULL: dict[str, dict[str, Any]] = {
     "scrape": {"finished": 1_000_000, "repeats": 9},
     "worker_memory": {"n": 20_000},
     "makespan": {"leads": 30, "writers": 30, "delay": 1.0, "wide_leads": 40},
+    "sync_agents": {"leads": 30, "writers": 30, "delay": 1.0, "rounds": 2},
     "fork": {"leads": 30, "writers": 30, "delay": 1.0},
     "charge": {"leaves": 1000, "threads": 64, "charges": 10_000},
     "transport": {"calls": 900, "seq": 300, "rounds": 2, "delay": 0.5},
@@ -76,6 +78,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "scrape": {"finished": 2_000, "repeats": 2},
     "worker_memory": {"n": 200},
     "makespan": {"leads": 2, "writers": 3, "delay": 0.1, "wide_leads": 3},
+    "sync_agents": {"leads": 2, "writers": 3, "delay": 0.1, "rounds": 1},
     "fork": {"leads": 2, "writers": 3, "delay": 0.1},
     "charge": {"leaves": 20, "threads": 4, "charges": 40, "calls_per_leaf": 2},
     "transport": {"calls": 20, "seq": 10, "rounds": 1, "delay": 0.05},
@@ -97,6 +100,7 @@ MAINS: dict[str, Callable[..., dict[str, Any]]] = {
     "scrape": scrape.main,
     "worker_memory": worker_memory.main,
     "makespan": makespan.main,
+    "sync_agents": sync_agents.main,
     "fork": fork.main,
     "charge": charge.main,
     "transport": transport.main,
@@ -173,7 +177,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "claim_ms_1m_finished", "tree_ms_10k", "scrape_ms_1m_finished",
                 "worker_peak_rss_mb",
                 "makespan_vs_critical_path", "peak_calls_in_flight",
-                "rss_per_task_in_flight_kb", "charge_p99_ms", "charge_loop_p99_ms",
+                "rss_per_task_in_flight_kb", "sync_vs_async_makespan", "charge_p99_ms",
+                "charge_loop_p99_ms",
                 "charge_direct_p99_ms", "transport_lean_burst_cpu_ms_per_call",
                 "transport_httpx_burst_cpu_ms_per_call"):
         if key in result:

@@ -8,6 +8,10 @@ running worker (:meth:`CallLoop.attach`), or, when none is, to a loop the model 
 starts in a daemon thread, stopped by :meth:`CallLoop.close`. So in a worker every call
 runs on one loop, and the semaphores of :meth:`CallLoop.slot` (one set per loop) bound
 all the calls in flight per (server, route) of the process.
+
+A thread that waits in :meth:`CallLoop.run` is *parked*: it holds no slot and runs no
+Python until the reply comes. A thread pool can count its parked threads (and start
+others in their place) by installing :func:`set_park_hooks` in its threads.
 """
 
 from __future__ import annotations
@@ -18,12 +22,24 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+_parking = threading.local()
+
+
+def set_park_hooks(park: Callable[[], None] | None, unpark: Callable[[], None] | None) -> None:
+    """Call ``park()`` before, ``unpark()`` after, this thread waits on a model call.
+
+    For the current thread only (a pool installs them in each of its threads); ``None``
+    removes them.
+    """
+    _parking.hooks = (park, unpark) if park is not None and unpark is not None else None
+
 
 #: A waiting call older than this is served first, whatever its share (nothing starves).
 DEFAULT_MAX_WAIT_SECONDS = 300.0
@@ -237,7 +253,16 @@ class CallLoop:
             coro.close()
             raise RuntimeError("complete() was called on the model loop's own thread; "
                                "await acomplete() there instead")
-        return asyncio.run_coroutine_threadsafe(coro, target).result()
+        future = asyncio.run_coroutine_threadsafe(coro, target)
+        hooks = getattr(_parking, "hooks", None)
+        if hooks is None:
+            return future.result()
+        park, unpark = hooks
+        park()  # this thread waits for the loop now: its pool may start another
+        try:
+            return future.result()
+        finally:
+            unpark()
 
     def slot(self, host: str, model: str, limit: int) -> FairSlots:
         """The fair slots bounding calls in flight to a route's server (running loop).

@@ -1,9 +1,13 @@
-"""The thread side of a worker: sync agents and the judge stage run in a bounded set of threads.
+"""The thread side of a worker: sync agents and the judge stage run in an elastic set of threads.
 
-A sync ``run``/``aggregate`` and the judge block; they run in ``sync_threads`` threads
+A sync ``run``/``aggregate`` and the judge block; they run in threads
 (:class:`~runtime.engine.threads.ThreadRunner`: results come back to the loop one wake-up
-per batch). An async agent's blocking steps (the children's read) run there too, off the
-loop.
+per batch). ``sync_threads`` threads are free to run Python at any time: a thread whose
+agent waits on a model call (``ctx.llm.complete`` hands the call to the worker's loop and
+*parks* the thread) is replaced by a new one, and leaves the pool when its task ends, so
+the pool grows with the calls in flight, up to ``max_threads`` (the worker's
+``max_in_flight`` plus ``sync_threads``). An async agent's blocking steps (the
+children's read) run there too, off the loop.
 
 Before :meth:`SyncAgentRunner.start` (and after :meth:`SyncAgentRunner.shutdown`) the
 runner is *inline*: every call runs in the calling thread. That is how the step API
@@ -48,14 +52,26 @@ class SyncAgentRunner:
 
     Args:
         executor: turns a claimed task into its action.
-        threads: how many sync agents (or judges) run at once.
+        threads: how many sync agents (or judges) run Python at once (not counting
+            those parked on a model call).
+        max_threads: the most threads, parked included (``threads`` or fewer: a fixed pool).
+        on_park: called (from the parking thread) when an agent parks on a model call.
 
     """
 
-    def __init__(self, executor: Executor, threads: int) -> None:
+    def __init__(self, executor: Executor, threads: int, max_threads: int | None = None,
+                 on_park: Callable[[], None] | None = None) -> None:
         self.executor = executor
         self.threads = threads
+        self.max_threads = max_threads or threads
+        self.on_park = on_park
         self._runner: ThreadRunner | None = None
+
+    @property
+    def parked(self) -> int:
+        """Agents (or judges) waiting on a model call right now."""
+        runner = self._runner
+        return runner.parked if runner is not None else 0
 
     def execute(self, item: InFlight) -> Action:
         """Run the agent or the judge for one held task, in this thread (blocking)."""
@@ -77,7 +93,8 @@ class SyncAgentRunner:
     def start(self) -> None:
         """Start the threads (all at once: one started mid-burst would block the loop)."""
         if self._runner is None:
-            self._runner = ThreadRunner(self.threads, "agent")
+            self._runner = ThreadRunner(self.threads, "agent", self.max_threads,
+                                        on_park=self.on_park)
 
     def shutdown(self) -> None:
         """Stop the threads without waiting; calls not yet started are dropped."""

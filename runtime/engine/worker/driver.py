@@ -67,7 +67,9 @@ class Worker:
         self.wake = Wake()
         health = DbHealth(self.stats)
         self.steps = Steps(store, config, self.stats)
-        self.agents = SyncAgentRunner(executor, config.threads)
+        # Parked sync agents free room to claim: the claim loop hears of it.
+        self.agents = SyncAgentRunner(executor, config.threads,
+                                      config.max_in_flight + config.threads, self.wake)
         self.leases = LeaseKeeper(store, self.held, config.lease_seconds, health)
         self.scheduler = Scheduler(self.steps, self.agents, config, self.held, self.wake,
                                    health, self._stopping, self.stop)
@@ -170,8 +172,9 @@ class Worker:
         if attach is not None:
             attach(loop)
         self.wake.bind(loop, woken=self._stopping.is_set())
-        # All threads start now: a thread started on demand in the middle of a burst blocks
-        # the loop until it runs (a few ms each, waiting for the GIL).
+        # The first threads start now: a thread started on demand in the middle of a burst
+        # blocks the thread that starts it until it runs (a few ms, waiting for the GIL),
+        # so more are started only by a thread parking on a model call, never by the loop.
         self.agents.start()
         self.leases.start()
         if self.listener is not None:

@@ -99,14 +99,17 @@ class Scheduler:
         """Most tasks this process holds at once.
 
         ``max_in_flight``; when every agent served is a sync one, also no more than
-        :data:`SYNC_PREFETCH` per sync thread: sync work runs at most ``threads`` at once,
-        and the extra tasks wait in memory, not a claim round trip away, when a thread
-        frees (the claim of the next batch overlaps the work of this one).
+        :data:`SYNC_PREFETCH` per sync thread, parked ones included (an agent parked on
+        a model call has its thread replaced): sync work runs at most ``threads`` at once
+        besides those parked, and the extra tasks wait in memory, not a claim round trip
+        away, when a thread frees (the claim of the next batch overlaps the work of this
+        one). So a sync worker whose agents wait on models holds as many tasks as the
+        calls in flight allow, and one whose agents never park holds few.
         """
         cfg = self.config
         if self.async_agents:
             return cfg.max_in_flight
-        return min(cfg.max_in_flight, cfg.threads * SYNC_PREFETCH)
+        return min(cfg.max_in_flight, (cfg.threads + self.agents.parked) * SYNC_PREFETCH)
 
     def room(self) -> int:
         """How many more tasks this process may claim now (by the model slots, once used)."""
