@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -114,6 +115,7 @@ def demo(leads: int, writers: int, workers: int) -> int:
             proc.kill()
             proc.wait(10)
         formation.close()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def main() -> None:
