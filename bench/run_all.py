@@ -63,7 +63,7 @@ FULL: dict[str, dict[str, Any]] = {
     "ha": {},
     "control": {"leads": 30, "writers": 30, "delay": 1.0, "answers": 20, "in_flight": 300},
     "tools": {"samples": 200, "rounds": 5, "crash": True},
-    "fairness": {"wide": 2000, "delay": 0.2, "window": 30.0, "share_writers": 3000,
+    "fairness": {"wide": 2000, "delay": 0.2, "window": 30.0, "share_writers": 2025,
                  "limit_writers": 200},
 }
 

@@ -1,0 +1,88 @@
+"""Chaos: a tenant's max_in_flight across real worker processes, one of them SIGKILLed.
+
+Two ``orgchart worker`` processes (2-second leases) serve a capped tenant's sleeping echo
+tasks. A sampler counts the tenant's running tasks with live leases every 20 ms. One worker
+is SIGKILLed while it holds some: its tasks count until their leases expire, then stop
+counting (the count comes from leases, not from a counter that could leak), so the
+survivor runs the tenant at its full limit again, and every task finishes once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from runtime.store.rows import NewTask
+from runtime.store.store import Store
+from tests.chaos.helpers import Fleet, cli_env, held_by, status_counts, wait_until
+from tests.factories import terminal_event_counts
+
+CAP = 3
+TASKS = 15
+LEASE_SECONDS = 2
+
+
+@pytest.fixture
+def env(orgchart_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    config = tmp_path / "tenants.toml"
+    config.write_text(f"[tenants.capped]\nmax_in_flight = {CAP}\n")
+    return cli_env(orgchart_env, ORGCHART_CONFIG=str(config))
+
+
+@pytest.fixture
+def fleet(env: dict[str, str], tmp_path: Path) -> Iterator[Fleet]:
+    with Fleet(env, tmp_path / "workers",
+               ["--agents-module", "tests.support_agents", "--agents", "echo,judge",
+                "--lease-seconds", str(LEASE_SECONDS)]) as f:
+        yield f
+
+
+def _running(store: Store) -> list[str]:
+    with store.engine.connect() as conn:
+        return [r[0] for r in conn.execute(sa.text(
+            "SELECT lease_owner FROM tasks WHERE tenant = 'capped' AND status = 'running' "
+            "AND lease_expires_at > now()"))]
+
+
+def test_a_sigkilled_worker_never_leaves_the_tenants_count_high(
+        fleet: Fleet, store: Store) -> None:
+    for i in range(TASKS):
+        store.submit(NewTask("echo", "task", {"goal": f"capped {i}", "sleep": 1.5},
+                             tenant="capped"))
+    samples: list[list[str]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            samples.append(_running(store))
+            done.wait(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        workers = [fleet.start(), fleet.start()]
+        victim = wait_until(lambda: next((w for w in workers if any(
+            t["status"] == "running" for t in held_by(store, w.pid))), None),
+            60, "a worker to hold a running capped task")
+        fleet.sigkill(victim)
+        killed_at = len(samples)
+        survivor = next(w for w in workers if w is not victim)
+        try:
+            wait_until(lambda: status_counts(store).get("done", 0) == TASKS, 90,
+                       "every task to finish")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {dict(status_counts(store))}, leases "
+                                 f"{_running(store)}\n{survivor.log()}") from None
+    finally:
+        done.set()
+        sampler.join(5)
+    assert max(len(s) for s in samples) <= CAP, max(samples, key=len)
+    # After the victim's leases expired, the survivor alone ran the tenant at its limit.
+    later = samples[killed_at:]
+    assert any(len(s) == CAP and all(f":{survivor.pid}:" in o for o in s) for s in later), \
+        [len(s) for s in later]
+    assert {t: n for t, n in terminal_event_counts(store).items() if n != 1} == {}
