@@ -112,7 +112,7 @@ def test_the_worker_claims_no_more_than_one_round_of_model_slots_ahead() -> None
 
     from runtime.engine.worker.scheduler import Scheduler
 
-    def room(slots: int, waiting: int, held: int) -> int:
+    def room(slots: int, waiting: int, held: int, announced: bool = False) -> int:
         calls = SimpleNamespace(pressure=lambda loop: (slots, waiting))
         sched = Scheduler.__new__(Scheduler)
         sched.config = SimpleNamespace(max_in_flight=1000)  # type: ignore[assignment]
@@ -121,7 +121,7 @@ def test_the_worker_claims_no_more_than_one_round_of_model_slots_ahead() -> None
         sched.executor = SimpleNamespace(llm_factory=SimpleNamespace(calls=calls))  # type: ignore[assignment]
 
         async def ask() -> int:
-            return sched.room()
+            return sched.room(announced)
 
         return asyncio.run(ask())
 
@@ -129,3 +129,5 @@ def test_the_worker_claims_no_more_than_one_round_of_model_slots_ahead() -> None
     assert room(8, 0, 10) == 16  # one more round of 8 slots, besides the calls running
     assert room(8, 12, 30) == 4
     assert room(8, 40, 60) == 0  # a deep queue at the slots: claim nothing more
+    assert room(8, 40, 60, announced=True) == 4  # new work: a round more, 8 rounds in all
+    assert room(8, 40, 30, announced=True) == 8

@@ -118,7 +118,7 @@ class Worker:
             return
         if payload == JUDGE:
             self.steps.judging_may_wait.set()
-        self.wake()
+        self.wake.announce()
 
     # ------------------------------------------------------------------ the step API
     def claim_batch(self, capacity: int) -> list[InFlight]:

@@ -111,20 +111,21 @@ class Scheduler:
             return cfg.max_in_flight
         return min(cfg.max_in_flight, (cfg.threads + self.agents.parked) * SYNC_PREFETCH)
 
-    def room(self) -> int:
+    def room(self, announced: bool = False) -> int:
         """How many more tasks this process may claim now (by the model slots, once used)."""
-        room = self.limit - len(self.held)
-        slots, waiting = self._model_pressure()
-        return min(room, max(0, 2 * slots - waiting)) if slots else room
+        # One round of slots ahead of the calls running; a round more when new work was
+        # announced (it comes first in fair order), at most 8 rounds held (operations.md).
+        room, (slots, waiting) = self.limit - len(self.held), self._model_pressure()
+        if not slots:
+            return room
+        free = max(2 * slots - waiting, min(slots, 8 * slots - len(self.held)) if announced else 0)
+        return min(room, max(0, free))
 
     def _model_pressure(self) -> tuple[int, int]:
         """``(slots, waiting)`` of the model calls on this loop (``(0, 0)``: none made)."""
         calls = getattr(getattr(self.executor, "llm_factory", None), "calls", None)
         pressure = getattr(calls, "pressure", None)
-        if pressure is None:
-            return 0, 0
-        slots, waiting = pressure(asyncio.get_running_loop())
-        return int(slots), int(waiting)
+        return pressure(asyncio.get_running_loop()) if pressure is not None else (0, 0)
 
     def _claim_size(self, room: int) -> int:
         """The most one round of claims asks for: several batches at once with room."""
@@ -173,13 +174,12 @@ class Scheduler:
         backoff = 0.1
         polled = False  # the last wait ended at the poll interval, not on a wake-up
         while not self._must_stop(started):
-            room = self.room()
+            room = self.room(self.wake.take_announced())
             # Claim when enough room is free (or nothing is held): fewer, larger claims.
             # A smaller room is filled at the next poll, so it never stays empty while
             # work waits (a gap left by tasks that ended one by one, say).
             items: list[InFlight] = []
-            # Sized by the model slots (room()), a claim goes as soon as one is free.
-            need = 1 if self._model_pressure()[0] else threshold
+            need = 1 if self._model_pressure()[0] else threshold  # room(): by model slots
             if room > 0 and (room >= need or not self.held or polled):
                 try:
                     items = await self._claim(room)

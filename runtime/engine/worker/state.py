@@ -117,6 +117,7 @@ class Wake:
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event: asyncio.Event | None = None
+        self._announced = False  # new work announced since the claim loop last looked
 
     def bind(self, loop: asyncio.AbstractEventLoop, woken: bool = False) -> None:
         """Start waking ``loop`` (call on it); ``woken``: the first sleep returns at once."""
@@ -135,6 +136,16 @@ class Wake:
         if loop is not None and event is not None:
             with contextlib.suppress(RuntimeError):  # the loop already closed
                 loop.call_soon_threadsafe(event.set)
+
+    def announce(self) -> None:
+        """New work was announced (a notification): wake the loop, and say so."""
+        self._announced = True
+        self()
+
+    def take_announced(self) -> bool:
+        """Whether new work was announced since the last call (and forget it)."""
+        announced, self._announced = self._announced, False
+        return announced
 
     async def sleep(self, seconds: float) -> bool:
         """Wait for a wake-up or ``seconds``; True when woken."""
