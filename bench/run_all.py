@@ -85,7 +85,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "ha": {"quick": True},
     "control": {"leads": 2, "writers": 5, "delay": 0.5, "answers": 2, "in_flight": 5},
     "tools": {"samples": 3, "rounds": 2, "crash": False},
-    "fairness": {"wide": 90, "delay": 0.05, "window": 3.0, "share_writers": 90,
+    "fairness": {"wide": 90, "delay": 0.05, "window": 3.0, "share_writers": 900,
                  "limit_writers": 20},
 }
 

@@ -225,7 +225,7 @@ def test_tools(server_url: str) -> None:
 def test_fairness(server_url: str) -> None:
     from bench import fairness
 
-    figures = fairness.main(wide=90, delay=0.05, window=3.0, share_writers=90,
+    figures = fairness.main(wide=90, delay=0.05, window=3.0, share_writers=900,
                             limit_writers=20, server=server_url)
     _numbers(figures, "fair_small_tree_ratio", "fair_share_error", "tenant_limit_overrun")
     assert figures["tenant_limit_tree_status"] == "done"
