@@ -15,7 +15,8 @@ delegates ``writers`` writers (one model call each) and aggregates with one call
   same worker before the wide tree (``..._ratio_first``: the first one's). Goal <= 1.5.
 - ``fair_share_error``: tenants ``heavy`` (weight 3) and ``light`` (weight 1), each a
   tree of ``share_writers`` equal calls submitted together; over ``window`` seconds after
-  a warm-up of 5 s (``window`` if shorter), each tenant's share of the tokens of the calls made, against 75/25;
+  a warm-up of 5 s (``window`` if shorter), each tenant's share of the tokens of the
+  calls made, against 75/25;
   the figure is the larger distance in percentage points. Goal <= 5.
 - ``tenant_limit_overrun``: ``[tenants.capped] max_in_flight = 10``, 3 worker processes,
   one tree of ``limit_writers`` writers of that tenant; every 50 ms, the tenant's running
