@@ -98,8 +98,8 @@ def stop(proc: subprocess.Popen[str]) -> None:
 #: the command's own time, without the interpreter's start (seconds on a loaded machine).
 READY_CLI = ("import sys, time; from runtime.cli.app import app; print('ready', flush=True); "
              "args = sys.stdin.readline().split(); t = time.time(); "
-             "app(args=args, standalone_mode=False); "
-             "print('returned', t, time.time(), flush=True)")
+             "code = app(args=args, standalone_mode=False); "
+             "print('returned', t, time.time(), code or 0, flush=True)")
 
 
 class Command:
@@ -120,8 +120,11 @@ class Command:
         self.proc.stdin.flush()
         for line in self.proc.stdout:
             if line.startswith("returned"):
-                _, started, returned = line.split()
+                _, started, returned, code = line.split()
                 self.proc.wait(30)
+                if code != "0":
+                    raise RuntimeError(f"orgchart {' '.join(args)} exited {code}: "
+                                       + (self.proc.stderr.read() if self.proc.stderr else ""))
                 return float(started), float(returned)
         raise RuntimeError("the command failed: " + (self.proc.stderr.read()
                                                      if self.proc.stderr else ""))

@@ -1548,9 +1548,13 @@ WITH RECURSIVE sub AS (
         lease_owner = NULL,
         lease_token = NULL,
         lease_expires_at = NULL,
+        -- The run's time so far, for a task cancelled while running (COALESCE: a row
+        -- claimed while the cancel waited for it can pair an old claimed_at with the new
+        -- status in this statement's join; never write a NULL duration).
         duration_seconds = t.duration_seconds
-            + CASE WHEN l.status = 'running'
-                   THEN extract(epoch FROM clock_timestamp() - t.claimed_at) ELSE 0 END,
+            + COALESCE(CASE WHEN t.status = 'running'
+                            THEN extract(epoch FROM clock_timestamp() - t.claimed_at)
+                            END, 0),
         completed_at = now(),
         updated_at = now()
     FROM locked l

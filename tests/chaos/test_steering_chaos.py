@@ -100,16 +100,19 @@ def test_a_pause_survives_a_server_restart(
     worker = fleet.start()
     wait_until(lambda: len(held_by(store, worker.pid)) >= 12, 120, "leaves in flight")
     run_cli(chaos_env, "pause", str(root["id"]))
+    paused_at = _scalar(store, "SELECT clock_timestamp()")
     time.sleep(1.0)  # calls already sent finish and are recorded
     calls = _scalar(store, "SELECT count(*) FROM model_calls")
-    pending = _scalar(store, "SELECT count(*) FROM tasks WHERE status = 'pending'")
     server_ctl.restart(1.0)
     time.sleep(6.0)  # the leaves wake from their nap: their model calls wait at the gate
     assert worker.alive(), worker.log()
     assert store.pause_of(root["id"]) is not None
     assert _scalar(store, "SELECT count(*) FROM model_calls") == calls
-    assert _scalar(store, "SELECT count(*) FROM tasks WHERE status = 'pending'") == pending
-    assert _scalar(store, "SELECT count(*) FROM tasks WHERE status = 'running'") > 0
+    # Nothing was claimed while paused (a call that met the restart may have gone back to
+    # pending as a transient error: it stays there, unclaimed).
+    assert _scalar(store, "SELECT count(*) FROM task_events WHERE to_status = 'running' "
+                          "AND at > :t", t=paused_at) == 0, worker.log()
+    assert _scalar(store, "SELECT count(*) FROM tasks WHERE status IN ('running', 'pending')") > 0
     run_cli(chaos_env, "resume", str(root["id"]))
     wait_until(lambda: store.get(root["id"])["status"] in ("done", "failed", "escalated"),
                120, "the resumed tree's end")
