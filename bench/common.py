@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -262,3 +263,24 @@ def report(name: str, figures: dict[str, Any]) -> dict[str, Any]:
             text = "\n    " + value.replace("\n", "\n    ")
         print(f"  {key}: {text}", flush=True)
     return figures
+
+
+def wait_serving(proc: subprocess.Popen[str], lines: list[str], timeout: float) -> None:
+    """Read ``proc``'s stderr into ``lines`` (in a thread) until it says "serving".
+
+    Raises RuntimeError with its last lines (after killing it) if it does not within
+    ``timeout`` seconds.
+    """
+    ready = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if "serving" in line:
+                ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not ready.wait(timeout):
+        proc.kill()
+        raise RuntimeError("the worker did not start:\n" + "".join(lines[-20:]))

@@ -32,7 +32,6 @@ import json
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 import uuid
@@ -41,7 +40,15 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bench.common import REPO_ROOT, open_store, percentile, report, scratch_database, worker_env
+from bench.common import (
+    REPO_ROOT,
+    open_store,
+    percentile,
+    report,
+    scratch_database,
+    wait_serving,
+    worker_env,
+)
 from bench.makespan import WORKER_BOOT, start_model_server
 from runtime.store.rows import NewTask
 from runtime.store.store import Store
@@ -66,20 +73,8 @@ def start_worker(url: str, model_url: str, agents: str) -> subprocess.Popen[str]
                              "--agents-module", "bench.agents"],
                             env=env, cwd=str(REPO_ROOT), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    ready = threading.Event()
     lines: list[str] = []
-
-    def read() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            lines.append(line)
-            if "serving" in line:
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(60):
-        proc.kill()
-        raise RuntimeError("the worker did not start:\n" + "".join(lines[-20:]))
+    wait_serving(proc, lines, 60)
     time.sleep(1.0)
     return proc
 

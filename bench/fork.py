@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from decimal import Decimal
@@ -32,7 +31,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bench.common import REPO_ROOT, open_store, report, scratch_database, worker_env
+from bench.common import REPO_ROOT, open_store, report, scratch_database, wait_serving, worker_env
 from bench.makespan import WORKER_BOOT, start_model_server
 from runtime.config import load_settings
 from runtime.forks import fork
@@ -65,19 +64,7 @@ def _start_worker(url: str, model_url: str) -> tuple[subprocess.Popen[str], list
                              *modules], env=env, cwd=str(REPO_ROOT),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            lines.append(line)
-            if "serving" in line:
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(60):
-        proc.kill()
-        raise RuntimeError("the worker did not start:\n" + "".join(lines[-20:]))
+    wait_serving(proc, lines, 60)
     time.sleep(1.0)  # its LISTEN connection and first poll
     return proc, lines
 

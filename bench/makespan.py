@@ -29,7 +29,6 @@ import argparse
 import json
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from decimal import Decimal
@@ -44,6 +43,7 @@ from bench.common import (
     proc_cpu_seconds,
     report,
     scratch_database,
+    wait_serving,
     worker_env,
 )
 from runtime.store.rows import NewTask
@@ -130,19 +130,7 @@ def start_worker(url: str, model_url: str,
         env=env, cwd=str(REPO_ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
     lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            lines.append(line)
-            if "serving" in line:
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(60):
-        proc.kill()
-        raise RuntimeError("the worker did not start:\n" + "".join(lines[-20:]))
+    wait_serving(proc, lines, 60)
     time.sleep(1.0)  # its LISTEN connection and first poll
     return proc, lines
 
