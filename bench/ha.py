@@ -3,8 +3,9 @@
     sudo .venv/bin/python -m bench.ha
 
 Runs the ``tests/ha`` suite (a pg_auto_failover formation: a monitor and two PostgreSQL
-15 nodes with synchronous replication; worker hosts in network namespaces), which writes
-what it measured to ``bench/results/ha-tests.json``, and prints those figures:
+15 nodes with synchronous replication; worker hosts in network namespaces) with
+``ORGCHART_HA_FIGURES`` set, so that it writes what it measured to
+``bench/results/ha-tests.json``, and prints those figures:
 
 - ``ha_failover_recovery_seconds``: from SIGKILLing the primary (its ``pg_autoctl`` tree
   and postmaster) to the first task completed on the new primary, with 3 workers on the
@@ -24,6 +25,7 @@ machine is shared: the seconds vary with its load.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +48,8 @@ def main(server: str | None = None, quick: bool = False) -> dict[str, Any]:
     else:
         RESULTS.unlink(missing_ok=True)
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               "tests/ha"], cwd=REPO, check=False)
+                               "tests/ha"], cwd=REPO, check=False,
+                              env={**os.environ, "ORGCHART_HA_FIGURES": str(RESULTS)})
         measured = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
         figures = {"ha_tests_passed": done.returncode == 0,
                    "ha_monitor_settings_ms": measured.get("monitor_settings_ms")}

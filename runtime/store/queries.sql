@@ -1100,6 +1100,21 @@ concat('{"id":"', n.id, '","root_id":"', n.root_id,
        ',"agent_version":', COALESCE(to_json(n.agent_version)::text, 'null'),
        ',"prompt_hashes":', COALESCE(n.prompt_hashes::text, 'null'), '}')
 
+-- fragment_subtree_ids --
+-- The ids of the subtree under :under in tree :root_id, at most :depth levels below it
+-- (``rel``: levels below :under), as the CTE ``sub``.
+WITH RECURSIVE sub AS (
+    SELECT id, 0 AS rel FROM tasks
+    WHERE id = CAST(:under AS uuid) AND root_id = :root_id
+    UNION ALL
+    SELECT c.id, s.rel + 1 FROM sub s JOIN tasks c ON c.parent_id = s.id
+    WHERE s.rel < COALESCE(CAST(:depth AS integer), 2147483647)
+)
+
+-- fragment_node_totals --
+-- The columns a tree read sums its totals from, after each node's JSON.
+n.status, n.own_tokens, n.own_usd, n.duration_seconds
+
 -- task_tree_nodes --
 -- A whole tree (at most :depth levels below the root) as JSON text built in the database,
 -- one row per node, with the columns its totals are summed from; only the nodes of part
@@ -1108,23 +1123,17 @@ concat('{"id":"', n.id, '","root_id":"', n.root_id,
 -- caller sorts the narrow keys (an ORDER BY here would sort the wide JSON text).
 SELECT n.id::text, n.parent_id::text, n.depth, n.created_at,
        {fragment_task_node_json} AS node,
-       n.status, n.own_tokens, n.own_usd, n.duration_seconds
+       {fragment_node_totals}
 FROM tasks n
 WHERE n.root_id = :root_id AND n.depth <= COALESCE(CAST(:depth AS integer), 2147483647)
   AND get_byte(uuid_send(n.id), 15) % :parts = :part;
 
 -- task_subtree_nodes --
 -- The subtree under :under (at most :depth levels below it) in task_tree_nodes' columns.
-WITH RECURSIVE sub AS (
-    SELECT id, 0 AS rel FROM tasks
-    WHERE id = CAST(:under AS uuid) AND root_id = :root_id
-    UNION ALL
-    SELECT c.id, s.rel + 1 FROM sub s JOIN tasks c ON c.parent_id = s.id
-    WHERE s.rel < COALESCE(CAST(:depth AS integer), 2147483647)
-)
+{fragment_subtree_ids}
 SELECT n.id::text, n.parent_id::text, n.depth, n.created_at,
        {fragment_task_node_json} AS node,
-       n.status, n.own_tokens, n.own_usd, n.duration_seconds
+       {fragment_node_totals}
 FROM tasks n JOIN sub USING (id)
 WHERE n.root_id = :root_id;  -- every task of the subtree is in the tree: root_id's index
 
@@ -1158,23 +1167,17 @@ concat('{"id":"', n.id, '","parent_id":', COALESCE('"' || n.parent_id || '"', 'n
 -- and columns, without the nodes' payloads and results.
 SELECT n.id::text, n.parent_id::text, n.depth, n.created_at,
        {fragment_task_summary_json} AS node,
-       n.status, n.own_tokens, n.own_usd, n.duration_seconds
+       {fragment_node_totals}
 FROM tasks n
 WHERE n.root_id = :root_id AND n.depth <= COALESCE(CAST(:depth AS integer), 2147483647)
   AND get_byte(uuid_send(n.id), 15) % :parts = :part;
 
 -- task_subtree_summary_nodes --
 -- task_subtree_nodes in the summary shape (fragment_task_summary_json).
-WITH RECURSIVE sub AS (
-    SELECT id, 0 AS rel FROM tasks
-    WHERE id = CAST(:under AS uuid) AND root_id = :root_id
-    UNION ALL
-    SELECT c.id, s.rel + 1 FROM sub s JOIN tasks c ON c.parent_id = s.id
-    WHERE s.rel < COALESCE(CAST(:depth AS integer), 2147483647)
-)
+{fragment_subtree_ids}
 SELECT n.id::text, n.parent_id::text, n.depth, n.created_at,
        {fragment_task_summary_json} AS node,
-       n.status, n.own_tokens, n.own_usd, n.duration_seconds
+       {fragment_node_totals}
 FROM tasks n JOIN sub USING (id)
 WHERE n.root_id = :root_id;
 

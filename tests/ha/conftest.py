@@ -4,15 +4,17 @@ The formation (a monitor and two PostgreSQL 15 nodes, synchronous replication, l
 ports; :class:`bench.ha_cluster.Formation`) takes about 10 to 100 s to form, so the
 session starts it once; each test gets a database of its own on whatever node is the
 primary. Every test here is marked ``ha`` and skips, saying why, where a formation cannot
-run (not root, no ``pg_autoctl``). Figures the tests measure go to
-``bench/results/ha-tests.json`` at the end of the session (``python -m bench.ha`` runs
-this suite and prints them).
+run (not root, no ``pg_autoctl``). Figures the tests measure go, at the end of the
+session, to the file ``ORGCHART_HA_FIGURES`` names: ``python -m bench.ha`` runs this suite
+with it set to ``bench/results/ha-tests.json`` and prints them; a plain test run writes a
+scratch file in the temporary directory, so it never rewrites the tracked results.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,7 +27,9 @@ import pytest
 from bench.ha_cluster import MONITOR_SETTINGS, Formation, free_ports, unavailable
 from runtime.store import db
 
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "ha-tests.json"
+#: Where the figures go: ``ORGCHART_HA_FIGURES`` (``bench.ha`` sets it), else a scratch file.
+RESULTS = Path(os.environ.get("ORGCHART_HA_FIGURES")
+               or Path(tempfile.gettempdir()) / "orgchart-ha-figures.json")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
