@@ -258,10 +258,11 @@ DEFAULT_TENANT = "default"
 
 
 class TenantSettings(_Section):
-    """``[tenants.<name>]``: one tenant's share (``weight``) and ``max_in_flight`` limit."""
+    """``[tenants.<name>]``: a tenant's share, tasks running at once, and token bucket."""
 
     weight: float = Field(1.0, gt=0, le=1000)
     max_in_flight: int | None = Field(None, ge=1, le=1_000_000)
+    tokens_per_minute: int | None = Field(None, gt=0, le=10**12)
 
 
 class SchedulerSettings(_Section):
@@ -356,6 +357,10 @@ class Settings(_Section):
         """The weight of ``tenant`` (1 when it has no ``[tenants.<name>]`` table)."""
         entry = self.tenants.get(tenant)
         return entry.weight if entry is not None else 1.0
+
+    def tenant_token_rates(self) -> dict[str, int]:
+        """``{tenant: tokens_per_minute}`` of the tenants that set one (docs/operations.md)."""
+        return {n: t.tokens_per_minute for n, t in self.tenants.items() if t.tokens_per_minute}
 
 
 def _split_list(value: Any) -> Any:

@@ -41,6 +41,10 @@ class StoreLedger:
             return await self.writer.acharge(charge)
         return await asyncio.to_thread(self.store.charge, charge)
 
+    def take_tokens(self, tenant: str, need: float, rate: float, refund: float) -> float:
+        """A tenant's token bucket: 0 when ``need`` was taken, else the seconds to wait."""
+        return self.store.take_tenant_tokens(tenant, need, rate, refund)
+
     def recorded_call(self, task_id: uuid.UUID, phase: str, position: str,
                       request_hashes: Sequence[str],
                       counterpart: uuid.UUID | None = None) -> RecordedCall | None:

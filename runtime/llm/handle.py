@@ -17,17 +17,15 @@ waits):
 4. reserves the request in the task's budget (:class:`runtime.budget.TaskBudget`: the
    estimated prompt tokens plus ``max_tokens``, shrunk to what is left, or
    :class:`~runtime.errors.BudgetExceeded`) and settles it with the server's counts after;
-5. sends it, ``[ollama] max_parallel`` at once per server, waiting calls served in fair
-   order (:class:`runtime.llm.loop.FairSlots`), once the start gate (:mod:`~runtime.llm.gate`)
-   lets its task call; transient failures are retried (``[llm] call_retries``, jittered
-   backoff, ``Retry-After``); a bad structured reply is asked again with its error
-   appended (``[llm] output_retries``);
+5. sends it once its tenant's token bucket has its tokens (``tokens_per_minute``), at most
+   ``[ollama] max_parallel`` at once per server, waiting calls served in fair order
+   (:class:`runtime.llm.loop.FairSlots`), once the start gate (:mod:`~runtime.llm.gate`)
+   lets its task call; transient failures and bad structured replies are asked again;
 6. records every attempt as a ``model_calls`` row (its error, its tokens, its kind:
    ``call``, ``retry`` or ``repair``) and charges it through the ledger
    (:class:`~runtime.llm.ledger.CallLedger`): the task's own spend and the row, nothing
-   above it (spend rolls up to the parent when the task ends).
-
-Cost: ``(prompt + completion tokens) x the per-token price`` (:func:`runtime.budget.call_cost`).
+   above it (spend rolls up to the parent when the task ends). Cost: ``(prompt +
+   completion tokens) x the per-token price`` (:func:`runtime.budget.call_cost`).
 """
 
 from __future__ import annotations
@@ -67,7 +65,7 @@ from runtime.llm.calls import (
 )
 from runtime.llm.gate import CallGate
 from runtime.llm.ledger import CallLedger, RecordedCall, RecordReader
-from runtime.llm.loop import CallLoop, Ticket
+from runtime.llm.loop import CallLoop, StopCheck, Ticket, TokenMeter, stop_check
 from runtime.llm.reply import (
     NOT_RECORDED,
     Backend,
@@ -103,8 +101,8 @@ class LLMFactory:
     Args:
         settings: the configuration.
         ledger: the database side (:class:`~runtime.llm.ledger.CallLedger`).
-        backend: a backend to use instead of the one ``[llm] backend`` names.
-        announcement: the sentence to announce with ``backend``.
+        backend / announcement: a backend to use instead of the one ``[llm] backend``
+            names, and the sentence to announce with it.
 
     Attributes:
         backend: the backend every task shares.
@@ -124,6 +122,8 @@ class LLMFactory:
         self.announcement = announcement or f"using the {backend.name} backend"
         self.calls = CallLoop()
         self.calls.max_wait_seconds = settings.scheduler.max_wait_seconds
+        self.calls.meter = TokenMeter(settings.tenant_token_rates(),  # tokens_per_minute
+                                      getattr(ledger, "take_tokens", None), self.in_ledger)
         #: The start gate of every request: cancelled tasks and paused trees (gate.py).
         self.gate = CallGate(getattr(ledger, "gate_calls", None), self.in_ledger)
         self.records = RecordReader(ledger, self.in_ledger)  # durable calls' look-ups
@@ -173,15 +173,16 @@ class LLMFactory:
         """Return the model handle for one leased task (``ctx.llm``)."""
         return TaskLLM(self, task_row, lease_token, lease_lost)
 
-    def slot(self, route: Route, fair: tuple[str, Any, int], held: Reservation) -> Ticket:
-        """A call's turn at its route's server slots (``fair``: tenant, tree, priority)."""
+    def slot(self, route: Route, fair: tuple[str, Any, int], held: Reservation,
+             stopped: StopCheck | None = None) -> Ticket:
+        """A call's turn at its server's slots (``fair``: tenant, tree, priority; ``stopped``)."""
         host_for = getattr(self.backend, "host_for", None)
         host = host_for(route.route) if host_for is not None else self.backend.name
         o, (tenant, tree, priority) = self.settings.ollama, fair
         limit = o.cloud_max_parallel if route.route == "cloud" else o.max_parallel
         return self.calls.slot(host, route.model, limit).ticket(
             tenant, tree, priority, self.settings.tenant_weight(tenant),
-            held.prompt_tokens + held.completion_tokens)
+            held.prompt_tokens + held.completion_tokens, stopped)
 
     async def aclose(self) -> None:
         """Release the backend's connections made on the running loop."""
@@ -190,10 +191,7 @@ class LLMFactory:
             await aclose()
 
     def close(self) -> None:
-        """Release the backend's connections and stop the factory's own loop.
-
-        A worker that attached its loop awaits :meth:`detach` before the loop ends.
-        """
+        """Release the backend's connections, stop the factory's own loop (see detach)."""
         aclose = getattr(self.backend, "aclose", None)
         self.calls.close(aclose() if aclose is not None else None)
         close = getattr(self.backend, "close", None)
@@ -214,6 +212,7 @@ class TaskLLM:
         self._lease_token = lease_token
         self._lease_lost = lease_lost
         self.task_id: uuid.UUID = task_row["id"]
+        self._stop = stop_check(self.task_id, lease_lost, factory.gate.is_stopped)
         self._fair = (task_row.get("tenant") or "default", task_row.get("root_id"),
                       int(task_row.get("priority") or 5))
         self.phase = ("judge" if task_row.get("status") == "judging"
@@ -424,7 +423,7 @@ class TaskLLM:
         charged_tokens, charged_usd = 0, Decimal(0)
         try:
             try:
-                ticket = self._factory.slot(route, self._fair, held)
+                ticket = self._factory.slot(route, self._fair, held, self._stop)
                 reply = await self._factory.gate.send(  # cancelled? paused? (gate.py)
                     self.task_id, ticket,
                     lambda: self._backend.achat(route.model, conversation, json_schema,
@@ -432,6 +431,7 @@ class TaskLLM:
                                                 think=think,
                                                 **({"tools": call.tools} if call.tools
                                                    else {})))
+                ticket.settle(reply.prompt_tokens + reply.completion_tokens)  # its spend
                 data = validated(reply, model_cls)
             except Exception as exc:
                 spent = exc.reply if isinstance(exc, BadModelReply) else None
@@ -439,7 +439,6 @@ class TaskLLM:
                     exc, spent, call, kind, time.monotonic() - started)
                 raise
             tokens = reply.prompt_tokens + reply.completion_tokens
-            ticket.settle(tokens)  # the tree's and tenant's share: what it spent
             cost = call_cost(tokens, price)
             await self._charge(self._rows.row(call, kind, reply, reply.prompt_tokens,
                                          reply.completion_tokens, reply.duration_seconds,

@@ -368,6 +368,17 @@ class TreeClock(Base):
     clock: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False)
 
 
+class TenantBucket(Base):
+    """A tenant's token bucket (migration 0010; ``[tenants.<name>] tokens_per_minute``)."""
+
+    __tablename__ = "tenant_buckets"
+
+    tenant: Mapped[str] = mapped_column(Text, primary_key=True)
+    tokens: Mapped[float] = mapped_column(Double, nullable=False)
+    refilled_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, server_default=text("now()"),
+                                                     nullable=False)
+
+
 class TreePause(Base):
     """A paused tree (migration 0006): its tasks are not claimed and start no model call.
 

@@ -1817,3 +1817,38 @@ GROUP BY task_id;
 SELECT id, status, to_agent, fork, created_at, completed_at
 FROM tasks WHERE forked_from = :root_id AND parent_id IS NULL
 ORDER BY created_at;
+
+-- tenant_bucket_take --
+-- Take :need tokens from a tenant's bucket ([tenants.<name>] tokens_per_minute = :rate),
+-- after adding :refund (what settled calls reserved and did not spend; negative when they
+-- spent more). The bucket is refilled first, lazily: the time since refilled_at times
+-- :rate / 60, never above :rate (one minute's worth: a dead worker's reservation that was
+-- never settled is simply spent, and nothing piles up while nobody calls). Nothing is
+-- taken when the refilled bucket holds fewer than :need (the caller waits, then asks
+-- again). The row is locked first (FOR UPDATE re-reads it after a wait): two workers'
+-- takes queue on it and the second refills from the first's result. statement_timestamp()
+-- and GREATEST keep a take that waited from refilling twice. Returns nothing when the
+-- tenant has no bucket yet (tenant_bucket_create, then again).
+WITH old AS (
+    SELECT tenant,
+           LEAST(CAST(:rate AS float8),
+                 tokens + CAST(:rate AS float8) / 60.0
+                          * GREATEST(0, extract(epoch FROM statement_timestamp() - refilled_at))
+                 + CAST(:refund AS float8)) AS avail
+    FROM tenant_buckets
+    WHERE tenant = :tenant
+    FOR UPDATE
+)
+UPDATE tenant_buckets b
+SET tokens = o.avail - CASE WHEN o.avail >= CAST(:need AS float8)
+                            THEN CAST(:need AS float8) ELSE 0 END,
+    refilled_at = GREATEST(b.refilled_at, statement_timestamp())
+FROM old o
+WHERE b.tenant = o.tenant
+RETURNING o.avail >= CAST(:need AS float8) AS taken, o.avail;
+
+-- tenant_bucket_create --
+-- A tenant's first bucket, full (one minute's worth); a concurrent creation wins, quietly.
+INSERT INTO tenant_buckets (tenant, tokens, refilled_at)
+VALUES (:tenant, CAST(:rate AS float8), statement_timestamp())
+ON CONFLICT (tenant) DO NOTHING;

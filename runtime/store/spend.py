@@ -142,6 +142,25 @@ class StoreSpend(StoreReads):
             row = conn.execute(_TEXT["model_call_spend_by_root"], {"root_id": root_id}).one()
         return int(row.tokens), Decimal(row.usd), int(row.calls)
 
+    def take_tenant_tokens(self, tenant: str, need: float, rate: float,
+                           refund: float = 0.0) -> float:
+        """Take ``need`` tokens from ``tenant``'s bucket (``rate`` tokens a minute).
+
+        ``refund`` (what settled calls reserved and did not spend) is added first, whether
+        or not the tokens are taken. Returns 0 when they were taken, otherwise the seconds
+        the bucket's refill needs to cover them (nothing taken: ask again then).
+        One statement (two more the first time a tenant's bucket is used).
+        """
+        params = {"tenant": tenant, "need": need, "rate": rate, "refund": refund}
+        with self.transaction() as conn:
+            row = conn.execute(_TEXT["tenant_bucket_take"], params).first()
+            if row is None:
+                conn.execute(_TEXT["tenant_bucket_create"], params)
+                row = conn.execute(_TEXT["tenant_bucket_take"], params).one()
+        if row.taken or need <= 0:  # a refund alone never waits
+            return 0.0
+        return max(0.0, (need - float(row.avail)) * 60.0 / rate)
+
 
 class StoreSteps(StoreReads):
     """Recording durable steps (begin, finish) and reading them back."""

@@ -1,15 +1,24 @@
-"""Chaos: a tenant's max_in_flight across real worker processes, one of them SIGKILLed.
+"""Chaos: a tenant's limits across real worker processes, one of them SIGKILLed.
 
-Two ``orgchart worker`` processes (2-second leases) serve a capped tenant's sleeping echo
-tasks. A sampler counts the tenant's running tasks with live leases every 20 ms. One worker
-is SIGKILLed while it holds some: its tasks count until their leases expire, then stop
-counting (the count comes from leases, not from a counter that could leak), so the
-survivor runs the tenant at its full limit again, and every task finishes once.
+``max_in_flight``: two ``orgchart worker`` processes (2-second leases) serve a capped
+tenant's sleeping echo tasks. A sampler counts the tenant's running tasks with live leases
+every 20 ms. One worker is SIGKILLed while it holds some: its tasks count until their
+leases expire, then stop counting (the count comes from leases, not from a counter that
+could leak), so the survivor runs the tenant at its full limit again, and every task
+finishes once.
+
+``tokens_per_minute``: two workers serve a metered tenant's model-calling leaves and an
+unlimited tenant's; one is SIGKILLed (the reservations it held are never settled). The
+metered tenant's calls (``model_calls`` rows: tokens and times) never pass what its
+bucket gives (one minute's worth, then the rate), the survivor keeps calling as the bucket
+refills, and the unlimited tenant's tasks are not held back.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,3 +95,51 @@ def test_a_sigkilled_worker_never_leaves_the_tenants_count_high(
     assert any(len(s) == CAP and all(f":{survivor.pid}:" in o for o in s) for s in later), \
         [len(s) for s in later]
     assert {t: n for t, n in terminal_event_counts(store).items() if n != 1} == {}
+
+
+RATE = 300  # tokens a minute: about 27 offline calls (11 tokens) at once, then one every 2 s
+METERED = 80
+FREE = 10
+
+
+def test_two_workers_never_take_more_than_the_tenants_bucket_gives(
+        orgchart_env: dict[str, str], tmp_path: Path, store: Store) -> None:
+    config = tmp_path / "buckets.toml"
+    config.write_text(f"[tenants.metered]\ntokens_per_minute = {RATE}\n")
+    env = cli_env(orgchart_env, ORGCHART_CONFIG=str(config))
+    with Fleet(env, tmp_path / "workers",
+               ["--agents-module", "tests.chaos.agents", "--agents", "spender,judge",
+                "--lease-seconds", str(LEASE_SECONDS)]) as fleet:
+        workers = [fleet.start(), fleet.start()]
+        for i in range(METERED):
+            store.submit(NewTask("spender", "task", {"goal": f"metered {i}"},
+                                 tenant="metered"))
+        free = [store.submit(NewTask("spender", "task", {"goal": f"free {i}"}))[0]["id"]
+                for i in range(FREE)]
+        wait_until(lambda: all(store.get(t)["status"] == "done" for t in free), 60,
+                   "the unlimited tenant's tasks to finish")
+        wait_until(lambda: _metered_calls(store), 60, "a metered call")
+        time.sleep(3.0)
+        fleet.sigkill(workers[0])
+        killed = time.time()
+        time.sleep(8.0)
+    calls = _metered_calls(store)
+    assert calls, "no metered call"
+    for (a, _), (b, _) in itertools.combinations_with_replacement(calls, 2):
+        used = sum(tokens for at, tokens in calls if a <= at <= b)
+        # one minute's worth, the refill over the window, and 2 s for the charge's lag
+        allowed = RATE + RATE / 60 * (b - a + 2.0)
+        assert used <= allowed, (b - a, used, allowed)
+    assert sum(t for _, t in calls) >= RATE / 2  # the burst was served
+    assert any(at > killed + 1.0 for at, _ in calls), "the survivor made no metered call"
+    done = sum(store.get(t)["status"] == "done" for t in free)
+    assert done == FREE
+
+
+def _metered_calls(store: Store) -> list[tuple[float, int]]:
+    """The metered tenant's calls: (epoch seconds, tokens), in time order."""
+    with store.engine.connect() as conn:
+        return [(float(r[0]), int(r[1])) for r in conn.execute(sa.text(
+            "SELECT extract(epoch FROM m.created_at), m.prompt_tokens + m.completion_tokens "
+            "FROM model_calls m JOIN tasks t ON t.id = m.task_id "
+            "WHERE t.tenant = 'metered' AND NOT m.replayed ORDER BY m.created_at"))]

@@ -180,6 +180,10 @@ def test_the_example_config_names_every_key_orgchart_config_prints(
     ("[tenants.acme]\nwieght = 3\n", "'tenants.acme.wieght'; did you mean 'weight'?"),
     ("[tenants.acme]\nweight = 0\n", "'tenants.acme.weight'"),
     ("[tenants.acme]\nmax_in_flight = -1\n", "'tenants.acme.max_in_flight'"),
+    ("[tenants.acme]\ntokens_per_minute = 0\n", "'tenants.acme.tokens_per_minute'"),
+    ("[tenants.acme]\ntokens_per_minute = -5\n", "'tenants.acme.tokens_per_minute'"),
+    ('[tenants.acme]\ntokens_per_minute = "fast"\n', "'tenants.acme.tokens_per_minute'"),
+    ("[tenants.acme]\ntokens_per_minut = 5\n", "did you mean 'tokens_per_minute'?"),
     ("[tenants]\nacme = 3\n", "'tenants.acme' must be a table"),
     ('[tenants."a b"]\nweight = 1\n', "bad tenant name 'tenants.a b'"),
     ("[scheduler]\nmax_wait_seconds = 0\n", "'scheduler.max_wait_seconds'"),
@@ -200,3 +204,12 @@ def test_tenant_tables_are_read_with_their_defaults(tmp_path: Path) -> None:
     assert s.tenants["acme"].weight == 3 and s.tenants["acme"].max_in_flight == 10
     assert s.tenants["beta"].max_in_flight is None and s.tenant_weight("beta") == 1.0
     assert s.tenant_weight("nobody") == 1.0
+    assert s.tenant_token_rates() == {}
+
+
+def test_tokens_per_minute_is_read_per_tenant(tmp_path: Path) -> None:
+    cfg = tmp_path / "orgchart.toml"
+    cfg.write_text("[tenants.acme]\ntokens_per_minute = 6000\n[tenants.beta]\nweight = 2\n")
+    s = load_settings(cfg, env={})
+    assert s.tenants["acme"].tokens_per_minute == 6000
+    assert s.tenant_token_rates() == {"acme": 6000}
