@@ -56,6 +56,7 @@ from runtime.errors import (
     TransientModelError,
     UnknownPrice,
 )
+from runtime.llm.calls import defer_replays, held_replays
 from runtime.llm.tool_loop import ToolApprovalNeeded
 from runtime.store.rows import TERMINAL_STATUSES, ChildRow, JudgeOutcome, RunOutcome, TaskRow
 from runtime.store.store import Store
@@ -144,10 +145,12 @@ def _reads_children(started: _Started) -> bool:
 
 
 def _stamped(started: _Started, action: Action) -> Action:
-    """The action with what ran: the agent's version and the prompts it rendered."""
+    """The action with what ran: version, prompts, replayed calls' rows (``HeldReplays``)."""
     if isinstance(action, RunOutcome | DelegateAction) and action.stamp is None:
-        stamp = {"version": started.cls.version, "prompts": dict(started.ctx.prompt_hashes)}
+        stamp = {"version": started.cls.version, "prompts": dict(started.ctx.prompt_hashes),
+                 "replays": held_replays(started.llm, True)}
         return dataclasses.replace(action, stamp=stamp)
+    held_replays(started.llm, False)  # written now: a retry of children cannot carry them
     return action
 
 
@@ -297,7 +300,7 @@ class Executor:
         violation = self.policies.validate_input(view)
         if violation is not None:
             return outcome("escalated", error=str(violation))
-        llm = self.llm_factory.for_task(row, token, lease_lost)
+        llm = defer_replays(self.llm_factory.for_task(row, token, lease_lost))
         _check_tools_with(llm, self.policies, view)
         tools = tuple(cls.tools) + (self.tools_for(cls.name) if self.tools_for else ())
         ctx = AgentContext(llm=llm, task=view, log=agent_logger(cls.name), lease_lost=lease_lost,

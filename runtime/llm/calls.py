@@ -8,13 +8,15 @@ reply's shape.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import random
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -86,6 +88,27 @@ class Completion:
     tool_rounds: int = 0
 
 
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def request_hashes(models: Sequence[str], messages: list[Message],
+                   schema: dict[str, Any] | None, max_tokens: int, think: bool,
+                   tools: list[dict[str, Any]] | None = None) -> dict[str, str]:
+    """:func:`request_hash` of one request for each of ``models``, serialised once.
+
+    The canonical JSON's keys are sorted (``messages``, ``model``, ``options``,
+    ``schema``, ``tools``), so the text around the model is the same for every model:
+    it is built once and each model's hash is the same bytes :func:`request_hash` hashes.
+    """
+    head = '{"messages":' + _canonical(messages) + ',"model":'
+    tail = (',"options":' + _canonical({"num_predict": max_tokens, "think": think})
+            + ',"schema":' + _canonical(schema)
+            + (',"tools":' + _canonical(tools) if tools else "") + "}")
+    return {model: hashlib.sha256((head + _canonical(model) + tail).encode()).hexdigest()
+            for model in models}
+
+
 def request_hash(model: str, messages: list[Message], schema: dict[str, Any] | None,
                  max_tokens: int, think: bool,
                  tools: list[dict[str, Any]] | None = None) -> str:
@@ -98,8 +121,7 @@ def request_hash(model: str, messages: list[Message], schema: dict[str, Any] | N
             "options": {"num_predict": max_tokens, "think": think}}
     if tools:
         body["tools"] = tools
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return hashlib.sha256(_canonical(body).encode()).hexdigest()
 
 
 @dataclass
@@ -148,6 +170,101 @@ class Rows:
             call_try=call.rows, thinking=reply.thinking if kept and reply else None,
             tool_calls=([c.as_json() for c in reply.tool_calls]
                         if reply is not None and reply.tool_calls else None))
+
+    def replayed(self, call: Call, reply: ModelReply) -> ModelCharge:
+        """The zero-cost ``replayed`` row of a call served from the record."""
+        return replace(self.row(call, "call", reply, 0, 0, 0.0, Decimal(0), None),
+                       replayed=True, call_try=0)
+
+
+#: The columns of a replayed call's row carried by the task's finishing write.
+_REPLAY_COLUMNS = ("attempt", "call_index", "backend", "route", "route_reason", "model",
+                   "prompt", "response", "phase", "position", "request_hash", "thinking",
+                   "tool_calls")
+
+
+def replay_record(charge: ModelCharge) -> dict[str, Any]:
+    """A replayed call's row as JSON for the task's finishing write (``stamp["replays"]``).
+
+    ``at`` is when the call was served (the row's ``created_at``: the waterfall places it
+    there, not at the finish). The finishing statement inserts it with ``replayed``,
+    zero tokens and cost, in the transaction that ends the delivery, fenced by its lease.
+    """
+    record = {name: getattr(charge, name) for name in _REPLAY_COLUMNS}
+    record["at"] = dt.datetime.now(dt.UTC).isoformat()
+    return record
+
+
+class HeldReplays:
+    """Replayed calls' rows held for the task's finishing write (the executor's).
+
+    A re-run replays a call per task: a write each, at call time, made a replayed tree
+    slower than a tree of no-op agents. Once :meth:`defer` is called (the executor does,
+    for a run or an aggregate: :func:`defer_replays`), the rows go with the task's
+    outcome instead (:func:`held_replays`), in its transaction: a delivery that dies
+    before its outcome writes none, and the next delivery replays (and records) the
+    calls again. Without :meth:`defer`, each row is written at call time.
+    """
+
+    def __init__(self, ledger: Any, lease_lost: Any) -> None:
+        self._ledger = ledger
+        self._lease_lost = lease_lost
+        self._held: list[ModelCharge] | None = None
+
+    def defer(self) -> None:
+        """From now on, hold the rows (:meth:`hold`) instead of writing them at once."""
+        if self._held is None:
+            self._held = []
+
+    def hold(self, charge: ModelCharge) -> bool:
+        """Hold one row; False when rows are not held (the caller writes it)."""
+        if self._held is None:
+            return False
+        self._held.append(charge)
+        return True
+
+    def take(self) -> list[ModelCharge]:
+        """The rows held so far (no longer held)."""
+        held = self._held or []
+        if self._held is not None:
+            self._held = []
+        return held
+
+    def flush(self) -> None:
+        """Write the held rows now (blocking): for an outcome that cannot carry them.
+
+        Nothing is written once the lease is lost (the rows would be refused).
+        """
+        held = self.take()
+        if not self._lease_lost.is_set():
+            for charge in held:
+                self._ledger.charge(charge)
+
+
+L = TypeVar("L")
+
+
+def defer_replays(llm: L) -> L:
+    """Make a task's model handle hold its replayed rows for its outcome; return it."""
+    held = getattr(llm, "replays", None)
+    if isinstance(held, HeldReplays):
+        held.defer()
+    return llm
+
+
+def held_replays(llm: Any, carried: bool) -> list[dict[str, Any]]:
+    """The replayed rows a task's outcome carries (``stamp["replays"]``).
+
+    ``carried`` False: the outcome cannot carry them (a retry of children, a dropped
+    task); they are written now instead, and none is returned.
+    """
+    held = getattr(llm, "replays", None)
+    if not isinstance(held, HeldReplays):
+        return []
+    if carried:
+        return [replay_record(c) for c in held.take()]
+    held.flush()
+    return []
 
 
 def error_name(exc: BaseException) -> str:

@@ -11,7 +11,7 @@ waits):
    of issue, or ``key=``) and a sha256 of the request (model, messages, schema, options).
    When the record holds a successful reply for that identity (an earlier delivery made
    the call), the reply is returned at once, charged zero, and a row marked ``replayed``
-   is written (``[llm] durable``);
+   is written (``[llm] durable``; with the task's outcome: ``calls.HeldReplays``);
 3. routes the prompt (:func:`runtime.llm.routing.decide_route`) and prices the model
    (``[cost]``); no price -> :class:`~runtime.errors.UnknownPrice`;
 4. reserves the request in the task's budget (:class:`runtime.budget.TaskBudget`: the
@@ -31,7 +31,6 @@ waits):
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import threading
 import time
@@ -52,6 +51,7 @@ from runtime.llm.backends.choice import build_backend
 from runtime.llm.calls import (
     Call,
     Completion,
+    HeldReplays,
     Retries,
     Rows,
     answered,
@@ -60,6 +60,7 @@ from runtime.llm.calls import (
     price_of,
     replay_of,
     request_hash,
+    request_hashes,
     schema_of,
     validated,
 )
@@ -83,7 +84,6 @@ from runtime.llm.tool_loop import ToolRound, round_note, run_with_tools
 from runtime.store.rows import ModelCharge
 
 T = TypeVar("T")
-
 
 log = logging.getLogger(__name__)
 
@@ -244,6 +244,7 @@ class TaskLLM:
         self.tool_check: Callable[[str], str | None] | None = None
         self._rows = Rows(self.task_id, lease_token, self._attempt, self._backend.name,
                           self.phase, self._settings.llm.record)
+        self.replays = HeldReplays(factory.ledger, lease_lost)  # for the outcome's write
 
     # ------------------------------------------------------------------ budget
     def remaining_tokens(self) -> int:
@@ -336,8 +337,7 @@ class TaskLLM:
             # Either route may have answered before: look for a reply to either model.
             models = ((self._model_override,) if self._model_override
                       else (settings.models.local, settings.models.cloud))
-            hashes = {model: request_hash(model, messages, json_schema, asked, think, specs)
-                      for model in models}
+            hashes = request_hashes(models, messages, json_schema, asked, think, specs)
             recorded = await self._factory.records.read(  # batched with other calls' reads
                 self.task_id, self.phase, position, sorted(set(hashes.values())),
                 self._counterpart)
@@ -494,6 +494,6 @@ class TaskLLM:
         if replay is None:
             return None
         call, reply = replay
-        charge = self._rows.row(call, "call", reply, 0, 0, 0.0, Decimal(0), None)
-        await self._charge(dataclasses.replace(charge, replayed=True, call_try=0))
+        if not self.replays.hold(charge := self._rows.replayed(call, reply)):  # write it now
+            await self._charge(charge)
         return answered(call, reply, reply.data, self.offline, replayed=True)

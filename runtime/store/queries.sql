@@ -209,6 +209,10 @@ WITH input AS (
         prompt_hashes = CASE WHEN i.stamp IS NULL THEN t.prompt_hashes
                              ELSE COALESCE(t.prompt_hashes, '{}') || COALESCE(i.stamp->'prompts', '{}')
                         END,
+        -- A task that only replayed calls shows the route and model of its last one.
+        route = COALESCE(t.route, i.stamp->'replays'->-1->>'route'),
+        route_reason = COALESCE(t.route_reason, i.stamp->'replays'->-1->>'route_reason'),
+        model = COALESCE(t.model, i.stamp->'replays'->-1->>'model'),
         lease_owner = NULL,
         lease_token = NULL,
         lease_expires_at = NULL,
@@ -224,7 +228,25 @@ WITH input AS (
         updated_at = now()
     FROM input i
     WHERE t.id = i.id AND t.status = 'running' AND t.lease_token = i.token
-    RETURNING t.id, t.parent_id, t.status, t.to_agent, i.detail, i.verdict IS NOT NULL AS judged
+    RETURNING t.id, t.parent_id, t.status, t.to_agent, i.detail, i.verdict IS NOT NULL AS judged,
+              t.root_id, i.stamp->'replays' AS replays
+), replays AS (
+    -- The calls this delivery served from the record (i.stamp->'replays', zero cost:
+    -- runtime.llm.calls.HeldReplays), written with its outcome and fenced like it: a
+    -- delivery that never ends writes none, and the next one replays them again.
+    INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model,
+                             prompt, response, prompt_tokens, completion_tokens,
+                             duration_seconds, cost_usd, error, phase, position,
+                             request_hash, attempt_kind, call_try, replayed, thinking,
+                             tool_calls, created_at)
+    SELECT u.id, u.root_id, r.attempt, r.call_index, r.backend, r.route, r.model, r.prompt,
+           r.response, 0, 0, 0, 0, NULL, r.phase, r.position, r.request_hash, 'call', 0,
+           true, r.thinking, r.tool_calls, COALESCE(r.at, now())
+    FROM upd u
+    CROSS JOIN LATERAL jsonb_to_recordset(u.replays) AS r(
+             attempt int, call_index int, backend text, route text, model text, prompt text,
+             response text, phase text, position text, request_hash text, thinking text,
+             tool_calls jsonb, at timestamptz)
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, from_status, to_status, :worker, detail
@@ -385,6 +407,9 @@ WITH input AS (
         prompt_hashes = CASE WHEN i.stamp IS NULL THEN t.prompt_hashes
                              ELSE COALESCE(t.prompt_hashes, '{}') || COALESCE(i.stamp->'prompts', '{}')
                         END,
+        route = COALESCE(t.route, i.stamp->'replays'->-1->>'route'),
+        route_reason = COALESCE(t.route_reason, i.stamp->'replays'->-1->>'route_reason'),
+        model = COALESCE(t.model, i.stamp->'replays'->-1->>'model'),
         updated_at = now()
     FROM input i JOIN locked l ON l.id = i.id
     WHERE t.id = i.id AND t.status = 'running' AND t.lease_token = i.token
@@ -394,7 +419,24 @@ WITH input AS (
               CASE WHEN CAST(:approve_above_usd AS numeric) IS NULL THEN 0
                    ELSE (SELECT COALESCE(sum(m.cost_usd), 0) FROM model_calls m
                          WHERE m.root_id = t.root_id) END AS tree_spend,
-              t.forked_from, t.model_override, t.tenant
+              t.forked_from, t.model_override, t.tenant, i.stamp->'replays' AS replays
+), replays AS (
+    -- The calls this delivery served from the record (i.stamp->'replays', zero cost:
+    -- runtime.llm.calls.HeldReplays), written with its outcome and fenced like it: a
+    -- delivery that never ends writes none, and the next one replays them again.
+    INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model,
+                             prompt, response, prompt_tokens, completion_tokens,
+                             duration_seconds, cost_usd, error, phase, position,
+                             request_hash, attempt_kind, call_try, replayed, thinking,
+                             tool_calls, created_at)
+    SELECT u.id, u.root_id, r.attempt, r.call_index, r.backend, r.route, r.model, r.prompt,
+           r.response, 0, 0, 0, 0, NULL, r.phase, r.position, r.request_hash, 'call', 0,
+           true, r.thinking, r.tool_calls, COALESCE(r.at, now())
+    FROM parent u
+    CROSS JOIN LATERAL jsonb_to_recordset(u.replays) AS r(
+             attempt int, call_index int, backend text, route text, model text, prompt text,
+             response text, phase text, position text, request_hash text, thinking text,
+             tool_calls jsonb, at timestamptz)
 ), spans AS (
     -- Fair time (runtime.config.SchedulerSettings): each tree's tasks are one step apart
     -- (:fair_quantum over its tenant's weight); ``before``: the tree's children listed by
