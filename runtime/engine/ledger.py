@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from runtime.engine.charges import ChargeWriter
+from runtime.engine.step_writer import AsyncStepWriter
 from runtime.llm.ledger import RecordedCall, RecordLookup
 from runtime.store.rows import ModelCharge, StepBegin, StepEnd, StepRecord
 from runtime.store.store import Store
@@ -24,6 +25,9 @@ class StoreLedger:
     def __init__(self, store: Store, writer: ChargeWriter | None = None) -> None:
         self.store = store
         self.writer = writer
+        #: Steps' writes from coroutines: the loop's own async connections (no thread hop).
+        self.step_writer = AsyncStepWriter(
+            store.engine.url.render_as_string(hide_password=False))
 
     def pending_depth(self) -> int:
         """How many tasks are pending (the model layer caches it for routing)."""
@@ -84,6 +88,18 @@ class StoreLedger:
     def step_finish(self, end: StepEnd) -> bool:
         """Record a step's result or error (fenced); False when the lease is gone."""
         return self.store.step_finish(end)
+
+    async def astep_begin(self, begin: StepBegin) -> StepRecord | None:
+        """:meth:`step_begin` from a coroutine, on the running loop's own connection."""
+        return await self.step_writer.begin(begin)
+
+    async def astep_finish(self, end: StepEnd) -> bool:
+        """:meth:`step_finish` from a coroutine, on the running loop's own connection."""
+        return await self.step_writer.finish(end)
+
+    async def aclose(self) -> None:
+        """Close the running loop's step connections (before the loop ends)."""
+        await self.step_writer.aclose()
 
     def tool_call_approved(self, task_id: uuid.UUID, detail: str) -> bool:
         """Whether a person approved the tool call the task was held for."""

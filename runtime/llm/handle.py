@@ -185,15 +185,15 @@ class LLMFactory:
             held.prompt_tokens + held.completion_tokens, stopped)
 
     async def aclose(self) -> None:
-        """Release the backend's connections made on the running loop."""
-        aclose = getattr(self.backend, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        """Release the backend's (and the ledger's) connections made on the running loop."""
+        for owner in (self.backend, self.ledger):
+            aclose = getattr(owner, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     def close(self) -> None:
         """Release the backend's connections, stop the factory's own loop (see detach)."""
-        aclose = getattr(self.backend, "aclose", None)
-        self.calls.close(aclose() if aclose is not None else None)
+        self.calls.close(self.aclose())
         close = getattr(self.backend, "close", None)
         if close is not None:
             close()

@@ -70,6 +70,9 @@ class StepResult:
         tries: calls of the function in this run (1 + retries; 0 when replayed).
         duration_seconds: how long it ran (0 when replayed).
         step_id: its ``task_steps`` row.
+        recorded: with ``run(..., defer_finish=True)``, the write of its result still in
+            flight (await it: raises :class:`LeaseLost` when it was not recorded); None
+            when the result is already recorded (or was served from the record).
 
     """
 
@@ -82,6 +85,7 @@ class StepResult:
     tries: int
     duration_seconds: float
     step_id: int
+    recorded: asyncio.Future[None] | None = None
 
 
 def args_json(args: Any) -> str:
@@ -199,33 +203,49 @@ class TaskSteps:
     async def run(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
                   kwargs: dict[str, Any], *, position: str, kind: str = "step",
                   tool_call_id: str | None = None, retry: RetryPolicy | None = None,
-                  cost_usd: Decimal = Decimal(0)) -> StepResult:
+                  cost_usd: Decimal = Decimal(0), defer_finish: bool = False) -> StepResult:
         """Run one step at ``position``; its error is returned, not raised.
+
+        With ``defer_finish`` the result is returned as soon as the function returned, and
+        its (fenced, durable) record is written meanwhile: the caller awaits
+        :attr:`StepResult.recorded` before it relies on the record (the tool loop: after
+        the next model call, which the record's round trip overlaps).
 
         Raises only what ends the task's delivery: :class:`LeaseLost`,
         :class:`BudgetExceeded` (no time, or no money for ``cost_usd``).
         """
         begin = self._begin_of(name, args, kwargs, position, kind, tool_call_id)
-        record = self._started(await self._in_ledger(self._ledger.step_begin, begin), begin)
+        record = self._started(await self._write_begin(begin), begin)
         if record.replayed:
             return StepResult(record.result, None, None, True, record.idempotency_key,
                               record.starts, 0, 0.0, record.step_id)
         held = (self.budget.reserve_usd(cost_usd, f"tool {name!r}")
                 if cost_usd and self.budget is not None else None)
-        started, charged = time.monotonic(), Decimal(0)
+        started = time.monotonic()
         try:
             value, error, tries = await self._attempts(name, fn, args, kwargs, record, retry)
-            charged = cost_usd
-            end = self._end_of(record, value, error, tries, time.monotonic() - started,
-                               cost_usd)
-            if not await self._in_ledger(self._ledger.step_finish, end):
-                charged = Decimal(0)
+        except BaseException:
+            if held is not None and self.budget is not None:
+                self.budget.settle(held, 0, Decimal(0))
+            raise
+        end = self._end_of(record, value, error, tries, time.monotonic() - started, cost_usd)
+        finishing = self._finish(name, end, held)
+        recorded = asyncio.ensure_future(finishing) if defer_finish else None
+        if recorded is None:
+            await finishing
+        return StepResult(value, end.error, error, False, record.idempotency_key,
+                          record.starts, tries, end.duration_seconds, record.step_id, recorded)
+
+    async def _finish(self, name: str, end: StepEnd, held: Any) -> None:
+        """Record a step's end (fenced, durable) and settle its cost's reservation."""
+        charged = Decimal(0)
+        try:
+            if not await self._write_finish(end):
                 raise self._lost(name, "its result was not recorded")
+            charged = end.cost_usd
         finally:
             if held is not None and self.budget is not None:
                 self.budget.settle(held, 0, charged)
-        return StepResult(value, end.error, error, False, record.idempotency_key,
-                          record.starts, tries, end.duration_seconds, record.step_id)
 
     async def approved(self, detail: str) -> bool:
         """Whether a person approved the tool call this task was held for (``detail``)."""
@@ -233,6 +253,21 @@ class TaskSteps:
                                           detail))
 
     # ------------------------------------------------------------------ parts
+    async def _write_begin(self, begin: StepBegin) -> StepRecord | None:
+        """The begin write: awaited on this loop when the ledger can, else in a thread."""
+        abegin = getattr(self._ledger, "astep_begin", None)
+        if abegin is not None:
+            record: StepRecord | None = await abegin(begin)
+            return record
+        return await self._in_ledger(self._ledger.step_begin, begin)
+
+    async def _write_finish(self, end: StepEnd) -> bool:
+        """The finish write (durable), as :meth:`_write_begin`."""
+        afinish = getattr(self._ledger, "astep_finish", None)
+        if afinish is not None:
+            return bool(await afinish(end))
+        return bool(await self._in_ledger(self._ledger.step_finish, end))
+
     async def _attempts(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
                         kwargs: dict[str, Any], record: StepRecord,
                         retry: RetryPolicy | None) -> tuple[Any, BaseException | None, int]:

@@ -119,6 +119,8 @@ class ToolLoop:
         self.position = position
         self.allowed = allowed
         self.outcomes: list[ToolOutcome] = []
+        #: The round's step records still being written (awaited after the next ask).
+        self._recording: list[asyncio.Future[None]] = []
 
     def specs(self) -> list[dict[str, Any]]:
         """The tools as the chat request lists them."""
@@ -126,10 +128,31 @@ class ToolLoop:
 
     async def run(self, conversation: list[Message], ask: AskModel,
                   max_rounds: int) -> tuple[Any, int]:
-        """Ask, run the tool calls, ask again; return the final reply and the rounds run."""
+        """Ask, run the tool calls, ask again; return the final reply and the rounds run.
+
+        A round's step records are written while the next model call runs (their round
+        trips overlap it) and awaited when it returns: a record refused by fencing raises
+        :class:`~runtime.errors.LeaseLost` then, before anything else of the round.
+        """
+        try:
+            return await self._rounds(conversation, ask, max_rounds)
+        except BaseException:
+            await asyncio.gather(*self._recording, return_exceptions=True)
+            raise
+
+    async def _recorded(self) -> None:
+        """Wait for the step records in flight; raise the first failure among them."""
+        recording, self._recording = self._recording, []
+        for failure in await asyncio.gather(*recording, return_exceptions=True):
+            if isinstance(failure, BaseException):
+                raise failure
+
+    async def _rounds(self, conversation: list[Message], ask: AskModel,
+                      max_rounds: int) -> tuple[Any, int]:
         repair = False
         for number in range(max_rounds + 1):
             reply = await ask(conversation, number, repair)
+            await self._recorded()
             calls = tuple(reply.tool_calls)
             if not calls:
                 return reply, number
@@ -190,12 +213,14 @@ class ToolLoop:
         if refusal is not None or tool is None:
             step = await self.steps.run(call.name, refused(refusal or ""), (),
                                         {"arguments": call.arguments}, position=call_id,
-                                        kind="tool", tool_call_id=call_id)
+                                        kind="tool", tool_call_id=call_id, defer_finish=True)
         else:
             kwargs = tool.validate(call.arguments)
             step = await self.steps.run(tool.name, tool.fn, (), kwargs, position=call_id,
                                         kind="tool", tool_call_id=call_id, retry=tool.retry,
-                                        cost_usd=tool.cost_usd)
+                                        cost_usd=tool.cost_usd, defer_finish=True)
+        if step.recorded is not None:
+            self._recording.append(step.recorded)
         return _outcome(call, call_id, step)
 
     def _refusal(self, call: ToolCall, tool: Tool | None) -> str | None:

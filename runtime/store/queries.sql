@@ -1470,10 +1470,11 @@ WHERE t.root_id = :root_id;
 -- again: 'starts' counts it. Different arguments at the same place are a new step.
 -- No row returned: the lease is gone.
 -- Run alone (autocommit: one round trip), it commits without waiting for its WAL to
--- reach the disk (set_config(..., true): this transaction only). A later commit that
--- waits flushes it too (WAL is flushed in order); only a database crash in between
--- loses it, with everything the task did after it, and the step then runs again as
--- after a worker's crash (StoreSteps.step_finish says more).
+-- reach the disk (set_config(..., true): this transaction only): the 'started' row is a
+-- marker ("it may have run"), not a result. The step's finish waits for the disk, and
+-- WAL is flushed in order, so a step that ends has both rows durable; only a database
+-- crash within a moment of the begin (the WAL writer flushes it within
+-- 3 x wal_writer_delay) loses the marker of a step whose worker died in it too.
 WITH me AS (
     SELECT id, root_id FROM tasks
     WHERE id = :task_id AND lease_token = :token
@@ -1509,11 +1510,14 @@ SELECT * FROM began UNION ALL SELECT * FROM served;
 -- Record a started step's result ('finished') or error ('failed'), and charge its cost
 -- (a tool's cost_usd) to the task's own spend, fenced by the lease token. No row
 -- returned: the lease is gone (a late worker's result is not recorded, nor charged).
--- Committed without waiting for the disk, as task_step_begin.
+-- Committed durably (the server's synchronous_commit, 'on' by default): the recorded
+-- result is what keeps the side effect from running again, also after a database crash.
+-- Safe to repeat: when this start of the step is already recorded (the first attempt
+-- committed, then its connection broke before the answer), its id is returned again and
+-- nothing is charged twice.
 WITH me AS (
     SELECT id FROM tasks
     WHERE id = :task_id AND lease_token = :token
-      AND set_config('synchronous_commit', 'off', true) IS NOT NULL
     FOR SHARE
 ), done AS (
     UPDATE task_steps s
@@ -1532,7 +1536,11 @@ WITH me AS (
     WHERE t.id = me.id AND CAST(:usd AS numeric) > 0 AND EXISTS (SELECT 1 FROM done)
     RETURNING t.id
 )
-SELECT id FROM done;
+SELECT id FROM done
+UNION ALL
+SELECT s.id FROM task_steps s JOIN me ON s.task_id = me.id
+WHERE s.id = :step_id AND s.starts = :starts AND s.status = :status
+  AND NOT EXISTS (SELECT 1 FROM done);
 
 -- task_tool_call_approved --
 -- Whether a person approved a tool call the task was held for: a hold event

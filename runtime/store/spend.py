@@ -174,7 +174,7 @@ class StoreSteps(StoreReads):
     def step_begin(self, begin: StepBegin) -> StepRecord | None:
         """Record a step as started, or return its finished record; None: the lease is gone.
 
-        Commits without waiting for the disk (see :meth:`step_finish`).
+        The 'started' marker commits without waiting for the disk (see ``queries.sql``).
         """
         with self._autocommit() as conn:
             row = conn.execute(_TEXT["task_step_begin"], {
@@ -196,14 +196,12 @@ class StoreSteps(StoreReads):
     def step_finish(self, end: StepEnd) -> bool:
         """Record a step's result or error (and charge its cost); False: the lease is gone.
 
-        Each step record is one statement in its own transaction (autocommit: one round
-        trip), committed without waiting for its WAL to reach the disk (a flush per
-        commit was most of a tool round's cost). WAL is flushed in order, so the next
-        write of the task that does wait (a model call's charge, the task's outcome)
-        makes the step's record durable too.
-        Only a crash of the database server in between can lose it, and then everything
-        the task did after it is lost with it: the step runs again on the next delivery,
-        as after a worker's crash inside it (its idempotency key is the same).
+        One statement in its own transaction (autocommit: one round trip), committed
+        durably: the recorded result is what keeps the step's side effect from running
+        again, so it must survive a crash of the database server too. (The begin's
+        'started' marker commits without waiting for the disk: this commit flushes it.)
+        Coroutines use :class:`runtime.engine.step_writer.AsyncStepWriter` instead (the
+        same statement, no thread hop).
         """
         with self._autocommit() as conn:
             row = conn.execute(_TEXT["task_step_finish"], {

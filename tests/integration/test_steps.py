@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from agents.context import AgentContext
 from agents.tools import RetryPolicy, TransientStepError, idempotency_key
@@ -195,3 +196,38 @@ def test_step_begin_without_the_lease_writes_nothing(store: Store) -> None:
     begin = StepBegin(row["id"], uuid.uuid4(), "run", "0", "x", "{}", "h", "k", 1)
     assert store.step_begin(begin) is None
     assert store.steps(row["id"]) == []
+
+
+def test_step_writes_survive_a_lost_connection_and_a_repeated_finish_charges_once(
+        store: Store) -> None:
+    from decimal import Decimal
+
+    from runtime.store.rows import StepEnd
+
+    row = new_task(store)
+    ledger = StoreLedger(store)
+    steps = steps_for(store, row)
+    begin = steps._begin_of("send", ("a",), {}, "0")
+
+    async def run() -> tuple[bool, bool]:
+        record = await ledger.astep_begin(begin)
+        assert record is not None
+        # The server ends the writer's connection (a restart, a failover): the next
+        # statement runs again on a new one.
+        pids = [c.info.backend_pid for pool in ledger.step_writer._loops.values()
+                for c, _ in pool.free]
+        assert len(pids) == 1
+        with store.engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pids[0]})
+        end = StepEnd(row["id"], row["lease_token"], record.step_id, record.starts,
+                      {"ok": 1}, None, 1, 0.01, Decimal("0.5"))
+        first = await ledger.astep_finish(end)
+        again = await ledger.astep_finish(end)  # as after an in-doubt commit: no 2nd charge
+        await ledger.aclose()
+        return first, again
+
+    first, again = asyncio.run(run())
+    assert first and again
+    (step,) = store.steps(row["id"])
+    assert (step["status"], step["result"], step["starts"]) == ("finished", {"ok": 1}, 1)
+    assert store.get(row["id"])["own_usd"] == Decimal("0.5")

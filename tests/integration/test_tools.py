@@ -291,3 +291,28 @@ def test_a_worker_runs_a_scouts_tool_loop_and_traces_each_tool_call(
     (row,) = store.timeline_rows(task["id"])
     (segment,) = __import__("json").loads(row["json"])["tools"]
     assert segment[2:] == ["search_trend_notes", "finished"] and segment[0] <= segment[1]
+
+
+def test_a_late_workers_tool_result_is_not_recorded_and_the_loop_stops(
+        store: Store, fake_ollama: FakeOllama) -> None:
+    # A tool round's record is written while the next model call runs: when the lease
+    # was taken away meanwhile, the record is refused (so is the next call, by the start
+    # gate) and the loop ends with LeaseLost.
+    fake_ollama.tool_plan = calls_until(2, "lookup")
+    effects = Ledger()
+    effects.on_call = lambda n: (expire_leases(store), store.reap(max_delivery=10))
+    row = new_task(store)
+    llm = llm_for(store, row, OllamaBackend(fake_ollama.url, 5.0))
+    with pytest.raises(LeaseLost, match="pending; the model was not called"):
+        llm.complete(PROMPT, tools=[effects.tool()])
+    assert len(effects.lines) == 1  # the next round's tool never ran
+    (step,) = store.steps(row["id"])
+    assert (step["status"], step["result"]) == ("started", None)
+    # The next delivery runs it again (same key), records it, and goes on.
+    effects.on_call = None
+    fresh = claim(store)
+    reply = llm_for(store, fresh, OllamaBackend(fake_ollama.url, 5.0)).complete(
+        PROMPT, tools=[effects.tool()])
+    assert reply.tool_rounds == 2 and effects.lines[1][0] == effects.lines[0][0]
+    assert [(s["status"], s["starts"]) for s in store.steps(row["id"])] == [
+        ("finished", 2), ("finished", 1)]

@@ -1,0 +1,167 @@
+"""Durable steps' two writes from a coroutine: async psycopg, no thread hop, no ping.
+
+A tool round of a model's tool loop records its step twice (``task_step_begin`` before
+the tool runs, ``task_step_finish`` after). Through the Store each write cost a thread
+hop, a pool checkout with its pre-ping (one more round trip) and SQLAlchemy's statement
+handling: about 1.3 ms, against 0.2 ms for the statement itself. :class:`AsyncStepWriter`
+runs the same two statements (``runtime/store/queries.sql``) on psycopg
+``AsyncConnection`` s of the caller's event loop, prepared by the server after a few
+uses.
+
+- **Connections.** Each event loop gets its own small set (at most
+  :data:`CONNECTIONS_PER_LOOP` at once; more steps in flight wait for one). A connection
+  idle for more than :data:`PING_AFTER_IDLE_SECONDS` is pinged before use (what the
+  Store's pre-ping does for every checkout), and a broken one is replaced.
+- **Failures.** A statement that fails on a connection error (the server restarted, a
+  failover) is run once more on a new connection. Both statements are safe to repeat:
+  a repeated begin counts one more start (it may have run: the conservative side), and a
+  repeated finish that finds its step already recorded by the lost attempt says so
+  (``task_step_finish`` returns the row) without charging twice.
+- **Fencing and durability** are the statements' own (see ``queries.sql``): both read
+  the task row ``FOR SHARE`` with the lease token; the begin commits without waiting for
+  the disk, the finish waits for it (a recorded result is what keeps a side effect from
+  running again after a crash, so it must survive one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+from psycopg.rows import namedtuple_row
+
+from runtime.store.db import libpq_url
+from runtime.store.queries import QUERIES
+from runtime.store.rows import StepBegin, StepEnd, StepRecord, dumps_fast
+
+log = logging.getLogger(__name__)
+
+#: Connections one event loop holds at most for step writes.
+CONNECTIONS_PER_LOOP = 4
+#: A connection unused for this long is pinged before its next statement.
+PING_AFTER_IDLE_SECONDS = 5.0
+
+
+def psycopg_sql(sql: str) -> str:
+    """``queries.sql``'s ``:name`` parameters in psycopg's ``%(name)s`` form (no comments)."""
+    code = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+    return re.sub(r"(?<![:\w]):([a-z_][a-z0-9_]*)\b", r"%(\1)s", code.replace("%", "%%"))
+
+
+_BEGIN = psycopg_sql(QUERIES["task_step_begin"])
+_FINISH = psycopg_sql(QUERIES["task_step_finish"])
+
+
+class _LoopConnections:
+    """The connections of one event loop: free ones, and a bound on those in use."""
+
+    def __init__(self) -> None:
+        self.free: list[tuple[psycopg.AsyncConnection[Any], float]] = []
+        self.slots = asyncio.Semaphore(CONNECTIONS_PER_LOOP)
+
+
+class AsyncStepWriter:
+    """Begins and finishes durable steps on the running loop's own connections.
+
+    Args:
+        url: the database URL (the Store's engine URL, options included).
+
+    """
+
+    def __init__(self, url: str) -> None:
+        self._url = libpq_url(url)
+        self._loops: dict[asyncio.AbstractEventLoop, _LoopConnections] = {}
+
+    async def begin(self, begin: StepBegin) -> StepRecord | None:
+        """``task_step_begin``: the step's row (started now, or finished: a replay)."""
+        row = await self._run(_BEGIN, {
+            "task_id": begin.task_id, "token": begin.lease_token, "phase": begin.phase,
+            "position": begin.position, "name": begin.name, "kind": begin.kind,
+            "args": begin.args, "args_hash": begin.args_hash,
+            "idempotency_key": begin.idempotency_key,
+            "tool_call_id": begin.tool_call_id, "attempt": begin.attempt})
+        if row is None:
+            log.warning("late step ignored: lease gone", extra={"task_id": str(begin.task_id),
+                                                                "step": begin.name})
+            return None
+        return StepRecord(step_id=int(row.id), status=str(row.status), starts=int(row.starts),
+                          replays=int(row.replays), result=row.result, error=row.error,
+                          idempotency_key=str(row.idempotency_key),
+                          replayed=bool(row.replayed))
+
+    async def finish(self, end: StepEnd) -> bool:
+        """``task_step_finish``: record the result or error; False when the lease is gone."""
+        row = await self._run(_FINISH, {
+            "task_id": end.task_id, "token": end.lease_token, "step_id": end.step_id,
+            "starts": end.starts, "status": "failed" if end.error is not None else "finished",
+            "result": None if end.error is not None else dumps_fast(end.result),
+            "error": end.error, "tries": end.tries, "usd": str(end.cost_usd),
+            "duration_seconds": end.duration_seconds})
+        if row is None:
+            log.warning("late step result ignored: lease gone",
+                        extra={"task_id": str(end.task_id), "step_id": end.step_id})
+            return False
+        return True
+
+    async def aclose(self) -> None:
+        """Close the running loop's connections (before the loop ends)."""
+        pool = self._loops.pop(asyncio.get_running_loop(), None)
+        for conn, _ in pool.free if pool is not None else ():
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    # ------------------------------------------------------------------ parts
+    async def _run(self, sql: str, params: dict[str, Any]) -> Any:
+        """One statement and its first row; once more on a new connection after a broken one."""
+        for attempt in (1, 2):
+            async with self._connection(fresh=attempt == 2) as conn:
+                try:
+                    cursor = await conn.execute(sql, params)  # type: ignore[arg-type]
+                    return await cursor.fetchone()
+                except psycopg.OperationalError:
+                    if attempt == 2 or not conn.broken:
+                        raise
+                    log.warning("step write: connection lost; once more on a new one")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextlib.asynccontextmanager
+    async def _connection(self, fresh: bool) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        loop = asyncio.get_running_loop()
+        pool = self._loops.get(loop)
+        if pool is None:
+            pool = self._loops[loop] = _LoopConnections()
+        async with pool.slots:
+            conn = None if fresh else await self._reuse(pool)
+            if conn is None:
+                conn = await psycopg.AsyncConnection.connect(
+                    self._url, autocommit=True, row_factory=namedtuple_row)
+            try:
+                yield conn
+            finally:
+                if conn.broken or conn.closed:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+                else:
+                    pool.free.append((conn, time.monotonic()))
+
+    @staticmethod
+    async def _reuse(pool: _LoopConnections) -> psycopg.AsyncConnection[Any] | None:
+        while pool.free:
+            conn, since = pool.free.pop()
+            if conn.closed or conn.broken:
+                continue
+            if time.monotonic() - since < PING_AFTER_IDLE_SECONDS:
+                return conn
+            try:
+                await conn.execute("SELECT 1")
+                return conn
+            except psycopg.Error:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+        return None
