@@ -53,11 +53,14 @@ MAX_SCHEMA_ERRORS = 3
 MAX_ERROR_CHARS = 200
 
 
+#: One encoder each, made once: ``json.dumps`` with options builds a new one per call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str)
+_TEXT = json.JSONEncoder(ensure_ascii=False, default=str)
+
+
 def payload_bytes(payload: Any) -> int:
     """Size of ``payload`` as compact UTF-8 JSON, the measure ``max_payload_bytes`` uses."""
-    return len(
-        json.dumps(payload, separators=(",", ":"), ensure_ascii=False, default=str).encode()
-    )
+    return len(_COMPACT.encode(payload).encode())
 
 
 def json_path(parts: Any) -> str:
@@ -208,7 +211,7 @@ class ForbiddenOutput(Policy):
 
     def validate_output(self, task: TaskView, result: Any) -> Violation | None:
         """Search the JSON text of the result; name the kind and where, never the match."""
-        text = json.dumps(result, ensure_ascii=False, default=str)
+        text = _TEXT.encode(result)
         for pattern, kind in self.patterns:
             if pattern.search(text):
                 where = _find_leaf(result, pattern)
@@ -260,9 +263,11 @@ class OutputSchema(Policy):
         return None if settings.policies.output_schema else "[policies] output_schema = false"
 
     def _validator(self, model: type) -> Any:
+        """The schema's validator; None for a schema every JSON object matches."""
         if model not in self._validators:
             schema = model.model_json_schema()  # type: ignore[attr-defined]
-            self._validators[model] = validator_for(schema)(schema)
+            self._validators[model] = (None if _any_object(schema)
+                                       else validator_for(schema)(schema))
         return self._validators[model]
 
     def validate_output(self, task: TaskView, result: Any) -> Violation | None:
@@ -270,6 +275,10 @@ class OutputSchema(Policy):
         if self.agents is None or task.agent not in self.agents:
             return None
         validator = self._validator(self.agents.get(task.agent).output_model)
+        if validator is None:  # any object matches: only the type is left to check
+            if isinstance(result, dict):
+                return None
+            validator = _OBJECT  # says what the full schema would: not an object
         errors = sorted(validator.iter_errors(result), key=jsonschema.exceptions.relevance)
         if not errors:
             return None
@@ -285,6 +294,19 @@ class OutputSchema(Policy):
     def settings_view(self) -> dict[str, Any]:
         """``output_schema``."""
         return {"output_schema": self.settings.policies.output_schema}
+
+
+#: The keys of a schema that any JSON object matches (a model with no fields that allows
+#: extra ones, pydantic's ``extra="allow"``): checked by type alone, not by jsonschema.
+_ANY_OBJECT_KEYS = frozenset({"type", "properties", "additionalProperties", "title",
+                              "description"})
+_OBJECT = validator_for({"type": "object"})({"type": "object"})
+
+
+def _any_object(schema: dict[str, Any]) -> bool:
+    """Whether every JSON object, and nothing else, matches ``schema``."""
+    return (schema.get("type") == "object" and schema.keys() <= _ANY_OBJECT_KEYS
+            and not schema.get("properties") and schema.get("additionalProperties", True) is True)
 
 
 def _clip(message: str) -> str:

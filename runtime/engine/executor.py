@@ -16,7 +16,6 @@ exceptions end ``failed``; ``BudgetExceeded`` ends ``failed`` with ``budget: ...
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime as dt
 import inspect
 import logging
@@ -24,7 +23,6 @@ import threading
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Protocol
 
@@ -32,7 +30,6 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 
 from agents.base import (
-    Agent,
     ChildSpec,
     Delegate,
     Escalate,
@@ -48,6 +45,16 @@ from policies.criteria import validate_criteria
 from runtime.budget import Ask, BudgetRefused, ChildSpend, TaskBudget, carve, check_retry
 from runtime.config import Settings
 from runtime.engine.actions import Action, DelegateAction, Dropped, RetryAction
+from runtime.engine.started import (
+    RACED,
+    LazyLLM,
+    Started,
+    built_llm,
+    check_tools_with,
+    raced,
+    reads_children,
+    stamped,
+)
 from runtime.errors import (
     BadInput,
     BudgetExceeded,
@@ -56,9 +63,9 @@ from runtime.errors import (
     TransientModelError,
     UnknownPrice,
 )
-from runtime.llm.calls import defer_replays, held_replays
+from runtime.llm.calls import defer_replays
 from runtime.llm.tool_loop import ToolApprovalNeeded
-from runtime.store.rows import TERMINAL_STATUSES, ChildRow, JudgeOutcome, RunOutcome, TaskRow
+from runtime.store.rows import ChildRow, JudgeOutcome, RunOutcome, TaskRow
 from runtime.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -107,51 +114,8 @@ class DelegationRefused(Exception):
     """A delegation the runtime will not write (bad child, budget, unknown agent)."""
 
 
-@dataclass(frozen=True)
-class _Started:
-    """A task ready for its agent: the row, the agent, what it sees, and how to end it."""
-
-    row: TaskRow
-    cls: type[Agent]
-    agent: Agent
-    view: TaskView
-    ctx: AgentContext
-    llm: Any
-    outcome: Callable[..., RunOutcome]
-
-
 async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
-
-
-#: The detail of an aggregate that found a child running again (a retry raced fan-in).
-RACED = "fan-in raced a retry: waiting again"
-
-
-def _raced(children: list[TaskRow]) -> bool:
-    """Whether a child of an aggregating parent is not finished (a retry raced fan-in)."""
-    return any(c.status not in TERMINAL_STATUSES for c in children)
-
-
-def _reads_children(started: _Started) -> bool:
-    """Whether the task's children are read before its agent runs.
-
-    An aggregate is given them. A run reads them only to be judged inline against
-    ``max_child_failures`` (a run normally has none yet: a task sent back to ``pending``
-    after it delegated has them).
-    """
-    return (started.view.phase == "aggregate"
-            or "max_child_failures" in (started.row.kill_criteria or {}))
-
-
-def _stamped(started: _Started, action: Action) -> Action:
-    """The action with what ran: version, prompts, replayed calls' rows (``HeldReplays``)."""
-    if isinstance(action, RunOutcome | DelegateAction) and action.stamp is None:
-        stamp = {"version": started.cls.version, "prompts": dict(started.ctx.prompt_hashes),
-                 "replays": held_replays(started.llm, True)}
-        return dataclasses.replace(action, stamp=stamp)
-    held_replays(started.llm, False)  # written now: a retry of children cannot carry them
-    return action
 
 
 def _typed(row: TaskRow | dict[str, Any]) -> TaskRow:
@@ -186,19 +150,6 @@ def _check_retry_budget(parent: TaskView, llm: Any, child_ids: list[uuid.UUID],
         raise DelegationRefused(str(exc)) from None
 
 
-def _check_tools_with(llm: Any, policies: Any, view: TaskView) -> None:
-    """Let the tool loop ask the policies (``allowed_tools``) before each tool call runs."""
-    validate_tool = getattr(policies, "validate_tool", None)
-    if validate_tool is None or not hasattr(llm, "tool_check"):
-        return
-
-    def check(tool: str) -> str | None:
-        violation = validate_tool(view, tool)
-        return None if violation is None else str(violation)
-
-    llm.tool_check = check
-
-
 def backoff_seconds(retry_count: int) -> float:
     """Seed 001's backoff: ``2 ** retry_count`` seconds."""
     return float(2**retry_count)
@@ -221,6 +172,7 @@ class Executor:
         #: Set by a worker that also runs the judge stage: results whose criteria need no
         #: model are judged right away and written with the run's outcome.
         self.inline_judge = False
+        self._loggers: dict[str, logging.Logger] = {}
 
     # ------------------------------------------------------------------ run stage
     def is_async(self, row: TaskRow) -> bool:
@@ -239,20 +191,20 @@ class Executor:
         end on a private event loop (the worker awaits those with :meth:`aexecute`).
         """
         started = self._start(_typed(row), lease_lost)
-        if not isinstance(started, _Started):
+        if not isinstance(started, Started):
             return started
         try:
             children: list[TaskRow] = []
-            if _reads_children(started):
+            if reads_children(started):
                 children = self.store.child_rows(started.row.id)
-                if started.view.phase == "aggregate" and _raced(children):
+                if started.view.phase == "aggregate" and raced(children):
                     return started.outcome("waiting", detail=RACED)
             decision = self._call(started, children)
             if inspect.isawaitable(decision):
                 decision = asyncio.run(_awaited(decision))
-            return _stamped(started, self._decide(started, decision, children))
+            return stamped(started, self._decide(started, decision, children))
         except Exception as exc:
-            return _stamped(started, self._failed(started, exc))
+            return stamped(started, self._failed(started, exc))
 
     async def aexecute(self, row: TaskRow, lease_lost: threading.Event,
                        blocking: Callable[..., Awaitable[Any]]) -> Action:
@@ -263,22 +215,22 @@ class Executor:
         the loop, as the input's do: they read nothing from the database.
         """
         started = self._start(_typed(row), lease_lost)
-        if not isinstance(started, _Started):
+        if not isinstance(started, Started):
             return started
         try:
             children: list[TaskRow] = []
-            if _reads_children(started):
+            if reads_children(started):
                 children = await blocking(self.store.child_rows, started.row.id)
-                if started.view.phase == "aggregate" and _raced(children):
+                if started.view.phase == "aggregate" and raced(children):
                     return started.outcome("waiting", detail=RACED)
             decision = self._call(started, children)
             if inspect.isawaitable(decision):
                 decision = await decision
-            return _stamped(started, self._decide(started, decision, children))
+            return stamped(started, self._decide(started, decision, children))
         except Exception as exc:
-            return _stamped(started, self._failed(started, exc))
+            return stamped(started, self._failed(started, exc))
 
-    def _start(self, row: TaskRow, lease_lost: threading.Event) -> _Started | RunOutcome:
+    def _start(self, row: TaskRow, lease_lost: threading.Event) -> Started | RunOutcome:
         """Resolve the agent, check the input, build the context (no database, no model)."""
         token: uuid.UUID = row.lease
         task_id: uuid.UUID = row.id
@@ -300,23 +252,36 @@ class Executor:
         violation = self.policies.validate_input(view)
         if violation is not None:
             return outcome("escalated", error=str(violation))
-        llm = defer_replays(self.llm_factory.for_task(row, token, lease_lost))
-        _check_tools_with(llm, self.policies, view)
+        llm = LazyLLM(lambda: self._llm_for(row, token, lease_lost, view))
         tools = tuple(cls.tools) + (self.tools_for(cls.name) if self.tools_for else ())
-        ctx = AgentContext(llm=llm, task=view, log=agent_logger(cls.name), lease_lost=lease_lost,
+        ctx = AgentContext(llm=llm, task=view, log=self._logger(cls.name), lease_lost=lease_lost,
                            offline=bool(getattr(self.llm_factory, "offline", False)),
                            prompts_dir=cls.prompts_dir or PROMPTS_DIR, tools=tools)
-        return _Started(row, cls, cls(), view, ctx, llm, outcome)
+        return Started(row, cls, cls(), view, ctx, llm, outcome)
+
+    def _llm_for(self, row: TaskRow, token: uuid.UUID, lease_lost: threading.Event,
+                 view: TaskView) -> Any:
+        """The model handle of one leased task, its tool calls checked by the policies."""
+        llm = defer_replays(self.llm_factory.for_task(row, token, lease_lost))
+        check_tools_with(llm, self.policies, view)
+        return llm
+
+    def _logger(self, agent: str) -> logging.Logger:
+        """``agent_logger(agent)``, looked up once per agent."""
+        logger = self._loggers.get(agent)
+        if logger is None:
+            logger = self._loggers[agent] = agent_logger(agent)
+        return logger
 
     @staticmethod
-    def _call(started: _Started, children: list[TaskRow]) -> Any:
+    def _call(started: Started, children: list[TaskRow]) -> Any:
         """Call ``run`` or ``aggregate``: a decision, or a coroutine that returns one."""
         if started.view.phase == "aggregate":
             return started.agent.aggregate(started.ctx, started.view,
                                            [ChildView.from_row(c) for c in children])
         return started.agent.run(started.ctx, started.view)
 
-    def _failed(self, started: _Started, exc: Exception) -> Action:
+    def _failed(self, started: Started, exc: Exception) -> Action:
         """Turn an error raised while the agent worked into the task's action."""
         outcome, row = started.outcome, started.row
         if isinstance(exc, LeaseLost):
@@ -344,7 +309,7 @@ class Executor:
             "trace": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))})
         return outcome("failed", error=f"agent error: {type(exc).__name__}: {exc}")
 
-    def _decide(self, started: _Started, decision: Any, children: list[TaskRow]) -> Action:
+    def _decide(self, started: Started, decision: Any, children: list[TaskRow]) -> Action:
         """Turn the agent's decision into an action: checks only, no database.
 
         ``children`` are the rows read before the agent ran (:func:`_reads_children`; an
@@ -455,7 +420,7 @@ class Executor:
                        children: list[TaskRow]) -> RunOutcome:
         """Judge a fresh result in the worker that produced it (no model, no database)."""
         snapshot = row.replace(result=result)
-        budget = getattr(llm, "budget", None)
+        budget = getattr(built_llm(llm), "budget", None)
         if isinstance(budget, TaskBudget):  # this run's spend too, not only the claim's
             snapshot.spent_tokens, snapshot.spent_usd = budget.spent_tokens, budget.spent_usd
         if row.claimed_at is not None:

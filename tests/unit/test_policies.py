@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import typer
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from typer.testing import CliRunner
 
 from agents.base import Agent, ChildSpec, TaskView
@@ -223,6 +223,29 @@ def test_output_schema_checks_the_agents_output_model(agents: Registry) -> None:
 def test_output_schema_accepts_a_pydantic_result(agents: Registry) -> None:
     rules = policy_set(agents)
     assert rules.validate_output(view("t_boss"), BossOut(summary="s", score=1)) is None
+
+
+class AnyObject(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Free(Agent):
+    name = "t_free"
+    register = False
+    output_model = AnyObject
+
+
+def test_output_schema_any_object_is_checked_by_type_alone(agents: Registry) -> None:
+    # A model with no field that allows extra ones matches every object: no jsonschema
+    # walk per result, and anything but an object is still refused, as the schema says.
+    agents.add(Free)
+    rules = policy_set(agents)
+    assert rules.validate_output(view("t_free"), {"anything": [1, {"x": None}]}) is None
+    assert rules.validate_output(view("t_free"), {}) is None
+    for bad in ([1, 2], "text", 3, None):
+        violation = rules.validate_output(view("t_free"), bad)
+        assert violation is not None and violation.rule == "output_schema"
+        assert "is not of type 'object'" in violation.message
 
 
 def test_output_schema_can_be_switched_off(agents: Registry) -> None:
