@@ -85,3 +85,39 @@ class ForkWriter(Agent):
 def drafts_of(result: dict[str, Any] | None) -> int:
     """How many drafts a planner's result quotes."""
     return int((result or {}).get("drafts", 0))
+
+
+class StepperInput(BaseModel):
+    """What a stepper looks up, and what it posts."""
+
+    model_config = ConfigDict(extra="forbid")
+    query: str
+    post: str = "done"
+
+
+#: The side effects the stepper's steps made, in order: ``(step name, argument)``.
+STEP_EFFECTS: list[tuple[str, str]] = []
+
+
+def _lookup(query: str) -> dict[str, str]:
+    STEP_EFFECTS.append(("lookup", query))
+    return {"query": query, "answer": f"found {query}"}
+
+
+def _post(text: str) -> str:
+    STEP_EFFECTS.append(("post", text))
+    return f"posted {text}"
+
+
+class ForkStepper(Agent):
+    """Two durable steps (``ctx.step``): a look-up of its query, then a post."""
+
+    name = "fork_stepper"
+    input_model = StepperInput
+    output_model = AnyOutput
+
+    def run(self, ctx: AgentContext, task: TaskView) -> Result:
+        part = StepperInput.model_validate(task.payload)
+        found = ctx.step("lookup", _lookup, part.query)
+        posted = ctx.step("post", _post, part.post)
+        return Result({"found": found, "posted": posted})

@@ -85,6 +85,11 @@ class StoreLedger:
         """Record a durable step as started, or return its finished record (fenced)."""
         return self.store.step_begin(begin)
 
+    def step_from_counterpart(self, begin: StepBegin,
+                              counterpart: uuid.UUID) -> StepRecord | None:
+        """A fork's branch task's step served from its counterpart's record, or None."""
+        return self.store.step_from_counterpart(begin, counterpart)
+
     def step_finish(self, end: StepEnd) -> bool:
         """Record a step's result or error (fenced); False when the lease is gone."""
         return self.store.step_finish(end)

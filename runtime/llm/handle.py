@@ -65,7 +65,7 @@ from runtime.llm.calls import (
     validated,
 )
 from runtime.llm.gate import CallGate
-from runtime.llm.ledger import CallLedger, RecordedCall, RecordReader
+from runtime.llm.ledger import CallLedger, RecordedCall, RecordReader, step_ledger
 from runtime.llm.loop import CallLoop, StopCheck, Ticket, TokenMeter, stop_check
 from runtime.llm.reply import (
     NOT_RECORDED,
@@ -238,7 +238,8 @@ class TaskLLM:
         self._calls = 0
         self._lock = threading.Lock()
         self.offline = is_offline(self._backend)
-        self.steps = TaskSteps(factory.ledger, task_row, lease_token, lease_lost,  # type: ignore[arg-type]
+        self.steps = TaskSteps(step_ledger(factory.ledger, self._counterpart), task_row,
+                               lease_token, lease_lost,
                                in_ledger=factory.in_ledger, budget=self.budget)
         #: steps: ctx.step, tool calls; tool_check: allowed_tools' refusal (by the executor)
         self.tool_check: Callable[[str], str | None] | None = None

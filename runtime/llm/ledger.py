@@ -82,6 +82,48 @@ class StepLedger(Protocol):
         ...
 
 
+class BranchSteps:
+    """The steps of a fork's branch task: its counterpart's record answers repeated steps.
+
+    A step (``ctx.step``, a tool call) that the counterpart finished at the same place
+    (phase, position, name) with the same arguments is served from the counterpart's
+    result without running, and recorded on the branch task as replayed: a re-run pays
+    for side effects only where they changed. Any other step begins as usual (a changed
+    argument runs the step). A ledger without ``step_from_counterpart`` serves nothing.
+
+    Args:
+        ledger: the model layer's step ledger.
+        counterpart: the task the branch task re-runs (its ``forked_from``).
+
+    """
+
+    def __init__(self, ledger: StepLedger, counterpart: uuid.UUID) -> None:
+        self._ledger = ledger
+        self._counterpart = counterpart
+        self._from_counterpart = getattr(ledger, "step_from_counterpart", None)
+
+    def step_begin(self, begin: StepBegin) -> StepRecord | None:
+        """The counterpart's finished step, recorded as this task's; else a usual begin."""
+        if self._from_counterpart is not None:
+            record: StepRecord | None = self._from_counterpart(begin, self._counterpart)
+            if record is not None:
+                return record
+        return self._ledger.step_begin(begin)
+
+    def step_finish(self, end: StepEnd) -> bool:
+        """As the ledger's."""
+        return self._ledger.step_finish(end)
+
+    def tool_call_approved(self, task_id: uuid.UUID, detail: str) -> bool:
+        """As the ledger's."""
+        return self._ledger.tool_call_approved(task_id, detail)
+
+
+def step_ledger(ledger: Any, counterpart: uuid.UUID | None) -> Any:
+    """The ledger a task's steps use: :class:`BranchSteps` for a fork's branch task."""
+    return ledger if counterpart is None else BranchSteps(ledger, counterpart)
+
+
 @dataclass(frozen=True)
 class RecordLookup:
     """One durable call's look-up: the task, phase, position, hashes (and counterpart)."""

@@ -1902,3 +1902,29 @@ RETURNING o.avail >= CAST(:need AS float8) AS taken, o.avail;
 INSERT INTO tenant_buckets (tenant, tokens, refilled_at)
 VALUES (:tenant, CAST(:rate AS float8), statement_timestamp())
 ON CONFLICT (tenant) DO NOTHING;
+
+-- task_step_from_counterpart --
+-- A fork's branch task (runtime.llm.ledger.BranchSteps) about to start a step: when its
+-- counterpart finished the same step (phase, position, name) with the same arguments
+-- (args_hash), the branch's row is recorded finished with that result, without running
+-- (starts 0, replays 1), fenced by the lease token. No row returned: no such record, a
+-- row of the branch's own is already there (task_step_begin decides then), or the lease
+-- is gone.
+WITH me AS (
+    SELECT id, root_id FROM tasks
+    WHERE id = :task_id AND lease_token = :token
+    FOR SHARE
+), src AS (
+    SELECT result FROM task_steps
+    WHERE task_id = :counterpart AND phase = :phase AND position = :position
+      AND name = :name AND status = 'finished' AND args_hash = :args_hash
+)
+INSERT INTO task_steps AS s (task_id, root_id, phase, position, name, kind, status, args,
+                             args_hash, idempotency_key, tool_call_id, attempt, result,
+                             starts, replays, tries, finished_at, duration_seconds)
+SELECT me.id, me.root_id, :phase, :position, :name, :kind, 'finished', :args, :args_hash,
+       :idempotency_key, :tool_call_id, :attempt, src.result, 0, 1, 0, clock_timestamp(), 0
+FROM me CROSS JOIN src
+ON CONFLICT (task_id, phase, position, name) DO NOTHING
+RETURNING s.id, s.status, s.starts, s.replays, s.result, s.error, s.idempotency_key,
+          true AS replayed;

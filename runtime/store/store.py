@@ -35,6 +35,8 @@ from runtime.store.rows import (
     NewTask,
     NotFound,
     ResolveRefused,
+    StepBegin,
+    StepRecord,
     canonical_json,
 )
 from runtime.store.spend import StoreSpend, StoreSteps
@@ -118,6 +120,26 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
         if task["request_hash"] != request_hash:
             raise IdempotencyConflict(str(new.idempotency_key), task["id"])
         return task, False
+
+    def step_from_counterpart(self, begin: StepBegin,
+                              counterpart: uuid.UUID) -> StepRecord | None:
+        """A branch task's step served from its counterpart's record, or None (see the SQL).
+
+        The counterpart finished the same step (place, name and arguments): the branch's
+        row is recorded finished with its result, and the step does not run.
+        """
+        with self.transaction() as conn:
+            row = conn.execute(_TEXT["task_step_from_counterpart"], {
+                "task_id": begin.task_id, "token": begin.lease_token,
+                "counterpart": counterpart, "phase": begin.phase, "position": begin.position,
+                "name": begin.name, "kind": begin.kind, "args": begin.args,
+                "args_hash": begin.args_hash, "idempotency_key": begin.idempotency_key,
+                "tool_call_id": begin.tool_call_id, "attempt": begin.attempt}).first()
+        if row is None:
+            return None
+        return StepRecord(step_id=int(row.id), status=str(row.status), starts=int(row.starts),
+                          replays=int(row.replays), result=row.result, error=row.error,
+                          idempotency_key=str(row.idempotency_key), replayed=True)
 
     def fork_root(self, branch: NewBranch, actor: str = "fork") -> Task:
         """Insert a fork's branch root and its event in one statement; return the row.

@@ -1,4 +1,4 @@
-"""Forks: where a replayed call's row is written, and tool steps replayed in a branch.
+"""Forks: where a replayed call's row is written; steps and tool calls replayed in a branch.
 
 A replayed call (a branch task asking what its counterpart asked) is written with the
 task's outcome, in its transaction (runtime.llm.calls.HeldReplays); a delivery that dies
@@ -11,10 +11,14 @@ import threading
 from decimal import Decimal
 
 from runtime.forks import fork
+from runtime.llm.backends.ollama import OllamaBackend
 from runtime.store.rows import RunOutcome
 from runtime.wiring import Runtime
 from tests.factories import expire_leases, submit
+from tests.fake_ollama import FakeOllama, calls_until, fake_ollama_server  # noqa: F401
+from tests.fork_agents import STEP_EFFECTS
 from tests.integration.test_forks import drain, runtime  # noqa: F401 (a fixture)
+from tests.integration.test_tools import PROMPT, Ledger, llm_for
 
 
 def test_a_replayed_call_is_written_with_the_outcome_and_never_twice(
@@ -48,3 +52,69 @@ def test_a_replayed_call_is_written_with_the_outcome_and_never_twice(
     # A task that only replayed shows the route and model of the call it replayed.
     assert (task["route"], task["model"]) == (paid["route"], paid["model"])
     assert store.model_calls(original["id"]) == [paid]
+
+
+def test_a_branch_replays_the_steps_its_counterpart_finished_with_the_same_arguments(
+        runtime: Runtime) -> None:  # noqa: F811
+    store = runtime.store
+    STEP_EFFECTS.clear()
+    original = submit(store, "fork_stepper", {"query": "tides", "post": "report"})
+    drain(runtime)
+    assert STEP_EFFECTS == [("lookup", "tides"), ("post", "report")]
+    before = [dict(s) for s in store.steps(original["id"])]
+
+    rerun = fork(store, runtime.registry, runtime.settings, original["id"])
+    drain(runtime)
+    assert STEP_EFFECTS == [("lookup", "tides"), ("post", "report")]  # nothing ran again
+    task = store.get(rerun["id"])
+    assert task["status"] == "done"
+    assert task["result"] == store.get(original["id"])["result"]
+    steps = store.steps(rerun["id"])
+    assert [(s["name"], s["status"], s["starts"], s["replays"]) for s in steps] == [
+        ("lookup", "finished", 0, 1), ("post", "finished", 0, 1)]
+
+    # Another query: the look-up's argument changed, so it runs; the post did not.
+    changed = fork(store, runtime.registry, runtime.settings, original["id"],
+                   payload={"query": "currents", "post": "report"})
+    drain(runtime)
+    assert STEP_EFFECTS[2:] == [("lookup", "currents")]
+    assert store.get(changed["id"])["result"]["found"]["answer"] == "found currents"
+    steps = store.steps(changed["id"])
+    assert [(s["name"], s["starts"], s["replays"]) for s in steps] == [
+        ("lookup", 1, 0), ("post", 0, 1)]
+    assert [dict(s) for s in store.steps(original["id"])] == before
+
+
+def test_a_branch_replays_tool_calls_with_unchanged_arguments_and_runs_changed_ones(
+        runtime: Runtime, fake_ollama: FakeOllama) -> None:  # noqa: F811
+    store = runtime.store
+    backend = OllamaBackend(fake_ollama.url, 5.0)
+    fake_ollama.tool_plan = calls_until(2, "lookup")
+    effects = Ledger()
+    original = submit(store, "fork_writer", {"goal": "numbers"})
+    (row,) = store.claim(["fork_writer"], 1, "w", 30)
+    first = llm_for(store, row, backend).complete(PROMPT, tools=[effects.tool()])
+    assert [n for _, n in effects.lines] == [0, 1] and first.tool_rounds == 2
+
+    # The same conversation: every round and every tool call is served from the record.
+    branch = fork(store, runtime.registry, runtime.settings, original["id"])
+    (row,) = store.claim(["fork_writer"], 1, "w", 30)
+    assert row["id"] == branch["id"]
+    again = llm_for(store, row, backend).complete(PROMPT, tools=[effects.tool()])
+    assert [n for _, n in effects.lines] == [0, 1]  # no tool ran
+    assert [t.replayed for t in again.tool_results] == [True, True]
+    assert [t.result for t in again.tool_results] == [t.result for t in first.tool_results]
+    assert all(c["replayed"] for c in store.model_calls(branch["id"]))
+
+    # Another prompt: the rounds are paid; the first tool call asks what the counterpart
+    # asked (n = 0) and is replayed, the second asks n = 7 instead of 1 and runs.
+    fake_ollama.tool_plan = calls_until(2, "lookup", arguments=lambda i: {"n": 7 * i})
+    other = fork(store, runtime.registry, runtime.settings, original["id"])
+    (row,) = store.claim(["fork_writer"], 1, "w", 30)
+    assert row["id"] == other["id"]
+    changed = llm_for(store, row, backend).complete(PROMPT + " again",
+                                                    tools=[effects.tool()])
+    assert [n for _, n in effects.lines] == [0, 1, 7]
+    assert [t.replayed for t in changed.tool_results] == [True, False]
+    steps = {s["tool_call_id"]: s for s in store.steps(other["id"])}
+    assert (steps["0#0.0"]["replays"], steps["0#1.0"]["starts"]) == (1, 1)
