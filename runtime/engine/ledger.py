@@ -106,9 +106,11 @@ class StoreLedger:
         """Close the running loop's step connections (before the loop ends)."""
         await self.step_writer.aclose()
 
-    def tool_call_approved(self, task_id: uuid.UUID, detail: str) -> bool:
-        """Whether a person approved the tool call the task was held for."""
-        return self.store.tool_call_approved(task_id, detail)
+    def tool_approval(self, task_id: uuid.UUID, lease_token: uuid.UUID, phase: str,
+                      call_id: str, tool: str, args_hash: str, args: str) -> str | None:
+        """A tool call's decision, or ``asked`` now (fenced); None when the lease is gone."""
+        return self.store.tool_approval(task_id, lease_token, phase, call_id, tool,
+                                        args_hash, args)
 
 
 def _recorded(row: dict[str, Any]) -> RecordedCall:

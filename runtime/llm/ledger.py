@@ -77,8 +77,9 @@ class StepLedger(Protocol):
         """Record a step's result or error and charge its cost; False: lease lost."""
         ...
 
-    def tool_call_approved(self, task_id: uuid.UUID, detail: str) -> bool:
-        """Whether a person approved the tool call the task was held for (``detail``)."""
+    def tool_approval(self, task_id: uuid.UUID, lease_token: uuid.UUID, phase: str,
+                      call_id: str, tool: str, args_hash: str, args: str) -> str | None:
+        """A tool call's decision (``approved``/``denied``) or ``asked`` now; None: lease lost."""
         ...
 
 

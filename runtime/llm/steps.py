@@ -247,10 +247,20 @@ class TaskSteps:
             if held is not None and self.budget is not None:
                 self.budget.settle(held, 0, charged)
 
-    async def approved(self, detail: str) -> bool:
-        """Whether a person approved the tool call this task was held for (``detail``)."""
-        return bool(await self._in_ledger(self._ledger.tool_call_approved, self.task_id,
-                                          detail))
+    async def approval(self, call_id: str, tool: str, kwargs: dict[str, Any]) -> str:
+        """A person's decision on one tool call: ``approved``, ``denied``, or ``asked``.
+
+        The call is named exactly: the task, phase, call id (its step's position), tool and
+        the hash of its validated arguments (its step's). With no decision yet the ask is
+        recorded (``asked``: the caller holds the task). Raises :class:`LeaseLost`.
+        """
+        begin = self._begin_of(tool, (), kwargs, call_id, "tool", call_id)
+        status: str | None = await self._in_ledger(
+            self._ledger.tool_approval, self.task_id, self._token, self.phase, call_id, tool,
+            begin.args_hash, begin.args)
+        if status is None:
+            raise self._lost(tool, "its approval was not asked for")
+        return status
 
     # ------------------------------------------------------------------ parts
     async def _write_begin(self, begin: StepBegin) -> StepRecord | None:

@@ -50,9 +50,12 @@ class ToolRoundLimit(OrgchartError):
 class ToolApprovalNeeded(OrgchartError):
     """A tool call needs a person's approval: the task is held (``awaiting_approval``).
 
-    The worker moves the task to ``awaiting_approval`` with :attr:`detail` as the hold's
-    event detail; ``orgchart approve`` makes it pending, and the next delivery replays the
-    loop up to this call (recorded model calls and steps) and runs it.
+    The ask is recorded first (``tool_approvals``: the task, phase, call id, tool and its
+    arguments' hash); the worker moves the task to ``awaiting_approval`` with
+    :attr:`detail` as the hold's event detail (for people: the decision is looked up by
+    the ask's fields, not by this text). ``orgchart approve`` approves the ask and makes
+    the task pending; the next delivery replays the loop up to this call (recorded model
+    calls and steps) and runs it.
     """
 
     def __init__(self, detail: str) -> None:
@@ -60,8 +63,12 @@ class ToolApprovalNeeded(OrgchartError):
         self.detail = detail
 
 
+class ToolApprovalDenied(OrgchartError):
+    """A person denied a tool call (``orgchart reject``): it never runs."""
+
+
 def approval_detail(call_id: str, name: str, arguments: Any) -> str:
-    """The hold's event detail: names the call (what an approval is looked up by)."""
+    """The hold's event detail: names the call and its arguments, for people."""
     shown = json.dumps(arguments, sort_keys=True, default=str)[:300]
     return f"tool call {call_id} ({name}) waits for a person's approval; arguments {shown}"
 
@@ -195,13 +202,28 @@ class ToolLoop:
         return [r for r in results if r is not None]
 
     async def _check_approvals(self, calls: Sequence[ToolCall], ids: list[str]) -> None:
+        """Ask for (or find) a person's decision on each call that requires approval.
+
+        A call refused anyway (bad arguments, not allowed) needs none; an aggregate's is
+        refused (it cannot be held). Approved: it runs; denied: the loop ends
+        (:class:`ToolApprovalDenied`); asked: the task is held (:class:`ToolApprovalNeeded`)
+        once every such call of the round is asked (one approval covers them all).
+        """
+        waiting: list[str] = []
         for call, call_id in zip(calls, ids, strict=True):
             tool = self.tools.get(call.name)
-            if tool is None or not tool.requires_approval or self.steps.phase != "run":
-                continue  # (an aggregate cannot be held: _refusal refuses such a call)
-            detail = approval_detail(call_id, call.name, call.arguments)
-            if not await self.steps.approved(detail):
-                raise ToolApprovalNeeded(detail)
+            if (tool is None or not tool.requires_approval or self.steps.phase != "run"
+                    or self._refusal(call, tool) is not None):
+                continue
+            decision = await self.steps.approval(call_id, tool.name,
+                                                 tool.validate(call.arguments))
+            if decision == "denied":
+                raise ToolApprovalDenied(f"tool call {call_id} ({tool.name}) was denied by a "
+                                         "person: not run")
+            if decision != "approved":
+                waiting.append(approval_detail(call_id, call.name, call.arguments))
+        if waiting:
+            raise ToolApprovalNeeded("; ".join(waiting))
 
     def _is_async(self, name: str) -> bool:
         tool = self.tools.get(name)

@@ -338,6 +338,34 @@ class TaskStep(Base):
     )
 
 
+class ToolApproval(Base):
+    """A person's decision on one tool call that ``requires_approval`` (migration 0011).
+
+    Keyed by the task, its phase and the call's id (the step's position); the decision
+    holds for that tool with those arguments (``args_hash``, the step's) only.
+    """
+
+    __tablename__ = "tool_approvals"
+
+    task_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True)
+    phase: Mapped[str] = mapped_column(Text, primary_key=True)
+    call_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    tool: Mapped[str] = mapped_column(Text, nullable=False)
+    args_hash: Mapped[str] = mapped_column(Text, nullable=False)
+    args: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(Text, nullable=False)
+    asked_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, server_default=text("now()"),
+                                                  nullable=False)
+    decided_at: Mapped[dt.datetime | None] = mapped_column(TIMESTAMPTZ)
+    decided_by: Mapped[str | None] = mapped_column(Text)
+    note: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        CheckConstraint("status IN ('asked', 'approved', 'denied')", name="status"),
+    )
+
+
 class MaintenancePass(Base):
     """When a maintenance pass (reaper, watchdog, sweeper) last ran, across all workers."""
 

@@ -1542,18 +1542,33 @@ SELECT s.id FROM task_steps s JOIN me ON s.task_id = me.id
 WHERE s.id = :step_id AND s.starts = :starts AND s.status = :status
   AND NOT EXISTS (SELECT 1 FROM done);
 
--- task_tool_call_approved --
--- Whether a person approved a tool call the task was held for: a hold event
--- (running -> awaiting_approval) whose detail names the call, followed by an approval
--- (awaiting_approval -> pending). Both by the (task_id, id) index of task_events.
-SELECT EXISTS (
-    SELECT 1
-    FROM task_events h
-    JOIN task_events a ON a.task_id = h.task_id AND a.id > h.id
-    WHERE h.task_id = :task_id AND h.from_status = 'running'
-      AND h.to_status = 'awaiting_approval' AND h.detail = :detail
-      AND a.from_status = 'awaiting_approval' AND a.to_status = 'pending'
-) AS approved;
+-- tool_approval_ask --
+-- A tool call that requires a person's approval: the decision on exactly this call (the
+-- task, phase, call id, tool and validated arguments' hash), or, when there is none, the
+-- ask recorded now ('asked': the caller then holds the task). Fenced by the lease: no
+-- row returned when it is gone. An ask for the same call id with another tool or other
+-- arguments replaces the earlier one (a decision is on the call as it was shown).
+WITH me AS (
+    SELECT id FROM tasks WHERE id = :task_id AND lease_token = :token FOR SHARE
+), asked AS (
+    INSERT INTO tool_approvals AS a (task_id, phase, call_id, tool, args_hash, args, status)
+    SELECT id, :phase, :call_id, :tool, :args_hash, :args, 'asked' FROM me
+    ON CONFLICT (task_id, phase, call_id) DO UPDATE
+    SET tool = EXCLUDED.tool, args_hash = EXCLUDED.args_hash, args = EXCLUDED.args,
+        status = 'asked', asked_at = now(), decided_at = NULL, decided_by = NULL,
+        note = NULL
+    WHERE a.tool <> EXCLUDED.tool OR a.args_hash <> EXCLUDED.args_hash
+    RETURNING a.status
+)
+SELECT status FROM asked
+UNION ALL
+SELECT a.status FROM tool_approvals a JOIN me ON a.task_id = me.id
+WHERE a.phase = :phase AND a.call_id = :call_id AND a.tool = :tool
+  AND a.args_hash = :args_hash;
+
+-- tool_approval_list --
+-- The asks and decisions on one task's tool calls.
+SELECT * FROM tool_approvals WHERE task_id = :id ORDER BY asked_at, call_id;
 
 -- task_list_steps --
 -- The steps and tool calls of one task, in the order they first started.
@@ -1693,7 +1708,8 @@ SELECT count(*) FROM (
 ) locked;
 
 -- task_approve_awaiting --
--- A person approves a task held by require_approval: it becomes claimable. Guarded by
+-- A person approves a task held by require_approval or by a tool call that requires
+-- approval: it becomes claimable, and the asks of its tool calls are approved. Guarded by
 -- status = 'awaiting_approval', so an approval is used once (a second one changes nothing).
 WITH upd AS (
     UPDATE tasks
@@ -1703,6 +1719,10 @@ WITH upd AS (
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, 'awaiting_approval', 'pending', :actor, :detail FROM upd
+), decided AS (  -- the tool calls the task was held for (tool_approval_ask)
+    UPDATE tool_approvals a
+    SET status = 'approved', decided_at = now(), decided_by = :actor, note = :detail
+    FROM upd WHERE a.task_id = upd.id AND a.status = 'asked'
 ), notify AS (
     SELECT pg_notify('{tasks_channel}', to_agent) FROM upd
 )
@@ -1710,7 +1730,8 @@ SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
 
 -- task_reject_awaiting --
 -- A person rejects a held task: it ends failed with the note (its parent's fan-in follows
--- in the same transaction). Guarded by status = 'awaiting_approval'.
+-- in the same transaction), and the asks of its tool calls are denied. Guarded by
+-- status = 'awaiting_approval'.
 WITH upd AS (
     UPDATE tasks
     SET status = 'failed', error = :error, completed_at = now(), updated_at = now()
@@ -1719,6 +1740,10 @@ WITH upd AS (
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, 'awaiting_approval', 'failed', :actor, :detail FROM upd
+), decided AS (  -- the tool calls the task was held for (tool_approval_ask)
+    UPDATE tool_approvals a
+    SET status = 'denied', decided_at = now(), decided_by = :actor, note = :detail
+    FROM upd WHERE a.task_id = upd.id AND a.status = 'asked'
 )
 SELECT id, parent_id FROM upd;
 

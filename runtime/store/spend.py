@@ -217,10 +217,23 @@ class StoreSteps(StoreReads):
             return False
         return True
 
-    def tool_call_approved(self, task_id: uuid.UUID, detail: str) -> bool:
-        """Whether a person approved the tool call the task was held for (``detail``)."""
-        rows = self.query("task_tool_call_approved", task_id=task_id, detail=detail)
-        return bool(rows and rows[0]["approved"])
+    def tool_approval(self, task_id: uuid.UUID, lease_token: uuid.UUID, phase: str,
+                      call_id: str, tool: str, args_hash: str, args: str) -> str | None:
+        """The decision on one tool call (``approved``, ``denied``), or ``asked`` now.
+
+        ``asked``: no person decided on this call (this tool, these arguments) yet; the
+        ask is recorded and the caller holds the task. None: the lease is gone.
+        """
+        with self.transaction() as conn:
+            row = conn.execute(_TEXT["tool_approval_ask"], {
+                "task_id": task_id, "token": lease_token, "phase": phase,
+                "call_id": call_id, "tool": tool, "args_hash": args_hash, "args": args,
+            }).first()
+        return None if row is None else str(row.status)
+
+    def tool_approvals(self, task_id: uuid.UUID) -> list[Task]:
+        """The asks and decisions on a task's tool calls."""
+        return self.query("tool_approval_list", id=task_id)
 
     def steps(self, task_id: uuid.UUID) -> list[Task]:
         """The steps and tool calls of one task, in the order they first started."""

@@ -18,6 +18,7 @@ from runtime.store.rows import NewTask
 from runtime.store.store import Store
 from runtime.wiring import Runtime, build_runtime
 from tests.approval_agents import PAID
+from tests.factories import expire_leases
 
 
 @pytest.fixture
@@ -46,8 +47,13 @@ def test_an_approved_tool_call_runs_once_after_the_approval(runtime: Runtime) ->
     hold = [e for e in store.events(task["id"]) if e["to_status"] == "awaiting_approval"]
     assert hold[0]["detail"].startswith("tool call 0#0.0 (send_payment) waits for a "
                                         "person's approval")
-    assert store.tool_call_approved(task["id"], hold[0]["detail"]) is False
-    assert store.approve(task["id"]).changed
+    # The ask names exactly the call: its id (the step's position), tool and arguments.
+    (ask,) = store.tool_approvals(task["id"])
+    assert (ask["phase"], ask["call_id"], ask["tool"], ask["status"]) == (
+        "run", "0#0.0", "send_payment", "asked")
+    assert store.approve(task["id"], note="go ahead").changed
+    (ask,) = store.tool_approvals(task["id"])
+    assert (ask["status"], ask["decided_by"]) == ("approved", "person")
     done = drive(runtime, task["id"], "done")
     assert len(PAID) == 1 and done["result"]["paid"] == [{"paid": True}]
     calls = store.model_calls(task["id"])
@@ -57,6 +63,24 @@ def test_an_approved_tool_call_runs_once_after_the_approval(runtime: Runtime) ->
         ("0#0", False), ("0#0", True), ("0#1", False)]
     (step,) = store.steps(task["id"])
     assert (step["name"], step["status"], step["starts"]) == ("send_payment", "finished", 1)
+    assert step["args_hash"] == ask["args_hash"]
+
+
+def test_a_redelivery_after_the_approval_does_not_ask_again(runtime: Runtime) -> None:
+    store = runtime.store
+    task, _ = store.submit(NewTask(to_agent="clerk", type="task", payload={"goal": "ACME"}))
+    drive(runtime, task["id"], "awaiting_approval")
+    assert store.approve(task["id"]).changed
+    # A worker claims the approved task and dies before it gets anywhere.
+    (claimed,) = store.claim(["clerk"], 1, "doomed", 30)
+    assert claimed["id"] == task["id"]
+    expire_leases(store)
+    assert store.reap(max_delivery=10).released == 1
+    done = drive(runtime, task["id"], "done")
+    assert len(PAID) == 1 and done["result"]["paid"] == [{"paid": True}]
+    holds = [e for e in store.events(task["id"]) if e["to_status"] == "awaiting_approval"]
+    assert len(holds) == 1
+    assert [a["status"] for a in store.tool_approvals(task["id"])] == ["approved"]
 
 
 def test_a_rejected_tool_call_never_runs(runtime: Runtime) -> None:
@@ -64,5 +88,10 @@ def test_a_rejected_tool_call_never_runs(runtime: Runtime) -> None:
     task, _ = store.submit(NewTask(to_agent="clerk", type="task", payload={"goal": "ACME"}))
     drive(runtime, task["id"], "awaiting_approval")
     assert store.reject(task["id"], "not this supplier").changed
-    assert store.get(task["id"])["status"] == "failed"
+    failed = store.get(task["id"])
+    assert (failed["status"], failed["error"]) == ("failed",
+                                                   "rejected by person: not this supplier")
     assert PAID == [] and store.steps(task["id"]) == []
+    (ask,) = store.tool_approvals(task["id"])
+    assert (ask["call_id"], ask["status"], ask["note"]) == (
+        "0#0.0", "denied", "rejected by person: not this supplier")

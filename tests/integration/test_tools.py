@@ -14,6 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from pydantic import BaseModel, Field
 
 from agents.tools import Tool
@@ -23,7 +24,7 @@ from runtime.errors import BudgetExceeded, LeaseLost
 from runtime.llm.backends.offline import OfflineBackend
 from runtime.llm.backends.ollama import OllamaBackend
 from runtime.llm.handle import LLMFactory, TaskLLM
-from runtime.llm.tool_loop import ToolApprovalNeeded, ToolRoundLimit
+from runtime.llm.tool_loop import ToolApprovalDenied, ToolApprovalNeeded, ToolRoundLimit
 from runtime.store.rows import NewTask
 from runtime.store.store import Store
 from tests.factories import expire_leases
@@ -243,6 +244,29 @@ def test_a_tool_that_requires_approval_is_never_run_without_it(store: Store) -> 
         llm_for(store, row, OfflineBackend()).complete(
             PROMPT, tools=[effects.tool(requires_approval=True)])
     assert effects.lines == []
+
+
+def test_a_denied_tool_call_ends_the_loop_and_another_call_asks_anew(store: Store) -> None:
+    row = new_task(store)
+    effects = Ledger()
+    llm = llm_for(store, row, OfflineBackend())
+    tools = [effects.tool(requires_approval=True)]
+    with pytest.raises(ToolApprovalNeeded):
+        llm.complete(PROMPT, tools=tools)
+    (ask,) = store.tool_approvals(row["id"])
+    with store.engine.begin() as conn:  # a person's decision (orgchart reject's update)
+        conn.execute(sa.text("UPDATE tool_approvals SET status = 'denied' "
+                             "WHERE task_id = :id"), {"id": row["id"]})
+    again = llm_for(store, row, OfflineBackend())
+    with pytest.raises(ToolApprovalDenied, match=r"tool call 0#0.0 \(lookup\) was denied"):
+        again.complete(PROMPT, tools=tools)
+    assert effects.lines == []
+    # The decision holds for that call only: another call id asks again.
+    with pytest.raises(ToolApprovalNeeded, match=r"tool call 1#0\.0"):
+        again.complete(PROMPT, tools=tools)
+    assert [(a["call_id"], a["status"]) for a in store.tool_approvals(row["id"])] == [
+        ("0#0.0", "denied"), ("1#0.0", "asked")]
+    assert ask["args_hash"]
 
 
 def test_a_tool_the_policy_refuses_is_never_run(store: Store) -> None:
