@@ -115,9 +115,11 @@ class BranchSteps:
         """As the ledger's."""
         return self._ledger.step_finish(end)
 
-    def tool_call_approved(self, task_id: uuid.UUID, detail: str) -> bool:
+    def tool_approval(self, task_id: uuid.UUID, lease_token: uuid.UUID, phase: str,
+                      call_id: str, tool: str, args_hash: str, args: str) -> str | None:
         """As the ledger's."""
-        return self._ledger.tool_call_approved(task_id, detail)
+        return self._ledger.tool_approval(task_id, lease_token, phase, call_id, tool,
+                                          args_hash, args)
 
 
 def step_ledger(ledger: Any, counterpart: uuid.UUID | None) -> Any:
