@@ -2,12 +2,19 @@
 
 Run as ``python tests/mcp_notes_server.py``; it speaks MCP through the official SDK's
 server side (``mcp.server.mcpserver.MCPServer``). ``MCP_NOTES_LOG`` names a file to which
-every ``lookup_note`` call appends one line (so a test can count side effects).
+every ``lookup_note`` call appends one line (so a test can count side effects);
+``MCP_NOTES_PIDS`` names a file to which the server appends its process id when it starts
+(so a test can kill it and count its restarts); while the file ``MCP_NOTES_NO_START``
+names exists, the server exits at once (a server that keeps dying).
 """
 
 from __future__ import annotations
 
 import os
+import sys
+
+if __name__ == "__main__" and os.path.exists(os.environ.get("MCP_NOTES_NO_START", "\0")):
+    sys.exit(1)  # before the SDK's imports: a server that dies at once
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -46,4 +53,8 @@ def refuse(reason: str) -> str:
 
 
 if __name__ == "__main__":
+    pids = os.environ.get("MCP_NOTES_PIDS")
+    if pids:
+        with open(pids, "a", encoding="utf-8") as out:
+            out.write(f"{os.getpid()}\n")
     server.run("stdio")

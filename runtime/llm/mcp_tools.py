@@ -9,6 +9,15 @@ the server's JSON schema; its calls go through the same durable-step path as any
 (recorded, replayed, fenced). A call that the server reports as an error raises
 :class:`McpToolError` (the model is told); a server that does not start or answer within
 ``timeout_seconds`` raises :class:`McpUnavailable`.
+
+**A server that dies is started again.** Each call first pings the server (one small
+request over its pipe); when the process is gone (it crashed, it was killed) the call
+starts a new one, up to :data:`RESTART_ATTEMPTS` times with a doubling wait from
+:data:`RESTART_BACKOFF_SECONDS`, then runs on it; when it keeps dying the call raises
+:class:`McpUnavailable` saying so. A server that dies *during* a call is not asked again
+by that call (the tool may have run: its step records the error, the model is told, and
+a redelivery runs the step again with its idempotency key); the next call restarts it.
+Concurrent calls restart a dead server once.
 """
 
 from __future__ import annotations
@@ -26,6 +35,13 @@ from runtime.errors import OrgchartError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: Starts of a dead server one call tries before it gives up.
+RESTART_ATTEMPTS = 3
+#: The wait before the second start (doubling for each next one; none before the first).
+RESTART_BACKOFF_SECONDS = 0.2
+#: The MCP error code of a closed connection (JSON-RPC ``-32000`` in the SDK).
+CONNECTION_CLOSED = -32000
 
 
 class McpUnavailable(OrgchartError):
@@ -50,6 +66,13 @@ def _result_value(result: Any) -> Any:
     return "\n".join(texts)
 
 
+def _reason(error: BaseException) -> str:
+    """An error in a few words: the first error inside nested exception groups."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return f"{type(error).__name__}: {error}"
+
+
 class _Server:
     """One running MCP server: its session, kept open by a task on the source's loop."""
 
@@ -62,6 +85,13 @@ class _Server:
         self.ready = asyncio.Event()
         self.error: BaseException | None = None
         self.task: asyncio.Future[None] | None = None
+        #: Set when its connection was found closed (the process died): start another.
+        self.dead = False
+
+    @property
+    def command(self) -> str:
+        """The server's command line, for messages."""
+        return " ".join(self.config.command)
 
     async def serve(self) -> None:
         """Start the server, list its tools, and hold the session until told to stop."""
@@ -93,6 +123,9 @@ class McpToolSource:
         self._tools: dict[str, tuple[Tool, ...]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
+        self._restarting: dict[str, asyncio.Lock] = {}  # on the source's loop
+        #: How often each server was started again after it died.
+        self.restarts: dict[str, int] = {}
 
     def tools_for(self, agent: str) -> tuple[Tool, ...]:
         """The MCP tools configured for ``agent`` (its servers are started now if needed)."""
@@ -108,32 +141,88 @@ class McpToolSource:
             return self._tools[name]
 
     def _start(self, name: str) -> _Server:
-        config = self.servers[name]
         loop = self._ensure_loop()
-        server = _Server(name, config)
+        return asyncio.run_coroutine_threadsafe(self._started(name), loop).result()
+
+    async def _started(self, name: str) -> _Server:
+        """Start server ``name`` on the source's loop; wait until its tools are listed."""
+        server = _Server(name, self.servers[name])
         self._running[name] = server
-
-        async def started() -> None:
-            server.task = asyncio.ensure_future(server.serve())
-            await asyncio.wait_for(server.ready.wait(), config.timeout_seconds)
-
+        server.task = asyncio.ensure_future(server.serve())
         try:
-            asyncio.run_coroutine_threadsafe(started(), loop).result()
+            await asyncio.wait_for(server.ready.wait(), server.config.timeout_seconds)
         except TimeoutError:
-            raise McpUnavailable(f"MCP server {name!r} ({' '.join(config.command)}) did not "
-                                 f"start within {config.timeout_seconds:g} s") from None
+            server.stop.set()
+            raise McpUnavailable(f"MCP server {name!r} ({server.command}) did not start "
+                                 f"within {server.config.timeout_seconds:g} s") from None
         if server.error is not None:
-            raise McpUnavailable(f"MCP server {name!r} ({' '.join(config.command)}) could "
-                                 f"not start: {server.error}") from server.error
+            raise McpUnavailable(f"MCP server {name!r} ({server.command}) could not start: "
+                                 f"{_reason(server.error)}") from server.error
         return server
+
+    async def _live(self, name: str) -> _Server:
+        """Server ``name`` alive (pinged), started again if it died (on the source's loop)."""
+        lock = self._restarting.setdefault(name, asyncio.Lock())
+        async with lock:  # concurrent calls that find it dead restart it once
+            server = self._running.get(name)
+            if server is not None and not server.dead and server.session is not None:
+                try:
+                    await asyncio.wait_for(server.session.send_ping(),
+                                           server.config.timeout_seconds)
+                    return server
+                except Exception as exc:  # closed, or not answering: start another
+                    log.warning("MCP server %r did not answer a ping (%s); starting it "
+                                "again", name, exc)
+            return await self._restart(name, server)
+
+    async def _restart(self, name: str, dead: _Server | None) -> _Server:
+        if dead is not None:
+            dead.dead = True
+            dead.stop.set()  # its session closes; its process, if any, is ended
+        error: BaseException | None = None
+        for attempt in range(RESTART_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(RESTART_BACKOFF_SECONDS * 2 ** (attempt - 1))
+            try:
+                server = await self._started(name)
+            except McpUnavailable as exc:
+                error = exc
+                continue
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            log.warning("MCP server %r started again (restart %d)", name, self.restarts[name])
+            return server
+        config = self.servers[name]
+        raise McpUnavailable(f"MCP server {name!r} ({' '.join(config.command)}) keeps dying: "
+                             f"{RESTART_ATTEMPTS} starts failed; last: {error}") from error
+
+    async def _call(self, name: str, tool: str, arguments: dict[str, Any]) -> Any:
+        """One tool call on a live server (on the source's loop)."""
+        server = await self._live(name)
+        try:
+            return await asyncio.wait_for(server.session.call_tool(tool, arguments),
+                                          server.config.timeout_seconds)
+        except TimeoutError:
+            raise
+        except Exception as exc:
+            if getattr(exc, "code", None) != CONNECTION_CLOSED:
+                raise
+            server.dead = True
+            raise McpUnavailable(f"MCP server {name!r} ({server.command}) closed the "
+                                 f"connection during tool {tool!r} (it may have run); it is "
+                                 "started again on the next call") from exc
 
     def _tool(self, server: _Server, spec: Any) -> Tool:
         schema = getattr(spec, "input_schema", None) or getattr(spec, "inputSchema", None)
         timeout = server.config.timeout_seconds
+        name = server.name
+
+        # The ping, the starts of a dead server (each within the timeout, with the waits
+        # between them) and the call itself: each step is bounded, and so is the whole.
+        bound = timeout * (RESTART_ATTEMPTS + 2) + RESTART_BACKOFF_SECONDS * 2 ** RESTART_ATTEMPTS
 
         async def call(**arguments: Any) -> Any:
-            return await self._on_loop(server.session.call_tool(spec.name, arguments),
-                                       timeout, f"tool {spec.name!r} of {server.name!r}")
+            return await self._on_loop(self._call(name, spec.name, arguments),
+                                       bound, f"tool {spec.name!r} of {name!r}")
 
         call.__name__ = spec.name
         return Tool(spec.name, spec.description or "", None, call,
@@ -146,7 +235,7 @@ class McpToolSource:
         try:
             return _result_value(await asyncio.wrap_future(future))
         except TimeoutError:
-            raise McpUnavailable(f"MCP {what} did not answer within {timeout:g} s") from None
+            raise McpUnavailable(f"MCP {what} did not answer in time") from None
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:

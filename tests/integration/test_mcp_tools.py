@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,17 +22,18 @@ from runtime.config import Settings
 from runtime.engine.ledger import StoreLedger
 from runtime.llm.backends.offline import OfflineBackend
 from runtime.llm.handle import LLMFactory
-from runtime.llm.mcp_tools import McpToolError, McpToolSource
+from runtime.llm.mcp_tools import McpToolError, McpToolSource, McpUnavailable
 from runtime.store.rows import NewTask
 from runtime.store.store import Store
 
 SERVER = str(Path(__file__).resolve().parents[1] / "mcp_notes_server.py")
 
 
-def mcp_settings(log: Path | None = None) -> Settings:
-    env = {"MCP_NOTES_LOG": str(log)} if log else {}
+def mcp_settings(log: Path | None = None, **env: str) -> Settings:
+    env = {"MCP_NOTES_LOG": str(log), **env} if log else env
     return Settings.model_validate({"mcp": {"servers": {"notes": {
-        "command": [sys.executable, SERVER], "env": env, "agents": ["trend_analyst"]}}}})
+        "command": [sys.executable, SERVER], "env": env, "agents": ["trend_analyst"],
+        "timeout_seconds": 20}}}})
 
 
 @pytest.fixture
@@ -97,3 +102,37 @@ def test_an_mcp_server_naming_an_unknown_agent_is_a_config_error(
     result = CliRunner().invoke(app, ["agents"],
                                 env={**orgchart_env, "ORGCHART_CONFIG": str(config)})
     assert result.exit_code == 2 and "trend_analyst" in result.output
+
+
+def test_a_killed_server_is_started_again_by_the_next_call(tmp_path: Path) -> None:
+    pids, no_start = tmp_path / "pids", tmp_path / "no-start"
+    source = McpToolSource(mcp_settings(tmp_path / "calls.log", MCP_NOTES_PIDS=str(pids),
+                                        MCP_NOTES_NO_START=str(no_start)))
+    try:
+        count = next(t for t in source.tools_for("trend_analyst") if t.name == "count_words")
+        assert asyncio.run(count.fn(text="one two three")) == 3
+        first = int(pids.read_text().split()[0])
+        os.kill(first, signal.SIGKILL)
+        wait_gone(first)
+        # The next call finds the process gone, starts another, and runs on it.
+        assert asyncio.run(count.fn(text="four five")) == 2
+        assert len(pids.read_text().split()) == 2 and source.restarts == {"notes": 1}
+        # A server that keeps dying: a bounded number of starts, then a clear error.
+        no_start.touch()
+        os.kill(int(pids.read_text().split()[-1]), signal.SIGKILL)
+        with pytest.raises(McpUnavailable, match=r"'notes' .* keeps dying: 3 starts failed"):
+            asyncio.run(count.fn(text="six"))
+        no_start.unlink()
+        assert asyncio.run(count.fn(text="seven eight nine ten")) == 4
+        assert len(pids.read_text().split()) == 3 and source.restarts == {"notes": 2}
+    finally:
+        source.close()
+
+
+def wait_gone(pid: int) -> None:
+    for _ in range(200):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
