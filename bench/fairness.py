@@ -22,6 +22,13 @@ delegates ``writers`` writers (one model call each) and aggregates with one call
   one tree of ``limit_writers`` writers of that tenant; every 50 ms, the tenant's running
   tasks (live leases) and the model server's calls in flight; the figure is the largest
   count over 10 (goal 0), with both maxima printed.
+- ``tenant_tokens_per_minute_overrun``: ``[tenants.metered] tokens_per_minute =
+  token_rate``, 2 worker processes, one tree of ``limit_writers`` writers of that tenant,
+  for ``window`` seconds from its submission; from the ``model_calls`` rows (tokens and
+  times), the most tokens any stretch of calls spent beyond what the bucket allows over it
+  (one minute's worth, plus the rate times the stretch and the model's ``delay``: a call
+  is charged when it ends, ``delay`` after its tokens were taken). Goal 0. Printed beside
+  it: the limit, the rate measured after the first minute's worth, the window.
 """
 
 from __future__ import annotations
@@ -211,21 +218,72 @@ def limit_overrun(tmp: Path, delay: float, writers: int, cap: int = 10,
             "tenant_limit_overrun": max(0, peak_running - cap, peak_calls - cap)}
 
 
+def token_rate_overrun(tmp: Path, delay: float, writers: int, window: float,
+                       rate: int = 1200, workers: int = 2,
+                       server: str | None = None) -> dict[str, Any]:
+    """tenant_tokens_per_minute_overrun: ``tokens_per_minute = rate`` across ``workers``."""
+    config = _config(tmp, f"[tenants.metered]\ntokens_per_minute = {rate}\n")
+    with scratch_database("fair_tokens", server) as url:
+        model_proc, model_url = start_model_server(delay)
+        procs = [start_worker(url, model_url, config) for _ in range(workers)]
+        store = open_store(url)
+        try:
+            start = time.time()
+            submit(store, 20, "metered", leads=min(45, max(1, writers // 20)))
+            time.sleep(window)
+            with store.engine.connect() as conn:
+                calls = [(float(r[0]), int(r[1])) for r in conn.execute(sa.text(
+                    "SELECT extract(epoch FROM m.created_at), "
+                    "m.prompt_tokens + m.completion_tokens "
+                    "FROM model_calls m JOIN tasks t ON t.id = m.task_id "
+                    "WHERE t.tenant = 'metered' AND m.created_at < to_timestamp(:b) "
+                    "ORDER BY m.created_at"), {"b": start + window})]
+        finally:
+            stop(procs)
+            model_proc.kill()
+            model_proc.wait()
+            store.dispose()
+    if not calls:
+        raise RuntimeError("no metered model call was made: the tree did not run")
+    overrun = 0.0
+    for i, (a, _) in enumerate(calls):  # every stretch of calls, from call i to call j
+        used = 0
+        for b, tokens in calls[i:]:
+            used += tokens
+            overrun = max(overrun, used - (rate + rate / 60 * (b - a + delay)))
+    total = sum(t for _, t in calls)
+    span = max(calls[-1][0] - start, 1e-9)
+    return {"tenant_tokens_per_minute_limit": rate, "tenant_tokens_window_seconds": window,
+            "tenant_tokens_workers": workers, "tenant_tokens_calls": len(calls),
+            "tenant_tokens_used": total,
+            "tenant_tokens_per_minute_measured": round(max(0, total - rate) / span * 60, 1),
+            "tenant_tokens_per_minute_overrun": round(overrun, 1)}
+
+
 def _in_flight(model_url: str) -> int:
     """The model server's calls in flight now."""
     with urllib.request.urlopen(model_url + "/stats", timeout=10) as resp:
         return int(json.loads(resp.read())["in_flight"])
 
 
+#: The measurements, by the name ``--only`` takes.
+PARTS = ("small", "share", "limit", "tokens")
+
+
 def main(wide: int = 2000, delay: float = 0.2, window: float = 30.0,
          share_writers: int = 2025, limit_writers: int = 200,
-         server: str | None = None) -> dict[str, Any]:
-    """Run the three measurements; print them."""
+         server: str | None = None, only: tuple[str, ...] = PARTS) -> dict[str, Any]:
+    """Run the measurements (all, or those ``only`` names); print them."""
     figures: dict[str, Any] = {"fair_model_delay_seconds": delay}
     with tempfile.TemporaryDirectory(prefix="orgchart-fair-") as tmp:
-        figures.update(small_tree_ratio(Path(tmp), delay, wide, server))
-        figures.update(share_error(Path(tmp), delay, share_writers, window, server))
-        figures.update(limit_overrun(Path(tmp), delay, limit_writers, server=server))
+        if "small" in only:
+            figures.update(small_tree_ratio(Path(tmp), delay, wide, server))
+        if "share" in only:
+            figures.update(share_error(Path(tmp), delay, share_writers, window, server))
+        if "limit" in only:
+            figures.update(limit_overrun(Path(tmp), delay, limit_writers, server=server))
+        if "tokens" in only:
+            figures.update(token_rate_overrun(Path(tmp), delay, 500, window, server=server))
     return report("fairness", figures)
 
 
@@ -237,6 +295,9 @@ if __name__ == "__main__":
     parser.add_argument("--window", type=float, default=30.0)
     parser.add_argument("--share-writers", type=int, default=2025)
     parser.add_argument("--limit-writers", type=int, default=200)
+    parser.add_argument("--only", default=",".join(PARTS),
+                        help=f"a comma-separated subset of {','.join(PARTS)}")
     args = parser.parse_args()
-    out = main(args.wide, args.delay, args.window, args.share_writers, args.limit_writers)
+    out = main(args.wide, args.delay, args.window, args.share_writers, args.limit_writers,
+               only=tuple(p.strip() for p in args.only.split(",")))
     print(json.dumps(out, default=str))
