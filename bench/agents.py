@@ -81,7 +81,8 @@ class MakespanPlanner(Agent):
         leads = int(task.payload.get("leads", 30))
         writers = int(task.payload.get("writers", 30))
         simulate = task.payload.get("simulate")
-        return Delegate([ChildSpec("mk_lead", {"goal": f"lead {i}", "writers": writers,
+        pad = "." * int(task.payload.get("pad", 0))  # longer prompts: dearer calls
+        return Delegate([ChildSpec("mk_lead", {"goal": f"lead {i}{pad}", "writers": writers,
                                                "simulate": simulate},
                                    key=f"lead-{i}") for i in range(leads)])
 

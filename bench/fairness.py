@@ -54,6 +54,9 @@ from runtime.store.rows import NewTask
 from runtime.store.store import Store
 
 AGENTS = "fair_root,mk_planner,mk_lead,mk_writer,judge"
+#: About what one cheap writer's call costs (its prompt and 4 completion tokens): the
+#: ``[scheduler] fair_quantum_tokens`` of fair_cost_share_error.
+CHEAP_CALL_TOKENS = 10
 
 
 def start_worker(url: str, model_url: str, config: Path) -> subprocess.Popen[str]:
@@ -82,14 +85,14 @@ def stop(procs: list[subprocess.Popen[str]]) -> None:
             proc.wait()
 
 
-def submit(store: Store, writers: int, tenant: str, leads: int = 0) -> uuid.UUID:
+def submit(store: Store, writers: int, tenant: str, leads: int = 0, pad: int = 0) -> uuid.UUID:
     """Under ``tenant`` (budgets never bind): a ``fair_root`` tree of ``writers`` writers,
     or with ``leads``, the makespan tree (1 -> leads -> writers each: ``[policies]
-    max_children`` is 50)."""
+    max_children`` is 50; ``pad`` characters more in each writer's prompt)."""
     agent = "mk_planner" if leads else "fair_root"
     root, _ = store.submit(NewTask(to_agent=agent, type="task",
                                    payload={"goal": f"fair {tenant}", "writers": writers,
-                                            "leads": leads},
+                                            "leads": leads, "pad": pad},
                                    budget_tokens=100_000_000, budget_usd=Decimal(100_000),
                                    tenant=tenant))
     return root["id"]  # type: ignore[no-any-return]
@@ -182,6 +185,55 @@ def share_error(tmp: Path, delay: float, writers: int, window: float,
             "fair_share_error": round(abs(share - 0.75) * 100, 2)}
 
 
+def cost_share_error(tmp: Path, delay: float, writers: int, window: float, pad: int = 330,
+                     server: str | None = None) -> dict[str, Any]:
+    """fair_cost_share_error: equal weights, one tenant's calls about 10x the other's."""
+    # max_wait_seconds: the dear tree's 2,000 tasks, ten steps apart, span 10,000 s of fair
+    # time; at the default (300 s) all but its first 60 would be capped at their creation
+    # plus 300 s, and taken in creation order beside the cheap tree's.
+    config = _config(tmp, f"[scheduler]\nfair_quantum_tokens = {CHEAP_CALL_TOKENS}\n"
+                          "max_wait_seconds = 3600\n")
+    with scratch_database("fair_cost", server) as url:
+        model_proc, model_url = start_model_server(delay)
+        worker = start_worker(url, model_url, config)
+        store = open_store(url)
+        try:
+            # A worker that has made calls (as a fleet's long-lived ones have): it claims
+            # by its model slots. A fresh one claims up to max_in_flight before its first
+            # call, so the dear tree's first few hundred tasks would go before its cost
+            # is known.
+            makespan(store, submit(store, 3, "warm"))
+            leads = min(45, max(1, writers // 45))
+            submit(store, 45, "cheap", leads=leads)
+            submit(store, 45, "dear", leads=leads, pad=pad)
+            time.sleep(min(5.0, window))  # warm-up
+            start = time.time()
+            time.sleep(window)
+            with store.engine.connect() as conn:
+                rows = {r[0]: (int(r[1]), int(r[2])) for r in conn.execute(sa.text(
+                    "SELECT t.tenant, sum(m.prompt_tokens + m.completion_tokens), count(*) "
+                    "FROM model_calls m JOIN tasks t ON t.id = m.task_id "
+                    "WHERE m.created_at >= to_timestamp(:a) "
+                    "AND m.created_at < to_timestamp(:b) "
+                    "GROUP BY t.tenant"), {"a": start, "b": start + window})}
+        finally:
+            stop([worker])
+            model_proc.kill()
+            model_proc.wait()
+            store.dispose()
+    (cheap, cheap_calls), (dear, dear_calls) = rows.get("cheap", (0, 0)), rows.get("dear", (0, 0))
+    if not cheap_calls or not dear_calls:
+        raise RuntimeError(f"a tenant made no call in the window: {rows}")
+    share = cheap / (cheap + dear)
+    return {"fair_cost_window_seconds": window,
+            "fair_cost_tokens_per_call": {"cheap": round(cheap / cheap_calls, 1),
+                                          "dear": round(dear / dear_calls, 1)},
+            "fair_cost_calls": {"cheap": cheap_calls, "dear": dear_calls},
+            "fair_cost_tokens": {"cheap": cheap, "dear": dear},
+            "fair_cost_cheap_percent": round(share * 100, 2),
+            "fair_cost_share_error": round(abs(share - 0.5) * 100, 2)}
+
+
 def limit_overrun(tmp: Path, delay: float, writers: int, cap: int = 10,
                   workers: int = 3, server: str | None = None) -> dict[str, Any]:
     """tenant_limit_overrun: ``max_in_flight = cap`` across ``workers`` processes."""
@@ -267,7 +319,7 @@ def _in_flight(model_url: str) -> int:
 
 
 #: The measurements, by the name ``--only`` takes.
-PARTS = ("small", "share", "limit", "tokens")
+PARTS = ("small", "share", "cost", "limit", "tokens")
 
 
 def main(wide: int = 2000, delay: float = 0.2, window: float = 30.0,
@@ -280,6 +332,9 @@ def main(wide: int = 2000, delay: float = 0.2, window: float = 30.0,
             figures.update(small_tree_ratio(Path(tmp), delay, wide, server))
         if "share" in only:
             figures.update(share_error(Path(tmp), delay, share_writers, window, server))
+        if "cost" in only:
+            figures.update(cost_share_error(Path(tmp), delay, share_writers, window,
+                                            server=server))
         if "limit" in only:
             figures.update(limit_overrun(Path(tmp), delay, limit_writers, server=server))
         if "tokens" in only:

@@ -268,12 +268,13 @@ class TenantSettings(_Section):
 class SchedulerSettings(_Section):
     """``[scheduler]``: fair claiming by fair time (``tasks.fair_at``; docs/operations.md).
 
-    One parent's children are spaced ``fair_quantum_seconds / weight`` apart after
-    ``max(now, the parent's fair time)``, and at most ``max_wait_seconds`` after creation.
+    A tree's tasks are ``fair_quantum_seconds / weight`` apart (times its average call's
+    tokens over ``fair_quantum_tokens``, if over 1), at most ``max_wait_seconds`` late.
     """
 
     fair_quantum_seconds: float = Field(0.5, ge=0, le=3600)
     max_wait_seconds: float = Field(300.0, gt=0, le=86_400)
+    fair_quantum_tokens: float = Field(1000.0, gt=0, le=10**9)
 
 
 class DoctorSettings(_Section):
@@ -357,10 +358,6 @@ class Settings(_Section):
         """The weight of ``tenant`` (1 when it has no ``[tenants.<name>]`` table)."""
         entry = self.tenants.get(tenant)
         return entry.weight if entry is not None else 1.0
-
-    def tenant_token_rates(self) -> dict[str, int]:
-        """``{tenant: tokens_per_minute}`` of the tenants that set one (docs/operations.md)."""
-        return {n: t.tokens_per_minute for n, t in self.tenants.items() if t.tokens_per_minute}
 
 
 def _split_list(value: Any) -> Any:

@@ -66,7 +66,7 @@ from runtime.llm.calls import (
 )
 from runtime.llm.gate import CallGate
 from runtime.llm.ledger import CallLedger, RecordedCall, RecordReader, step_ledger
-from runtime.llm.loop import CallLoop, StopCheck, Ticket, TokenMeter, stop_check
+from runtime.llm.loop import CallLoop, StopCheck, Ticket, TokenMeter, stop_check, token_rates
 from runtime.llm.reply import (
     NOT_RECORDED,
     Backend,
@@ -122,7 +122,7 @@ class LLMFactory:
         self.announcement = announcement or f"using the {backend.name} backend"
         self.calls = CallLoop()
         self.calls.max_wait_seconds = settings.scheduler.max_wait_seconds
-        self.calls.meter = TokenMeter(settings.tenant_token_rates(),  # tokens_per_minute
+        self.calls.meter = TokenMeter(token_rates(settings),  # tokens_per_minute
                                       getattr(ledger, "take_tokens", None), self.in_ledger)
         #: The start gate of every request: cancelled tasks and paused trees (gate.py).
         self.gate = CallGate(getattr(ledger, "gate_calls", None), self.in_ledger)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
+from runtime.config import Settings
 from runtime.errors import LeaseLost
 
 T = TypeVar("T")
@@ -145,6 +146,12 @@ class TokenMeter:
             log.warning("could not send a tenant's token refund", exc_info=True)
         finally:
             self._flushing.pop(tenant, None)
+
+
+def token_rates(settings: Settings) -> dict[str, int]:
+    """``{tenant: tokens_per_minute}`` of the tenants that set one."""
+    return {name: t.tokens_per_minute for name, t in settings.tenants.items()
+            if t.tokens_per_minute is not None}
 
 
 def stop_check(task_id: Any, lease_lost: threading.Event,

@@ -394,6 +394,10 @@ class TreeClock(Base):
     root_id: Mapped[uuid.UUID] = mapped_column(
         UUID(as_uuid=True), ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True)
     clock: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False)
+    #: Migration 0012: tokens charged to its calls, how many, and its step's multiple.
+    spent: Mapped[float] = mapped_column(Double, nullable=False, server_default="0")
+    calls: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    factor: Mapped[float] = mapped_column(Double, nullable=False, server_default="1")
 
 
 class TenantBucket(Base):

@@ -454,14 +454,16 @@ WITH input AS (
     -- Each tree's clock moves past the fair times handed out here (one row per tree,
     -- locked in root order: two batches of one tree's delegations take turns, never
     -- deadlock). base: the clock before, or now when it is behind (no banked credit).
+    -- factor: the tree's cost per call over fair_quantum_tokens (migration 0012; >= 1),
+    -- learnt by the charges (task_charge_running_many): its steps are that much longer.
     INSERT INTO tree_clocks AS tc (root_id, clock)
     SELECT root_id, now() + make_interval(secs => sum(n * step)) FROM spans
     GROUP BY root_id ORDER BY root_id
     ON CONFLICT (root_id) DO UPDATE
-        SET clock = GREATEST(now(), tc.clock) + (excluded.clock - now())
-    RETURNING tc.root_id,
+        SET clock = GREATEST(now(), tc.clock) + (excluded.clock - now()) * tc.factor
+    RETURNING tc.root_id, tc.factor,
               tc.clock - (SELECT make_interval(secs => sum(x.n * x.step)) FROM spans x
-                          WHERE x.root_id = tc.root_id) AS base
+                          WHERE x.root_id = tc.root_id) * tc.factor AS base
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, 'running', 'waiting', :worker, detail FROM parent
@@ -493,7 +495,7 @@ WITH input AS (
            -- never later than the child's creation plus :max_wait (nothing starves).
            p.tenant,
            LEAST(clock_timestamp() + make_interval(secs => CAST(:max_wait AS float8)),
-                 k.base + make_interval(secs => s.step * (s.before + c.n)))
+                 k.base + make_interval(secs => s.step * k.factor * (s.before + c.n)))
     FROM parent p
     JOIN spans s ON s.id = p.id
     JOIN clock k ON k.root_id = p.root_id
@@ -645,7 +647,8 @@ WITH input AS (
     -- One row per task: the sums of its calls, and the route of its last call (a sort,
     -- not a join of the batch with itself: that was quadratic in the batch's size).
     SELECT DISTINCT ON (id, token) id, token, route, route_reason, model,
-           sum(tokens) OVER task AS tokens, sum(usd) OVER task AS usd
+           sum(tokens) OVER task AS tokens, sum(usd) OVER task AS usd,
+           count(*) OVER task AS calls
     FROM input
     WINDOW task AS (PARTITION BY id, token)
     ORDER BY id, token, n DESC
@@ -665,7 +668,7 @@ WITH input AS (
                            -- are still recorded: the money was spent. None of its calls
                            -- starts after the cancel (the model-call gate).
                            OR t.status = 'cancelled')
-    RETURNING t.id, t.root_id, p.token, t.parent_id, t.status
+    RETURNING t.id, t.root_id, p.token, t.parent_id, t.status, p.tokens, p.calls
 ), calls AS (
     INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model,
                              prompt, response, prompt_tokens, completion_tokens,
@@ -678,6 +681,47 @@ WITH input AS (
            i.replayed, i.thinking, i.tool_calls
     FROM input i JOIN me ON me.id = i.id AND me.token = i.token
     ORDER BY i.n
+), cost AS (
+    -- Cost-weighted fair time (migration 0012): each tree that has a clock adds what its
+    -- calls spent, and its factor becomes its tokens per call over fair_tokens (at
+    -- least 1). Clocks are locked in root order, after the tasks (as a delegation does).
+    -- A factor moves only by more than a quarter (drift: a respacing is rare).
+    SELECT root_id, old, new, tokens, calls,
+           new NOT BETWEEN old * 0.8 AND old * 1.25 AS drift
+    FROM (
+        SELECT c.root_id, c.factor AS old, r.tokens, r.calls,
+               GREATEST(1.0, (c.spent + r.tokens) / GREATEST(c.calls + r.calls, 1)
+                             / CAST(:fair_tokens AS float8)) AS new
+        FROM tree_clocks c
+        JOIN (SELECT root_id, sum(tokens) AS tokens, sum(calls) AS calls
+              FROM me GROUP BY root_id) r ON r.root_id = c.root_id
+        ORDER BY c.root_id
+        FOR UPDATE OF c
+    ) l
+), frontier AS (
+    -- A drifting tree's frontier: its first pending fair time (now, if that is past).
+    SELECT k.root_id,
+           GREATEST(now(), (SELECT min(p.fair_at) FROM tasks p
+                            WHERE p.root_id = k.root_id AND p.status = 'pending')) AS at
+    FROM cost k WHERE k.drift
+), clocks AS (
+    -- The tree's clock and (below) its pending tasks are respaced by the ratio after its
+    -- frontier: its next task keeps its place, the ones after it move apart (or closer).
+    UPDATE tree_clocks c
+    SET spent = c.spent + k.tokens,
+        calls = c.calls + k.calls,
+        factor = CASE WHEN k.drift THEN k.new ELSE c.factor END,
+        clock = CASE WHEN k.drift AND c.clock > f.at
+                     THEN f.at + (c.clock - f.at) * (k.new / k.old) ELSE c.clock END
+    FROM cost k LEFT JOIN frontier f ON f.root_id = k.root_id
+    WHERE c.root_id = k.root_id
+    RETURNING c.root_id, k.old, k.new, k.drift, f.at
+), respaced AS (
+    UPDATE tasks t
+    SET fair_at = LEAST(t.created_at + make_interval(secs => CAST(:max_wait AS float8)),
+                        k.at + (t.fair_at - k.at) * (k.new / k.old))
+    FROM clocks k
+    WHERE k.drift AND t.root_id = k.root_id AND t.status = 'pending' AND t.fair_at > k.at
 )
 SELECT i.n, me.id, me.parent_id, me.status
 FROM input i JOIN me ON me.id = i.id AND me.token = i.token;

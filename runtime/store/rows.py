@@ -23,16 +23,8 @@ from runtime.config import (
 #: Every status a task can have; the CHECK constraint (models.py) and the code share this
 #: tuple (kept here, not in models.py: reading it must not load the ORM).
 STATUSES: tuple[str, ...] = (
-    "pending",
-    "running",
-    "waiting",
-    "ready_to_aggregate",
-    "judging",
-    "done",
-    "failed",
-    "escalated",
-    "cancelled",
-    "awaiting_approval",
+    "pending", "running", "waiting", "ready_to_aggregate", "judging", "done", "failed",
+    "escalated", "cancelled", "awaiting_approval",
 )
 #: Statuses that count as finished for fan-in (``cancelled`` counts as a failed child).
 TERMINAL_STATUSES: tuple[str, ...] = ("done", "failed", "escalated", "cancelled")
@@ -263,9 +255,9 @@ class Tenancy:
     """What the store needs of ``[tenants.*]`` and ``[scheduler]`` (claims, delegation).
 
     Attributes:
-        weights: each configured tenant's weight (others weigh 1).
-        caps: each tenant's ``max_in_flight``, for those that have one.
-        quantum_seconds: the fair-time spacing of one parent's children at weight 1.
+        weights / caps: each configured tenant's weight (others weigh 1); ``max_in_flight``.
+        quantum_seconds / quantum_tokens: a step of fair time at weight 1, and the tokens
+            per call of a tree whose steps are one (a dearer tree's are longer).
         max_wait_seconds: no child's fair time is later than its creation plus this.
 
     """
@@ -274,6 +266,7 @@ class Tenancy:
     caps: Mapping[str, int] = field(default_factory=dict)
     quantum_seconds: float = 0.5
     max_wait_seconds: float = 300.0
+    quantum_tokens: float = 1000.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Tenancy:
@@ -282,7 +275,8 @@ class Tenancy:
                    caps={n: t.max_in_flight for n, t in settings.tenants.items()
                          if t.max_in_flight is not None},
                    quantum_seconds=settings.scheduler.fair_quantum_seconds,
-                   max_wait_seconds=settings.scheduler.max_wait_seconds)
+                   max_wait_seconds=settings.scheduler.max_wait_seconds,
+                   quantum_tokens=settings.scheduler.fair_quantum_tokens)
 
     def claim_params(self) -> dict[str, Any]:
         """The claim's tenant parameters: capped tenants (sorted) and their caps."""
@@ -294,6 +288,10 @@ class Tenancy:
         names = sorted(self.weights)
         return {"tenant_names": names, "tenant_weights": [self.weights[n] for n in names],
                 "fair_quantum": self.quantum_seconds, "max_wait": self.max_wait_seconds}
+
+    def charge_params(self) -> dict[str, Any]:
+        """The charge statement's (a tree's cost per call sets its step)."""
+        return {"fair_tokens": self.quantum_tokens, "max_wait": self.max_wait_seconds}
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,8 @@ class StoreSpend(StoreReads):
         try:
             with self.transaction() as conn:
                 rows = conn.execute(_TEXT["task_charge_running_many"],
-                                    {"batch": dumps_fast(batch)}).all()
+                                    {"batch": dumps_fast(batch),
+                                     **self.tenancy.charge_params()}).all()
                 done = {r.n for r in rows}
                 late = sorted({r.id for r in rows if r.status == "cancelled" and r.parent_id})
                 if late:

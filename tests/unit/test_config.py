@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from runtime.config import ConfigError, load_settings
+from runtime.llm.loop import token_rates
 
 
 def test_defaults_match_the_seed(tmp_path: Path) -> None:
@@ -204,7 +205,7 @@ def test_tenant_tables_are_read_with_their_defaults(tmp_path: Path) -> None:
     assert s.tenants["acme"].weight == 3 and s.tenants["acme"].max_in_flight == 10
     assert s.tenants["beta"].max_in_flight is None and s.tenant_weight("beta") == 1.0
     assert s.tenant_weight("nobody") == 1.0
-    assert s.tenant_token_rates() == {}
+    assert token_rates(s) == {}
 
 
 def test_tokens_per_minute_is_read_per_tenant(tmp_path: Path) -> None:
@@ -212,4 +213,4 @@ def test_tokens_per_minute_is_read_per_tenant(tmp_path: Path) -> None:
     cfg.write_text("[tenants.acme]\ntokens_per_minute = 6000\n[tenants.beta]\nweight = 2\n")
     s = load_settings(cfg, env={})
     assert s.tenants["acme"].tokens_per_minute == 6000
-    assert s.tenant_token_rates() == {"acme": 6000}
+    assert token_rates(s) == {"acme": 6000}
