@@ -1,7 +1,7 @@
 """Cost-weighted fair time (issue 25): a tree's steps grow with what its calls cost.
 
 The charge statement (``task_charge_running_many``) adds a tree's tokens to its clock
-(migration 0011) and respaces its pending tasks when its cost per call moves; the claim
+(migration 0012) and respaces its pending tasks when its cost per call moves; the claim
 then takes a dear tree's tasks as often as its share of tokens allows.
 """
 
