@@ -179,6 +179,7 @@ class _Waiter:
     tree: Any = field(compare=False)
     enqueued: float = field(compare=False)
     future: asyncio.Future[None] = field(compare=False)
+    ticket: Ticket = field(compare=False)
 
 
 @dataclass
@@ -248,7 +249,7 @@ class FairSlots:
         tree = self._flow(self._trees, t.tree,
                           [self._trees[k] for k in trees if k in self._trees])
         waiter = _Waiter(t.priority, next(self._seq), t.tree, time.monotonic(),
-                         asyncio.get_running_loop().create_future())
+                         asyncio.get_running_loop().create_future(), t)
         heapq.heappush(trees.setdefault(t.tree, []), waiter)
         tenant.waiting += 1
         tree.waiting += 1
@@ -264,7 +265,6 @@ class FairSlots:
             else:
                 self._forget(t.tenant, waiter)
             raise
-        self._charge(t.tenant, t.tree, t.estimate, t.weight)
 
     def _forget(self, tenant: str, waiter: _Waiter) -> None:
         queue = self._queues[tenant][waiter.tree]
@@ -299,6 +299,11 @@ class FairSlots:
         tenant, waiter = self._next()
         heapq.heappop(self._queues[tenant][waiter.tree])
         self._dequeued(tenant, waiter.tree)
+        # Charged now, not when the waiter resumes: several slots freed at once (calls
+        # that started together end together) go one by one in fair order, not all to
+        # the flow that was ahead before the first of them.
+        t = waiter.ticket
+        self._charge(t.tenant, t.tree, t.estimate, t.weight)
         waiter.future.set_result(None)
 
     def release(self) -> None:

@@ -131,3 +131,35 @@ def test_the_worker_claims_no_more_than_one_round_of_model_slots_ahead() -> None
     assert room(8, 40, 60) == 0  # a deep queue at the slots: claim nothing more
     assert room(8, 40, 60, announced=True) == 4  # new work: a round more, 8 rounds in all
     assert room(8, 40, 30, announced=True) == 8
+
+
+def test_slots_freed_together_are_shared_in_fair_order() -> None:
+    """Four calls that started together end together: the four slots they free go in fair
+    order, each charged as it is handed out (a newcomer is not left for the next wave)."""
+
+    async def scenario() -> list[str]:
+        slots = FairSlots(4)
+        running = [slots.ticket("big", "B", estimate=10.0) for _ in range(4)]
+        for ticket in running:
+            await ticket.__aenter__()
+        granted: list[str] = []
+
+        async def call(tenant: str) -> None:
+            async with slots.ticket(tenant, tenant, estimate=10.0):
+                granted.append(tenant)
+                await asyncio.Event().wait()  # holds its slot
+
+        jobs = [asyncio.create_task(call("big")) for _ in range(20)]
+        await asyncio.sleep(0)
+        jobs.append(asyncio.create_task(call("small")))
+        await asyncio.sleep(0)
+        for ticket in running:  # one wave: all four end before any waiter resumes
+            await ticket.__aexit__(None, None, None)
+        await asyncio.sleep(0)
+        for job in jobs:
+            job.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
+        return granted
+
+    granted = asyncio.run(scenario())
+    assert len(granted) == 4 and "small" in granted, granted
