@@ -18,6 +18,12 @@ delegates ``writers`` writers (one model call each) and aggregates with one call
   a warm-up of 5 s (``window`` if shorter), each tenant's share of the tokens of the
   calls made, against 75/25;
   the figure is the larger distance in percentage points. Goal <= 5.
+- ``fair_cost_share_error``: tenants ``cheap`` and ``dear`` of equal weight, each a tree
+  of ``share_writers`` writers, the dear one's prompts padded to about 10x the tokens
+  (``[scheduler] fair_quantum_tokens`` = a cheap call's tokens, ``max_wait_seconds`` =
+  3600), on a worker that has made calls before (a 4-task tree first); over ``window``
+  seconds after a warm-up of 5 s, each tenant's share of the tokens, against 50/50; the
+  figure is the distance in points (claiming by task count gives about 41).
 - ``tenant_limit_overrun``: ``[tenants.capped] max_in_flight = 10``, 3 worker processes,
   one tree of ``limit_writers`` writers of that tenant; every 50 ms, the tenant's running
   tasks (live leases) and the model server's calls in flight; the figure is the largest
