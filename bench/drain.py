@@ -11,7 +11,9 @@ PostgreSQL server (when it runs on this machine) spent, per task, says which sid
 bottleneck.
 
 A short sweep over a few settings (processes x concurrency x batch size) on a smaller
-queue picks the best for this machine; the full queue then runs with it.
+queue picks the best for this machine; the full queue then runs with it, and again with
+one worker at the defaults (``1xdefault``) unless that was the best: the defaults' figures
+(``drain_defaults_*``) come from the same number of tasks as pgqueuer's best drain.
 
     python -m bench.drain [--tasks 20000] [--sweep-tasks 10000] [--settings 1xdefault,2x32x100,...]
 """
@@ -155,7 +157,11 @@ def trial(url: str, n: int, setting: Setting, timeout: float = 600.0) -> dict[st
 
 def measure(url: str, n: int = 20_000, sweep_n: int = 10_000,
             grid: tuple[str, ...] = DEFAULT_GRID) -> dict[str, Any]:
-    """Sweep ``grid`` on ``sweep_n`` tasks, then drain ``n`` with the best setting."""
+    """Sweep ``grid`` on ``sweep_n`` tasks, then drain ``n`` with the best.
+
+    One worker at the defaults (``1xdefault``, when in the grid) also drains the full
+    ``n`` tasks: the figure set beside pgqueuer's best, which drains ``n`` jobs too.
+    """
     settings = [Setting.parse(s) for s in grid]
     sweep: list[dict[str, Any]] = []
     if len(settings) > 1:
@@ -169,6 +175,13 @@ def measure(url: str, n: int = 20_000, sweep_n: int = 10_000,
     final = trial(url, n, best)
     if final["events_per_task"] < EVENTS_PER_TASK:
         raise RuntimeError(f"only {final['events_per_task']} events per task were written")
+    defaults = Setting(1, None, None)
+    at_defaults: dict[str, Any] | None = None
+    if best == defaults:
+        at_defaults = final
+    elif defaults in settings:
+        at_defaults = trial(url, n, defaults)
+        print(f"  {defaults} on {n}: {at_defaults['tasks_per_s']} tasks/s", flush=True)
     return {
         "drain_tasks_per_s": final["tasks_per_s"],
         "drain_seconds": final["seconds"],
@@ -181,19 +194,22 @@ def measure(url: str, n: int = 20_000, sweep_n: int = 10_000,
         "drain_worker_cpu_ms_per_task": final["worker_cpu_ms_per_task"],
         "drain_postgres_cpu_ms_per_task": final["postgres_cpu_ms_per_task"],
         "drain_sweep": sweep,
-        **_at_defaults(sweep),
+        **_at_defaults(at_defaults),
     }
 
 
-def _at_defaults(sweep: list[dict[str, Any]]) -> dict[str, Any]:
-    """The sweep's one-worker-at-the-defaults trial, as figures of their own."""
-    for trial_ in sweep:
-        if trial_["setting"] == "1xdefault":
-            return {"drain_defaults_tasks_per_s": trial_["tasks_per_s"],
-                    "drain_defaults_tasks_per_s_after_startup":
-                        trial_["tasks_per_s_after_startup"],
-                    "drain_defaults_worker_cpu_ms_per_task": trial_["worker_cpu_ms_per_task"]}
-    return {}
+def _at_defaults(trial_: dict[str, Any] | None) -> dict[str, Any]:
+    """One worker at the defaults on the full queue, as figures of their own."""
+    if trial_ is None:
+        return {}
+    if trial_["events_per_task"] < EVENTS_PER_TASK:
+        raise RuntimeError(f"only {trial_['events_per_task']} events per task were written")
+    return {"drain_defaults_tasks_per_s": trial_["tasks_per_s"],
+            "drain_defaults_tasks": trial_["tasks"],
+            "drain_defaults_tasks_per_s_after_startup": trial_["tasks_per_s_after_startup"],
+            "drain_defaults_events_per_task": trial_["events_per_task"],
+            "drain_defaults_worker_cpu_ms_per_task": trial_["worker_cpu_ms_per_task"],
+            "drain_defaults_postgres_cpu_ms_per_task": trial_["postgres_cpu_ms_per_task"]}
 
 
 def main(n: int = 20_000, sweep_n: int = 10_000, grid: tuple[str, ...] = DEFAULT_GRID,

@@ -160,6 +160,7 @@ def main(n: int = 20_000, sweep_n: int = 10_000, server: str | None = None,
         "pgqueuer_cpu_ms_per_job": round(cpu_ms, 4),
         "pgqueuer_postgres_cpu_ms_per_job": None if server_ms is None else round(server_ms, 4),
         "n": n,
+        "pgqueuer_jobs": n,
     })
 
 

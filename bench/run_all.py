@@ -149,12 +149,36 @@ def run(only: tuple[str, ...] = ORDER, quick: bool = False,
             out["drain_tasks_per_s"] / out["reference_batched_tasks_per_s"], 3)
     if "drain_tasks_per_s" in out and "pgqueuer_jobs_per_s" in out:
         out["drain_vs_pgqueuer"] = round(out["drain_tasks_per_s"] / out["pgqueuer_jobs_per_s"], 2)
-    if "drain_defaults_tasks_per_s" in out and "pgqueuer_jobs_per_s" in out:
-        out["drain_defaults_vs_pgqueuer"] = round(
-            out["drain_defaults_tasks_per_s"] / out["pgqueuer_jobs_per_s"], 2)
+    out.update(_defaults_vs_pgqueuer(out))
     out["durations_s"] = durations
     out["total_s"] = round(time.perf_counter() - started, 1)
     return out
+
+
+def _defaults_vs_pgqueuer(out: dict[str, Any]) -> dict[str, Any]:
+    """One worker at the defaults against pgqueuer's best, like for like.
+
+    Both drained the same number of tasks on the same server in this run, start-up
+    counted; the CPU per task of both sides' processes and of PostgreSQL stand beside.
+    """
+    if "drain_defaults_tasks_per_s" not in out or "pgqueuer_jobs_per_s" not in out:
+        return {}
+    if out.get("drain_defaults_tasks") != out.get("pgqueuer_jobs"):
+        raise RuntimeError(f"the defaults drained {out.get('drain_defaults_tasks')} tasks and "
+                           f"pgqueuer {out.get('pgqueuer_jobs')} jobs: not comparable")
+    ours = (out["drain_defaults_worker_cpu_ms_per_task"],
+            out["drain_defaults_postgres_cpu_ms_per_task"])
+    theirs = (out["pgqueuer_cpu_ms_per_job"], out["pgqueuer_postgres_cpu_ms_per_job"])
+    return {
+        "drain_defaults_vs_pgqueuer": round(
+            out["drain_defaults_tasks_per_s"] / out["pgqueuer_jobs_per_s"], 2),
+        "drain_defaults_vs_pgqueuer_cpu_ms_per_task": {
+            "tasks": out["pgqueuer_jobs"],
+            "orgchart_worker": ours[0], "orgchart_postgres": ours[1],
+            "pgqueuer_worker": theirs[0], "pgqueuer_postgres": theirs[1],
+            "orgchart_total": None if None in ours else round(sum(ours), 4),
+            "pgqueuer_total": None if None in theirs else round(sum(theirs), 4)},
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -172,7 +196,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"== wrote {args.out} ({result['total_s']} s)")
     for key in ("drain_tasks_per_s", "drain_settings", "reference_tasks_per_s",
                 "reference_after_drain_tasks_per_s", "drain_vs_reference",
-                "pgqueuer_jobs_per_s", "drain_vs_pgqueuer",
+                "pgqueuer_jobs_per_s", "drain_vs_pgqueuer", "drain_defaults_tasks_per_s",
+                "drain_defaults_vs_pgqueuer", "drain_defaults_vs_pgqueuer_cpu_ms_per_task",
                 "pickup_p50_ms", "pickup_p95_ms", "fanin_p95_ms", "claim_ms_small_table",
                 "claim_ms_1m_finished", "tree_ms_10k", "scrape_ms_1m_finished",
                 "worker_peak_rss_mb",

@@ -51,7 +51,7 @@ def test_reference(server_url: str) -> None:
 def test_pgqueuer_drain(server_url: str) -> None:
     figures = pgqueuer_drain.main(n=200, sweep_n=100, grid=("1x2x10",), server=server_url)
     _numbers(figures, "pgqueuer_jobs_per_s", "pgqueuer_cpu_ms_per_job")
-    assert figures["n"] == 200
+    assert figures["n"] == figures["pgqueuer_jobs"] == 200
 
 
 def test_drain(server_url: str) -> None:
@@ -59,11 +59,29 @@ def test_drain(server_url: str) -> None:
     _numbers(figures, "drain_tasks_per_s", "drain_seconds", "drain_tasks_per_s_after_startup",
              "drain_worker_peak_rss_mb", "drain_defaults_tasks_per_s")
     assert figures["drain_events_per_task"] == 4.0
-    _numbers(figures, "drain_worker_cpu_ms_per_task")
+    # The defaults drain the full queue too (the figure set beside pgqueuer's best).
+    assert figures["drain_defaults_tasks"] == 200
+    assert figures["drain_defaults_events_per_task"] == 4.0
+    _numbers(figures, "drain_worker_cpu_ms_per_task", "drain_defaults_worker_cpu_ms_per_task")
     assert figures["drain_postgres_cpu_ms_per_task"] is None or \
         figures["drain_postgres_cpu_ms_per_task"] >= 0  # None: the server is not on this machine
     assert len(figures["drain_sweep"]) == 2
     assert set(figures["drain_settings"]) == {"processes", "concurrency", "batch_size"}
+
+
+def test_defaults_against_pgqueuer_only_on_the_same_queue() -> None:
+    out = {"drain_defaults_tasks_per_s": 3000.0, "drain_defaults_tasks": 20_000,
+           "drain_defaults_worker_cpu_ms_per_task": 0.2,
+           "drain_defaults_postgres_cpu_ms_per_task": 0.1,
+           "pgqueuer_jobs_per_s": 6000.0, "pgqueuer_jobs": 20_000,
+           "pgqueuer_cpu_ms_per_job": 0.14, "pgqueuer_postgres_cpu_ms_per_job": None}
+    figures = run_all._defaults_vs_pgqueuer(out)
+    assert figures["drain_defaults_vs_pgqueuer"] == 0.5
+    cpu = figures["drain_defaults_vs_pgqueuer_cpu_ms_per_task"]
+    assert cpu["orgchart_total"] == 0.3 and cpu["pgqueuer_total"] is None
+    with pytest.raises(RuntimeError, match="not comparable"):
+        run_all._defaults_vs_pgqueuer({**out, "pgqueuer_jobs": 10_000})
+    assert run_all._defaults_vs_pgqueuer({"pgqueuer_jobs_per_s": 1.0}) == {}
 
 
 def test_drain_setting_errors() -> None:
