@@ -179,10 +179,17 @@ class ThreadRunner:
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in one of the threads; return (or raise) what it does."""
+        return await self.submit(fn, *args)
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """:meth:`run` without a coroutine: the future of ``fn(*args)``, on the running loop.
+
+        Cancelling the future before a thread takes the call skips it.
+        """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._jobs.put((handoff_for(loop), future, fn, args))
-        return await future
+        return future
 
     def shutdown(self, wait: bool = True, cancel_pending: bool = False) -> None:
         """Stop the threads once the queued calls have run (``cancel_pending``: drop them).

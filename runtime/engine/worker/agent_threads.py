@@ -20,6 +20,7 @@ aborted while it runs has its thread run to the end and its result ignored.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -82,6 +83,11 @@ class SyncAgentRunner:
     async def run(self, item: InFlight) -> Action:
         """:meth:`execute` in one of the threads (inline before :meth:`start`)."""
         return await self.blocking(self.execute, item)
+
+    def submit(self, item: InFlight) -> asyncio.Future[Action] | None:
+        """:meth:`execute` in one of the threads, as a future; None before :meth:`start`."""
+        runner = self._runner
+        return None if runner is None else runner.submit(self.execute, item)
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking call in one of the threads (inline before :meth:`start`)."""

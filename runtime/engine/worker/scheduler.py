@@ -1,4 +1,4 @@
-"""The async scheduler: claims what there is room for, runs one coroutine per task, writes.
+"""The async scheduler: claims what there is room for, works on each task, writes.
 
 On the worker's one event loop:
 
@@ -7,9 +7,11 @@ On the worker's one event loop:
   held at once. It wakes on a notification, on room freed, and polls every
   ``poll_interval_seconds`` as a fallback (a room smaller than the claim threshold is
   filled at the next poll);
-- **one coroutine per task** (:meth:`Scheduler.action_for`): an ``async def`` agent is
-  awaited on the loop (its model calls run in parallel); a sync agent and the judge run
-  in the :class:`~runtime.engine.worker.agent_threads.SyncAgentRunner`'s threads;
+- **the work of each task** (:mod:`runtime.engine.worker.dispatch`): an ``async def``
+  agent is awaited on the loop (its model calls run in parallel), one coroutine per task;
+  a sync agent and the judge run in the
+  :class:`~runtime.engine.worker.agent_threads.SyncAgentRunner`'s threads, their futures
+  handing the actions on;
 - **the writer**: actions that arrive within :data:`WRITE_WINDOW_SECONDS` are written
   together (:meth:`~runtime.engine.worker.steps.Steps.apply`); a task stays held (and
   heartbeated) until its outcome is written;
@@ -35,7 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from runtime.engine.actions import Action, Dropped
+from runtime.engine.actions import Action
 from runtime.engine.threads import ThreadRunner
 from runtime.engine.worker.agent_threads import SyncAgentRunner, serves_async_agents
 from runtime.engine.worker.config import (
@@ -47,17 +49,17 @@ from runtime.engine.worker.config import (
     WRITE_WINDOW_SECONDS,
     WorkerConfig,
 )
+from runtime.engine.worker.dispatch import Dispatch
 from runtime.engine.worker.state import DbHealth, Held, InFlight, Wake
 from runtime.engine.worker.steps import Steps
 from runtime.store import db
-from runtime.store.rows import RunOutcome
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 
-class Scheduler:
+class Scheduler(Dispatch):
     """Claims, dispatches and writes on one event loop (see the module doc)."""
 
     def __init__(self, steps: Steps, agents: SyncAgentRunner, config: WorkerConfig,
@@ -75,23 +77,6 @@ class Scheduler:
         self.async_agents = serves_async_agents(self.executor, config.run_agents)
         self._db_threads: ThreadRunner | None = None
         self._queue: asyncio.Queue[InFlight] | None = None
-
-    # ------------------------------------------------------------------ one task
-    async def action_for(self, item: InFlight) -> Action:
-        """Run one held task to its action: the one path, for the loop and the step API."""
-        try:
-            if item.kind == "run" and self.async_agents and self.executor.is_async(item.row):
-                return await self.executor.aexecute(item.row, item.lease_lost,
-                                                    self.agents.blocking)
-            return await self.agents.run(item)
-        except Exception as exc:  # the executor catches agent errors; this is a bug
-            log.exception("executor crashed", extra={"task_id": str(item.row.id)})
-            return RunOutcome(item.row.id, item.row.lease, "failed",
-                              error=f"runtime error: {exc}")
-
-    async def step(self, items: list[InFlight]) -> list[Action]:
-        """The actions of ``items``, worked on together (the step API's pass)."""
-        return list(await asyncio.gather(*(self.action_for(i) for i in items)))
 
     # ------------------------------------------------------------------ room
     @property
@@ -219,22 +204,6 @@ class Scheduler:
         for error in errors:  # what the other claims got still runs
             self.health.error("claims", error)
         return items
-
-    def _start(self, item: InFlight) -> None:
-        self.held.add(item)
-        item.job = asyncio.get_running_loop().create_task(self._work(item))
-
-    async def _work(self, item: InFlight) -> None:
-        """Run one task to its action and hand the action to the writer."""
-        assert self._queue is not None
-        try:
-            action = await self.action_for(item)
-        except asyncio.CancelledError:
-            if item.abort_reason is None:
-                raise  # the worker is stopping: the task is released, not written
-            action = Dropped(item.row.id, item.abort_reason)
-        item.action = action
-        self._queue.put_nowait(item)
 
     async def _writer_loop(self) -> None:
         """Write what arrives within a few milliseconds together; retry on database errors."""

@@ -17,6 +17,7 @@ import logging
 import threading
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from runtime.engine.actions import Action
 from runtime.engine.worker.config import WorkerStats
@@ -36,7 +37,8 @@ class InFlight:
         lease_lost: set when the task was taken away; the agent sees it as
             ``ctx.lease_lost`` and its model calls raise ``LeaseLost``.
         action: what the writer will write, once the work is done.
-        job: the asyncio task working on it (None when stepped by hand, or not started).
+        job: the asyncio task working on it, or the future of its thread (a sync agent,
+            the judge); None when stepped by hand, or not started.
         abort_reason: why :meth:`abort` stopped it, if it did.
 
     """
@@ -45,7 +47,7 @@ class InFlight:
     kind: str  # "run" or "judge"
     lease_lost: threading.Event = field(default_factory=threading.Event)
     action: Action | None = None
-    job: asyncio.Task[None] | None = None
+    job: asyncio.Future[Any] | None = None
     abort_reason: str | None = None
 
     @property
