@@ -234,6 +234,36 @@ def test_a_lost_hook_hears_of_the_task_taken_away_and_can_abort_its_work(
     assert runtime.store.get(task["id"])["status"] == "failed"
 
 
+def test_an_aborted_sync_task_is_dropped_at_once_while_its_thread_runs_on(
+        runtime: Runtime) -> None:
+    # A sync agent's task is worked on through its thread's future (no coroutine):
+    # aborting it cancels the future, the task is dropped and no longer held right away,
+    # and the agent's result, when its thread ends, is ignored.
+    task = submit(runtime.store, "echo", {"goal": "g", "sleep": 3.0})
+    worker = runtime.worker(["echo"], maintenance=False, listen=False, lease_seconds=30)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(worker.held) < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (item,) = worker.held.items()
+        assert item.job is not None and not isinstance(item.job, asyncio.Task)
+        started = time.monotonic()
+        item.abort("taken away")
+        while worker.stats.dropped < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert worker.stats.dropped == 1 and len(worker.held) == 0
+        assert time.monotonic() - started < 2.0  # not after the 3 s nap
+        assert item.lease_lost.is_set()
+        time.sleep(3.2)  # the nap ends: its result is not written
+        assert sum(worker.stats.outcomes.values()) == 0
+    finally:
+        worker.stop("test")
+        thread.join(10)
+    assert runtime.store.get(task["id"])["status"] == "running"  # left to the reaper
+
+
 def test_worker_run_with_once_drains_and_exits(runtime: Runtime) -> None:
     ids = [submit(runtime.store, "echo", {"goal": str(i)})["id"] for i in range(30)]
     worker = runtime.worker(None, once=True, concurrency=4, batch_size=8)
