@@ -67,8 +67,9 @@ class StoreLedger:
     def recorded_calls(self, lookups: Sequence[RecordLookup]) -> list[RecordedCall | None]:
         """Many look-ups of :meth:`recorded_call` in one statement, in order."""
         rows = self.store.recorded_calls_many([
-            {"n": n, "task_id": lk.task_id, "counterpart": lk.counterpart, "phase": lk.phase,
-             "position": lk.position, "hashes": list(lk.hashes)}
+            {"n": n, "task_id": str(lk.task_id),
+             "counterpart": None if lk.counterpart is None else str(lk.counterpart),
+             "phase": lk.phase, "position": lk.position, "hashes": lk.hashes}
             for n, lk in enumerate(lookups)])
         return [_recorded(rows[n]) if n in rows else None for n in range(len(lookups))]
 

@@ -88,8 +88,9 @@ class Completion:
     tool_rounds: int = 0
 
 
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+#: ``json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)``, the encoder
+#: made once (``json.dumps`` with options builds one per call).
+_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str).encode
 
 
 def request_hashes(models: Sequence[str], messages: list[Message],
@@ -102,8 +103,9 @@ def request_hashes(models: Sequence[str], messages: list[Message],
     it is built once and each model's hash is the same bytes :func:`request_hash` hashes.
     """
     head = '{"messages":' + _canonical(messages) + ',"model":'
-    tail = (',"options":' + _canonical({"num_predict": max_tokens, "think": think})
-            + ',"schema":' + _canonical(schema)
+    tail = (',"options":{"num_predict":' + _canonical(max_tokens)
+            + (',"think":true}' if think else ',"think":false}')
+            + ',"schema":' + ("null" if schema is None else _canonical(schema))
             + (',"tools":' + _canonical(tools) if tools else "") + "}")
     return {model: hashlib.sha256((head + _canonical(model) + tail).encode()).hexdigest()
             for model in models}
@@ -177,22 +179,24 @@ class Rows:
                        replayed=True, call_try=0)
 
 
-#: The columns of a replayed call's row carried by the task's finishing write.
-_REPLAY_COLUMNS = ("attempt", "call_index", "backend", "route", "route_reason", "model",
-                   "prompt", "response", "phase", "position", "request_hash", "thinking",
-                   "tool_calls")
-
-
-def replay_record(charge: ModelCharge) -> dict[str, Any]:
+def replay_record(rows: Rows, call: Call, reply: ModelReply,
+                  at: dt.datetime) -> dict[str, Any]:
     """A replayed call's row as JSON for the task's finishing write (``stamp["replays"]``).
 
-    ``at`` is when the call was served (the row's ``created_at``: the waterfall places it
-    there, not at the finish). The finishing statement inserts it with ``replayed``,
-    zero tokens and cost, in the transaction that ends the delivery, fenced by its lease.
+    The columns of :meth:`Rows.replayed` the finishing statement does not fill itself
+    (``replayed``, zero tokens and cost); ``at`` is when the call was served (the row's
+    ``created_at``: the waterfall places it there, not at the finish).
     """
-    record = {name: getattr(charge, name) for name in _REPLAY_COLUMNS}
-    record["at"] = dt.datetime.now(dt.UTC).isoformat()
-    return record
+    kept = rows.record
+    return {"attempt": rows.attempt, "call_index": call.call_index, "backend": reply.backend,
+            "route": call.route.route, "route_reason": call.route.reason,
+            "model": call.route.model, "prompt": call.stored_prompt,
+            "response": reply.text if kept else None, "phase": rows.phase,
+            "position": call.position, "request_hash": call.request_hash,
+            "thinking": reply.thinking if kept else None,
+            "tool_calls": ([c.as_json() for c in reply.tool_calls] if reply.tool_calls
+                           else None),
+            "at": at.isoformat()}
 
 
 class HeldReplays:
@@ -209,21 +213,24 @@ class HeldReplays:
     def __init__(self, ledger: Any, lease_lost: Any) -> None:
         self._ledger = ledger
         self._lease_lost = lease_lost
-        self._held: list[ModelCharge] | None = None
+        self._held: list[tuple[Rows, Call, ModelReply, dt.datetime]] | None = None
 
     def defer(self) -> None:
         """From now on, hold the rows (:meth:`hold`) instead of writing them at once."""
         if self._held is None:
             self._held = []
 
-    def hold(self, charge: ModelCharge) -> bool:
-        """Hold one row; False when rows are not held (the caller writes it)."""
+    def hold(self, rows: Rows, call: Call, reply: ModelReply) -> bool:
+        """Hold one replayed call's row; False when rows are not held (the caller writes it).
+
+        Only what the row is made of is kept (the row is built by :func:`held_replays`).
+        """
         if self._held is None:
             return False
-        self._held.append(charge)
+        self._held.append((rows, call, reply, dt.datetime.now(dt.UTC)))
         return True
 
-    def take(self) -> list[ModelCharge]:
+    def take(self) -> list[tuple[Rows, Call, ModelReply, dt.datetime]]:
         """The rows held so far (no longer held)."""
         held = self._held or []
         if self._held is not None:
@@ -237,8 +244,8 @@ class HeldReplays:
         """
         held = self.take()
         if not self._lease_lost.is_set():
-            for charge in held:
-                self._ledger.charge(charge)
+            for rows, call, reply, _ in held:
+                self._ledger.charge(rows.replayed(call, reply))
 
 
 L = TypeVar("L")
@@ -262,7 +269,7 @@ def held_replays(llm: Any, carried: bool) -> list[dict[str, Any]]:
     if not isinstance(held, HeldReplays):
         return []
     if carried:
-        return [replay_record(c) for c in held.take()]
+        return [replay_record(*held_row) for held_row in held.take()]
     held.flush()
     return []
 

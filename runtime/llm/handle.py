@@ -495,6 +495,6 @@ class TaskLLM:
         if replay is None:
             return None
         call, reply = replay
-        if not self.replays.hold(charge := self._rows.replayed(call, reply)):  # write it now
-            await self._charge(charge)
+        if not self.replays.hold(self._rows, call, reply):  # not held: written now
+            await self._charge(self._rows.replayed(call, reply))
         return answered(call, reply, reply.data, self.offline, replayed=True)
