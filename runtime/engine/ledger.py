@@ -13,10 +13,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from runtime.engine.charges import ChargeWriter
-from runtime.engine.step_writer import AsyncStepWriter
+from runtime.engine.step_writer import AsyncStepWriter, psycopg_sql
 from runtime.llm.ledger import RecordedCall, RecordLookup
-from runtime.store.rows import ModelCharge, StepBegin, StepEnd, StepRecord
+from runtime.store.queries import QUERIES
+from runtime.store.rows import ModelCharge, StepBegin, StepEnd, StepRecord, dumps_fast
 from runtime.store.store import Store
+
+_RECORDED_MANY = psycopg_sql(QUERIES["model_call_get_recorded_many"])
 
 
 class StoreLedger:
@@ -66,12 +69,20 @@ class StoreLedger:
 
     def recorded_calls(self, lookups: Sequence[RecordLookup]) -> list[RecordedCall | None]:
         """Many look-ups of :meth:`recorded_call` in one statement, in order."""
-        rows = self.store.recorded_calls_many([
-            {"n": n, "task_id": str(lk.task_id),
-             "counterpart": None if lk.counterpart is None else str(lk.counterpart),
-             "phase": lk.phase, "position": lk.position, "hashes": lk.hashes}
-            for n, lk in enumerate(lookups)])
+        rows = self.store.recorded_calls_many(_lookups(lookups))
         return [_recorded(rows[n]) if n in rows else None for n in range(len(lookups))]
+
+    async def arecorded_calls(self, lookups: Sequence[RecordLookup]
+                              ) -> list[RecordedCall | None]:
+        """:meth:`recorded_calls` from a coroutine, on the running loop's own connection.
+
+        A re-run replays a call per task: through the Store each batch cost a thread hop, a
+        pool checkout with its pre-ping (a round trip) and SQLAlchemy's statement handling.
+        """
+        rows = await self.step_writer.fetch_all(
+            _RECORDED_MANY, {"batch": dumps_fast(_lookups(lookups))})
+        found = {int(r.n): r._asdict() for r in rows}
+        return [_recorded(found[n]) if n in found else None for n in range(len(lookups))]
 
     def gate_calls(self, task_ids: Sequence[uuid.UUID]
                    ) -> tuple[dict[uuid.UUID, tuple[str | None, bool]], Callable[[], None]]:
@@ -112,6 +123,14 @@ class StoreLedger:
         """A tool call's decision, or ``asked`` now (fenced); None when the lease is gone."""
         return self.store.tool_approval(task_id, lease_token, phase, call_id, tool,
                                         args_hash, args)
+
+
+def _lookups(lookups: Sequence[RecordLookup]) -> list[dict[str, Any]]:
+    """Look-ups as the batch parameter of ``model_call_get_recorded_many``."""
+    return [{"n": n, "task_id": str(lk.task_id),
+             "counterpart": None if lk.counterpart is None else str(lk.counterpart),
+             "phase": lk.phase, "position": lk.position, "hashes": lk.hashes}
+            for n, lk in enumerate(lookups)]
 
 
 def _recorded(row: dict[str, Any]) -> RecordedCall:

@@ -109,6 +109,22 @@ class AsyncStepWriter:
             return False
         return True
 
+    async def fetch_all(self, sql: str, params: dict[str, Any]) -> list[Any]:
+        """Any other statement's rows on the loop's connections (a record look-up's read).
+
+        ``sql`` in psycopg's form (:func:`psycopg_sql`); run once more on a new connection
+        after a broken one, as the step writes are (a read is safe to repeat).
+        """
+        for attempt in (1, 2):
+            async with self._connection(fresh=attempt == 2) as conn:
+                try:
+                    cursor = await conn.execute(sql, params)  # type: ignore[arg-type]
+                    return await cursor.fetchall()
+                except psycopg.OperationalError:
+                    if attempt == 2 or not conn.broken:
+                        raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
     async def aclose(self) -> None:
         """Close the running loop's connections (before the loop ends)."""
         pool = self._loops.pop(asyncio.get_running_loop(), None)

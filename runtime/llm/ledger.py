@@ -115,6 +115,26 @@ class BranchSteps:
         """As the ledger's."""
         return self._ledger.step_finish(end)
 
+    async def astep_begin(self, begin: StepBegin) -> StepRecord | None:
+        """:meth:`step_begin` from a coroutine (the ledger's async begin when it has one)."""
+        if self._from_counterpart is not None:
+            record: StepRecord | None = await asyncio.to_thread(
+                self._from_counterpart, begin, self._counterpart)
+            if record is not None:
+                return record
+        abegin = getattr(self._ledger, "astep_begin", None)
+        if abegin is not None:
+            began: StepRecord | None = await abegin(begin)
+            return began
+        return await asyncio.to_thread(self._ledger.step_begin, begin)
+
+    async def astep_finish(self, end: StepEnd) -> bool:
+        """:meth:`step_finish` from a coroutine, as the ledger's."""
+        afinish = getattr(self._ledger, "astep_finish", None)
+        if afinish is not None:
+            return bool(await afinish(end))
+        return await asyncio.to_thread(self._ledger.step_finish, end)
+
     def tool_approval(self, task_id: uuid.UUID, lease_token: uuid.UUID, phase: str,
                       call_id: str, tool: str, args_hash: str, args: str) -> str | None:
         """As the ledger's."""
@@ -144,8 +164,9 @@ class RecordReader:
     A re-run (a fork's branch) of a thousand-task tree asks for a thousand records at
     once; one read per call would be a thousand statements and thread hops. When the
     ledger offers ``recorded_calls`` (a batched read), the look-ups that arrive while a
-    read is in flight share the next read, per event loop (as the start gate's reads do);
-    without it, each look-up is one ``recorded_call``.
+    read is in flight share the next read, per event loop (as the start gate's reads do),
+    awaited on the loop when it offers ``arecorded_calls`` too (no thread hop); without
+    it, each look-up is one ``recorded_call``.
 
     Args:
         ledger: the model layer's ledger.
@@ -157,6 +178,8 @@ class RecordReader:
         self._ledger = ledger
         self._off_loop = off_loop
         self._batched = getattr(ledger, "recorded_calls", None)
+        #: The batched read as a coroutine (the loop's own connection), when offered.
+        self._abatched = getattr(ledger, "arecorded_calls", None)
         self._waiting: dict[asyncio.AbstractEventLoop,
                             list[tuple[RecordLookup, asyncio.Future[RecordedCall | None]]]] = {}
         self._reading: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
@@ -185,8 +208,10 @@ class RecordReader:
         try:
             while self._waiting.get(loop):
                 batch = self._waiting.pop(loop)
+                lookups = [lk for lk, _ in batch]
                 try:
-                    found = await self._off_loop(self._batched, [lk for lk, _ in batch])
+                    found = (await self._abatched(lookups) if self._abatched is not None
+                             else await self._off_loop(self._batched, lookups))
                 except Exception as exc:  # each caller sees the database's error
                     for _, future in batch:
                         if not future.done():
