@@ -196,10 +196,11 @@ class FairSlots:
     Free slots are taken at once. When all are busy, waiting calls are served by weighted
     fair queueing on cost (tokens): the tenant with the least cost served per unit of
     weight first; within it, the most urgent priority, then the tree with the least cost
-    served; within a tree, first come first served. The cost charged at the start is the
-    caller's estimate; :meth:`Ticket.settle` replaces it with what the call spent. A flow
-    that was idle starts at the smallest virtual time of the backlogged ones (no banked
-    credit). A call waiting longer than ``max_wait_seconds`` is served first.
+    served; within a tree, first come first served. The cost charged when a call is handed
+    its slot is the caller's estimate; :meth:`Ticket.settle` replaces it with what the call
+    spent. A flow that was idle starts at most one round of slots (``limit`` calls of its
+    estimate) behind the smallest virtual time of the backlogged ones: no more credit is
+    banked while idle. A call waiting longer than ``max_wait_seconds`` is served first.
     """
 
     def __init__(self, limit: int, max_wait_seconds: float = DEFAULT_MAX_WAIT_SECONDS,
@@ -225,14 +226,15 @@ class FairSlots:
         return Ticket(self, tenant, tree, priority, weight, estimate, stopped)
 
     # ---------------------------------------------------------------- internals
-    def _flow(self, flows: dict[Any, _Flow], key: Any, peers: list[_Flow]) -> _Flow:
+    def _flow(self, flows: dict[Any, _Flow], key: Any, peers: list[_Flow],
+              credit: float) -> _Flow:
         flow = flows.get(key)
         if flow is None:
             flow = flows[key] = _Flow()
-        if flow.waiting == 0:  # coming back from idle: no credit for the idle time
+        if flow.waiting == 0:  # coming back from idle: at most ``credit`` for the idle time
             busy = [p.vtime for p in peers if p.waiting > 0 and p is not flow]
             if busy:
-                flow.vtime = max(flow.vtime, min(busy))
+                flow.vtime = max(flow.vtime, min(busy) - credit)
         return flow
 
     def _charge(self, tenant: str, tree: Any, cost: float, weight: float) -> None:
@@ -244,10 +246,14 @@ class FairSlots:
             self.free -= 1
             self._charge(t.tenant, t.tree, t.estimate, t.weight)
             return
-        tenant = self._flow(self._tenants, t.tenant, list(self._tenants.values()))
+        # A flow back from idle may go one round of slots ahead of the busy ones (a small
+        # tree's few calls start at the next releases, not one in two), no more.
+        credit = self.limit * t.estimate
+        tenant = self._flow(self._tenants, t.tenant, list(self._tenants.values()),
+                            credit / t.weight)
         trees = self._queues.setdefault(t.tenant, {})
         tree = self._flow(self._trees, t.tree,
-                          [self._trees[k] for k in trees if k in self._trees])
+                          [self._trees[k] for k in trees if k in self._trees], credit)
         waiter = _Waiter(t.priority, next(self._seq), t.tree, time.monotonic(),
                          asyncio.get_running_loop().create_future(), t)
         heapq.heappush(trees.setdefault(t.tree, []), waiter)
