@@ -5,9 +5,12 @@
    call per reply: ``rounds + 1`` model calls and ``rounds`` durable steps. The same task
    then makes ``rounds + 1`` plain model calls. The overhead of a tool round is the loop's
    time minus the time spent in its model calls (timed around each), divided by
-   ``rounds``: the step's two fenced writes (begin, finish), the tool call, the growing
-   conversation. p50 (and p90) over ``samples`` tasks; goal <= 2 ms. Also given: the
-   loop against the plain calls timed apart (noisier: two runs of six model calls).
+   ``rounds``: the step's begin (a fenced write on the loop's own async connection,
+   awaited before the tool runs), the tool call, the growing conversation; the step's
+   finish (fenced, durable) is written while the next model call runs and awaited after
+   it, so its round trip overlaps that call. p50 (and p90) over ``samples`` tasks; goal
+   <= 2 ms. Also given: the loop against the plain calls timed apart (noisier: two runs
+   of six model calls; it counts whatever the overlapped finish adds to a model call).
    Charges are written one transaction per call (no batch writer), in both measurements.
    The loopback server sets TCP_NODELAY (without it every answer waited ~40 ms for a
    delayed ACK, which drowned the figure in noise).

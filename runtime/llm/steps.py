@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import hashlib
 import inspect
 import json
@@ -102,6 +103,19 @@ def _json_result(value: Any, name: str) -> Any:
 
 
 def _wants_key(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` takes an ``idempotency_key`` (cached: a signature costs ~0.1 ms)."""
+    try:
+        return _wants_key_cached(fn)
+    except TypeError:  # not hashable
+        return _takes_key(fn)
+
+
+@functools.lru_cache(maxsize=1024)
+def _wants_key_cached(fn: Callable[..., Any]) -> bool:
+    return _takes_key(fn)
+
+
+def _takes_key(fn: Callable[..., Any]) -> bool:
     try:
         return "idempotency_key" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
