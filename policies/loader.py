@@ -57,6 +57,7 @@ class PolicySet:
                  inactive: dict[str, tuple[type[Policy], str]] | None = None) -> None:
         self.policies = list(policies)
         self.inactive = dict(inactive or {})
+        self._by_method: dict[tuple[str, tuple[int, ...]], list[tuple[Policy, Any]]] = {}
 
     def names(self) -> list[str]:
         """Return the active rule names, in order."""
@@ -69,10 +70,25 @@ class PolicySet:
     def __contains__(self, name: object) -> bool:
         return any(p.name == name for p in self.policies)
 
+    def _checks(self, method: str) -> list[tuple[Policy, Any]]:
+        """The rules whose class has its own ``method`` (the base's returns None), bound.
+
+        Found once per method and list of rules (every task asks twice).
+        """
+        key = (method, tuple(map(id, self.policies)))
+        checks = self._by_method.get(key)
+        if checks is None:
+            base = getattr(Policy, method, None)
+            checks = self._by_method[key] = [
+                (p, getattr(p, method)) for p in self.policies
+                if base is None or getattr(type(p), method, None) is not base
+                or method in getattr(p, "__dict__", {})]
+        return checks
+
     def _first(self, method: str, *args: Any) -> Violation | None:
-        for policy in self.policies:
+        for policy, check in self._checks(method):
             try:
-                found = getattr(policy, method)(*args)
+                found = check(*args)
             except Exception as exc:  # a broken rule fails closed
                 log.exception("policy raised", extra={"rule": policy.name, "check": method})
                 return Violation(policy.name, f"the rule itself raised {type(exc).__name__}: {exc}")

@@ -96,6 +96,30 @@ def test_subclassing_with_a_name_registers_and_a_duplicate_names_both_classes() 
         base.registry.remove("t_dup_rule")
 
 
+def test_a_rule_is_asked_only_for_the_checks_it_has(agents: Registry) -> None:
+    asked: list[str] = []
+
+    class OutputOnly(Policy):
+        register = False
+        name = "t_output_only"
+
+        def validate_output(self, task: TaskView, result: Any) -> Violation | None:
+            asked.append("output")
+            return Violation(self.name, "no") if result == {"bad": True} else None
+
+    rule = OutputOnly(make_settings())
+    rules = PolicySet([rule])
+    assert [p for p, _ in rules._checks("validate_input")] == []
+    assert rules.validate_input(view()) is None
+    assert rules.validate_output(view(), {"bad": True}) == Violation("t_output_only", "no")
+    assert asked == ["output"]
+    # A check set on the rule itself is asked too, and a changed list of rules is seen.
+    rule.validate_input = lambda task: Violation("t_output_only", "input")  # type: ignore[method-assign]
+    rules.policies.append(OutputOnly(make_settings()))
+    assert rules.validate_input(view()) == Violation("t_output_only", "input")
+    assert len(rules._checks("validate_output")) == 2
+
+
 def test_register_false_keeps_an_abstract_rule_out_of_the_registry() -> None:
     class Abstract(Policy):
         name = "t_abstract"
