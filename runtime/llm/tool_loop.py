@@ -187,6 +187,8 @@ class ToolLoop:
         none of the round's calls runs (:class:`ToolApprovalNeeded`).
         """
         await self._check_approvals(calls, ids)
+        if len(calls) == 1:  # the usual reply: no tasks to gather (a loop turn each)
+            return [await self._call(calls[0], ids[0])]
         results: list[ToolOutcome | None] = [None] * len(calls)
 
         async def one(j: int) -> None:
