@@ -255,7 +255,7 @@ class Tenancy:
     """What the store needs of ``[tenants.*]`` and ``[scheduler]`` (claims, delegation).
 
     Attributes:
-        weights / caps: each configured tenant's weight (others weigh 1); ``max_in_flight``.
+        weights / caps / rates: weight (others 1), max_in_flight, tokens_per_minute.
         quantum_seconds / quantum_tokens: a step of fair time at weight 1, and the tokens
             per call of a tree whose steps are one (a dearer tree's are longer).
         max_wait_seconds: no child's fair time is later than its creation plus this.
@@ -264,6 +264,7 @@ class Tenancy:
 
     weights: Mapping[str, float] = field(default_factory=dict)
     caps: Mapping[str, int] = field(default_factory=dict)
+    rates: Mapping[str, int] = field(default_factory=dict)
     quantum_seconds: float = 0.5
     max_wait_seconds: float = 300.0
     quantum_tokens: float = 1000.0
@@ -274,14 +275,17 @@ class Tenancy:
         return cls(weights={n: t.weight for n, t in settings.tenants.items()},
                    caps={n: t.max_in_flight for n, t in settings.tenants.items()
                          if t.max_in_flight is not None},
+                   rates={n: t.tokens_per_minute for n, t in settings.tenants.items()
+                          if t.tokens_per_minute is not None},
                    quantum_seconds=settings.scheduler.fair_quantum_seconds,
                    max_wait_seconds=settings.scheduler.max_wait_seconds,
                    quantum_tokens=settings.scheduler.fair_quantum_tokens)
 
     def claim_params(self) -> dict[str, Any]:
-        """The claim's tenant parameters: capped tenants (sorted) and their caps."""
-        names = sorted(self.caps)
-        return {"cap_tenants": names, "caps": [self.caps[n] for n in names]}
+        """The claim's tenant parameters: capped (sorted) and metered tenants, their limits."""
+        names, metered = sorted(self.caps), sorted(self.rates)
+        return {"cap_tenants": names, "caps": [self.caps[n] for n in names],
+                "bucket_tenants": metered, "bucket_rates": [self.rates[n] for n in metered]}
 
     def delegation_params(self) -> dict[str, Any]:
         """The delegation statement's fair-time parameters."""

@@ -17,7 +17,9 @@ import sqlalchemy as sa
 
 from runtime.errors import LeaseLost
 from runtime.llm.loop import FairSlots, TokenMeter
+from runtime.store.rows import Tenancy
 from runtime.store.store import Store
+from tests.factories import submit
 
 
 def _bucket(store: Store, tenant: str) -> tuple[float, Any] | None:
@@ -145,3 +147,21 @@ def test_a_stopped_task_ends_its_wait_and_gives_nothing_back(store: Store) -> No
     assert time.monotonic() - started < 3.0  # not the 30 s the refill needs
     assert slots.free == 4 and slots.waiting == 0
     assert _bucket(store, "acme")[0] < 5  # type: ignore[index]
+
+
+def test_the_claim_leaves_a_tenants_tasks_while_its_bucket_is_dry(store: Store) -> None:
+    store.tenancy = Tenancy(rates={"acme": 600})  # 10 tokens a second
+    metered = [submit(store, tenant="acme")["id"] for _ in range(2)]
+    other = submit(store, tenant="beta")["id"]
+    assert store.take_tenant_tokens("acme", 600, 600) == 0.0  # emptied
+    assert [t["id"] for t in store.claim(["echo"], 10, "w", 30)] == [other]
+    _age(store, "acme", 2.0)  # two seconds' refill: more than one second's worth
+    assert {t["id"] for t in store.claim(["echo"], 10, "w", 30)} == set(metered)
+    assert store.claim(["echo"], 10, "w", 30) == []
+
+
+def test_a_tenant_without_a_limit_is_claimed_whatever_the_buckets_hold(store: Store) -> None:
+    with store.engine.begin() as conn:  # a bucket left by an earlier configuration
+        conn.execute(sa.text("INSERT INTO tenant_buckets (tenant, tokens) VALUES ('acme', -1e6)"))
+    task = submit(store, tenant="acme")["id"]
+    assert [t["id"] for t in store.claim(["echo"], 10, "w", 30)] == [task]
