@@ -38,9 +38,8 @@ class IdempotencyConflict(ValueError):
     """The idempotency key is already used by a different request."""
 
     def __init__(self, key: str, task_id: uuid.UUID) -> None:
-        super().__init__(
-            f"idempotency key {key!r} is already used by task {task_id} with a different request"
-        )
+        super().__init__(f"idempotency key {key!r} is already used by task {task_id} "
+                         "with a different request")
         self.key = key
         self.task_id = task_id
 
@@ -256,8 +255,8 @@ class Tenancy:
 
     Attributes:
         weights / caps / rates: weight (others 1), max_in_flight, tokens_per_minute.
-        quantum_seconds / quantum_tokens: a step of fair time at weight 1, and the tokens
-            per call of a tree whose steps are one (a dearer tree's are longer).
+        quantum_seconds / quantum_tokens: a step of fair time at weight 1; a tree's cost
+            per call below which its step is one (``[scheduler]``).
         max_wait_seconds: no child's fair time is later than its creation plus this.
 
     """
@@ -276,7 +275,7 @@ class Tenancy:
                    caps={n: t.max_in_flight for n, t in settings.tenants.items()
                          if t.max_in_flight is not None},
                    rates={n: t.tokens_per_minute for n, t in settings.tenants.items()
-                          if t.tokens_per_minute is not None},
+                          if t.tokens_per_minute},
                    quantum_seconds=settings.scheduler.fair_quantum_seconds,
                    max_wait_seconds=settings.scheduler.max_wait_seconds,
                    quantum_tokens=settings.scheduler.fair_quantum_tokens)
