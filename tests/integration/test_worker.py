@@ -234,6 +234,27 @@ def test_a_lost_hook_hears_of_the_task_taken_away_and_can_abort_its_work(
     assert runtime.store.get(task["id"])["status"] == "failed"
 
 
+def test_a_task_whose_outcome_is_being_written_is_not_reported_lost(runtime: Runtime) -> None:
+    # Between the writer's commit and the task leaving the held set, the heartbeat finds
+    # its token gone: that is the task's own write, not a lease taken away.
+    from runtime.engine.worker.state import InFlight
+
+    submit(runtime.store, "echo", {"goal": "g"})
+    worker = runtime.worker(["echo"], maintenance=False, listen=False)
+    (row,) = runtime.store.claim(["echo"], 1, worker.config.worker_id, 30)
+    written = RunOutcome(row.id, row.lease, "failed", error="done elsewhere")
+    runtime.store.finish_running([written], worker.config.worker_id)
+    heard: list[Any] = []
+    worker.leases.on_lost(heard.extend)
+    item = InFlight(row, "run", action=written)
+    worker.held.add(item)
+    worker.heartbeat_once()
+    assert heard == [] and not item.lease_lost.is_set()
+    item.action = None  # no outcome of its own: the token gone means the lease is lost
+    worker.heartbeat_once()
+    assert heard == [item] and item.lease_lost.is_set()
+
+
 def test_an_aborted_sync_task_is_dropped_at_once_while_its_thread_runs_on(
         runtime: Runtime) -> None:
     # A sync agent's task is worked on through its thread's future (no coroutine):

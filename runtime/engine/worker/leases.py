@@ -91,8 +91,11 @@ class LeaseKeeper:
         self.failing = False
         self.health.ok("heartbeat")
         lost = [i for i in items
-                # A task whose outcome was written while the beat ran is done, not lost.
-                if i.row.lease_token not in kept and not i.lease_lost.is_set() and i in self.held]
+                # A task whose outcome was written while the beat ran is done, not lost;
+                # one whose action waits for the writer may be written right now (the
+                # write is fenced by the token: if the lease is gone, it is refused).
+                if i.row.lease_token not in kept and not i.lease_lost.is_set()
+                and i.action is None and i in self.held]
         for item in lost:
             item.lease_lost.set()
             log.warning("lease lost", extra={"task_id": str(item.row.id)})
