@@ -246,6 +246,7 @@ def test_fairness(server_url: str) -> None:
     figures = fairness.main(wide=90, delay=0.05, window=3.0, share_writers=900,
                             limit_writers=20, server=server_url)
     _numbers(figures, "fair_small_tree_ratio", "fair_share_error", "tenant_limit_overrun",
-             "tenant_tokens_per_minute_overrun", "tenant_tokens_per_minute_measured")
+             "tenant_tokens_per_minute_overrun", "tenant_tokens_per_minute_measured",
+             "fair_cost_share_error")
     assert figures["tenant_limit_tree_status"] == "done"
     assert figures["tenant_limit_peak_running"] <= 10
