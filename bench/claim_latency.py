@@ -36,7 +36,7 @@ from runtime.store.queries import QUERIES
 
 CLAIM = sa.text(QUERIES["task_claim_available"])
 PARAMS = {"agents": ["noop"], "worker": "bench", "lease_seconds": 30.0,
-          "cap_tenants": [], "caps": [], "bucket_tenants": [], "bucket_rates": []}
+          "cap_tenants": [], "caps": [], "dry_tenants": []}
 WARMUP = 20
 
 

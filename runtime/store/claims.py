@@ -35,8 +35,10 @@ class StoreClaims(StoreReads):
             if tenants["cap_tenants"]:
                 # Capped tenants' claims take turns: each counts the others' commits.
                 conn.execute(_TEXT["task_lock_tenants"], {"tenants": tenants["cap_tenants"]})
+            dry = [] if not tenants["bucket_tenants"] else list(conn.execute(
+                _TEXT["tenant_buckets_dry"], tenants).scalars())  # tokens_per_minute
             return self._task_rows(conn, "task_claim_available", agents=list(agents),
-                                   limit=limit, worker=worker,
+                                   limit=limit, worker=worker, dry_tenants=dry,
                                    lease_seconds=float(lease_seconds), **tenants)
 
     def claim_judging(self, limit: int, worker: str, lease_seconds: float) -> list[TaskRow]:

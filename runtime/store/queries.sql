@@ -56,25 +56,11 @@ SELECT * FROM tasks WHERE parent_id IS NULL AND idempotency_key = :key;
 -- SKIP LOCKED lets concurrent workers pass over each other's rows instead of waiting.
 -- fair_at (not created_at) orders the walk: a wide tree's later children carry later
 -- fair times than a newer small tree's tasks (runtime.config.SchedulerSettings).
+-- Tenants in :dry_tenants (a token bucket too low: tenant_buckets_dry) are not claimed.
 -- Tenants with [tenants.<name>] max_in_flight (:cap_tenants, :caps) are claimed apart,
 -- up to their room; the caller holds their advisory locks (task_lock_tenants), so the
 -- room counted here sees every other claim of theirs that committed.
-WITH dry AS (
-    -- Tenants with [tenants.<name>] tokens_per_minute (:bucket_tenants, :bucket_rates)
-    -- whose bucket, refilled to now, holds less than one second's refill: their tasks
-    -- stay here (a claimed one would only wait in a worker for tokens, holding its room)
-    -- until it fills. One read of the tiny table per claim, none without such tenants.
-    SELECT CASE WHEN cardinality(CAST(:bucket_tenants AS text[])) = 0
-                THEN CAST('{}' AS text[])
-                ELSE (SELECT COALESCE(array_agg(b.tenant), '{}')
-                      FROM tenant_buckets b
-                      JOIN unnest(CAST(:bucket_tenants AS text[]),
-                                  CAST(:bucket_rates AS float8[])) AS r(tenant, rate)
-                        ON r.tenant = b.tenant
-                      WHERE b.tokens + r.rate / 60.0
-                            * (extract(epoch FROM now() - b.refilled_at) - 1) < 0)
-           END AS tenants
-), caps AS (
+WITH caps AS (
     -- Room from live leases only: a SIGKILLed worker's tasks stop counting when their
     -- leases expire, before the reaper moves them (no counter to leak).
     SELECT c.tenant,
@@ -94,7 +80,7 @@ WITH dry AS (
       -- the walk of ix_tasks_claimable in order; test_steering pins the plan).
       AND NOT EXISTS (SELECT 1 FROM tree_pauses z WHERE z.root_id = tasks.root_id)
       AND tenant <> ALL(CAST(:cap_tenants AS text[]))
-      AND tenant <> ALL(CAST((SELECT tenants FROM dry) AS text[]))
+      AND tenant <> ALL(CAST(:dry_tenants AS text[]))
     ORDER BY priority, fair_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
@@ -110,7 +96,7 @@ WITH dry AS (
           AND to_agent <> 'human'
           AND NOT EXISTS (SELECT 1 FROM tree_pauses z WHERE z.root_id = tasks.root_id)
           AND tenant = c.tenant
-          AND tenant <> ALL(CAST((SELECT tenants FROM dry) AS text[]))
+          AND tenant <> ALL(CAST(:dry_tenants AS text[]))
         ORDER BY priority, fair_at
         LIMIT LEAST(c.room, :limit)
         FOR UPDATE SKIP LOCKED
@@ -2014,3 +2000,14 @@ FROM me CROSS JOIN src
 ON CONFLICT (task_id, phase, position, name) DO NOTHING
 RETURNING s.id, s.status, s.starts, s.replays, s.result, s.error, s.idempotency_key,
           true AS replayed;
+
+-- tenant_buckets_dry --
+-- Of the tenants with [tenants.<name>] tokens_per_minute (:bucket_tenants, :bucket_rates),
+-- those whose bucket, refilled to now, holds less than one second's refill: the claim
+-- leaves their tasks here (a claimed one would only wait in a worker for tokens, holding
+-- its room) until it fills. Read before a claim only when some tenant has a limit.
+SELECT b.tenant
+FROM tenant_buckets b
+JOIN unnest(CAST(:bucket_tenants AS text[]), CAST(:bucket_rates AS float8[])) AS r(tenant, rate)
+    ON r.tenant = b.tenant
+WHERE b.tokens + r.rate / 60.0 * (extract(epoch FROM now() - b.refilled_at) - 1) < 0;

@@ -241,7 +241,7 @@ def test_claim_keeps_the_partial_index_with_a_paused_tree(store: Store) -> None:
         plan = "\n".join(r[0] for r in conn.execute(
             sa.text("EXPLAIN " + QUERIES["task_claim_available"]),
             {"agents": ["echo"], "limit": 10, "worker": "w", "lease_seconds": 30.0,
-             "cap_tenants": [], "caps": [], "bucket_tenants": [], "bucket_rates": []}))
+             "cap_tenants": [], "caps": [], "dry_tenants": []}))
         conn.rollback()
     assert "ix_tasks_claimable" in plan, plan
 

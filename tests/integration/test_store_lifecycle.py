@@ -363,7 +363,7 @@ def test_claim_uses_the_partial_index_with_many_finished_rows(store: Store) -> N
         plan = "\n".join(r[0] for r in conn.execute(
             sa.text("EXPLAIN " + sql),
             {"agents": ["echo"], "limit": 10, "worker": "w", "lease_seconds": 30.0,
-             "cap_tenants": [], "caps": [], "bucket_tenants": [], "bucket_rates": []}))
+             "cap_tenants": [], "caps": [], "dry_tenants": []}))
         conn.rollback()
     assert "ix_tasks_claimable" in plan, plan
 

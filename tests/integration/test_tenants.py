@@ -160,8 +160,7 @@ def test_the_claim_walks_the_partial_index_with_capped_tenants(store: Store) -> 
         plan = "\n".join(r[0] for r in conn.execute(
             sa.text("EXPLAIN " + QUERIES["task_claim_available"]),
             {"agents": ["echo"], "limit": 10, "worker": "w", "lease_seconds": 30.0,
-             "cap_tenants": ["acme"], "caps": [3], "bucket_tenants": ["acme"],
-             "bucket_rates": [600.0]}))
+             "cap_tenants": ["acme"], "caps": [3], "dry_tenants": ["beta"]}))
         conn.rollback()
     assert plan.count("ix_tasks_claimable") >= 1, plan
     assert "ix_tasks_tenant_running" in plan, plan
