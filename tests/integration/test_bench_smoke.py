@@ -228,7 +228,10 @@ def test_fork(server_url: str) -> None:
     # counted at the model server: the forked writer and the aggregate that quotes it
     assert (figures["fork_paid_calls"], figures["fork_replayed_calls"]) == (2, 2)
     assert figures["rerun_tree_tasks"] == 9
-    assert (figures["rerun_paid_calls"], figures["rerun_replayed_calls"]) == (0, 14)  # 2 rounds
+    # the 9-task tree makes 7 calls a run: every one replayed, in every round
+    assert figures["rerun_rounds"] >= 1
+    assert (figures["rerun_paid_calls"], figures["rerun_replayed_calls"]) == (
+        0, 7 * figures["rerun_rounds"])
 
 
 def test_tools(server_url: str) -> None:
