@@ -38,7 +38,8 @@ from psycopg.rows import namedtuple_row
 
 from runtime.store.db import libpq_url
 from runtime.store.queries import QUERIES
-from runtime.store.rows import StepBegin, StepEnd, StepRecord, dumps_fast
+from runtime.store.rows import StepBegin, StepEnd, StepRecord
+from runtime.store.spend import step_begin_params, step_end_params, step_record
 
 log = logging.getLogger(__name__)
 
@@ -80,29 +81,16 @@ class AsyncStepWriter:
 
     async def begin(self, begin: StepBegin) -> StepRecord | None:
         """``task_step_begin``: the step's row (started now, or finished: a replay)."""
-        row = await self._run(_BEGIN, {
-            "task_id": begin.task_id, "token": begin.lease_token, "phase": begin.phase,
-            "position": begin.position, "name": begin.name, "kind": begin.kind,
-            "args": begin.args, "args_hash": begin.args_hash,
-            "idempotency_key": begin.idempotency_key,
-            "tool_call_id": begin.tool_call_id, "attempt": begin.attempt})
+        row = await self._run(_BEGIN, step_begin_params(begin))
         if row is None:
             log.warning("late step ignored: lease gone", extra={"task_id": str(begin.task_id),
                                                                 "step": begin.name})
             return None
-        return StepRecord(step_id=int(row.id), status=str(row.status), starts=int(row.starts),
-                          replays=int(row.replays), result=row.result, error=row.error,
-                          idempotency_key=str(row.idempotency_key),
-                          replayed=bool(row.replayed))
+        return step_record(row)
 
     async def finish(self, end: StepEnd) -> bool:
         """``task_step_finish``: record the result or error; False when the lease is gone."""
-        row = await self._run(_FINISH, {
-            "task_id": end.task_id, "token": end.lease_token, "step_id": end.step_id,
-            "starts": end.starts, "status": "failed" if end.error is not None else "finished",
-            "result": None if end.error is not None else dumps_fast(end.result),
-            "error": end.error, "tries": end.tries, "usd": str(end.cost_usd),
-            "duration_seconds": end.duration_seconds})
+        row = await self._run(_FINISH, step_end_params(end))
         if row is None:
             log.warning("late step result ignored: lease gone",
                         extra={"task_id": str(end.task_id), "step_id": end.step_id})

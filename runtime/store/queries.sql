@@ -190,6 +190,27 @@ UNION ALL
 SELECT lease_token FROM tasks
 WHERE lease_token = ANY(CAST(:tokens AS uuid[])) AND id NOT IN (SELECT id FROM target);
 
+-- fragment_replays_insert --
+-- The replayed calls a delivery served from the record (``stamp->'replays'``, zero cost:
+-- runtime.llm.calls.HeldReplays) as model_calls rows, written with its outcome and fenced
+-- like it: a delivery that never ends writes none, and the next one replays them again.
+-- Followed by ``FROM <the updated rows> u`` and fragment_replays_lateral.
+INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model,
+                         prompt, response, prompt_tokens, completion_tokens,
+                         duration_seconds, cost_usd, error, phase, position,
+                         request_hash, attempt_kind, call_try, replayed, thinking,
+                         tool_calls, created_at)
+SELECT u.id, u.root_id, r.attempt, r.call_index, r.backend, r.route, r.model, r.prompt,
+       r.response, 0, 0, 0, 0, NULL, r.phase, r.position, r.request_hash, 'call', 0,
+       true, r.thinking, r.tool_calls, COALESCE(r.at, now())
+
+-- fragment_replays_lateral --
+-- The rows of ``u.replays`` (see fragment_replays_insert).
+CROSS JOIN LATERAL jsonb_to_recordset(u.replays) AS r(
+         attempt int, call_index int, backend text, route text, model text, prompt text,
+         response text, phase text, position text, request_hash text, thinking text,
+         tool_calls jsonb, at timestamptz)
+
 -- task_finish_running --
 -- Move leased running tasks to judging, failed, escalated or back to pending (a retry
 -- with backoff), one row per input; rows whose lease token no longer matches are skipped.
@@ -234,22 +255,10 @@ WITH input AS (
     RETURNING t.id, t.parent_id, t.status, t.to_agent, i.detail, i.verdict IS NOT NULL AS judged,
               t.root_id, i.stamp->'replays' AS replays
 ), replays AS (
-    -- The calls this delivery served from the record (i.stamp->'replays', zero cost:
-    -- runtime.llm.calls.HeldReplays), written with its outcome and fenced like it: a
-    -- delivery that never ends writes none, and the next one replays them again.
-    INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model,
-                             prompt, response, prompt_tokens, completion_tokens,
-                             duration_seconds, cost_usd, error, phase, position,
-                             request_hash, attempt_kind, call_try, replayed, thinking,
-                             tool_calls, created_at)
-    SELECT u.id, u.root_id, r.attempt, r.call_index, r.backend, r.route, r.model, r.prompt,
-           r.response, 0, 0, 0, 0, NULL, r.phase, r.position, r.request_hash, 'call', 0,
-           true, r.thinking, r.tool_calls, COALESCE(r.at, now())
+    -- The calls this delivery served from the record, written with its outcome.
+    {fragment_replays_insert}
     FROM upd u
-    CROSS JOIN LATERAL jsonb_to_recordset(u.replays) AS r(
-             attempt int, call_index int, backend text, route text, model text, prompt text,
-             response text, phase text, position text, request_hash text, thinking text,
-             tool_calls jsonb, at timestamptz)
+    {fragment_replays_lateral}
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, from_status, to_status, :worker, detail
@@ -424,22 +433,10 @@ WITH input AS (
                          WHERE m.root_id = t.root_id) END AS tree_spend,
               t.forked_from, t.model_override, t.tenant, i.stamp->'replays' AS replays
 ), replays AS (
-    -- The calls this delivery served from the record (i.stamp->'replays', zero cost:
-    -- runtime.llm.calls.HeldReplays), written with its outcome and fenced like it: a
-    -- delivery that never ends writes none, and the next one replays them again.
-    INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model,
-                             prompt, response, prompt_tokens, completion_tokens,
-                             duration_seconds, cost_usd, error, phase, position,
-                             request_hash, attempt_kind, call_try, replayed, thinking,
-                             tool_calls, created_at)
-    SELECT u.id, u.root_id, r.attempt, r.call_index, r.backend, r.route, r.model, r.prompt,
-           r.response, 0, 0, 0, 0, NULL, r.phase, r.position, r.request_hash, 'call', 0,
-           true, r.thinking, r.tool_calls, COALESCE(r.at, now())
+    -- The calls this delivery served from the record, written with its outcome.
+    {fragment_replays_insert}
     FROM parent u
-    CROSS JOIN LATERAL jsonb_to_recordset(u.replays) AS r(
-             attempt int, call_index int, backend text, route text, model text, prompt text,
-             response text, phase text, position text, request_hash text, thinking text,
-             tool_calls jsonb, at timestamptz)
+    {fragment_replays_lateral}
 ), spans AS (
     -- Fair time (runtime.config.SchedulerSettings): each tree's tasks are one step apart
     -- (:fair_quantum over its tenant's weight); ``before``: the tree's children listed by

@@ -37,6 +37,32 @@ log = logging.getLogger(__name__)
 MAX_ROLL_UP_LEVELS = 100
 
 
+def step_begin_params(begin: StepBegin) -> dict[str, Any]:
+    """The ``task_step_begin`` statement's parameters (also ``task_step_from_counterpart``'s)."""
+    return {"task_id": begin.task_id, "token": begin.lease_token, "phase": begin.phase,
+            "position": begin.position, "name": begin.name, "kind": begin.kind,
+            "args": begin.args, "args_hash": begin.args_hash,
+            "idempotency_key": begin.idempotency_key,
+            "tool_call_id": begin.tool_call_id, "attempt": begin.attempt}
+
+
+def step_end_params(end: StepEnd) -> dict[str, Any]:
+    """The ``task_step_finish`` statement's parameters."""
+    return {"task_id": end.task_id, "token": end.lease_token, "step_id": end.step_id,
+            "starts": end.starts, "status": "failed" if end.error is not None else "finished",
+            "result": None if end.error is not None else dumps_fast(end.result),
+            "error": end.error, "tries": end.tries, "usd": str(end.cost_usd),
+            "duration_seconds": end.duration_seconds}
+
+
+def step_record(row: Any, replayed: bool | None = None) -> StepRecord:
+    """A step row as a :class:`StepRecord` (``replayed`` overrides the row's flag)."""
+    return StepRecord(step_id=int(row.id), status=str(row.status), starts=int(row.starts),
+                      replays=int(row.replays), result=row.result, error=row.error,
+                      idempotency_key=str(row.idempotency_key),
+                      replayed=bool(row.replayed) if replayed is None else replayed)
+
+
 class StoreSpend(StoreReads):
     """Charging model calls (one at a time or batched) and reading a tree's live spend."""
 
@@ -178,21 +204,12 @@ class StoreSteps(StoreReads):
         The 'started' marker commits without waiting for the disk (see ``queries.sql``).
         """
         with self._autocommit() as conn:
-            row = conn.execute(_TEXT["task_step_begin"], {
-                "task_id": begin.task_id, "token": begin.lease_token, "phase": begin.phase,
-                "position": begin.position, "name": begin.name, "kind": begin.kind,
-                "args": begin.args, "args_hash": begin.args_hash,
-                "idempotency_key": begin.idempotency_key,
-                "tool_call_id": begin.tool_call_id, "attempt": begin.attempt,
-            }).first()
+            row = conn.execute(_TEXT["task_step_begin"], step_begin_params(begin)).first()
         if row is None:
             log.warning("late step ignored: lease gone", extra={"task_id": str(begin.task_id),
                                                                 "step": begin.name})
             return None
-        return StepRecord(step_id=int(row.id), status=str(row.status), starts=int(row.starts),
-                          replays=int(row.replays), result=row.result, error=row.error,
-                          idempotency_key=str(row.idempotency_key),
-                          replayed=bool(row.replayed))
+        return step_record(row)
 
     def step_finish(self, end: StepEnd) -> bool:
         """Record a step's result or error (and charge its cost); False: the lease is gone.
@@ -205,13 +222,7 @@ class StoreSteps(StoreReads):
         same statement, no thread hop).
         """
         with self._autocommit() as conn:
-            row = conn.execute(_TEXT["task_step_finish"], {
-                "task_id": end.task_id, "token": end.lease_token, "step_id": end.step_id,
-                "starts": end.starts, "status": "failed" if end.error is not None else "finished",
-                "result": None if end.error is not None else dumps_fast(end.result),
-                "error": end.error, "tries": end.tries, "usd": str(end.cost_usd),
-                "duration_seconds": end.duration_seconds,
-            }).first()
+            row = conn.execute(_TEXT["task_step_finish"], step_end_params(end)).first()
         if row is None:
             log.warning("late step result ignored: lease gone",
                         extra={"task_id": str(end.task_id), "step_id": end.step_id})

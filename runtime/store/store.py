@@ -39,7 +39,7 @@ from runtime.store.rows import (
     StepRecord,
     canonical_json,
 )
-from runtime.store.spend import StoreSpend, StoreSteps
+from runtime.store.spend import StoreSpend, StoreSteps, step_begin_params, step_record
 from runtime.store.steering import StoreSteering
 
 __all__ = ["MAINTENANCE_LOCK_KEY", "Maintained", "Store"]
@@ -129,17 +129,11 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
         row is recorded finished with its result, and the step does not run.
         """
         with self.transaction() as conn:
-            row = conn.execute(_TEXT["task_step_from_counterpart"], {
-                "task_id": begin.task_id, "token": begin.lease_token,
-                "counterpart": counterpart, "phase": begin.phase, "position": begin.position,
-                "name": begin.name, "kind": begin.kind, "args": begin.args,
-                "args_hash": begin.args_hash, "idempotency_key": begin.idempotency_key,
-                "tool_call_id": begin.tool_call_id, "attempt": begin.attempt}).first()
+            row = conn.execute(_TEXT["task_step_from_counterpart"],
+                               {**step_begin_params(begin), "counterpart": counterpart}).first()
         if row is None:
             return None
-        return StepRecord(step_id=int(row.id), status=str(row.status), starts=int(row.starts),
-                          replays=int(row.replays), result=row.result, error=row.error,
-                          idempotency_key=str(row.idempotency_key), replayed=True)
+        return step_record(row, replayed=True)
 
     def fork_root(self, branch: NewBranch, actor: str = "fork") -> Task:
         """Insert a fork's branch root and its event in one statement; return the row.
