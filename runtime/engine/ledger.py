@@ -102,6 +102,11 @@ class StoreLedger:
         """A fork's branch task's step served from its counterpart's record, or None."""
         return self.store.step_from_counterpart(begin, counterpart)
 
+    def step_finished_at(self, task_id: uuid.UUID, phase: str, position: str, name: str,
+                         args_hash: str) -> bool:
+        """Whether ``task_id`` finished that step with those arguments (a counterpart's)."""
+        return self.store.step_finished_at(task_id, phase, position, name, args_hash)
+
     def step_finish(self, end: StepEnd) -> bool:
         """Record a step's result or error (fenced); False when the lease is gone."""
         return self.store.step_finish(end)

@@ -1998,6 +1998,14 @@ ON CONFLICT (task_id, phase, position, name) DO NOTHING
 RETURNING s.id, s.status, s.starts, s.replays, s.result, s.error, s.idempotency_key,
           true AS replayed;
 
+-- task_step_finished_at --
+-- Whether a task finished the step at (phase, position, name) with these arguments: a
+-- fork's branch task needs no approval for a tool call its counterpart finished (it is
+-- served from that record, runtime.llm.ledger.BranchSteps). By task_steps' unique key.
+SELECT 1 FROM task_steps
+WHERE task_id = :task_id AND phase = :phase AND position = :position AND name = :name
+  AND status = 'finished' AND args_hash = :args_hash;
+
 -- tenant_buckets_dry --
 -- Of the tenants with [tenants.<name>] tokens_per_minute (:bucket_tenants, :bucket_rates),
 -- those whose bucket, refilled to now, holds less than one second's refill: the claim

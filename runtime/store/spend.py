@@ -243,6 +243,14 @@ class StoreSteps(StoreReads):
             }).first()
         return None if row is None else str(row.status)
 
+    def step_finished_at(self, task_id: uuid.UUID, phase: str, position: str, name: str,
+                         args_hash: str) -> bool:
+        """Whether ``task_id`` finished the step at this place with these arguments."""
+        with self.engine.connect() as conn:
+            return conn.execute(_TEXT["task_step_finished_at"], {
+                "task_id": task_id, "phase": phase, "position": position, "name": name,
+                "args_hash": args_hash}).first() is not None
+
     def tool_approvals(self, task_id: uuid.UUID) -> list[Task]:
         """The asks and decisions on a task's tool calls."""
         return self.query("tool_approval_list", id=task_id)

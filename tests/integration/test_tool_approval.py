@@ -95,3 +95,28 @@ def test_a_rejected_tool_call_never_runs(runtime: Runtime) -> None:
     (ask,) = store.tool_approvals(task["id"])
     assert (ask["call_id"], ask["status"], ask["note"]) == (
         "0#0.0", "denied", "rejected by person: not this supplier")
+
+
+def test_a_rerun_replays_an_approved_call_without_asking_again(runtime: Runtime) -> None:
+    from runtime.forks import fork
+
+    store = runtime.store
+    task, _ = store.submit(NewTask(to_agent="clerk", type="task", payload={"goal": "ACME"}))
+    drive(runtime, task["id"], "awaiting_approval")
+    assert store.approve(task["id"]).changed
+    drive(runtime, task["id"], "done")
+    assert len(PAID) == 1
+    # A re-run asks for no approval: the call is served from the original's record and
+    # never runs, so there is nothing for a person to approve.
+    branch = fork(store, runtime.registry, runtime.settings, task["id"], note="re-run")
+    done = drive(runtime, branch["id"], "done")
+    assert len(PAID) == 1 and done["result"] == store.get(task["id"])["result"]
+    assert store.tool_approvals(branch["id"]) == []
+    (step,) = store.steps(branch["id"])
+    assert (step["status"], step["starts"], step["replays"]) == ("finished", 0, 1)
+    # Other arguments are another call: it asks, and does not run before the approval.
+    other = fork(store, runtime.registry, runtime.settings, task["id"],
+                 payload={"goal": "Initech"}, note="another customer")
+    drive(runtime, other["id"], "awaiting_approval")
+    (ask,) = store.tool_approvals(other["id"])
+    assert ask["status"] == "asked" and len(PAID) == 1
