@@ -144,6 +144,15 @@ def _capped(value: Any, limit: int = STEP_SHOWN_CHARS) -> str | None:
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
 
 
+def approval_json(row: dict[str, Any]) -> dict[str, Any]:
+    """One ``tool_approvals`` row: a tool call that asked for a person, and the decision."""
+    out = {k: _scalar(row.get(k)) for k in (
+        "phase", "call_id", "tool", "args_hash", "status", "asked_at", "decided_at",
+        "decided_by", "note")}
+    out["args"] = _capped(row.get("args"))
+    return out
+
+
 def step_json(row: dict[str, Any]) -> dict[str, Any]:
     """One ``task_steps`` row: a durable step or a tool call, its arguments and result capped.
 
@@ -311,7 +320,8 @@ def tree_changes_json(store: Store, root_id: uuid.UUID, after: int,
 def task_detail_json(store: Store, task_id: uuid.UUID, model_calls: bool = True) -> dict[str, Any]:
     """A task with its transitions, children, steps and, when asked, its model calls.
 
-    ``steps`` lists its durable steps and tool calls, arguments and results capped.
+    ``steps`` lists its durable steps and tool calls, arguments and results capped;
+    ``tool_approvals`` the tool calls that asked for a person's approval, and the decisions.
     """
     task = store.get(task_id)
     detail = task_json(task)
@@ -321,6 +331,7 @@ def task_detail_json(store: Store, task_id: uuid.UUID, model_calls: bool = True)
     if model_calls:
         detail["model_calls"] = [model_call_json(c) for c in store.model_calls(task_id)]
     detail["steps"] = [step_json(s) for s in store.steps(task_id)]
+    detail["tool_approvals"] = [approval_json(a) for a in store.tool_approvals(task_id)]
     return detail
 
 

@@ -209,6 +209,8 @@ def _print_detail(d: dict[str, Any]) -> None:
         out.print(_model_calls_table(d["model_calls"]))
     if d.get("steps"):
         out.print(_steps_table(d["steps"]))
+    if d.get("tool_approvals"):
+        out.print(_approvals_table(d["tool_approvals"]))
 
 
 def _steps_table(steps: list[dict[str, Any]]) -> Table:
@@ -226,6 +228,16 @@ def _steps_table(steps: list[dict[str, Any]]) -> Table:
                       escape(s["name"]), escape(str(s["args"] or "")), outcome,
                       f"{float(s['duration_seconds'] or 0):.3f}", runs)
     return table
+
+def _approvals_table(asks: list[dict[str, Any]]) -> Table:
+    """One line per tool call that asked for a person: the tool, its arguments, the decision."""
+    table = Table("call", "tool", "args", "decision", "by", "note", title="tool approvals")
+    for a in asks:
+        table.add_row(escape(str(a["call_id"])), escape(str(a["tool"])),
+                      escape(str(a["args"] or "")), escape(str(a["status"])),
+                      escape(str(a["decided_by"] or "-")), escape(str(a["note"] or "")))
+    return table
+
 
 def escalations(json_: JsonOpt = False) -> None:
     """The tasks waiting for a person, oldest first, with the rule that stopped them."""

@@ -9,6 +9,7 @@ runs the tool once. ``reject`` fails the task and the tool never runs.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -120,3 +121,23 @@ def test_a_rerun_replays_an_approved_call_without_asking_again(runtime: Runtime)
     drive(runtime, other["id"], "awaiting_approval")
     (ask,) = store.tool_approvals(other["id"])
     assert ask["status"] == "asked" and len(PAID) == 1
+
+
+def test_show_lists_the_ask_and_the_decision(runtime: Runtime,
+                                             orgchart_env: dict[str, str]) -> None:
+    from typer.testing import CliRunner
+
+    from runtime.cli.app import app
+
+    store = runtime.store
+    task, _ = store.submit(NewTask(to_agent="clerk", type="task", payload={"goal": "ACME"}))
+    drive(runtime, task["id"], "awaiting_approval")
+    assert store.approve(task["id"], note="go ahead").changed
+    shown = CliRunner().invoke(app, ["show", str(task["id"]), "--json"])
+    assert shown.exit_code == 0, shown.output
+    (ask,) = json.loads(shown.stdout)["tool_approvals"]
+    assert (ask["call_id"], ask["tool"], ask["status"], ask["note"]) == (
+        "0#0.0", "send_payment", "approved", "approved by person: go ahead")
+    text = CliRunner().invoke(app, ["show", str(task["id"])])
+    assert text.exit_code == 0 and "tool approvals" in text.stdout
+    assert "send_payment" in text.stdout and "approved" in text.stdout
