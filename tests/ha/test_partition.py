@@ -109,7 +109,11 @@ def _held(store: Any, worker: str) -> list[Any]:
 
 
 def _late_writes(store: Any, held: list[Any], cut_at: float) -> int:
-    """Events host 0 wrote for ``held`` after the cut, other than on a claim of its own."""
+    """Events host 0 wrote for ``held`` after the cut, other than on a claim of its own.
+
+    A fan-in flip (``waiting -> ready_to_aggregate``) is no late write: a waiting parent
+    holds no lease, and the flip is written by whichever worker ends its last child.
+    """
     late = []
     events = rows(store, "SELECT task_id, worker, from_status, to_status FROM task_events "
                          "WHERE task_id = ANY(:ids) AND at > to_timestamp(:t) "
@@ -120,6 +124,9 @@ def _late_writes(store: Any, held: list[Any], cut_at: float) -> int:
             continue
         if from_status in ("pending", "ready_to_aggregate") and to_status == "running":
             reclaimed.add(task_id)  # a new claim after the heal: a new lease, legitimately
+        elif from_status == "waiting" and to_status == "ready_to_aggregate":
+            continue  # fan-in: a waiting parent holds no lease; whoever ends its last child
+            # (host 0 too, on a child it claimed after the heal) or the sweeper flips it
         elif task_id not in reclaimed:
             late.append((task_id, from_status, to_status))
     if late:
