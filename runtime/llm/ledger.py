@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -83,6 +83,30 @@ class StepLedger(Protocol):
         ...
 
 
+
+async def write_begin(ledger: Any, begin: StepBegin,
+                      in_thread: Callable[..., Awaitable[Any]] = asyncio.to_thread
+                      ) -> StepRecord | None:
+    """A step's begin write: ``astep_begin`` on this loop, else ``step_begin`` in a thread.
+
+    The thread is ``in_thread`` (the ledger has no async begin: a test's ledger, say).
+    """
+    abegin = getattr(ledger, "astep_begin", None)
+    if abegin is not None:
+        record: StepRecord | None = await abegin(begin)
+        return record
+    began: StepRecord | None = await in_thread(ledger.step_begin, begin)
+    return began
+
+
+async def write_finish(ledger: Any, end: StepEnd,
+                       in_thread: Callable[..., Awaitable[Any]] = asyncio.to_thread) -> bool:
+    """A step's finish write, as :func:`write_begin`."""
+    afinish = getattr(ledger, "astep_finish", None)
+    if afinish is not None:
+        return bool(await afinish(end))
+    return bool(await in_thread(ledger.step_finish, end))
+
 class BranchSteps:
     """The steps of a fork's branch task: its counterpart's record answers repeated steps.
 
@@ -122,18 +146,11 @@ class BranchSteps:
                 self._from_counterpart, begin, self._counterpart)
             if record is not None:
                 return record
-        abegin = getattr(self._ledger, "astep_begin", None)
-        if abegin is not None:
-            began: StepRecord | None = await abegin(begin)
-            return began
-        return await asyncio.to_thread(self._ledger.step_begin, begin)
+        return await write_begin(self._ledger, begin)
 
     async def astep_finish(self, end: StepEnd) -> bool:
         """:meth:`step_finish` from a coroutine, as the ledger's."""
-        afinish = getattr(self._ledger, "astep_finish", None)
-        if afinish is not None:
-            return bool(await afinish(end))
-        return await asyncio.to_thread(self._ledger.step_finish, end)
+        return await write_finish(self._ledger, end)
 
     def tool_approval(self, task_id: uuid.UUID, lease_token: uuid.UUID, phase: str,
                       call_id: str, tool: str, args_hash: str, args: str) -> str | None:

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 from agents.tools import RetryPolicy, reset_step_key, set_step_key
 from runtime.errors import BudgetExceeded, LeaseLost
-from runtime.llm.ledger import StepLedger
+from runtime.llm.ledger import StepLedger, write_begin, write_finish
 from runtime.store.rows import StepBegin, StepEnd, StepRecord
 
 #: How much of a step's arguments its row keeps (the hash covers all of them).
@@ -279,18 +279,11 @@ class TaskSteps:
     # ------------------------------------------------------------------ parts
     async def _write_begin(self, begin: StepBegin) -> StepRecord | None:
         """The begin write: awaited on this loop when the ledger can, else in a thread."""
-        abegin = getattr(self._ledger, "astep_begin", None)
-        if abegin is not None:
-            record: StepRecord | None = await abegin(begin)
-            return record
-        return await self._in_ledger(self._ledger.step_begin, begin)
+        return await write_begin(self._ledger, begin, self._in_ledger)
 
     async def _write_finish(self, end: StepEnd) -> bool:
         """The finish write (durable), as :meth:`_write_begin`."""
-        afinish = getattr(self._ledger, "astep_finish", None)
-        if afinish is not None:
-            return bool(await afinish(end))
-        return bool(await self._in_ledger(self._ledger.step_finish, end))
+        return await write_finish(self._ledger, end, self._in_ledger)
 
     async def _attempts(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
                         kwargs: dict[str, Any], record: StepRecord,
