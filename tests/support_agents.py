@@ -95,6 +95,20 @@ class Flaky(Agent):
         raise TransientModelError("connection refused (test)")
 
 
+class DatabaseGone(Agent):
+    """Opens a connection the server refuses: psycopg's own error, as the step writer sees."""
+
+    name = "dbgone"
+    input_model = AnyInput
+    output_model = AnyOutput
+
+    def run(self, ctx: AgentContext, task: TaskView) -> Result:
+        import psycopg  # only here: the other agents need no driver
+
+        psycopg.connect("postgresql://postgres@127.0.0.1:1/none", connect_timeout=2).close()
+        return Result({})
+
+
 class Boom(Agent):
     """Raises an ordinary exception: an agent failure, not retried."""
 

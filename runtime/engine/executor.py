@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any, Protocol
 
+import psycopg
 import sqlalchemy as sa
 from pydantic import BaseModel
 
@@ -102,8 +103,10 @@ class JudgeFn(Protocol):
         """Judge one task; returns a ``Judgement``."""
 
 
-#: Errors that mean the database connection went away (restart, terminated backend).
-DATABASE_GONE: tuple[type[Exception], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError)
+#: Errors that mean the database connection went away (restart, terminated backend):
+#: SQLAlchemy's, and psycopg's own from the async step writer and record look-ups.
+DATABASE_GONE: tuple[type[Exception], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError,
+                                              psycopg.OperationalError, psycopg.InterfaceError)
 #: Infrastructure errors a task is retried for with backoff (seed 001).
 TRANSIENT_ERRORS: tuple[type[Exception], ...] = (TransientModelError, *DATABASE_GONE)
 #: Errors that leave a judging task to the reaper (it goes back to the judge stage).

@@ -115,6 +115,17 @@ def test_a_transient_error_retries_with_backoff_then_fails(runtime: Runtime) -> 
     assert "transient error persisted after 2 retries" in row["error"]
 
 
+def test_a_lost_database_connection_in_the_agent_is_retried_not_failed(runtime: Runtime) -> None:
+    # psycopg's own OperationalError (the async step writer's, a record look-up's during a
+    # server restart) is infrastructure: the task goes back to pending, as SQLAlchemy's does.
+    task = submit(runtime.store, "dbgone")
+    worker = runtime.worker(["dbgone"], maintenance=False, listen=False)
+    assert worker.run_once() == 1
+    row = runtime.store.get(task["id"])
+    assert row["status"] == "pending" and row["retry_count"] == 1, row
+    assert row["error"].startswith("transient: connection failed"), row["error"]
+
+
 def test_an_agent_exception_fails_the_task_and_is_not_retried(runtime: Runtime) -> None:
     task = submit(runtime.store, "boom")
     drain(runtime)
