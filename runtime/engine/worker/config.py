@@ -24,6 +24,8 @@ DB_THREADS = 4
 CLAIMS_AT_ONCE = 3
 #: Tasks held per sync thread when every agent served is a sync one (see ``Scheduler.limit``).
 SYNC_PREFETCH = 4
+#: Besides, a sync worker holds what it finishes in this long at its recent pace (ditto).
+HOLD_AHEAD_SECONDS = 0.25
 #: Errors that mean "the database is unreachable or busy right now": retried, never fatal.
 DB_ERRORS: tuple[type[Exception], ...] = (sa.exc.DBAPIError, sa.exc.TimeoutError,
                                           psycopg.Error)

@@ -45,12 +45,13 @@ from runtime.engine.worker.config import (
     DB_ERRORS,
     DB_RETRY_MAX_SECONDS,
     DB_THREADS,
+    HOLD_AHEAD_SECONDS,
     SYNC_PREFETCH,
     WRITE_WINDOW_SECONDS,
     WorkerConfig,
 )
 from runtime.engine.worker.dispatch import Dispatch
-from runtime.engine.worker.state import DbHealth, Held, InFlight, Wake
+from runtime.engine.worker.state import DbHealth, Held, InFlight, Pace, Wake
 from runtime.engine.worker.steps import Steps
 from runtime.store import db
 
@@ -77,6 +78,7 @@ class Scheduler(Dispatch):
         self.async_agents = serves_async_agents(self.executor, config.run_agents)
         self._db_threads: ThreadRunner | None = None
         self._queue: asyncio.Queue[InFlight] | None = None
+        self.pace = Pace()
 
     # ------------------------------------------------------------------ room
     @property
@@ -85,16 +87,23 @@ class Scheduler(Dispatch):
 
         ``max_in_flight``; when every agent served is a sync one, also no more than
         :data:`SYNC_PREFETCH` per sync thread, parked ones included (an agent parked on
-        a model call has its thread replaced): sync work runs at most ``threads`` at once
-        besides those parked, and the extra tasks wait in memory, not a claim round trip
-        away, when a thread frees (the claim of the next batch overlaps the work of this
-        one). So a sync worker whose agents wait on models holds as many tasks as the
-        calls in flight allow, and one whose agents never park holds few.
+        a model call has its thread replaced), plus what the worker finishes in
+        :data:`HOLD_AHEAD_SECONDS` at its pace over the last second. Sync work runs at
+        most ``threads`` at once besides those parked; the extra tasks wait in memory,
+        not a claim round trip away, when a thread frees (the claim of the next batch
+        overlaps the work of this one). So a sync worker whose agents wait on models
+        holds as many tasks as the calls in flight allow; one whose agents are slow
+        holds few (a task it holds waits about a quarter second for a thread, not
+        longer, while other workers may be idle); one whose agents are quick holds
+        enough to keep its threads busy across a claim and a write (Little's law: held =
+        rate x time held).
         """
         cfg = self.config
         if self.async_agents:
             return cfg.max_in_flight
-        return min(cfg.max_in_flight, (cfg.threads + self.agents.parked) * SYNC_PREFETCH)
+        ahead = int(self.pace.per_second() * HOLD_AHEAD_SECONDS)
+        return min(cfg.max_in_flight,
+                   (cfg.threads + self.agents.parked) * SYNC_PREFETCH + ahead)
 
     def room(self, announced: bool = False) -> int:
         """How many more tasks this process may claim now (by the model slots, once used)."""
@@ -216,6 +225,7 @@ class Scheduler(Dispatch):
                 batch.append(queue.get_nowait())
             await self._write([i.action for i in batch if i.action is not None])
             self.held.remove(batch)
+            self.pace.note(len(batch))
             self.wake()
 
     async def _write(self, actions: list[Action]) -> None:

@@ -7,6 +7,7 @@
   reads.
 - :class:`Wake`: wakes the claim loop (a notification, room freed, a stop).
 - :class:`DbHealth`: counts database errors and logs one line per streak per place.
+- :class:`Pace`: how many tasks the worker finished in the last second.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,3 +194,33 @@ class DbHealth:
         if where in self._failing:
             self._failing.discard(where)
             log.debug(f"the worker's {where} reaches the database again")
+
+
+class Pace:
+    """Tasks finished over the last :attr:`window` seconds (the writer notes, the claim reads).
+
+    Args:
+        window: how far back the count goes, in seconds.
+
+    """
+
+    def __init__(self, window: float = 1.0) -> None:
+        self.window = window
+        self._ended: deque[tuple[float, int]] = deque()
+        self._total = 0
+
+    def note(self, n: int) -> None:
+        """``n`` tasks ended now."""
+        self._ended.append((time.monotonic(), n))
+        self._total += n
+        self._forget()
+
+    def per_second(self) -> float:
+        """Tasks ended per second over the window."""
+        self._forget()
+        return self._total / self.window
+
+    def _forget(self) -> None:
+        horizon = time.monotonic() - self.window
+        while self._ended and self._ended[0][0] < horizon:
+            self._total -= self._ended.popleft()[1]
