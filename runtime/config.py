@@ -203,7 +203,8 @@ class PoliciesSettings(_Section):
     allowed_tools: dict[str, list[str]] = Field(default_factory=dict)
     modules: list[str] = Field(default_factory=list)
     disabled: list[str] = Field(default_factory=list)
-    #: ``require_approval``: tasks delegated to these agents wait for a person's approval.
+    #: ``require_approval``: tasks delegated to these agents, and roots submitted to them,
+    #: wait for a person's approval.
     require_approval: list[str] = Field(default_factory=list)
     #: ``require_approval``: a task whose budget would take its tree's spend past this
     #: (USD) waits for a person's approval; unset: no spend threshold.

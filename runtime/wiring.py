@@ -60,6 +60,9 @@ def open_store(settings: Settings, migrate: bool = True) -> Store:
                                    statement_timeout_ms=settings.database.statement_timeout_ms,
                                    options=ConnectionOptions.from_settings(settings.database)))
     store.tenancy = Tenancy.from_settings(settings)
+    from policies.approval import holds  # not at import time: the CLI loads this early
+
+    store.approval_agents, store.approve_above_usd = holds(settings)
     return store
 
 
@@ -138,7 +141,7 @@ def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
     from policies.approval import RequireApproval
 
     approval = policies.get("require_approval")
-    if isinstance(approval, RequireApproval):  # held children: decided where they are inserted
+    if isinstance(approval, RequireApproval):  # held tasks: decided where they are inserted
         store.approval_agents = approval.held_agents()
         store.approve_above_usd = approval.spend_threshold()
     # Model-call charges are batched (ChargeWriter): what arrives within a few ms is one

@@ -162,6 +162,15 @@ def submit(goal: str, options: GoalOptions, json_: JsonOpt = False) -> None:
         out.print(str(task["id"]), highlight=False)
         if not created:
             err.print("[dim]idempotency key seen before: returned the existing task[/]")
+        _say_if_held(task)
+
+
+def _say_if_held(task: dict[str, Any]) -> None:
+    """On stderr: the root waits for a person (``[policies] require_approval``), and how."""
+    if task["status"] == "awaiting_approval":
+        err.print(f"held for approval ([policies] require_approval lists {task['to_agent']}):"
+                  f" orgchart approve {task['id']}  (or reject {task['id']} --note ...)",
+                  markup=False, highlight=False, soft_wrap=True)
 
 
 @with_goal_options
@@ -177,6 +186,7 @@ def run(goal: str, options: GoalOptions, json_: JsonOpt = False,
     task, _ = submit_root(runtime.store,
                           options.new_task(runtime.registry, runtime.settings, goal), "cli",
                           runtime.settings.database.failover_timeout_seconds)
+    _say_if_held(task)  # then it waits for the approval like any other step, up to timeout
     drain(runtime, task["id"], json_, timeout, max_in_flight)
 
 

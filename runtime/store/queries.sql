@@ -8,40 +8,58 @@
 
 -- task_insert_root --
 -- Insert a root task (root_id = id) and its 'submitted' event; a repeated idempotency key inserts nothing.
+-- The require_approval policy holds a root in 'awaiting_approval' when its agent is listed
+-- in :approval_agents (as it holds a delegated task; approve_above_usd is a delegation
+-- rule: a root has spent nothing); a question to a person is never held.
 WITH ins AS (
     INSERT INTO tasks (id, root_id, from_agent, to_agent, type, hypothesis_id, payload,
                        success_criteria, kill_criteria, budget_tokens, budget_seconds,
-                       budget_usd, priority, idempotency_key, request_hash, depth, tenant)
+                       budget_usd, priority, idempotency_key, request_hash, depth, tenant,
+                       status)
     VALUES (:id, :id, :from_agent, :to_agent, :type, :hypothesis_id, CAST(:payload AS jsonb),
             CAST(:success_criteria AS jsonb), CAST(:kill_criteria AS jsonb), :budget_tokens,
             :budget_seconds, :budget_usd, :priority, :idempotency_key, :request_hash, 0,
-            :tenant)
+            :tenant,
+            CASE WHEN CAST(:to_agent AS text) <> 'human'
+                  AND :to_agent = ANY(CAST(:approval_agents AS text[]))
+                 THEN 'awaiting_approval' ELSE 'pending' END)
     ON CONFLICT (idempotency_key) WHERE parent_id IS NULL AND idempotency_key IS NOT NULL
     DO NOTHING
     RETURNING *
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
-    SELECT id, NULL, 'pending', :actor, 'submitted' FROM ins
+    SELECT id, NULL, status, :actor,
+           CASE WHEN status = 'pending' THEN 'submitted'
+                ELSE 'submitted; held for approval (policy require_approval)' END
+    FROM ins
 ), notify AS (
-    SELECT pg_notify('{tasks_channel}', to_agent) FROM ins
+    SELECT pg_notify('{tasks_channel}', to_agent) FROM ins WHERE status = 'pending'
 )
 SELECT ins.*, (SELECT count(*) FROM notify) AS notified FROM ins;
 
 -- task_insert_roots_many --
--- Insert many root tasks in one statement (bulk submission; no idempotency keys).
+-- Insert many root tasks in one statement (bulk submission; no idempotency keys), held as
+-- task_insert_root holds one.
 WITH input AS (
     SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:agents AS text[]), CAST(:types AS text[]),
                          CAST(:payloads AS jsonb[]), CAST(:priorities AS int[]))
         AS i(id, to_agent, type, payload, priority)
 ), ins AS (
-    INSERT INTO tasks (id, root_id, to_agent, type, payload, priority, depth)
-    SELECT id, id, to_agent, type, payload, priority, 0 FROM input
-    RETURNING id, to_agent
+    INSERT INTO tasks (id, root_id, to_agent, type, payload, priority, depth, status)
+    SELECT id, id, to_agent, type, payload, priority, 0,
+           CASE WHEN to_agent <> 'human' AND to_agent = ANY(CAST(:approval_agents AS text[]))
+                THEN 'awaiting_approval' ELSE 'pending' END
+    FROM input
+    RETURNING id, to_agent, status
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
-    SELECT id, NULL, 'pending', :actor, 'submitted' FROM ins
+    SELECT id, NULL, status, :actor,
+           CASE WHEN status = 'pending' THEN 'submitted'
+                ELSE 'submitted; held for approval (policy require_approval)' END
+    FROM ins
 ), notify AS (
-    SELECT pg_notify('{tasks_channel}', a) FROM (SELECT DISTINCT to_agent AS a FROM ins) d
+    SELECT pg_notify('{tasks_channel}', a)
+    FROM (SELECT DISTINCT to_agent AS a FROM ins WHERE status = 'pending') d
 )
 SELECT count(*) AS inserted, (SELECT count(*) FROM notify) AS notified FROM ins;
 
@@ -1868,21 +1886,29 @@ WHERE (status = 'awaiting_approval' OR (status = 'pending' AND to_agent = 'human
 -- These statements only read the original tree: it is never written.
 
 -- task_insert_fork_root --
--- Insert a branch's root (root_id = id, forked_from = the original root) and its event.
+-- Insert a branch's root (root_id = id, forked_from = the original root) and its event;
+-- held for approval as task_insert_root holds a root.
 WITH ins AS (
     INSERT INTO tasks (id, root_id, from_agent, to_agent, type, hypothesis_id, payload,
                        success_criteria, kill_criteria, budget_tokens, budget_seconds,
-                       budget_usd, priority, depth, forked_from, fork, model_override, tenant)
+                       budget_usd, priority, depth, forked_from, fork, model_override, tenant,
+                       status)
     VALUES (:id, :id, :from_agent, :to_agent, :type, :hypothesis_id, CAST(:payload AS jsonb),
             CAST(:success_criteria AS jsonb), CAST(:kill_criteria AS jsonb), :budget_tokens,
             :budget_seconds, :budget_usd, :priority, 0, :forked_from, CAST(:fork AS jsonb),
-            :model_override, :tenant)
+            :model_override, :tenant,
+            CASE WHEN CAST(:to_agent AS text) <> 'human'
+                  AND :to_agent = ANY(CAST(:approval_agents AS text[]))
+                 THEN 'awaiting_approval' ELSE 'pending' END)
     RETURNING *
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
-    SELECT id, NULL, 'pending', :actor, :detail FROM ins
+    SELECT id, NULL, status, :actor,
+           :detail || CASE WHEN status = 'pending' THEN ''
+                           ELSE '; held for approval (policy require_approval)' END
+    FROM ins
 ), notify AS (
-    SELECT pg_notify('{tasks_channel}', to_agent) FROM ins
+    SELECT pg_notify('{tasks_channel}', to_agent) FROM ins WHERE status = 'pending'
 )
 SELECT ins.*, (SELECT count(*) FROM notify) AS notified FROM ins;
 

@@ -229,6 +229,18 @@ def test_serve_refuses_a_public_host_without_a_token(orgchart_env: dict[str, str
     assert "refusing to listen on 0.0.0.0 without ORGCHART_API_TOKEN" in result.stderr
 
 
+def test_submit_to_an_approval_agent_says_the_root_is_held(
+        runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORGCHART_POLICIES__REQUIRE_APPROVAL", "echo")
+    result = cli("submit", "a goal that needs a yes", "--agent", "echo",
+                 "--agents-module", "tests.support_agents")
+    assert result.exit_code == 0, result.output
+    task_id = result.stdout.strip()
+    assert f"held for approval ([policies] require_approval lists echo): orgchart approve " \
+           f"{task_id}" in result.stderr
+    assert runtime.store.get(uuid.UUID(task_id))["status"] == "awaiting_approval"
+
+
 def test_submit_takes_a_tenant_and_tree_shows_it(runtime: Runtime) -> None:
     task = cli_json("submit", "tenant goal", "--agent", "echo", "--tenant", "acme",
                     "--agents-module", "tests.support_agents")

@@ -109,6 +109,21 @@ def test_a_rerun_replays_every_call_and_leaves_the_original_byte_for_byte(
     assert runtime.store.events(branch["id"])[0]["detail"] == f"forked from {original}: re-run"
 
 
+def test_a_branch_root_of_an_approval_agent_waits_for_a_person(runtime: Runtime) -> None:
+    original = finished_tree(runtime)
+    runtime.store.approval_agents = ("fork_planner",)
+    branch = fork(runtime.store, runtime.registry, runtime.settings, original, note="again")
+    assert branch["status"] == "awaiting_approval"
+    assert runtime.store.events(branch["id"])[0]["detail"] == (
+        f"forked from {original}: again; held for approval (policy require_approval)")
+    drain(runtime)
+    assert runtime.store.get(branch["id"])["status"] == "awaiting_approval"  # not claimed
+    assert runtime.store.approve(branch["id"], actor="dan").changed
+    drain(runtime)
+    assert runtime.store.get(branch["id"])["status"] == "done"
+    assert calls(runtime.store, branch["id"]) == (0, 4)  # approved, then replayed as usual
+
+
 def test_a_branch_of_a_branch_replays_through_the_branch_in_between(runtime: Runtime) -> None:
     original = finished_tree(runtime)
     first = fork(runtime.store, runtime.registry, runtime.settings, original)

@@ -321,6 +321,29 @@ def test_require_approval_holds_a_child_until_approved_once(store: Store) -> Non
     assert task["status"] == "failed" and "too costly" in task["error"]
 
 
+def test_require_approval_holds_a_root_submitted_to_a_listed_agent(store: Store) -> None:
+    store.approval_agents = ("echo",)
+    held, free = submit(store, "echo"), submit(store, "fanout")
+    assert held["status"] == "awaiting_approval" and free["status"] == "pending"
+    assert events(store, held["id"]) == [(None, "awaiting_approval")]
+    assert "held for approval" in store.events(held["id"])[0]["detail"]
+    assert [r.id for r in store.claim(["echo", "fanout"], 10, "w", 30)] == [free["id"]]
+    assert [i["id"] for i in store.inbox()] == [held["id"]]
+    assert store.approve(held["id"], actor="dan").changed
+    assert [r.id for r in store.claim(["echo"], 10, "w", 30)] == [held["id"]]
+    assert events(store, held["id"])[-2:] == [("awaiting_approval", "pending"),
+                                              ("pending", "running")]
+
+
+def test_require_approval_holds_bulk_roots_and_never_a_question(store: Store) -> None:
+    store.approval_agents = ("echo", "human")
+    assert store.submit_many("echo", "task", [{"goal": "a"}, {"goal": "b"}]) == 2
+    assert store.claim(["echo"], 10, "w", 30) == []
+    assert [i["kind"] for i in store.inbox()] == ["approval", "approval"]
+    question = submit(store, "human")  # a question to a person waits for its answer only
+    assert question["status"] == "pending"
+
+
 def test_require_approval_above_a_tree_spend(store: Store) -> None:
     store.approve_above_usd = Decimal("0.015")
     root = submit(store, "fanout")

@@ -133,6 +133,18 @@ def test_cli_cancel_pause_resume(runtime: Runtime) -> None:
     assert cli("pause", "not-an-id").exit_code == 2
 
 
+def test_a_root_posted_to_an_approval_agent_is_held_until_approved(
+        runtime: Runtime, client: TestClient) -> None:
+    runtime.store.approval_agents = ("echo",)
+    posted = client.post("/tasks", json={"prompt": "needs a yes", "agent": "echo"})
+    assert posted.status_code == 201, posted.text
+    task = posted.json()
+    assert task["status"] == "awaiting_approval"
+    assert [i["id"] for i in client.get("/inbox").json()] == [task["id"]]
+    assert client.post(f"/tasks/{task['id']}/approve", json={"by": "dan"}).status_code == 200
+    assert runtime.store.get(uuid.UUID(task["id"]))["status"] == "pending"
+
+
 def test_cli_approve_and_reject(runtime: Runtime) -> None:
     runtime.store.approval_agents = ("echo",)
     _, kids = parent_with_children(runtime.store, 2)

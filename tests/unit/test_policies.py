@@ -422,3 +422,13 @@ def test_allowed_tools_refuses_a_tool_not_named_for_a_listed_agent(agents: Regis
     assert refused is not None and refused.rule == "allowed_tools"
     assert "may not call tool 'delete_everything' (allowed: search)" in str(refused)
     assert rules.validate_tool(view("t_worker"), "delete_everything") is None
+
+
+def test_the_store_holds_for_approval_only_what_an_active_rule_names() -> None:
+    from policies.approval import holds
+
+    assert holds(make_settings()) == ((), None)  # unconfigured: off
+    on = make_settings(require_approval=["ceo"], approve_above_usd="2.5")
+    assert holds(on) == (("ceo",), Decimal("2.5"))
+    off = make_settings(require_approval=["ceo"], disabled=["require_approval"])
+    assert holds(off) == ((), None)  # named in [policies] disabled: held nowhere
