@@ -246,7 +246,8 @@ def test_the_diff_page_compares_a_branch_with_its_original(
         page.goto(f"{server.url}/ui/trees/{branch}")
         page.wait_for_selector("#origin a.diff-link", timeout=TIMEOUT_MS)
         page.wait_for_selector(".wf-call.wf-replayed", state="attached", timeout=TIMEOUT_MS)
-        assert "new angle" in page.inner_text("#origin")
+        # The note comes from the branch root's own read, after the origin line is drawn.
+        page.wait_for_selector('#origin:has-text("new angle")', timeout=TIMEOUT_MS)
         page.click("#origin a.diff-link")
         page.wait_for_url(f"**/ui/diff/{original}/{branch}")
         page.wait_for_selector('body[data-loaded="true"]', timeout=TIMEOUT_MS)
