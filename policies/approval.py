@@ -39,14 +39,6 @@ class RequireApproval(Policy):
             return "no [policies] require_approval agents and no approve_above_usd"
         return None
 
-    def held_agents(self) -> tuple[str, ...]:
-        """The agents whose delegated tasks wait for approval."""
-        return tuple(self.settings.policies.require_approval)
-
-    def spend_threshold(self) -> Decimal | None:
-        """The tree spend (USD) past which a delegated task waits for approval."""
-        return self.settings.policies.approve_above_usd
-
     def settings_view(self) -> dict[str, Any]:
         """``require_approval`` and ``approve_above_usd``."""
         above = self.settings.policies.approve_above_usd

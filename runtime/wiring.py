@@ -138,12 +138,10 @@ def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
     registry = load_registry(settings, extra_modules)
     store = store or open_store(settings)
     policies = load_policy_set(settings, registry)
-    from policies.approval import RequireApproval
+    from policies.approval import holds
 
-    approval = policies.get("require_approval")
-    if isinstance(approval, RequireApproval):  # held tasks: decided where they are inserted
-        store.approval_agents = approval.held_agents()
-        store.approve_above_usd = approval.spend_threshold()
+    # A store given by the caller gets the rule's settings too (open_store sets its own).
+    store.approval_agents, store.approve_above_usd = holds(settings)
     # Model-call charges are batched (ChargeWriter): what arrives within a few ms is one
     # statement, each call still guarded by its task's lease token.
     llm_factory = LLMFactory(settings, StoreLedger(store, ChargeWriter(store)))

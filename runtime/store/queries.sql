@@ -6,57 +6,57 @@
 -- {tasks_channel} is replaced at load time by runtime.store.queries.TASKS_CHANNEL, the one
 -- LISTEN/NOTIFY channel (NOTIFY's payload is the agent name, 'judge' for the judge stage).
 
+-- fragment_root_status --
+-- A root's status as inserted (task_insert_root, task_insert_roots_many,
+-- task_insert_fork_root), from the column ``to_agent`` of its source row: the
+-- require_approval policy holds it in 'awaiting_approval' when its agent is listed in
+-- :approval_agents (as it holds a delegated task; approve_above_usd is a delegation rule:
+-- a root has spent nothing); a question to a person is never held.
+CASE WHEN to_agent <> 'human' AND to_agent = ANY(CAST(:approval_agents AS text[]))
+     THEN 'awaiting_approval' ELSE 'pending' END
+
+-- fragment_root_event_detail --
+-- The detail of a root's first event, from its status as inserted.
+CASE WHEN status = 'pending' THEN '' ELSE '; held for approval (policy require_approval)' END
+
 -- task_insert_root --
--- Insert a root task (root_id = id) and its 'submitted' event; a repeated idempotency key inserts nothing.
--- The require_approval policy holds a root in 'awaiting_approval' when its agent is listed
--- in :approval_agents (as it holds a delegated task; approve_above_usd is a delegation
--- rule: a root has spent nothing); a question to a person is never held.
+-- Insert a root task (root_id = id) and its 'submitted' event; a repeated idempotency key
+-- inserts nothing. Held for approval by fragment_root_status.
 WITH ins AS (
     INSERT INTO tasks (id, root_id, from_agent, to_agent, type, hypothesis_id, payload,
                        success_criteria, kill_criteria, budget_tokens, budget_seconds,
                        budget_usd, priority, idempotency_key, request_hash, depth, tenant,
                        status)
-    VALUES (:id, :id, :from_agent, :to_agent, :type, :hypothesis_id, CAST(:payload AS jsonb),
-            CAST(:success_criteria AS jsonb), CAST(:kill_criteria AS jsonb), :budget_tokens,
-            :budget_seconds, :budget_usd, :priority, :idempotency_key, :request_hash, 0,
-            :tenant,
-            CASE WHEN CAST(:to_agent AS text) <> 'human'
-                  AND :to_agent = ANY(CAST(:approval_agents AS text[]))
-                 THEN 'awaiting_approval' ELSE 'pending' END)
+    SELECT :id, :id, :from_agent, to_agent, :type, :hypothesis_id, CAST(:payload AS jsonb),
+           CAST(:success_criteria AS jsonb), CAST(:kill_criteria AS jsonb), :budget_tokens,
+           :budget_seconds, :budget_usd, :priority, :idempotency_key, :request_hash, 0,
+           :tenant, {fragment_root_status}
+    FROM (VALUES (CAST(:to_agent AS text))) AS v(to_agent)
     ON CONFLICT (idempotency_key) WHERE parent_id IS NULL AND idempotency_key IS NOT NULL
     DO NOTHING
     RETURNING *
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
-    SELECT id, NULL, status, :actor,
-           CASE WHEN status = 'pending' THEN 'submitted'
-                ELSE 'submitted; held for approval (policy require_approval)' END
-    FROM ins
+    SELECT id, NULL, status, :actor, 'submitted' || {fragment_root_event_detail} FROM ins
 ), notify AS (
     SELECT pg_notify('{tasks_channel}', to_agent) FROM ins WHERE status = 'pending'
 )
 SELECT ins.*, (SELECT count(*) FROM notify) AS notified FROM ins;
 
 -- task_insert_roots_many --
--- Insert many root tasks in one statement (bulk submission; no idempotency keys), held as
--- task_insert_root holds one.
+-- Insert many root tasks in one statement (bulk submission; no idempotency keys), held
+-- for approval by fragment_root_status.
 WITH input AS (
     SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:agents AS text[]), CAST(:types AS text[]),
                          CAST(:payloads AS jsonb[]), CAST(:priorities AS int[]))
         AS i(id, to_agent, type, payload, priority)
 ), ins AS (
     INSERT INTO tasks (id, root_id, to_agent, type, payload, priority, depth, status)
-    SELECT id, id, to_agent, type, payload, priority, 0,
-           CASE WHEN to_agent <> 'human' AND to_agent = ANY(CAST(:approval_agents AS text[]))
-                THEN 'awaiting_approval' ELSE 'pending' END
-    FROM input
+    SELECT id, id, to_agent, type, payload, priority, 0, {fragment_root_status} FROM input
     RETURNING id, to_agent, status
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
-    SELECT id, NULL, status, :actor,
-           CASE WHEN status = 'pending' THEN 'submitted'
-                ELSE 'submitted; held for approval (policy require_approval)' END
-    FROM ins
+    SELECT id, NULL, status, :actor, 'submitted' || {fragment_root_event_detail} FROM ins
 ), notify AS (
     SELECT pg_notify('{tasks_channel}', a)
     FROM (SELECT DISTINCT to_agent AS a FROM ins WHERE status = 'pending') d
@@ -1887,26 +1887,21 @@ WHERE (status = 'awaiting_approval' OR (status = 'pending' AND to_agent = 'human
 
 -- task_insert_fork_root --
 -- Insert a branch's root (root_id = id, forked_from = the original root) and its event;
--- held for approval as task_insert_root holds a root.
+-- held for approval by fragment_root_status.
 WITH ins AS (
     INSERT INTO tasks (id, root_id, from_agent, to_agent, type, hypothesis_id, payload,
                        success_criteria, kill_criteria, budget_tokens, budget_seconds,
                        budget_usd, priority, depth, forked_from, fork, model_override, tenant,
                        status)
-    VALUES (:id, :id, :from_agent, :to_agent, :type, :hypothesis_id, CAST(:payload AS jsonb),
-            CAST(:success_criteria AS jsonb), CAST(:kill_criteria AS jsonb), :budget_tokens,
-            :budget_seconds, :budget_usd, :priority, 0, :forked_from, CAST(:fork AS jsonb),
-            :model_override, :tenant,
-            CASE WHEN CAST(:to_agent AS text) <> 'human'
-                  AND :to_agent = ANY(CAST(:approval_agents AS text[]))
-                 THEN 'awaiting_approval' ELSE 'pending' END)
+    SELECT :id, :id, :from_agent, to_agent, :type, :hypothesis_id, CAST(:payload AS jsonb),
+           CAST(:success_criteria AS jsonb), CAST(:kill_criteria AS jsonb), :budget_tokens,
+           :budget_seconds, :budget_usd, :priority, 0, :forked_from, CAST(:fork AS jsonb),
+           :model_override, :tenant, {fragment_root_status}
+    FROM (VALUES (CAST(:to_agent AS text))) AS v(to_agent)
     RETURNING *
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
-    SELECT id, NULL, status, :actor,
-           :detail || CASE WHEN status = 'pending' THEN ''
-                           ELSE '; held for approval (policy require_approval)' END
-    FROM ins
+    SELECT id, NULL, status, :actor, :detail || {fragment_root_event_detail} FROM ins
 ), notify AS (
     SELECT pg_notify('{tasks_channel}', to_agent) FROM ins WHERE status = 'pending'
 )

@@ -106,7 +106,7 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
             "idempotency_key": new.idempotency_key,
             "request_hash": request_hash,
             "actor": actor,
-            "approval_agents": list(self.approval_agents),
+            **self.approval_params(),
         }
         with self.transaction() as conn:
             rows = self._rows(conn, "task_insert_root", **params)
@@ -162,7 +162,7 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
                 priority=original.get("priority"), forked_from=original["id"],
                 tenant=original.get("tenant", "default"),
                 fork=_dumps(branch.fork), model_override=branch.model_override,
-                actor=actor, detail=detail, approval_agents=list(self.approval_agents))
+                actor=actor, detail=detail, **self.approval_params())
         task = rows[0]
         task.pop("notified", None)
         return task
@@ -181,7 +181,7 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
                     "payloads": [_dumps(p) for p in payloads],
                     "priorities": [priority] * len(ids),
                     "actor": actor,
-                    "approval_agents": list(self.approval_agents),
+                    **self.approval_params(),
                 },
             ).one()
         return int(row.inserted)

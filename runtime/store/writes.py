@@ -43,12 +43,13 @@ class StoreWrites(StoreReads):
     """Outcomes of leased work (finish, delegate, retry children) and the fan-in they cause."""
 
     #: The require_approval policy, set by the wiring from ``[policies]``: agents whose
-    #: delegated tasks wait in 'awaiting_approval', and the tree spend past which any does.
+    #: delegated tasks (and submitted roots) wait in 'awaiting_approval', and the tree
+    #: spend past which a delegated task does.
     approval_agents: tuple[str, ...] = ()
     approve_above_usd: Decimal | None = None
 
     def approval_params(self) -> dict[str, Any]:
-        """The delegation statement's require_approval parameters."""
+        """The require_approval parameters of the statements that insert tasks."""
         return {"approval_agents": list(self.approval_agents),
                 "approve_above_usd": self.approve_above_usd}
 
