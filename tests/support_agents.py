@@ -9,6 +9,7 @@ import os
 import time
 from typing import Any
 
+import psycopg
 from pydantic import BaseModel, ConfigDict
 
 from agents.base import Agent, ChildSpec, Delegate, Escalate, Result, RetryChildren, TaskView
@@ -103,8 +104,6 @@ class DatabaseGone(Agent):
     output_model = AnyOutput
 
     def run(self, ctx: AgentContext, task: TaskView) -> Result:
-        import psycopg  # only here: the other agents need no driver
-
         psycopg.connect("postgresql://postgres@127.0.0.1:1/none", connect_timeout=2).close()
         return Result({})
 

@@ -83,7 +83,6 @@ class StepLedger(Protocol):
         ...
 
 
-
 async def write_begin(ledger: Any, begin: StepBegin,
                       in_thread: Callable[..., Awaitable[Any]] = asyncio.to_thread
                       ) -> StepRecord | None:
@@ -106,6 +105,7 @@ async def write_finish(ledger: Any, end: StepEnd,
     if afinish is not None:
         return bool(await afinish(end))
     return bool(await in_thread(ledger.step_finish, end))
+
 
 class BranchSteps:
     """The steps of a fork's branch task: its counterpart's record answers repeated steps.
