@@ -208,6 +208,15 @@ UNION ALL
 SELECT lease_token FROM tasks
 WHERE lease_token = ANY(CAST(:tokens AS uuid[])) AND id NOT IN (SELECT id FROM target);
 
+-- fragment_lock_batch --
+-- Lock the rows of a batch of outcomes (a CTE ``input`` with ``id``) deepest first, then
+-- by id: the order task_cancel_subtree locks a subtree in. A batch finishing siblings and
+-- a cancel of their tree then wait for each other instead of deadlocking (each would hold
+-- a row the other needs). The guard (status, lease token) is the UPDATE's, after the lock.
+SELECT t.id FROM tasks t JOIN input i ON i.id = t.id
+ORDER BY t.depth DESC, t.id
+FOR UPDATE OF t
+
 -- fragment_replays_insert --
 -- The replayed calls a delivery served from the record (``stamp->'replays'``, zero cost:
 -- runtime.llm.calls.HeldReplays) as model_calls rows, written with its outcome and fenced
@@ -236,10 +245,14 @@ CROSS JOIN LATERAL jsonb_to_recordset(u.replays) AS r(
 -- stage: it goes through 'judging' to its final status, and both transitions are
 -- recorded, in order, by the one INSERT below.
 -- The batch arrives as one JSON array (one json.dumps on the client, one parse here).
+-- Its rows are locked first, deepest first, then by id (fragment_lock_batch): the order
+-- of a cancel, so a batch and a cancel of the same siblings never deadlock.
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(CAST(:batch AS jsonb))
         AS i(id uuid, token uuid, to_status text, result jsonb, error text,
              delay double precision, detail text, verdict jsonb, stamp jsonb)
+), locked AS MATERIALIZED (
+    {fragment_lock_batch}
 ), upd AS (
     UPDATE tasks t
     SET status = i.to_status,
@@ -268,7 +281,7 @@ WITH input AS (
         completed_at = CASE WHEN i.to_status IN ('done', 'failed', 'escalated', 'cancelled')
                             THEN now() ELSE t.completed_at END,
         updated_at = now()
-    FROM input i
+    FROM input i JOIN locked l ON l.id = i.id
     WHERE t.id = i.id AND t.status = 'running' AND t.lease_token = i.token
     RETURNING t.id, t.parent_id, t.status, t.to_agent, i.detail, i.verdict IS NOT NULL AS judged,
               t.root_id, i.stamp->'replays' AS replays
@@ -299,9 +312,12 @@ SELECT id, parent_id, status, (SELECT count(*) FROM notify) AS notified FROM upd
 
 -- task_finish_judging --
 -- Record the judge's verdict and move leased judging tasks to done, failed or escalated.
+-- Rows are locked in a cancel's order first (fragment_lock_batch).
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(CAST(:batch AS jsonb))
         AS i(id uuid, token uuid, to_status text, verdict jsonb, error text, detail text)
+), locked AS MATERIALIZED (
+    {fragment_lock_batch}
 ), upd AS (
     UPDATE tasks t
     SET status = i.to_status,
@@ -312,7 +328,7 @@ WITH input AS (
         lease_expires_at = NULL,
         completed_at = now(),
         updated_at = now()
-    FROM input i
+    FROM input i JOIN locked l ON l.id = i.id
     WHERE t.id = i.id AND t.status = 'judging' AND t.lease_token = i.token
     RETURNING t.id, t.parent_id, t.status, i.detail
 ), ev AS (
@@ -322,12 +338,12 @@ WITH input AS (
 SELECT id, parent_id, status FROM upd;
 
 -- task_lock_parents --
--- Lock the parents of children that just ended, in id order, before their spend is rolled
--- up and the fan-in check runs: two transactions finishing the last two children of one
--- parent serialise and the second sees the first.
+-- Lock the parents of children that just ended, deepest first, then by id (a cancel's
+-- order), before their spend is rolled up and the fan-in check runs: two transactions
+-- finishing the last two children of one parent serialise and the second sees the first.
 SELECT id FROM tasks
 WHERE id = ANY(CAST(:ids AS uuid[]))
-ORDER BY id
+ORDER BY depth DESC, id
 FOR UPDATE;
 
 -- task_roll_up_children --
@@ -407,8 +423,8 @@ SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
 -- task_delegate_running_many --
 -- Fan-out of a batch of parents (one JSON array: id, token, detail, children): each leased
 -- parent goes to 'waiting' and its children are inserted, in one statement; the parents
--- are locked in id order first (two batches never deadlock). A parent whose lease is gone
--- changes nothing and gets no children. Children are unique per (parent_id,
+-- are locked first, in a cancel's order (fragment_lock_batch; two batches never
+-- deadlock). A parent whose lease is gone changes nothing and gets no children. Children are unique per (parent_id,
 -- idempotency_key), so a parent that runs again after a crash or a retry inserts only
 -- the children it does not have yet. Returns one row per parent that was moved, with
 -- the children inserted for it.
@@ -420,10 +436,8 @@ SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(CAST(:batch AS jsonb))
         AS i(id uuid, token uuid, detail text, children jsonb, stamp jsonb)
-), locked AS (
-    SELECT t.id FROM tasks t JOIN input i ON i.id = t.id
-    ORDER BY t.id
-    FOR UPDATE OF t
+), locked AS MATERIALIZED (
+    {fragment_lock_batch}
 ), parent AS (
     UPDATE tasks t
     SET status = 'waiting',

@@ -155,6 +155,32 @@ def test_a_cancel_racing_a_workers_finish_leaves_one_terminal_event(store: Store
         assert store.get(root["id"])["status"] == "cancelled"
 
 
+def test_a_batch_finish_waits_for_its_rows_in_a_cancels_order(store: Store) -> None:
+    """A finish of siblings locks them by id (a cancel's order), whatever the batch's order.
+
+    Were it to lock the second sibling and then wait for the first, a cancel holding the
+    first (it locks by depth, then id) and waiting for the second would deadlock with it.
+    """
+    _, _ = parent_with_children(store, 2)
+    first, second = sorted(store.claim(["echo"], 2, "w", 30), key=lambda r: r.id)
+    with store.engine.connect() as holder:
+        tx = holder.begin()
+        holder.execute(sa.text("SELECT 1 FROM tasks WHERE id = :id FOR UPDATE"),
+                       {"id": first.id})
+        t = threading.Thread(target=store.finish_running, args=(
+            [RunOutcome(r.id, r.lease, "failed", error="x") for r in (second, first)], "w"))
+        t.start()
+        t.join(0.3)
+        assert t.is_alive()  # it waits for the first sibling...
+        with store.engine.connect() as probe:  # ...holding nothing of its batch
+            probe.execute(sa.text("SELECT 1 FROM tasks WHERE id = :id FOR UPDATE NOWAIT"),
+                          {"id": second.id})
+            probe.rollback()
+        tx.rollback()
+    t.join(10)
+    assert {store.get(r.id)["status"] for r in (first, second)} == {"failed"}
+
+
 def test_cancel_reaches_children_of_a_delegation_that_committed_meanwhile(store: Store) -> None:
     root = submit(store, "fanout")
     row = store.claim(["fanout"], 1, "w", 30)[0]
