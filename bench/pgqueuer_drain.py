@@ -53,7 +53,7 @@ async def _connect(url: str) -> Any:
     return await psycopg.AsyncConnection.connect(_libpq(url), autocommit=True)
 
 
-async def _install(url: str) -> None:
+async def install_schema(url: str) -> None:
     from pgqueuer import Queries
 
     conn = await _connect(url)
@@ -143,7 +143,7 @@ def main(n: int = 20_000, sweep_n: int = 10_000, server: str | None = None,
     admin(server, f'CREATE DATABASE "{name}"')
     url = with_database(server, name)
     try:
-        asyncio.run(_install(url))
+        asyncio.run(install_schema(url))
         sweep: dict[str, float] = {}
         for setting in grid:
             procs, consumers, batch = (int(x) for x in setting.split("x"))

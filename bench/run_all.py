@@ -24,6 +24,7 @@ from bench import (
     claim_latency,
     control,
     drain,
+    drain_pair,
     fairness,
     fanin,
     fork,
@@ -41,14 +42,15 @@ from bench import (
 )
 from bench.common import RESULTS_DIR, machine, server_url
 
-ORDER = ("reference", "drain", "pgqueuer", "pickup", "fanin", "claim_latency", "tree_read",
-         "scrape", "worker_memory", "makespan", "sync_agents", "fork", "charge", "transport",
-         "ha", "control", "tools", "fairness")
+ORDER = ("reference", "drain", "pgqueuer", "drain_pair", "pickup", "fanin", "claim_latency",
+         "tree_read", "scrape", "worker_memory", "makespan", "sync_agents", "fork", "charge",
+         "transport", "ha", "control", "tools", "fairness")
 
 FULL: dict[str, dict[str, Any]] = {
     "reference": {"n": 20_000, "threads": 4},
     "drain": {"n": 20_000, "sweep_n": 10_000},
     "pgqueuer": {"n": 20_000, "sweep_n": 10_000},
+    "drain_pair": {"n": 20_000, "rounds": 4},
     "pickup": {"samples": 50},
     "fanin": {"children": 10_000, "repeats": 5},
     "claim_latency": {"pending": 1_000, "finished": 1_000_000, "samples": 500},
@@ -71,6 +73,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "reference": {"n": 200, "threads": 4},
     "drain": {"n": 200, "sweep_n": 100, "grid": ("1x8x50",)},
     "pgqueuer": {"n": 200, "sweep_n": 100, "grid": ("1x5x10",)},
+    "drain_pair": {"n": 100, "rounds": 1},
     "pickup": {"samples": 3},
     "fanin": {"children": 200, "repeats": 2, "batch": 50, "last_batch": 20},
     "claim_latency": {"pending": 200, "finished": 2_000, "samples": 20, "deep": 500},
@@ -93,6 +96,7 @@ MAINS: dict[str, Callable[..., dict[str, Any]]] = {
     "reference": reference.main,
     "drain": drain.main,
     "pgqueuer": pgqueuer_drain.main,
+    "drain_pair": drain_pair.main,
     "pickup": pickup.main,
     "fanin": fanin.main,
     "claim_latency": claim_latency.main,
@@ -198,7 +202,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "reference_after_drain_tasks_per_s", "drain_vs_reference",
                 "pgqueuer_jobs_per_s", "drain_vs_pgqueuer", "drain_defaults_tasks_per_s",
                 "drain_defaults_vs_pgqueuer", "drain_defaults_vs_pgqueuer_cpu_ms_per_task",
-                "pickup_p50_ms", "pickup_p95_ms", "fanin_p95_ms", "claim_ms_small_table",
+                "drain_pair_ratio_median", "pickup_p50_ms", "pickup_p95_ms", "fanin_p95_ms",
+                "claim_ms_small_table",
                 "claim_ms_1m_finished", "tree_ms_10k", "scrape_ms_1m_finished",
                 "worker_peak_rss_mb",
                 "makespan_vs_critical_path", "peak_calls_in_flight",

@@ -13,6 +13,7 @@ from bench import (
     charge,
     claim_latency,
     drain,
+    drain_pair,
     fanin,
     makespan,
     pgqueuer_drain,
@@ -67,6 +68,18 @@ def test_drain(server_url: str) -> None:
         figures["drain_postgres_cpu_ms_per_task"] >= 0  # None: the server is not on this machine
     assert len(figures["drain_sweep"]) == 2
     assert set(figures["drain_settings"]) == {"processes", "concurrency", "batch_size"}
+
+
+def test_drain_pair(server_url: str) -> None:
+    figures = drain_pair.main(n=100, rounds=2, pgqueuer="1x2x10", server=server_url)
+    assert len(figures["drain_pair_rounds"]) == 2
+    for r in figures["drain_pair_rounds"]:
+        _numbers(r, "orgchart_tasks_per_s", "pgqueuer_jobs_per_s", "ratio")
+        assert r["ratio"] == round(r["orgchart_tasks_per_s"] / r["pgqueuer_jobs_per_s"], 3)
+    ratios = sorted(r["ratio"] for r in figures["drain_pair_rounds"])
+    assert figures["drain_pair_ratio_median"] == round((ratios[0] + ratios[1]) / 2, 4)
+    with pytest.raises(ValueError, match="pgqueuer setting"):
+        drain_pair.main(n=10, rounds=1, pgqueuer="fast", server=server_url)
 
 
 def test_defaults_against_pgqueuer_only_on_the_same_queue() -> None:
