@@ -25,6 +25,7 @@ from bench import (
     control,
     drain,
     drain_pair,
+    drain_parts,
     fairness,
     fanin,
     fork,
@@ -42,15 +43,16 @@ from bench import (
 )
 from bench.common import RESULTS_DIR, machine, server_url
 
-ORDER = ("reference", "drain", "pgqueuer", "drain_pair", "pickup", "fanin", "claim_latency",
-         "tree_read", "scrape", "worker_memory", "makespan", "sync_agents", "fork", "charge",
-         "transport", "ha", "control", "tools", "fairness")
+ORDER = ("reference", "drain", "pgqueuer", "drain_pair", "drain_parts", "pickup", "fanin",
+         "claim_latency", "tree_read", "scrape", "worker_memory", "makespan", "sync_agents",
+         "fork", "charge", "transport", "ha", "control", "tools", "fairness")
 
 FULL: dict[str, dict[str, Any]] = {
     "reference": {"n": 20_000, "threads": 4},
     "drain": {"n": 20_000, "sweep_n": 10_000},
     "pgqueuer": {"n": 20_000, "sweep_n": 10_000},
     "drain_pair": {"n": 20_000, "rounds": 4},
+    "drain_parts": {"n": 20_000},
     "pickup": {"samples": 50},
     "fanin": {"children": 10_000, "repeats": 5},
     "claim_latency": {"pending": 1_000, "finished": 1_000_000, "samples": 500},
@@ -74,6 +76,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "drain": {"n": 200, "sweep_n": 100, "grid": ("1x8x50",)},
     "pgqueuer": {"n": 200, "sweep_n": 100, "grid": ("1x5x10",)},
     "drain_pair": {"n": 100, "rounds": 1},
+    "drain_parts": {"n": 200},
     "pickup": {"samples": 3},
     "fanin": {"children": 200, "repeats": 2, "batch": 50, "last_batch": 20},
     "claim_latency": {"pending": 200, "finished": 2_000, "samples": 20, "deep": 500},
@@ -97,6 +100,7 @@ MAINS: dict[str, Callable[..., dict[str, Any]]] = {
     "drain": drain.main,
     "pgqueuer": pgqueuer_drain.main,
     "drain_pair": drain_pair.main,
+    "drain_parts": drain_parts.main,
     "pickup": pickup.main,
     "fanin": fanin.main,
     "claim_latency": claim_latency.main,

@@ -14,6 +14,7 @@ from bench import (
     claim_latency,
     drain,
     drain_pair,
+    drain_parts,
     fanin,
     makespan,
     pgqueuer_drain,
@@ -80,6 +81,15 @@ def test_drain_pair(server_url: str) -> None:
     assert figures["drain_pair_ratio_median"] == round((ratios[0] + ratios[1]) / 2, 4)
     with pytest.raises(ValueError, match="pgqueuer setting"):
         drain_pair.main(n=10, rounds=1, pgqueuer="fast", server=server_url)
+
+
+def test_drain_parts(server_url: str) -> None:
+    figures = drain_parts.main(n=150, batch=40, server=server_url)
+    assert figures["drain_parts_tasks"] == 150  # every task claimed, executed and done
+    parts = figures["drain_parts_cpu_us_per_task"]
+    _numbers(parts, "claim", "execute", "finish", "total")
+    assert parts["total"] == pytest.approx(parts["claim"] + parts["execute"] + parts["finish"],
+                                           abs=0.2)
 
 
 def test_defaults_against_pgqueuer_only_on_the_same_queue() -> None:
