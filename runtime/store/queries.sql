@@ -209,11 +209,14 @@ SELECT lease_token FROM tasks
 WHERE lease_token = ANY(CAST(:tokens AS uuid[])) AND id NOT IN (SELECT id FROM target);
 
 -- fragment_lock_batch --
--- Lock the rows of a batch of outcomes (a CTE ``input`` with ``id``) deepest first, then
--- by id: the order task_cancel_subtree locks a subtree in. A batch finishing siblings and
--- a cancel of their tree then wait for each other instead of deadlocking (each would hold
--- a row the other needs). The guard (status, lease token) is the UPDATE's, after the lock.
+-- Lock the rows of a batch of outcomes (a CTE ``input`` with ``id`` and ``token``) deepest
+-- first, then by id: the order task_cancel_subtree locks a subtree in. A batch finishing
+-- siblings and a cancel of their tree then wait for each other instead of deadlocking
+-- (each would hold a row the other needs). Only rows still under the batch's lease tokens
+-- are locked (re-checked after a wait): a late worker's batch locks, and waits on, nothing
+-- another worker now holds. The UPDATE that follows checks the status too.
 SELECT t.id FROM tasks t JOIN input i ON i.id = t.id
+WHERE t.lease_token = i.token
 ORDER BY t.depth DESC, t.id
 FOR UPDATE OF t
 
@@ -424,8 +427,8 @@ SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
 -- Fan-out of a batch of parents (one JSON array: id, token, detail, children): each leased
 -- parent goes to 'waiting' and its children are inserted, in one statement; the parents
 -- are locked first, in a cancel's order (fragment_lock_batch; two batches never
--- deadlock). A parent whose lease is gone changes nothing and gets no children. Children are unique per (parent_id,
--- idempotency_key), so a parent that runs again after a crash or a retry inserts only
+-- deadlock). A parent whose lease is gone changes nothing and gets no children. Children
+-- are unique per (parent_id, idempotency_key), so a parent that runs again after a crash or a retry inserts only
 -- the children it does not have yet. Returns one row per parent that was moved, with
 -- the children inserted for it.
 -- In a branch (a fork's tree, docs/writing-agents.md), each child whose counterpart exists

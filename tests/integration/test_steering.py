@@ -17,7 +17,14 @@ from runtime.store.queries import QUERIES
 from runtime.store.rows import ChildRow, ModelCharge, NotFound, RunOutcome
 from runtime.store.steering import SteeringRefused
 from runtime.store.store import Store
-from tests.factories import child_rows, events, parent_with_children, submit, terminal_event_counts
+from tests.factories import (
+    child_rows,
+    events,
+    expire_leases,
+    parent_with_children,
+    submit,
+    terminal_event_counts,
+)
 
 
 def _grow(store: Store) -> tuple[uuid.UUID, list[uuid.UUID], list[uuid.UUID]]:
@@ -161,7 +168,7 @@ def test_a_batch_finish_waits_for_its_rows_in_a_cancels_order(store: Store) -> N
     Were it to lock the second sibling and then wait for the first, a cancel holding the
     first (it locks by depth, then id) and waiting for the second would deadlock with it.
     """
-    _, _ = parent_with_children(store, 2)
+    parent_with_children(store, 2)
     first, second = sorted(store.claim(["echo"], 2, "w", 30), key=lambda r: r.id)
     with store.engine.connect() as holder:
         tx = holder.begin()
@@ -179,6 +186,32 @@ def test_a_batch_finish_waits_for_its_rows_in_a_cancels_order(store: Store) -> N
         tx.rollback()
     t.join(10)
     assert {store.get(r.id)["status"] for r in (first, second)} == {"failed"}
+
+
+def test_a_late_workers_batch_locks_nothing_another_worker_now_holds(store: Store) -> None:
+    """A batch whose lease was taken over neither waits on the new owner's row nor writes it."""
+    parent_with_children(store, 1)
+    late = store.claim(["echo"], 1, "w-late", 30)[0]
+    expire_leases(store)
+    assert store.reap(max_delivery=5).released == 1  # the task goes back to the queue
+    owner = store.claim(["echo"], 1, "w-owner", 30)[0]
+    assert owner.id == late.id and owner.lease != late.lease
+    with store.engine.connect() as holder:  # the new owner is writing the row right now
+        tx = holder.begin()
+        holder.execute(sa.text("SELECT 1 FROM tasks WHERE id = :id FOR UPDATE"),
+                       {"id": owner.id})
+        done: dict = {}
+        t = threading.Thread(target=lambda: done.update(out=store.finish_running(
+            [RunOutcome(late.id, late.lease, "failed", error="late")], "w-late")))
+        t.start()
+        t.join(10)
+        alive = t.is_alive()
+        tx.rollback()
+    t.join(10)
+    assert not alive  # it did not wait for the owner's lock
+    assert done["out"].applied == []
+    assert store.get(owner.id)["status"] == "running"
+    assert store.get(owner.id)["lease_token"] == owner.lease
 
 
 def test_cancel_reaches_children_of_a_delegation_that_committed_meanwhile(store: Store) -> None:
