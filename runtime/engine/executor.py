@@ -46,6 +46,7 @@ from policies.criteria import validate_criteria
 from runtime.budget import Ask, BudgetRefused, ChildSpend, TaskBudget, carve, check_retry
 from runtime.config import Settings
 from runtime.engine.actions import Action, DelegateAction, Dropped, RetryAction
+from runtime.engine.judge_stage import accepted, judge_task
 from runtime.engine.started import (
     RACED,
     LazyLLM,
@@ -422,6 +423,12 @@ class Executor:
     def _judged_inline(self, row: TaskRow, result: Any, llm: Any,
                        children: list[TaskRow]) -> RunOutcome:
         """Judge a fresh result in the worker that produced it (no model, no database)."""
+        if self.judge is judge_task and not row.success_criteria and not row.kill_criteria:
+            # Nothing to check: the rules judge accepts it, whatever the spend or the time
+            # (judge_task's answer, without the snapshot it would read nothing from).
+            judgement = accepted()
+            return RunOutcome(row.id, row.lease, judgement.to_status, result=result,
+                              verdict=judgement.verdict, detail=f"verdict: {judgement.to_status}")
         snapshot = row.replace(result=result)
         budget = getattr(built_llm(llm), "budget", None)
         if isinstance(budget, TaskBudget):  # this run's spend too, not only the claim's

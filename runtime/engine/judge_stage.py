@@ -58,6 +58,11 @@ def _verdict(passed: bool, score: float, reasons: list[str], judge: str = "rules
             "judge": judge, "checks": checks or [], **extra}
 
 
+def accepted() -> Judgement:
+    """What the rules judge says of a task with no success criteria and no kill criteria."""
+    return Judgement("done", _verdict(True, 1.0, ["no success criteria: accepted"]))
+
+
 def _money(value: Any) -> Decimal:
     return Decimal(str(value)) if value is not None else Decimal(0)
 
@@ -219,7 +224,7 @@ def judge_task(task: dict[str, Any], children: list[dict[str, Any]], llm: Any | 
         return Judgement("escalated", _verdict(False, 0.0, killed, kill=hits),
                          "kill criteria: " + "; ".join(killed))
     if not success:
-        return Judgement("done", _verdict(True, 1.0, ["no success criteria: accepted"]))
+        return accepted()
 
     result = task.get("result")
     failed, score, reasons, checks = _rules(success, result)
