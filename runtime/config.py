@@ -240,7 +240,7 @@ class WorkerSettings(_Section):
     lease_seconds: float = Field(30.0, gt=0)
     concurrency: int = Field(4, ge=1, le=256)
     #: Most tasks one claim takes (several claims go at once when there is room).
-    batch_size: int = Field(100, ge=1, le=1000)
+    batch_size: int = Field(200, ge=1, le=1000)
     poll_interval_seconds: float = Field(1.0, gt=0)
     maintenance_interval_seconds: float = Field(1.0, gt=0)
     #: Tasks one worker process holds at once (claimed and not yet written).

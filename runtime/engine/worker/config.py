@@ -46,7 +46,7 @@ class WorkerConfig:
     concurrency: int | None = None
     max_in_flight: int = 1000
     sync_threads: int = 32
-    batch_size: int = 100
+    batch_size: int = 200
     lease_seconds: float = 30.0
     poll_interval_seconds: float = 1.0
     maintenance_interval_seconds: float = 1.0
