@@ -5,10 +5,12 @@ planner then found a partial index on running (or leased) rows cheaper than the 
 key for the UPDATE's side of a batch, and walked the whole index once per batch row:
 a 296-row finish in a drain took 65 ms (44,000 index rows read), a heartbeat over 1,000
 leases 250 ms instead of 30, a reap of 1,000 expired leases 275 ms instead of 53 (each
-holding its row locks meanwhile). These tests capture the
-statement the store sends and ask PostgreSQL for its plan under those statistics: the
-UPDATE must read ``tasks`` through ``pk_tasks``. Each failed before its statement was
-fixed (the guard moved to the CTE that locks the rows).
+holding its row locks meanwhile); a claim of 200, joined to the CTE that picked its
+rows, was planned as a hash join over a sequential scan of the whole table. These tests
+capture the statement the store sends and ask PostgreSQL for its plan under those
+statistics: the UPDATE must read ``tasks`` through ``pk_tasks``. Each failed before its
+statement was fixed (the guard moved to the CTE that locks the rows; the claims update
+``WHERE id = ANY(ARRAY(SELECT id FROM picked))``).
 """
 
 from __future__ import annotations
@@ -78,7 +80,11 @@ def _update_reads(plan: dict[str, Any]) -> list[tuple[str, str | None]]:
         for scan in _nodes(node):
             if scan is not node and scan.get("Relation Name") == "tasks" \
                     and scan.get("Alias") == alias:
-                reads.append((scan["Node Type"], scan.get("Index Name")))
+                index = scan.get("Index Name")
+                if scan["Node Type"] == "Bitmap Heap Scan":  # the index is its child's
+                    index = next((b.get("Index Name") for b in _nodes(scan)
+                                  if b.get("Node Type") == "Bitmap Index Scan"), None)
+                reads.append((scan["Node Type"], index))
     return reads
 
 
@@ -98,6 +104,15 @@ def _queue(store: Store, pending: int = 2000, lease_seconds: float = 60.0) -> li
     submit_noop(store, pending)
     _analyze(store)  # the statistics of a waiting queue: nothing running, nothing leased
     return store.claim(["noop"], HELD, "w", lease_seconds)
+
+
+def test_a_claim_updates_its_rows_by_key(store: Store) -> None:
+    submit_noop(store, 20_000)
+    _analyze(store)
+    claimed = _assert_by_key(store, "Claim up to", lambda: store.claim(["noop"], 200, "w", 60))
+    assert len(claimed) == 200  # joined to its CTE, a claim of 200 read the whole table
+    assert {r.claimed_from for r in claimed} == {"pending"}
+    assert {r.phase for r in claimed} == {"run"}
 
 
 def test_a_batch_finish_updates_its_rows_by_key(store: Store) -> None:
