@@ -16,11 +16,9 @@ task (``drain_worker_cpu_ms_per_task``) is those.
 from __future__ import annotations
 
 import argparse
-import os
 import threading
 import time
 from typing import Any
-from unittest import mock
 
 from bench.common import report, scratch_database, worker_env
 from bench.drain import load_queue
@@ -31,12 +29,8 @@ def measure(url: str, n: int, batch: int) -> dict[str, Any]:
     from runtime.config import load_settings
     from runtime.wiring import build_runtime
 
-    # The worker's settings: this database, the offline model, no configuration file. The
-    # process's own ORGCHART_DATABASE_URL (the server measured) would win over the scratch
-    # database's in build_runtime: the worker's environment is this process's meanwhile.
-    env = worker_env(url)
-    with mock.patch.dict(os.environ, env, clear=True):
-        runtime = build_runtime(load_settings(env=env), ["tests.support_agents"])
+    # The worker's settings: this database, the offline model, no configuration file.
+    runtime = build_runtime(load_settings(env=worker_env(url)), ["tests.support_agents"])
     executor, store = runtime.executor(), runtime.store
     executor.inline_judge = True  # as in a worker serving 'judge' (the drain's workers do)
     lease_lost = threading.Event()

@@ -35,7 +35,7 @@ from runtime.store.db import (
     create_db_engine,
     ensure_schema,
     redacted,
-    resolve_url,
+    settled_url,
 )
 from runtime.store.queries import Task
 from runtime.store.rows import HUMAN_AGENT, NewTask, NotFound, Tenancy
@@ -53,7 +53,7 @@ def open_store(settings: Settings, migrate: bool = True) -> Store:
     While the database fails over, the schema check is retried for up to
     ``[database] failover_timeout_seconds``.
     """
-    url = resolve_url(settings.database.url)
+    url = settled_url(settings.database.url)
     if migrate:
         db.retry(lambda: ensure_schema(url), settings.database.failover_timeout_seconds)
     store = Store(create_db_engine(url, pool_size=settings.database.pool_size,

@@ -22,7 +22,7 @@ from typing import Annotated, Any
 import typer
 
 from runtime.cli.common import EXIT_FAILED, JsonOpt, err, out, print_json, settings
-from runtime.store.db import redacted, resolve_url, upgrade
+from runtime.store.db import redacted, settled_url, upgrade
 
 
 def _settings_and_store() -> tuple[Any, Any]:
@@ -94,11 +94,11 @@ def doctor(json_: JsonOpt = False) -> None:
 
 def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
     """Run the migrations (they also run automatically on first use)."""
-    url = resolve_url(settings().database.url)
+    url = settled_url(settings().database.url)
     upgrade(url, revision)
     out.print(f"database at {redacted(url)} is at {revision}", highlight=False)
 
 
 def db_url() -> None:
     """Print the database URL orgchart uses (password hidden)."""
-    out.print(redacted(resolve_url(settings().database.url)), highlight=False)
+    out.print(redacted(settled_url(settings().database.url)), highlight=False)

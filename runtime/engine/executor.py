@@ -427,8 +427,22 @@ class Executor:
             # Nothing to check: the rules judge accepts it, whatever the spend or the time
             # (judge_task's answer, without the snapshot it would read nothing from).
             judgement = accepted()
-            return RunOutcome(row.id, row.lease, judgement.to_status, result=result,
-                              verdict=judgement.verdict, detail=f"verdict: {judgement.to_status}")
+        else:
+            snapshot = self._judged_snapshot(row, result, llm)
+            try:
+                judgement = self.judge(snapshot, children, None, self.settings)
+            except Exception as exc:
+                return RunOutcome(row.id, row.lease, "escalated", result=result,
+                                  error=f"judge error: {type(exc).__name__}: {exc}",
+                                  verdict={"passed": False, "score": 0.0, "judge": "rules",
+                                           "reasons": [f"the judge could not decide: {exc}"]})
+        return RunOutcome(row.id, row.lease, judgement.to_status, result=result,
+                          error=judgement.error, verdict=judgement.verdict,
+                          detail=f"verdict: {judgement.to_status}")
+
+    @staticmethod
+    def _judged_snapshot(row: TaskRow, result: Any, llm: Any) -> TaskRow:
+        """The row as the judge sees it: the fresh result, this run's spend and time."""
         snapshot = row.replace(result=result)
         budget = getattr(built_llm(llm), "budget", None)
         if isinstance(budget, TaskBudget):  # this run's spend too, not only the claim's
@@ -438,16 +452,7 @@ class Executor:
             # dt.UTC) costs several microseconds a task in utcoffset calls.
             running = time.time() - row.claimed_at.timestamp()
             snapshot.duration_seconds = float(row.duration_seconds or 0) + running
-        try:
-            judgement = self.judge(snapshot, children, None, self.settings)
-        except Exception as exc:
-            return RunOutcome(row.id, row.lease, "escalated", result=result,
-                              error=f"judge error: {type(exc).__name__}: {exc}",
-                              verdict={"passed": False, "score": 0.0, "judge": "rules",
-                                       "reasons": [f"the judge could not decide: {exc}"]})
-        return RunOutcome(row.id, row.lease, judgement.to_status, result=result,
-                          error=judgement.error, verdict=judgement.verdict,
-                          detail=f"verdict: {judgement.to_status}")
+        return snapshot
 
     # ------------------------------------------------------------------ judge stage
     def judge_one(self, row: TaskRow | dict[str, Any],
