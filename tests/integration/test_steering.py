@@ -214,6 +214,34 @@ def test_a_late_workers_batch_locks_nothing_another_worker_now_holds(store: Stor
     assert store.get(owner.id)["lease_token"] == owner.lease
 
 
+def test_a_batch_that_waited_while_its_lease_changed_hands_writes_nothing(store: Store) -> None:
+    """The guard sits in the lock: re-checked on the row's latest version after the wait.
+
+    The batch's statement starts while its token still matches, waits for the row, and
+    the transaction it waited for gives the row a new lease. Its UPDATE joins on the key
+    alone, so only the lock's re-check of the token keeps the late write out.
+    """
+    parent_with_children(store, 1)
+    late = store.claim(["echo"], 1, "w-late", 30)[0]
+    with store.engine.connect() as holder:  # the reaper and a new claim, in one transaction
+        tx = holder.begin()
+        holder.execute(sa.text("UPDATE tasks SET lease_token = gen_random_uuid(), "
+                               "lease_owner = 'w-owner' WHERE id = :id"), {"id": late.id})
+        done: dict = {}
+        t = threading.Thread(target=lambda: done.update(out=store.finish_running(
+            [RunOutcome(late.id, late.lease, "failed", error="late")], "w-late")))
+        t.start()
+        t.join(1.0)
+        waited = t.is_alive()
+        tx.commit()
+    t.join(10)
+    assert waited  # it found the row under its token, then waited for the lock
+    assert done["out"].applied == []
+    row = store.get(late.id)
+    assert row["status"] == "running" and row["lease_owner"] == "w-owner"
+    assert [e for e in events(store, late.id) if e[1] == "failed"] == []
+
+
 def test_cancel_reaches_children_of_a_delegation_that_committed_meanwhile(store: Store) -> None:
     root = submit(store, "fanout")
     row = store.claim(["fanout"], 1, "w", 30)[0]
