@@ -148,26 +148,15 @@ def embedded_server(pgdata: Path) -> Any:
 
 
 def resolve_url(configured: str | None = None) -> str:
-    """Return a SQLAlchemy URL for the database orgchart should use.
-
-    Order: ``ORGCHART_DATABASE_URL``, ``DATABASE_URL``, ``configured`` (``[database] url``),
-    else the embedded server under ``$ORGCHART_HOME/pgdata``.
-    """
-    return settled_url(os.environ.get("ORGCHART_DATABASE_URL")
-                       or os.environ.get("DATABASE_URL") or configured)
+    """``ORGCHART_DATABASE_URL``, ``DATABASE_URL`` or ``configured``, by :func:`settled_url`."""
+    env = os.environ
+    return settled_url(env.get("ORGCHART_DATABASE_URL") or env.get("DATABASE_URL") or configured)
 
 
 def settled_url(url: str | None) -> str:
-    """``url`` as a SQLAlchemy URL; the embedded server's when it is empty.
-
-    For a loaded configuration's ``[database] url``: ``load_settings`` already took it from
-    ``ORGCHART_DATABASE_URL`` or ``DATABASE_URL`` in the environment it read, so the
-    process's own variables are not read again (settings loaded from another environment
-    keep their database).
-    """
+    """A loaded ``[database] url`` (it read the environment) as SQLAlchemy's; else embedded."""
     if not url:
-        server = embedded_server(orgchart_home() / "pgdata")
-        url = server.get_uri()
+        url = embedded_server(orgchart_home() / "pgdata").get_uri()
     return sqlalchemy_url(url)
 
 
