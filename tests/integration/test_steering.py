@@ -9,12 +9,13 @@ from __future__ import annotations
 import threading
 import uuid
 from decimal import Decimal
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 from runtime.store.queries import QUERIES
-from runtime.store.rows import ChildRow, ModelCharge, NotFound, RunOutcome
+from runtime.store.rows import ChildRow, ModelCharge, NotFound, RunOutcome, TaskRow
 from runtime.store.steering import SteeringRefused
 from runtime.store.store import Store
 from tests.factories import (
@@ -188,6 +189,15 @@ def test_a_batch_finish_waits_for_its_rows_in_a_cancels_order(store: Store) -> N
     assert {store.get(r.id)["status"] for r in (first, second)} == {"failed"}
 
 
+def _late_finish(store: Store, late: TaskRow) -> tuple[threading.Thread, dict[str, Any]]:
+    """A late worker's finish of ``late`` (failed), started in a thread; ``done["out"]``."""
+    done: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: done.update(out=store.finish_running(
+        [RunOutcome(late.id, late.lease, "failed", error="late")], "w-late")))
+    t.start()
+    return t, done
+
+
 def test_a_late_workers_batch_locks_nothing_another_worker_now_holds(store: Store) -> None:
     """A batch whose lease was taken over neither waits on the new owner's row nor writes it."""
     parent_with_children(store, 1)
@@ -200,10 +210,7 @@ def test_a_late_workers_batch_locks_nothing_another_worker_now_holds(store: Stor
         tx = holder.begin()
         holder.execute(sa.text("SELECT 1 FROM tasks WHERE id = :id FOR UPDATE"),
                        {"id": owner.id})
-        done: dict = {}
-        t = threading.Thread(target=lambda: done.update(out=store.finish_running(
-            [RunOutcome(late.id, late.lease, "failed", error="late")], "w-late")))
-        t.start()
+        t, done = _late_finish(store, late)
         t.join(10)
         alive = t.is_alive()
         tx.rollback()
@@ -227,10 +234,7 @@ def test_a_batch_that_waited_while_its_lease_changed_hands_writes_nothing(store:
         tx = holder.begin()
         holder.execute(sa.text("UPDATE tasks SET lease_token = gen_random_uuid(), "
                                "lease_owner = 'w-owner' WHERE id = :id"), {"id": late.id})
-        done: dict = {}
-        t = threading.Thread(target=lambda: done.update(out=store.finish_running(
-            [RunOutcome(late.id, late.lease, "failed", error="late")], "w-late")))
-        t.start()
+        t, done = _late_finish(store, late)
         t.join(1.0)
         waited = t.is_alive()
         tx.commit()
