@@ -42,6 +42,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine, make_url
 
+from runtime.store.jsoncodec import loads_fast
 from runtime.store.queries import TEXT
 
 log = logging.getLogger(__name__)
@@ -416,20 +417,16 @@ def create_db_engine(url: str, pool_size: int = 10, statement_timeout_ms: int = 
         before = make_url(full).query.get("options")
         timeout = f"-c statement_timeout={int(statement_timeout_ms)}"
         connect_args["options"] = f"{before} {timeout}" if before else timeout
+    # jsonb is read by orjson where it reads what json would (runtime.store.jsoncodec).
     return install(sa.create_engine(
-        full,
-        pool_size=pool_size,
-        max_overflow=pool_size,
-        pool_pre_ping=True,
-        pool_recycle=1800,
-        connect_args=connect_args,
-    ))
+        full, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True,
+        pool_recycle=1800, connect_args=connect_args, json_deserializer=loads_fast))
 
 
 def one_shot_engine(url: str) -> Engine:
     """An engine without a pool (migrations, one query), with the default options."""
     return install(sa.create_engine(with_options(url, ConnectionOptions()),
-                                             poolclass=sa.pool.NullPool))
+                                    poolclass=sa.pool.NullPool, json_deserializer=loads_fast))
 
 
 def alembic_config(url: str) -> Any:

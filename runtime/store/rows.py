@@ -493,8 +493,3 @@ class Finished:
 def canonical_json(value: Any) -> str:
     """Stable JSON (sorted keys, no spaces) for hashing and storing."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def dumps_fast(value: Any) -> str:
-    """JSON for a batch parameter (no key sorting: nothing hashes it)."""
-    return json.dumps(value, separators=(",", ":"), default=str)

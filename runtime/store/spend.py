@@ -25,10 +25,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from runtime.store.jsoncodec import dumps_fast
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
 from runtime.store.reads import StoreReads
-from runtime.store.rows import ModelCharge, StepBegin, StepEnd, StepRecord, dumps_fast
+from runtime.store.rows import ModelCharge, StepBegin, StepEnd, StepRecord
 
 log = logging.getLogger(__name__)
 
