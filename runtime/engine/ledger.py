@@ -14,8 +14,8 @@ from typing import Any
 
 from runtime.engine.charges import ChargeWriter
 from runtime.engine.step_writer import AsyncStepWriter, psycopg_sql
+from runtime.jsoncodec import dumps_fast
 from runtime.llm.ledger import RecordedCall, RecordLookup
-from runtime.store.jsoncodec import dumps_fast
 from runtime.store.queries import QUERIES
 from runtime.store.rows import ModelCharge, StepBegin, StepEnd, StepRecord
 from runtime.store.store import Store

@@ -42,7 +42,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine, make_url
 
-from runtime.store.jsoncodec import loads_fast
+from runtime.jsoncodec import loads_fast
 from runtime.store.queries import TEXT
 
 log = logging.getLogger(__name__)
@@ -417,7 +417,7 @@ def create_db_engine(url: str, pool_size: int = 10, statement_timeout_ms: int = 
         before = make_url(full).query.get("options")
         timeout = f"-c statement_timeout={int(statement_timeout_ms)}"
         connect_args["options"] = f"{before} {timeout}" if before else timeout
-    # jsonb is read by orjson where it reads what json would (runtime.store.jsoncodec).
+    # jsonb is read by orjson where it reads what json would (runtime.jsoncodec).
     return install(sa.create_engine(
         full, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True,
         pool_recycle=1800, connect_args=connect_args, json_deserializer=loads_fast))

@@ -25,7 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from runtime.store.jsoncodec import dumps_fast
+from runtime.jsoncodec import dumps_fast
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
 from runtime.store.reads import StoreReads

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from runtime.budget import sum_by_parent
-from runtime.store.jsoncodec import dumps_fast
+from runtime.jsoncodec import dumps_fast
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.reads import StoreReads
 from runtime.store.rows import (

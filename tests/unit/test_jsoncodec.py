@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.store.jsoncodec import dumps_fast, loads_fast
+from runtime.jsoncodec import dumps_fast, loads_fast
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
