@@ -33,8 +33,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+#: Types returned as they are, checked by exact type first: ``isinstance`` against
+#: ``BaseModel`` goes through its metaclass's ``__instancecheck__`` (Python code), once
+#: per value of every result a worker checks.
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def to_json_value(value: Any) -> Any:
     """Turn a pydantic model (or containers of them) into plain JSON values."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is dict:
+        return {k: to_json_value(v) for k, v in value.items()}
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     if isinstance(value, dict):
