@@ -106,8 +106,12 @@ def test_claim_skips_rows_locked_by_another_worker(store: Store) -> None:
 def test_claim_writes_one_event_and_a_fresh_lease(store: Store) -> None:
     task = submit(store)
     (row,) = store.claim(["echo"], 1, "w1", 30)
-    assert row["status"] == "running" and row["lease_owner"] == "w1"
-    assert row["lease_token"] is not None and row["delivery_count"] == 1
+    assert row["status"] == "running" and row["delivery_count"] == 1
+    stored = store.get(task["id"])
+    assert stored["lease_owner"] == "w1" and stored["lease_token"] == row["lease_token"]
+    assert row["lease_token"] is not None and stored["lease_expires_at"] is not None
+    # The claimed row carries the columns the engine reads (fragment_claimed_columns).
+    assert row["lease_owner"] is None and row["lease_expires_at"] is None
     assert events(store, task["id"]) == [(None, "pending"), ("pending", "running")]
 
 
