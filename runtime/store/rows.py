@@ -57,12 +57,12 @@ class TaskRow:
     """One ``tasks`` row as the engine holds it: typed, read from the database in one place.
 
     Every Store read that hands tasks to the engine (claims, a parent's children) builds
-    them with :meth:`from_mapping`; public JSON views keep their mappings. A claim reads
-    only the columns the engine uses (``fragment_claimed_columns`` in queries.sql): on a
-    claimed row the timestamps of record, the lease owner and expiry and the roll-up
-    marks keep their defaults. ``get`` and
+    them with :meth:`from_mapping`; public JSON views keep their mappings. ``get`` and
     ``[name]`` read a column by name, so code written against the old mapping rows (the
-    model handle, the judge, tests) keeps working.
+    model handle, the judge, tests) keeps working. A claim reads only the columns the
+    engine uses (``fragment_claimed_columns`` in queries.sql): on a claimed row the
+    timestamps of record, the lease owner and expiry and the roll-up marks keep their
+    defaults.
     """
 
     id: uuid.UUID
