@@ -25,12 +25,10 @@ def test_a_waiter_wakes_when_another_thread_sets_the_flag() -> None:
     for t in waiters:
         t.start()
     time.sleep(0.05)  # they are waiting now (or about to: either way they must wake)
-    started = time.monotonic()
     flag.set()
     for t in waiters:
-        t.join(5)
+        t.join(5)  # a guard against a hang; wait(10) returns True only if it was set
     assert woke == [True] * 4
-    assert time.monotonic() - started < 5
 
 
 def test_set_racing_the_first_wait_is_never_lost() -> None:
