@@ -86,13 +86,14 @@ class StoreLedger:
         return [_recorded(found[n]) if n in found else None for n in range(len(lookups))]
 
     def gate_calls(self, task_ids: Sequence[uuid.UUID]
-                   ) -> tuple[dict[uuid.UUID, tuple[str | None, bool]], Callable[[], None]]:
-        """For the model-call gate: each task's status and whether its tree is paused.
+                   ) -> tuple[dict[uuid.UUID, tuple[str | None, bool, uuid.UUID | None]],
+                              Callable[[], None]]:
+        """For the model-call gate: each task's status, whether its tree is paused, its holder.
 
         Read under the trees' steering locks, held until the returned ``release()``.
         """
         rows, release = self.store.gate_calls_held(task_ids)
-        return {i: (g.status, g.paused) for i, g in rows.items()}, release
+        return {i: (g.status, g.paused, g.lease_token) for i, g in rows.items()}, release
 
     def step_begin(self, begin: StepBegin) -> StepRecord | None:
         """Record a durable step as started, or return its finished record (fenced)."""

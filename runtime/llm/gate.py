@@ -19,7 +19,10 @@ is sent:
    A cancel or pause announced (``refresh``, on the worker's notification) while a read
    was in flight makes its callers read again: a read that began before the command
    committed could not see it;
-3. a task that is no longer running (cancelled, or taken away) is refused; a task whose
+3. a task that is no longer running (cancelled, or taken away) is refused, and so is a
+   caller whose lease token is no longer the task's (the reaper handed the task to
+   another worker, as after a network partition healed: this worker's heartbeat may not
+   have said so yet, the database says it before the call starts); a task whose
    tree is paused gives its slot back and waits, asking again every
    :data:`PAUSE_POLL_SECONDS`, until the tree is resumed (a call already sent finishes
    and is recorded as usual).
@@ -55,8 +58,9 @@ READ_RETRY_SECONDS = 0.5
 #: The longest a wave of reads holds its trees' steering locks waiting for its calls to
 #: be sent (a caller that never says so: cancelled before it resumed, a stuck send).
 SENT_WAIT_SECONDS = 5.0
-#: The database's answer for one task: (status or None when gone, tree paused).
-GateState = tuple[str | None, bool]
+#: The database's answer for one task: (status or None when gone, tree paused, the lease
+#: token that holds it now or None).
+GateState = tuple[str | None, bool, uuid.UUID | None]
 #: Reads the gate's state of many tasks at once (blocking: run in the ledger's threads),
 #: under the trees' steering locks; returns the states and the ``release`` of the locks.
 GateRead = Callable[[Sequence[uuid.UUID]],
@@ -160,8 +164,12 @@ class CallGate:
 
     # ------------------------------------------------------------------ sending
     async def send(self, task_id: uuid.UUID, slot: AbstractAsyncContextManager[Any],
-                   request: Callable[[], Awaitable[T]]) -> T:
+                   request: Callable[[], Awaitable[T]],
+                   lease_token: uuid.UUID | None = None) -> T:
         """Send ``request()`` under ``slot`` once the gate lets ``task_id`` call.
+
+        ``lease_token`` is the caller's lease: when given, the call starts only while the
+        task is still held by it.
 
         Raises:
             LeaseLost: the task was cancelled or taken away; nothing was sent.
@@ -169,7 +177,7 @@ class CallGate:
         """
         while True:
             async with slot:
-                paused, sent = await self._check(task_id)
+                paused, sent = await self._check(task_id, lease_token)
                 try:
                     if not paused:
                         return await self._sending_as(task_id, request, sent)
@@ -197,7 +205,8 @@ class CallGate:
                     if not jobs:
                         del self._sending[task_id]
 
-    async def _check(self, task_id: uuid.UUID) -> tuple[bool, Callable[[], None]]:
+    async def _check(self, task_id: uuid.UUID, lease_token: uuid.UUID | None
+                     ) -> tuple[bool, Callable[[], None]]:
         """Whether the task's tree is paused, and the caller's "sent" callback.
 
         Raises when the task may not call at all.
@@ -210,7 +219,7 @@ class CallGate:
         while True:
             generation = self._generation
             try:
-                (status, paused), wave = await self._ask(task_id)
+                (status, paused, holder), wave = await self._ask(task_id)
             except Exception:  # the database is away: wait, never send unchecked
                 attempt += 1
                 if attempt >= READ_TRIES:
@@ -230,6 +239,12 @@ class CallGate:
             with self._lock:
                 self._stopped.add(task_id)
             raise LeaseLost(f"task {task_id}: {status or 'gone'}; the model was not called")
+        if lease_token is not None and holder != lease_token:
+            # Taken away from this caller only: the task's id is not stopped (this worker
+            # may hold it again under a new lease).
+            sent()
+            raise LeaseLost(f"task {task_id}: its lease was taken away; the model was not "
+                            "called")
         return paused, sent
 
     async def _ask(self, task_id: uuid.UUID) -> tuple[GateState, _Wave]:
@@ -257,7 +272,7 @@ class CallGate:
                     continue
                 wave = _Wave(sum(len(f) for f in batch.values()), release)
                 for task_id, futures in batch.items():
-                    state = states.get(task_id, (None, False))
+                    state = states.get(task_id, (None, False, None))
                     for f in futures:
                         if f.done():
                             wave.sent_by()()  # its caller is gone

@@ -427,11 +427,11 @@ class TaskLLM:
                 ticket = self._factory.slot(route, self._fair, held, self._stop)
                 reply = await self._factory.gate.send(  # cancelled? paused? (gate.py)
                     self.task_id, ticket,
-                    lambda: self._backend.achat(route.model, conversation, json_schema,
-                                                held.completion_tokens, route=route.route,
-                                                think=think,
-                                                **({"tools": call.tools} if call.tools
-                                                   else {})))
+                    lambda: self._backend.achat(
+                        route.model, conversation, json_schema, held.completion_tokens,
+                        route=route.route, think=think,
+                        **({"tools": call.tools} if call.tools else {})),
+                    lease_token=self._lease_token)
                 ticket.settle(reply.prompt_tokens + reply.completion_tokens)  # its spend
                 data = validated(reply, model_cls)
             except Exception as exc:

@@ -1796,8 +1796,9 @@ SELECT root_id, paused_at, paused_by, note FROM tree_pauses WHERE root_id = :roo
 
 -- task_gate_calls --
 -- The model-call gate: for the given tasks, whether each may start a model call now
--- (open and in an unpaused tree). One batched read per wave of calls, on primary keys.
-SELECT t.id, t.status, (z.root_id IS NOT NULL) AS paused
+-- (open and in an unpaused tree) and who holds it (the lease token: a caller whose token
+-- is not this one was taken away). One batched read per wave of calls, on primary keys.
+SELECT t.id, t.status, (z.root_id IS NOT NULL) AS paused, t.lease_token
 FROM tasks t LEFT JOIN tree_pauses z ON z.root_id = t.root_id
 WHERE t.id = ANY(CAST(:ids AS uuid[]));
 

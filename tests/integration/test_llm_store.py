@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 import uuid
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from pydantic import BaseModel, Field
 from typer.testing import CliRunner
 
@@ -186,8 +188,39 @@ def test_lost_lease_stops_the_call(store: Store) -> None:
     lost.set()
     with pytest.raises(LeaseLost):
         llm_for(store, row, lost=lost).complete(PROMPT)
-    with pytest.raises(LeaseLost, match="not charged"):
+    # Another holder's token: the start gate refuses before the model is called.
+    with pytest.raises(LeaseLost, match="taken away; the model was not called"):
         llm_for(store, row, token=uuid.uuid4()).complete(PROMPT)
+    assert store.get(row["id"])["spent_tokens"] == 0
+    assert store.model_calls(row["id"]) == []
+
+
+def test_a_lease_taken_during_the_call_drops_its_answer(store: Store,
+                                                        fake_ollama: FakeOllama) -> None:
+    """The gate let the call through; the lease changed hands while it was in flight."""
+    row = claim_new(store)
+    fake_ollama.delay_seconds = 0.5
+    llm = llm_for(store, row, backend=OllamaBackend(fake_ollama.url, 5.0))
+    raised: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            llm.complete(PROMPT)
+        except BaseException as exc:  # read by the test below
+            raised.append(exc)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while fake_ollama.received < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with store.transaction() as conn:  # the reaper and another claim, in one statement
+        conn.execute(sa.text("UPDATE tasks SET lease_token = gen_random_uuid() WHERE id = :id"),
+                     {"id": row["id"]})
+    thread.join(10)
+    assert fake_ollama.received == 1
+    assert len(raised) == 1 and isinstance(raised[0], LeaseLost)
+    assert "not charged" in str(raised[0])
     assert store.get(row["id"])["spent_tokens"] == 0
     assert store.model_calls(row["id"]) == []
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from agents.base import Agent, Result, TaskView
 from agents.context import AgentContext
@@ -22,7 +23,7 @@ from runtime.errors import LeaseLost
 from runtime.llm.gate import CallGate
 from runtime.store.store import Store
 from runtime.wiring import Runtime, build_runtime
-from tests.factories import submit, terminal_event_counts
+from tests.factories import expire_leases, submit, terminal_event_counts
 from tests.fake_ollama import FakeOllama, fake_ollama_server  # noqa: F401
 from tests.support_agents import AnyInput, AnyOutput
 
@@ -42,6 +43,23 @@ class SteerCaller(Agent):
         except asyncio.CancelledError:
             type(self).cancelled.append(task.id)
             raise
+        return Result({"answered": True})
+
+
+class TwoCalls(Agent):
+    """Makes a model call, waits for the test's ``go``, then makes another."""
+
+    name = "two_calls"
+    input_model = AnyInput
+    output_model = AnyOutput
+    between = threading.Event()
+    go = threading.Event()
+
+    async def run(self, ctx: AgentContext, task: TaskView) -> Result:
+        await ctx.llm.acomplete(f"first of {task.id}")
+        type(self).between.set()  # the first call is answered and charged
+        await asyncio.to_thread(type(self).go.wait, 15)
+        await ctx.llm.acomplete(f"second of {task.id}")
         return Result({"answered": True})
 
 
@@ -133,14 +151,90 @@ def test_a_paused_tree_starts_no_call_until_resumed(runtime: Runtime,
     assert fake_ollama.received == 3
 
 
+def hand_over(store: Store, task_id: uuid.UUID) -> uuid.UUID:
+    """What the reaper and another worker's claim leave: the task held under a new token.
+
+    One statement, so the worker under test cannot claim the task back in between.
+    """
+    with store.transaction() as conn:
+        return conn.execute(sa.text(
+            "UPDATE tasks SET lease_token = gen_random_uuid(), lease_owner = 'w-other', "
+            "delivery_count = delivery_count + 1, claimed_at = now() "
+            "WHERE id = :id AND status = 'running' RETURNING lease_token"),
+            {"id": task_id}).scalar_one()
+
+
+def test_a_task_taken_away_starts_no_call_before_its_heartbeat_says_so(
+        runtime: Runtime, fake_ollama: FakeOllama) -> None:
+    """A partition healed: another worker holds the task, this one's heartbeat is far off.
+
+    Its next model call is refused by the gate (the lease token no longer matches), not
+    sent and paid twice; the new holder's lease is untouched.
+    """
+    TwoCalls.between.clear()
+    TwoCalls.go.clear()
+    task = submit(runtime.store, "two_calls", {"goal": "g"})
+    worker = runtime.worker(["two_calls"], maintenance=False, listen=False,
+                            lease_seconds=300)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert TwoCalls.between.wait(15)
+        token = hand_over(runtime.store, task["id"])
+        TwoCalls.go.set()
+        wait_for(lambda: worker.stats.dropped >= 1)
+        assert fake_ollama.received == 1
+        row = runtime.store.get(task["id"])
+        assert (row["status"], row["lease_token"], row["lease_owner"]) == (
+            "running", token, "w-other")
+    finally:
+        worker.stop("test")
+        thread.join(15)
+    assert fake_ollama.received == 1
+
+
+def test_the_gate_refuses_a_caller_whose_lease_was_taken(store: Store) -> None:
+    """The gate compares the caller's lease token with the task's holder, per caller."""
+    submit(store, "echo")
+    first = store.claim(["echo"], 1, "w-first", 30)[0]
+    calls: list[int] = []
+
+    def read(ids: Any) -> tuple[dict[uuid.UUID, Any], Any]:
+        rows, release = store.gate_calls_held(ids)
+        return {i: (g.status, g.paused, g.lease_token) for i, g in rows.items()}, release
+
+    async def off_loop(fn: Any, *args: Any) -> Any:
+        return await asyncio.to_thread(fn, *args)
+
+    async def request() -> str:
+        calls.append(1)
+        return "sent"
+
+    gate = CallGate(read, off_loop)
+    assert asyncio.run(gate.send(first.id, asyncio.Semaphore(1), request,
+                                 lease_token=first.lease_token)) == "sent"
+    assert expire_leases(store) == 1
+    store.reap(max_delivery=10)
+    second = store.claim(["echo"], 1, "w-second", 30)[0]
+    assert second.id == first.id and second.lease_token != first.lease_token
+    with pytest.raises(LeaseLost, match="taken away"):
+        asyncio.run(gate.send(first.id, asyncio.Semaphore(1), request,
+                              lease_token=first.lease_token))
+    # Refused for the old holder only: the task is not stopped, its new holder calls.
+    assert not gate.is_stopped(first.id)
+    assert asyncio.run(gate.send(first.id, asyncio.Semaphore(1), request,
+                                 lease_token=second.lease_token)) == "sent"
+    assert calls == [1, 1]
+
+
 def test_the_gate_refuses_a_cancelled_task_without_calling(store: Store) -> None:
     task = submit(store, "echo")
     row = store.claim(["echo"], 1, "w", 30)[0]
     calls: list[int] = []
 
-    def read(ids: Any) -> tuple[dict[uuid.UUID, tuple[str | None, bool]], Any]:
+    def read(ids: Any) -> tuple[dict[uuid.UUID, Any], Any]:
         rows, release = store.gate_calls_held(ids)
-        return {i: (g.status, g.paused) for i, g in rows.items()}, release
+        return {i: (g.status, g.paused, g.lease_token) for i, g in rows.items()}, release
 
     async def off_loop(fn: Any, *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)

@@ -115,7 +115,7 @@ class StoreSteering(StoreWrites):
             return {}
         with self.engine.connect() as conn:
             rows = conn.execute(_TEXT["task_gate_calls"], {"ids": list(task_ids)}).all()
-        return {r.id: GateRow(r.status, bool(r.paused)) for r in rows}
+        return {r.id: GateRow(r.status, bool(r.paused), r.lease_token) for r in rows}
 
     def gate_calls_held(self, task_ids: Sequence[uuid.UUID]
                         ) -> tuple[dict[uuid.UUID, GateRow], Callable[[], None]]:
@@ -145,7 +145,7 @@ class StoreSteering(StoreWrites):
             finally:
                 conn.close()
 
-        return {r.id: GateRow(r.status, bool(r.paused)) for r in rows}, release
+        return {r.id: GateRow(r.status, bool(r.paused), r.lease_token) for r in rows}, release
 
     @staticmethod
     def _lock_steer(conn: Connection, root_id: uuid.UUID) -> None:

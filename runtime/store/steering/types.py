@@ -40,10 +40,15 @@ class SteerOutcome:
 
 @dataclass(frozen=True)
 class GateRow:
-    """The model-call gate's answer for one task."""
+    """The model-call gate's answer for one task.
+
+    ``lease_token`` is the task's holder now (None: nobody holds it, as while it waits for
+    its judge): a caller holding another token was taken away.
+    """
 
     status: str | None
     paused: bool
+    lease_token: uuid.UUID | None = None
 
     @property
     def stopped(self) -> bool:
