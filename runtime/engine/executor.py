@@ -425,17 +425,20 @@ class Executor:
         """Judge a fresh result in the worker that produced it (no model, no database)."""
         if self.judge is judge_task and not row.success_criteria and not row.kill_criteria:
             # Nothing to check: the rules judge accepts it, whatever the spend or the time
-            # (judge_task's answer, without the snapshot it would read nothing from).
+            # (judge_task's answer, without the snapshot it would read nothing from). The
+            # task goes straight to done: one event, not a pass through judging.
             judgement = accepted()
-        else:
-            snapshot = self._judged_snapshot(row, result, llm)
-            try:
-                judgement = self.judge(snapshot, children, None, self.settings)
-            except Exception as exc:
-                return RunOutcome(row.id, row.lease, "escalated", result=result,
-                                  error=f"judge error: {type(exc).__name__}: {exc}",
-                                  verdict={"passed": False, "score": 0.0, "judge": "rules",
-                                           "reasons": [f"the judge could not decide: {exc}"]})
+            return RunOutcome(row.id, row.lease, judgement.to_status, result=result,
+                              verdict=judgement.verdict, skips_judging=True,
+                              detail="verdict: done (no criteria to judge)")
+        snapshot = self._judged_snapshot(row, result, llm)
+        try:
+            judgement = self.judge(snapshot, children, None, self.settings)
+        except Exception as exc:
+            return RunOutcome(row.id, row.lease, "escalated", result=result,
+                              error=f"judge error: {type(exc).__name__}: {exc}",
+                              verdict={"passed": False, "score": 0.0, "judge": "rules",
+                                       "reasons": [f"the judge could not decide: {exc}"]})
         return RunOutcome(row.id, row.lease, judgement.to_status, result=result,
                           error=judgement.error, verdict=judgement.verdict,
                           detail=f"verdict: {judgement.to_status}")

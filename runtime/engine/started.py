@@ -70,7 +70,8 @@ def stamped(started: Started, action: Action) -> Action:
         # no-op task of the drain bench goes through here).
         a = action
         return RunOutcome(a.task_id, a.lease_token, a.to_status, a.result, a.error,
-                          a.delay_seconds, a.detail, a.verdict, _stamp(started, llm))
+                          a.delay_seconds, a.detail, a.verdict, _stamp(started, llm),
+                          a.skips_judging)
     if isinstance(action, DelegateAction) and action.stamp is None:
         return dataclasses.replace(action, stamp=_stamp(started, llm))
     held_replays(llm, False)  # written now: a retry of children cannot carry them

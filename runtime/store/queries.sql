@@ -275,14 +275,16 @@ CROSS JOIN LATERAL jsonb_to_recordset(u.replays) AS r(
 -- with backoff), one row per input; rows whose lease token no longer matches are skipped.
 -- A row that carries a verdict was judged inline by a worker that also runs the judge
 -- stage: it goes through 'judging' to its final status, and both transitions are
--- recorded, in order, by the one INSERT below.
+-- recorded, in order, by the one INSERT below. A row with skips_judging had nothing to
+-- judge (no criteria): one transition, running -> done, its detail saying so.
 -- The batch arrives as one JSON array (one json.dumps on the client, one parse here).
 -- Its rows are locked first, deepest first, then by id (fragment_lock_batch): the order
 -- of a cancel, so a batch and a cancel of the same siblings never deadlock.
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(CAST(:batch AS jsonb))
         AS i(id uuid, token uuid, to_status text, result jsonb, error text,
-             delay double precision, detail text, verdict jsonb, stamp jsonb)
+             delay double precision, detail text, verdict jsonb, stamp jsonb,
+             skips_judging boolean)
 ), locked AS MATERIALIZED (
     {fragment_lock_batch}
 ), upd AS (
@@ -315,7 +317,8 @@ WITH input AS (
         updated_at = now()
     FROM input i JOIN locked l ON l.id = i.id
     WHERE t.id = l.id AND l.status = 'running'  -- the guard: fragment_lock_batch
-    RETURNING t.id, t.parent_id, t.status, t.to_agent, i.detail, i.verdict IS NOT NULL AS judged,
+    RETURNING t.id, t.parent_id, t.status, t.to_agent, i.detail,
+              i.verdict IS NOT NULL AND i.skips_judging IS NOT TRUE AS judged,
               t.root_id, i.stamp->'replays' AS replays
 ), replays AS (
     -- The calls this delivery served from the record, written with its outcome.

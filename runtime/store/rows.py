@@ -347,7 +347,8 @@ class RunOutcome:
     ``to_status`` is ``judging`` (a result), ``failed``, ``escalated``, or ``pending``
     (a transient error: retried after ``delay_seconds``). With a ``verdict``, the result
     was judged inline and ``to_status`` is the judge's (``done``, ``failed``,
-    ``escalated``): the task passes through ``judging`` in the same statement.
+    ``escalated``): the task passes through ``judging`` in the same statement (two
+    events), unless ``skips_judging`` (nothing to judge): one event, ``running -> done``.
     """
 
     task_id: uuid.UUID
@@ -360,6 +361,7 @@ class RunOutcome:
     verdict: dict[str, Any] | None = None
     #: What ran: ``{"version": the agent's version, "prompts": {name: hash}}`` (or None).
     stamp: dict[str, Any] | None = None
+    skips_judging: bool = False
 
 
 @dataclass(frozen=True)

@@ -60,10 +60,10 @@ def test_drain(server_url: str) -> None:
     figures = drain.main(n=200, sweep_n=50, grid=("1xdefault", "1x4x20"), server=server_url)
     _numbers(figures, "drain_tasks_per_s", "drain_seconds", "drain_tasks_per_s_after_startup",
              "drain_worker_peak_rss_mb", "drain_defaults_tasks_per_s")
-    assert figures["drain_events_per_task"] == 4.0
+    assert figures["drain_events_per_task"] == drain.EVENTS_PER_TASK == 3
     # The defaults drain the full queue too (the figure set beside pgqueuer's best).
     assert figures["drain_defaults_tasks"] == 200
-    assert figures["drain_defaults_events_per_task"] == 4.0
+    assert figures["drain_defaults_events_per_task"] == 3
     _numbers(figures, "drain_worker_cpu_ms_per_task", "drain_defaults_worker_cpu_ms_per_task")
     assert figures["drain_postgres_cpu_ms_per_task"] is None or \
         figures["drain_postgres_cpu_ms_per_task"] >= 0  # None: the server is not on this machine

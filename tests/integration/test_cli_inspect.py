@@ -133,7 +133,7 @@ def test_show_has_the_task_its_history_children_and_model_calls(runtime: Runtime
     shown = cli_json("show", str(root))
     assert shown["id"] == str(root) and shown["status"] == "done"
     assert [e["to_status"] for e in shown["events"]] == [
-        "pending", "running", "waiting", "ready_to_aggregate", "running", "judging", "done"]
+        "pending", "running", "waiting", "ready_to_aggregate", "running", "done"]
     assert len(shown["children"]) == 2 and shown["model_calls"] == []
     text = cli("show", str(root))
     assert text.exit_code == 0

@@ -69,7 +69,8 @@ def drain(runtime: Runtime, agents: list[str] | None = None, rounds: int = 50) -
 
 
 def test_a_root_goes_pending_running_judging_done(runtime: Runtime) -> None:
-    task = submit(runtime.store, "echo", {"goal": "hi"})
+    task = submit(runtime.store, "echo", {"goal": "hi"},
+                  success_criteria={"checks": [{"path": "echo", "op": "==", "value": "hi"}]})
     drain(runtime)
     row = runtime.store.get(task["id"])
     assert row["status"] == "done"
@@ -77,6 +78,20 @@ def test_a_root_goes_pending_running_judging_done(runtime: Runtime) -> None:
     assert row["verdict"]["passed"] is True
     assert events(runtime.store, task["id"]) == [
         (None, "pending"), ("pending", "running"), ("running", "judging"), ("judging", "done")]
+
+
+def test_a_root_with_nothing_to_judge_goes_from_running_to_done(runtime: Runtime) -> None:
+    """No criteria, the rules judge: one transition; its verdict and its event say why."""
+    task = submit(runtime.store, "echo", {"goal": "hi"})
+    drain(runtime)
+    row = runtime.store.get(task["id"])
+    assert row["status"] == "done"
+    assert row["verdict"]["passed"] is True
+    assert row["verdict"]["reasons"] == ["no success criteria: accepted"]
+    history = runtime.store.events(task["id"])
+    assert [(e["from_status"], e["to_status"]) for e in history] == [
+        (None, "pending"), ("pending", "running"), ("running", "done")]
+    assert history[-1]["detail"] == "verdict: done (no criteria to judge)"
 
 
 def test_fan_out_and_fan_in_end_to_end(runtime: Runtime) -> None:
