@@ -193,12 +193,8 @@ def test_a_task_taken_away_starts_no_call_before_its_heartbeat_says_so(
     assert fake_ollama.received == 1
 
 
-def test_the_gate_refuses_a_caller_whose_lease_was_taken(store: Store) -> None:
-    """The gate compares the caller's lease token with the task's holder, per caller."""
-    submit(store, "echo")
-    first = store.claim(["echo"], 1, "w-first", 30)[0]
-    calls: list[int] = []
-
+def store_gate(store: Store, calls: list[int]) -> tuple[CallGate, Callable[[], Any]]:
+    """A gate reading ``store`` (as the ledger does), and a request that counts its sends."""
     def read(ids: Any) -> tuple[dict[uuid.UUID, Any], Any]:
         rows, release = store.gate_calls_held(ids)
         return {i: (g.status, g.paused, g.lease_token) for i, g in rows.items()}, release
@@ -210,7 +206,15 @@ def test_the_gate_refuses_a_caller_whose_lease_was_taken(store: Store) -> None:
         calls.append(1)
         return "sent"
 
-    gate = CallGate(read, off_loop)
+    return CallGate(read, off_loop), request
+
+
+def test_the_gate_refuses_a_caller_whose_lease_was_taken(store: Store) -> None:
+    """The gate compares the caller's lease token with the task's holder, per caller."""
+    submit(store, "echo")
+    first = store.claim(["echo"], 1, "w-first", 30)[0]
+    calls: list[int] = []
+    gate, request = store_gate(store, calls)
     assert asyncio.run(gate.send(first.id, asyncio.Semaphore(1), request,
                                  lease_token=first.lease_token)) == "sent"
     assert expire_leases(store) == 1
@@ -231,19 +235,7 @@ def test_the_gate_refuses_a_cancelled_task_without_calling(store: Store) -> None
     task = submit(store, "echo")
     row = store.claim(["echo"], 1, "w", 30)[0]
     calls: list[int] = []
-
-    def read(ids: Any) -> tuple[dict[uuid.UUID, Any], Any]:
-        rows, release = store.gate_calls_held(ids)
-        return {i: (g.status, g.paused, g.lease_token) for i, g in rows.items()}, release
-
-    async def off_loop(fn: Any, *args: Any) -> Any:
-        return await asyncio.to_thread(fn, *args)
-
-    async def request() -> str:
-        calls.append(1)
-        return "sent"
-
-    gate = CallGate(read, off_loop)
+    gate, request = store_gate(store, calls)
     assert asyncio.run(gate.send(row.id, asyncio.Semaphore(1), request)) == "sent"
     store.cancel(task["id"])
     with pytest.raises(LeaseLost, match="cancelled"):
