@@ -47,6 +47,19 @@ def expire_leases(store: Store, minutes: int = 10, where: str = "lease_token IS 
             f"WHERE {where}"), {"m": minutes}).rowcount
 
 
+def hand_over(store: Store, task_id: uuid.UUID, owner: str = "w-other") -> uuid.UUID:
+    """What the reaper and another worker's claim leave: the running task under a new token.
+
+    One statement, so a worker under test cannot claim the task back in between.
+    """
+    with store.transaction() as conn:
+        return conn.execute(sa.text(
+            "UPDATE tasks SET lease_token = gen_random_uuid(), lease_owner = :owner, "
+            "delivery_count = delivery_count + 1, claimed_at = now() "
+            "WHERE id = :id AND status = 'running' RETURNING lease_token"),
+            {"id": task_id, "owner": owner}).scalar_one()
+
+
 def backdate_claims(store: Store, seconds: int) -> None:
     """Pretend running tasks were claimed ``seconds`` ago (for the watchdog's deadline)."""
     with store.transaction() as conn:

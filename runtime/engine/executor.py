@@ -423,25 +423,25 @@ class Executor:
     def _judged_inline(self, row: TaskRow, result: Any, llm: Any,
                        children: list[TaskRow]) -> RunOutcome:
         """Judge a fresh result in the worker that produced it (no model, no database)."""
-        if self.judge is judge_task and not row.success_criteria and not row.kill_criteria:
-            # Nothing to check: the rules judge accepts it, whatever the spend or the time
-            # (judge_task's answer, without the snapshot it would read nothing from). The
-            # task goes straight to done: one event, not a pass through judging.
+        # Nothing to check: the rules judge accepts it, whatever the spend or the time
+        # (judge_task's answer, without the snapshot it would read nothing from), and the
+        # task goes straight to done: one event, not a pass through judging.
+        nothing = self.judge is judge_task and not row.success_criteria and not row.kill_criteria
+        if nothing:
             judgement = accepted()
-            return RunOutcome(row.id, row.lease, judgement.to_status, result=result,
-                              verdict=judgement.verdict, skips_judging=True,
-                              detail="verdict: done (no criteria to judge)")
-        snapshot = self._judged_snapshot(row, result, llm)
-        try:
-            judgement = self.judge(snapshot, children, None, self.settings)
-        except Exception as exc:
-            return RunOutcome(row.id, row.lease, "escalated", result=result,
-                              error=f"judge error: {type(exc).__name__}: {exc}",
-                              verdict={"passed": False, "score": 0.0, "judge": "rules",
-                                       "reasons": [f"the judge could not decide: {exc}"]})
+        else:
+            snapshot = self._judged_snapshot(row, result, llm)
+            try:
+                judgement = self.judge(snapshot, children, None, self.settings)
+            except Exception as exc:
+                return RunOutcome(row.id, row.lease, "escalated", result=result,
+                                  error=f"judge error: {type(exc).__name__}: {exc}",
+                                  verdict={"passed": False, "score": 0.0, "judge": "rules",
+                                           "reasons": [f"the judge could not decide: {exc}"]})
+        why = " (no criteria to judge)" if nothing else ""
         return RunOutcome(row.id, row.lease, judgement.to_status, result=result,
                           error=judgement.error, verdict=judgement.verdict,
-                          detail=f"verdict: {judgement.to_status}")
+                          detail=f"verdict: {judgement.to_status}{why}", skips_judging=nothing)
 
     @staticmethod
     def _judged_snapshot(row: TaskRow, result: Any, llm: Any) -> TaskRow:

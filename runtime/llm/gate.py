@@ -22,7 +22,9 @@ is sent:
 3. a task that is no longer running (cancelled, or taken away) is refused, and so is a
    caller whose lease token is no longer the task's (the reaper handed the task to
    another worker, as after a network partition healed: this worker's heartbeat may not
-   have said so yet, the database says it before the call starts); a task whose
+   have said so yet, the database says it before the call starts; a hand-over that
+   commits between the read and the send is caught after, by the charge, whose write is
+   fenced by the same token: the answer is dropped, never recorded); a task whose
    tree is paused gives its slot back and waits, asking again every
    :data:`PAUSE_POLL_SECONDS`, until the tree is resumed (a call already sent finishes
    and is recorded as usual).

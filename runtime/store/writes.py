@@ -32,9 +32,6 @@ from runtime.store.rows import (
 
 log = logging.getLogger(__name__)
 
-#: The batch key of a run outcome that skips judging (sent only when true).
-_SKIPS = {"skips_judging": True}
-
 #: One delegation: ``(task_id, lease_token, children, detail)``, optionally ``+ (stamp,)``
 #: (what ran: the agent's version and the prompts it rendered).
 Delegation = (tuple[uuid.UUID, uuid.UUID, Sequence[ChildRow], str | None]
@@ -62,7 +59,7 @@ class StoreWrites(StoreReads):
             {"id": o.task_id, "token": o.lease_token, "to_status": o.to_status,
              "result": o.result, "error": o.error, "delay": float(o.delay_seconds),
              "detail": o.detail, "verdict": o.verdict, "stamp": o.stamp,
-             **(_SKIPS if o.skips_judging else {})}
+             "skips_judging": o.skips_judging}
             for o in outcomes
         ], outcomes, worker)
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from pydantic import BaseModel, Field
 from typer.testing import CliRunner
 
@@ -33,6 +32,7 @@ from runtime.llm.handle import LLMFactory, TaskLLM
 from runtime.llm.reply import BadModelReply
 from runtime.store.rows import ChildRow, NewTask, RunOutcome
 from runtime.store.store import Store
+from tests.factories import hand_over
 from tests.fake_ollama import FakeOllama, fake_ollama_server  # noqa: F401
 
 PROMPT = "Name two competitors of Acme Robotics"
@@ -214,9 +214,7 @@ def test_a_lease_taken_during_the_call_drops_its_answer(store: Store,
     deadline = time.monotonic() + 10
     while fake_ollama.received < 1 and time.monotonic() < deadline:
         time.sleep(0.01)
-    with store.transaction() as conn:  # the reaper and another claim, in one statement
-        conn.execute(sa.text("UPDATE tasks SET lease_token = gen_random_uuid() WHERE id = :id"),
-                     {"id": row["id"]})
+    hand_over(store, row["id"])
     thread.join(10)
     assert fake_ollama.received == 1
     assert len(raised) == 1 and isinstance(raised[0], LeaseLost)

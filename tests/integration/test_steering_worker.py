@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 
 from agents.base import Agent, Result, TaskView
 from agents.context import AgentContext
@@ -23,7 +22,7 @@ from runtime.errors import LeaseLost
 from runtime.llm.gate import CallGate
 from runtime.store.store import Store
 from runtime.wiring import Runtime, build_runtime
-from tests.factories import expire_leases, submit, terminal_event_counts
+from tests.factories import expire_leases, hand_over, submit, terminal_event_counts
 from tests.fake_ollama import FakeOllama, fake_ollama_server  # noqa: F401
 from tests.support_agents import AnyInput, AnyOutput
 
@@ -149,19 +148,6 @@ def test_a_paused_tree_starts_no_call_until_resumed(runtime: Runtime,
         thread.join(15)
     assert runtime.store.get(task["id"])["status"] == "done"
     assert fake_ollama.received == 3
-
-
-def hand_over(store: Store, task_id: uuid.UUID) -> uuid.UUID:
-    """What the reaper and another worker's claim leave: the task held under a new token.
-
-    One statement, so the worker under test cannot claim the task back in between.
-    """
-    with store.transaction() as conn:
-        return conn.execute(sa.text(
-            "UPDATE tasks SET lease_token = gen_random_uuid(), lease_owner = 'w-other', "
-            "delivery_count = delivery_count + 1, claimed_at = now() "
-            "WHERE id = :id AND status = 'running' RETURNING lease_token"),
-            {"id": task_id}).scalar_one()
 
 
 def test_a_task_taken_away_starts_no_call_before_its_heartbeat_says_so(
