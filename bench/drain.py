@@ -29,6 +29,7 @@ from typing import Any
 
 from bench.common import (
     children_cpu_seconds,
+    compile_sources,
     connect,
     open_store,
     peak_rss_mb,
@@ -100,6 +101,7 @@ def load_queue(url: str, n: int) -> None:
 def trial(url: str, n: int, setting: Setting, timeout: float = 600.0) -> dict[str, Any]:
     """Drain ``n`` tasks with ``setting``; return rate, seconds and the workers' peak RSS."""
     load_queue(url, n)
+    compile_sources()
     cmd = worker_command("noop,judge", batch_size=setting.batch_size,
                          concurrency=setting.concurrency, once=True)
     server_cpu0, workers_cpu0 = server_cpu_seconds(url), children_cpu_seconds()

@@ -29,6 +29,7 @@ from typing import Any
 from bench.common import (
     admin,
     children_cpu_seconds,
+    compile_sources,
     connect,
     report,
     server_cpu_seconds,
@@ -93,28 +94,6 @@ def vacuum(url: str) -> None:
             conn.execute(f'VACUUM ANALYZE "{table}"')  # type: ignore[arg-type]
 
 
-async def _consumer(url: str, batch_size: int) -> None:
-    """One pgqueuer consumer on its own asyncpg connection: a no-op entrypoint, drain mode."""
-    import asyncpg
-    from pgqueuer import AsyncpgDriver, PgQueuer
-    from pgqueuer.types import QueueExecutionMode
-
-    conn = await asyncpg.connect(dsn=_libpq(url))
-    pgq = PgQueuer(AsyncpgDriver(conn))
-
-    @pgq.entrypoint("noop")
-    async def noop(job: Any) -> None:
-        return None
-
-    await pgq.run(batch_size=batch_size, mode=QueueExecutionMode.drain)
-    await conn.close()
-
-
-async def _worker(url: str, consumers: int, batch_size: int) -> None:
-    """One process: ``consumers`` pgqueuer consumers on one event loop (as its own bench)."""
-    await asyncio.gather(*(_consumer(url, batch_size) for _ in range(consumers)))
-
-
 async def _remaining(url: str) -> int:
     conn = await _connect(url)
     try:
@@ -134,9 +113,11 @@ def trial(url: str, n: int, procs: int, consumers: int, batch_size: int
     """
     asyncio.run(_enqueue(url, n))
     vacuum(url)
+    compile_sources()
     workers_cpu0, server_cpu0 = children_cpu_seconds(), server_cpu_seconds(url)
     started = time.perf_counter()
-    workers = [subprocess.Popen([sys.executable, "-m", "bench.pgqueuer_drain", "--worker", url,
+    # bench.pgqueuer_worker imports pgqueuer and asyncpg only (its module doc says why).
+    workers = [subprocess.Popen([sys.executable, "-m", "bench.pgqueuer_worker", _libpq(url),
                                  "--consumers", str(consumers), "--batch-size", str(batch_size)])
                for _ in range(procs)]
     for proc in workers:
@@ -185,11 +166,5 @@ if __name__ == "__main__":
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--sweep-n", type=int, default=10_000)
     parser.add_argument("--settings", default=",".join(DEFAULT_GRID))
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--consumers", type=int, default=5, help=argparse.SUPPRESS)
-    parser.add_argument("--batch-size", type=int, default=10, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        asyncio.run(_worker(args.worker, args.consumers, args.batch_size))
-    else:
-        main(args.n, args.sweep_n, grid=tuple(args.settings.split(",")))
+    main(args.n, args.sweep_n, grid=tuple(args.settings.split(",")))
