@@ -87,7 +87,7 @@ WITH caps AS (
                                AND r.lease_expires_at > now()), 0) AS room
     FROM unnest(CAST(:cap_tenants AS text[]), CAST(:caps AS int[])) AS c(tenant, cap)
 ), free AS (
-    SELECT id, status, priority, fair_at
+    SELECT ctid AS tid, status, priority, fair_at
     FROM tasks
     WHERE status IN ('pending', 'ready_to_aggregate')
       AND to_agent = ANY(CAST(:agents AS text[]))
@@ -106,7 +106,7 @@ WITH caps AS (
     SELECT k.*
     FROM caps c
     CROSS JOIN LATERAL (
-        SELECT id, status, priority, fair_at
+        SELECT ctid AS tid, status, priority, fair_at
         FROM tasks
         WHERE status IN ('pending', 'ready_to_aggregate')
           AND to_agent = ANY(CAST(:agents AS text[]))
@@ -121,15 +121,17 @@ WITH caps AS (
     ) k
 ), picked AS (
     -- Rows locked here but not picked stay locked only until this transaction ends.
-    SELECT id, status FROM (SELECT * FROM free UNION ALL SELECT * FROM capped) a
+    SELECT tid, status FROM (SELECT * FROM free UNION ALL SELECT * FROM capped) a
     ORDER BY priority, fair_at
     LIMIT :limit
 ), claimed AS (
-    -- The picked rows by key (= ANY of an array: an index scan of pk_tasks, whatever the
-    -- estimates). Joined to picked instead, a claim of 200 was planned as a hash join over
-    -- a sequential scan of the whole table: 6.6 ms of a 13 ms claim of a 20,000-row
-    -- queue, and more with every finished task the table keeps. The rows are locked, so
-    -- t.status is still what was picked.
+    -- The picked rows by their place in the table (ctid = ANY of an array: a TID scan,
+    -- whatever the estimates; 20% of a claim's execution against an index scan of
+    -- pk_tasks by id, and a join to picked was once planned as a sequential scan of the
+    -- whole table). The rows are locked, so nobody moves them and t.status is still what
+    -- was picked. A row that another transaction changed after this statement's
+    -- snapshot, and that still matched when locked, is at a place the snapshot does not
+    -- see: it is not claimed this time (it stays pending for the next claim).
     UPDATE tasks t
     SET status = 'running',
         phase = CASE WHEN t.status = 'ready_to_aggregate' THEN 'aggregate' ELSE 'run' END,
@@ -141,7 +143,7 @@ WITH caps AS (
         started_at = COALESCE(t.started_at, now()),
         delivery_count = t.delivery_count + 1,
         updated_at = now()
-    WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
+    WHERE t.ctid = ANY(ARRAY(SELECT tid FROM picked))
     -- Where it came from, by the phase just set (pending -> run, ready -> aggregate).
     RETURNING {fragment_claimed_columns}, t.fair_at,
               CASE WHEN t.phase = 'aggregate' THEN 'ready_to_aggregate'
@@ -170,7 +172,7 @@ FROM unnest(CAST(:tenants AS text[])) AS u(t);
 -- task_claim_judging --
 -- Lease up to :limit tasks waiting in 'judging' for the judge stage (status unchanged).
 WITH picked AS (
-    SELECT id
+    SELECT ctid AS tid
     FROM tasks
     WHERE status = 'judging' AND lease_token IS NULL
       AND NOT EXISTS (SELECT 1 FROM tree_pauses z WHERE z.root_id = tasks.root_id)
@@ -185,8 +187,8 @@ SET lease_owner = :worker,
     claimed_at = now(),
     delivery_count = t.delivery_count + 1,
     updated_at = now()
--- By key, as task_claim_available (a join was planned as a scan of the whole table).
-WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
+-- By place (ctid), as task_claim_available.
+WHERE t.ctid = ANY(ARRAY(SELECT tid FROM picked))
 RETURNING {fragment_claimed_columns}, 'judging' AS claimed_from,
           EXISTS (SELECT 1 FROM model_calls m
                   WHERE m.task_id = t.id AND m.phase = 'judge' AND m.error IS NULL

@@ -8,9 +8,10 @@ leases 250 ms instead of 30, a reap of 1,000 expired leases 275 ms instead of 53
 holding its row locks meanwhile); a claim of 200, joined to the CTE that picked its
 rows, was planned as a hash join over a sequential scan of the whole table. These tests
 capture the statement the store sends and ask PostgreSQL for its plan under those
-statistics: the UPDATE must read ``tasks`` through ``pk_tasks``. Each failed before its
-statement was fixed (the guard moved to the CTE that locks the rows; the claims update
-``WHERE id = ANY(ARRAY(SELECT id FROM picked))``).
+statistics: the UPDATE must read ``tasks`` through ``pk_tasks``, or a claim by the places
+its CTE locked (a TID scan). Each failed before its statement was fixed (the guard moved
+to the CTE that locks the rows; the claims update ``WHERE ctid = ANY(ARRAY(SELECT tid
+FROM picked))``, by id before).
 """
 
 from __future__ import annotations
@@ -88,14 +89,22 @@ def _update_reads(plan: dict[str, Any]) -> list[tuple[str, str | None]]:
     return reads
 
 
-def _assert_by_key(store: Store, marker: str, call: Callable[[], Any]) -> Any:
-    """Run ``call``; its statement marked ``marker`` must update tasks by key. Its result."""
+def _assert_by_key(store: Store, marker: str, call: Callable[[], Any],
+                   by: tuple[str, str | None] = ("Index Scan", "pk_tasks")) -> Any:
+    """Run ``call``; its statement marked ``marker`` must update tasks ``by`` a key. Its result.
+
+    ``by`` is the read: (node type, index); an index scan and a bitmap scan of the same
+    index are the same read here.
+    """
     with _captured(store, marker) as seen:
         result = call()
     assert seen, f"no statement containing {marker!r} was sent"
     reads = _update_reads(_plan(store, *seen[0]))
     assert reads, "the statement updates no tasks"
-    assert all(index == "pk_tasks" for _, index in reads), reads
+    if by[1] is not None:
+        assert all(index == by[1] for _, index in reads), reads
+    else:
+        assert all(node == by[0] for node, _ in reads), reads
     return result
 
 
@@ -106,10 +115,11 @@ def _queue(store: Store, pending: int = 2000, lease_seconds: float = 60.0) -> li
     return store.claim(["noop"], HELD, "w", lease_seconds)
 
 
-def test_a_claim_updates_its_rows_by_key(store: Store) -> None:
+def test_a_claim_updates_its_rows_by_place(store: Store) -> None:
     submit_noop(store, 20_000)
     _analyze(store)
-    claimed = _assert_by_key(store, "Claim up to", lambda: store.claim(["noop"], 200, "w", 60))
+    claimed = _assert_by_key(store, "Claim up to", lambda: store.claim(["noop"], 200, "w", 60),
+                             by=("Tid Scan", None))
     assert len(claimed) == 200  # joined to its CTE, a claim of 200 read the whole table
     assert {r.claimed_from for r in claimed} == {"pending"}
     assert {r.phase for r in claimed} == {"run"}
@@ -130,6 +140,16 @@ def test_a_heartbeat_over_many_leases_updates_its_rows_by_key(store: Store) -> N
     held = _assert_by_key(store, "Extend the leases a worker still holds",
                           lambda: store.heartbeat([r.lease_token for r in rows], 60.0))
     assert held == {r.lease_token for r in rows}
+
+
+def test_a_judge_stage_claim_updates_its_rows_by_place(store: Store) -> None:
+    rows = _queue(store, pending=20_000)
+    store.finish_running([RunOutcome(r.id, r.lease_token, "judging", result={"ok": True})
+                          for r in rows], "w")
+    _analyze(store)
+    leased = _assert_by_key(store, "Lease up to", lambda: store.claim_judging(200, "w", 60),
+                            by=("Tid Scan", None))
+    assert len(leased) == 200 and {r.status for r in leased} == {"judging"}
 
 
 def test_a_reap_of_many_expired_leases_updates_its_rows_by_key(store: Store) -> None:
