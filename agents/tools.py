@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-import jsonschema
 from pydantic import BaseModel, ValidationError
 
 #: A tool's name as Ollama and MCP accept it.
@@ -168,6 +167,8 @@ class Tool:
                 where = ".".join(str(p) for p in first["loc"]) or "(root)"
                 raise BadToolArguments(f"{where}: {first['msg']}") from None
             return {name: getattr(value, name) for name in type(value).model_fields}
+        import jsonschema  # on first use (start-up)
+
         error = jsonschema.exceptions.best_match(
             jsonschema.Draft202012Validator(self.json_schema).iter_errors(arguments))
         if error is not None:

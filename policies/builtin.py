@@ -26,8 +26,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
-import jsonschema
-from jsonschema.validators import validator_for
+import orjson
 
 from agents.base import HUMAN
 from policies.approval import RequireApproval
@@ -61,6 +60,25 @@ _TEXT = json.JSONEncoder(ensure_ascii=False, default=str)
 def payload_bytes(payload: Any) -> int:
     """Size of ``payload`` as compact UTF-8 JSON, the measure ``max_payload_bytes`` uses."""
     return len(_COMPACT.encode(payload).encode())
+
+
+def payload_bytes_over(payload: Any, limit: int) -> int | None:
+    """:func:`payload_bytes` when it may exceed ``limit``; None when it surely does not.
+
+    orjson writes the same compact UTF-8 JSON about ten times faster; where the two differ
+    (a float's exponent, ``1e16`` against ``1e+16``; an infinity, ``null`` against
+    ``Infinity``) the standard one is at most 2.25 times as long, and whatever orjson
+    refuses (an integer above 64 bits, a key that is not a string) is measured the
+    standard way. So a payload whose orjson size, tripled, is within ``limit`` is within
+    it; any other is measured exactly, and its size is the one reported.
+    """
+    try:
+        if 3 * len(orjson.dumps(payload, default=str)) <= limit:
+            return None
+    except TypeError:
+        pass
+    size = payload_bytes(payload)
+    return size if size > limit else None
 
 
 def json_path(parts: Any) -> str:
@@ -129,8 +147,8 @@ class MaxPayloadBytes(Policy):
     def validate_input(self, task: TaskView) -> Violation | None:
         """Check the size of the task's own payload."""
         limit = self.settings.policies.max_payload_bytes
-        size = payload_bytes(task.payload)
-        if size > limit:
+        size = payload_bytes_over(task.payload, limit)
+        if size is not None:
             return self.violation(f"payload is {size} bytes; max_payload_bytes is {limit}")
         return None
 
@@ -138,8 +156,8 @@ class MaxPayloadBytes(Policy):
         """Every child's payload."""
         limit = self.settings.policies.max_payload_bytes
         for child in children:
-            size = payload_bytes(child.payload)
-            if size > limit:
+            size = payload_bytes_over(child.payload, limit)
+            if size is not None:
                 return self.violation(
                     f"child {child.key!r} for agent {child.agent!r} has a payload of {size} "
                     f"bytes; max_payload_bytes is {limit}"
@@ -266,8 +284,7 @@ class OutputSchema(Policy):
         """The schema's validator; None for a schema every JSON object matches."""
         if model not in self._validators:
             schema = model.model_json_schema()  # type: ignore[attr-defined]
-            self._validators[model] = (None if _any_object(schema)
-                                       else validator_for(schema)(schema))
+            self._validators[model] = None if _any_object(schema) else _validator_for(schema)
         return self._validators[model]
 
     def validate_output(self, task: TaskView, result: Any) -> Violation | None:
@@ -278,8 +295,10 @@ class OutputSchema(Policy):
         if validator is None:  # any object matches: only the type is left to check
             if isinstance(result, dict):
                 return None
-            validator = _OBJECT  # says what the full schema would: not an object
-        errors = sorted(validator.iter_errors(result), key=jsonschema.exceptions.relevance)
+            validator = _validator_for(_OBJECT)  # says what the full schema would
+        from jsonschema.exceptions import relevance
+
+        errors = sorted(validator.iter_errors(result), key=relevance)
         if not errors:
             return None
         listed = "; ".join(
@@ -300,7 +319,18 @@ class OutputSchema(Policy):
 #: extra ones, pydantic's ``extra="allow"``): checked by type alone, not by jsonschema.
 _ANY_OBJECT_KEYS = frozenset({"type", "properties", "additionalProperties", "title",
                               "description"})
-_OBJECT = validator_for({"type": "object"})({"type": "object"})
+_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+def _validator_for(schema: dict[str, Any]) -> Any:
+    """A jsonschema validator of ``schema``.
+
+    jsonschema is imported on first use: about 50 ms of every start-up (a CLI command's,
+    a worker's) that checks no schema.
+    """
+    from jsonschema.validators import validator_for
+
+    return validator_for(schema)(schema)
 
 
 def _any_object(schema: dict[str, Any]) -> bool:

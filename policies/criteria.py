@@ -32,9 +32,6 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-import jsonschema
-from jsonschema.validators import validator_for
-
 from runtime.errors import BadInput
 
 SUCCESS_KEYS = ("schema", "checks", "rubric")
@@ -142,8 +139,10 @@ def _validate_success(success: Any) -> None:
         schema = body["schema"]
         if not isinstance(schema, dict | bool):
             raise BadInput("success_criteria.schema must be a JSON Schema object")
+        import jsonschema  # on first use: most start-ups check no schema
+
         try:
-            validator_for(schema).check_schema(schema)
+            jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.SchemaError as exc:
             where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
             raise BadInput(

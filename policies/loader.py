@@ -68,7 +68,7 @@ class PolicySet:
                  inactive: dict[str, tuple[type[Policy], str]] | None = None) -> None:
         self.policies = list(policies)
         self.inactive = dict(inactive or {})
-        self._by_method: dict[tuple[str, tuple[int, ...]], list[tuple[Policy, Any]]] = {}
+        self._by_method: dict[str, tuple[list[Policy], list[tuple[Policy, Any]]]] = {}
 
     def names(self) -> list[str]:
         """Return the active rule names, in order."""
@@ -84,16 +84,17 @@ class PolicySet:
     def _checks(self, method: str) -> list[tuple[Policy, Any]]:
         """The rules whose class has its own ``method`` (the base's returns None), bound.
 
-        Found once per method and list of rules (every task asks twice).
+        Found once per method and list of rules (every task asks twice); found again when
+        ``policies`` changed (a list compares its items by identity first: one C loop).
         """
-        key = (method, tuple(map(id, self.policies)))
-        checks = self._by_method.get(key)
-        if checks is None:
-            base = getattr(Policy, method, None)
-            checks = self._by_method[key] = [
-                (p, getattr(p, method)) for p in self.policies
-                if base is None or getattr(type(p), method, None) is not base
-                or method in getattr(p, "__dict__", {})]
+        found = self._by_method.get(method)
+        if found is not None and found[0] == self.policies:
+            return found[1]
+        base = getattr(Policy, method, None)
+        checks = [(p, getattr(p, method)) for p in self.policies
+                  if base is None or getattr(type(p), method, None) is not base
+                  or method in getattr(p, "__dict__", {})]
+        self._by_method[method] = (list(self.policies), checks)
         return checks
 
     def _first(self, method: str, *args: Any) -> Violation | None:

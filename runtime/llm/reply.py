@@ -18,8 +18,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import jsonschema
-
 from runtime.errors import OrgchartError, TransientModelError
 
 #: How long ``auto`` waits for Ollama to answer at start.
@@ -220,6 +218,8 @@ def parse_structured(text: str, schema: Mapping[str, Any], model: str) -> Any:
             f"model {model!r} was asked for JSON but replied with text that is not JSON "
             f"({exc.msg} at position {exc.pos}): {text[:200]!r}", reason=reason
         ) from None
+    import jsonschema  # on first use (start-up)
+
     error = jsonschema.exceptions.best_match(
         jsonschema.Draft202012Validator(schema).iter_errors(data))
     if error is not None:

@@ -6,8 +6,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
-
 from runtime.store.rows import canonical_json
 
 
@@ -73,6 +71,8 @@ def validate_answer(payload: Any, answer: Any) -> None:
                 f"{canonical_json(choices)} (send the choice itself, or {{\"choice\": ...}})")
     schema = question.get("answer_schema")
     if schema:
+        import jsonschema  # on first use (start-up)
+
         errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(answer),
                         key=lambda e: list(e.path))
         if errors:
