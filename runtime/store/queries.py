@@ -51,12 +51,32 @@ def load_queries(path: Path = QUERIES_FILE) -> dict[str, LiteralString]:
             sql = sql.replace("{" + fragment + "}", text)  # type: ignore[assignment]
         if re.search(r"\{fragment_[a-z_]+\}", sql):
             raise ValueError(f"{path}: query {name!r} names an unknown fragment")
-        queries[name] = sql
+        queries[name] = _as_sent(sql)
     return queries
 
 
 def _without_comments(sql: str) -> str:
     return "\n".join(line for line in sql.splitlines() if not line.startswith("--"))
+
+
+def _as_sent(sql: str) -> str:
+    """A statement as it is sent: its one-line description, then its SQL without comment lines.
+
+    The comments are for the reader of ``queries.sql``; the description stays, so that
+    ``pg_stat_statements`` and the server's logs say which statement ran. Without them the
+    longest statements fit psycopg's cache of converted queries
+    (:data:`MAX_SENT_CHARS`): the claim (5,550 characters with its comments) and the
+    batched finish (4,985) were parsed again, by regular expression, at every execution.
+    """
+    lines = sql.splitlines()
+    head = lines[:1] if lines and lines[0].startswith("--") else []
+    return "\n".join(head + [line for line in lines[len(head):]
+                              if not line.lstrip().startswith("--")])
+
+
+#: psycopg converts a query's placeholders once and caches the result only for queries up
+#: to this length (``psycopg._queries.MAX_CACHED_STATEMENT_LENGTH``).
+MAX_SENT_CHARS = 4096
 
 
 QUERIES = load_queries()

@@ -47,3 +47,33 @@ def test_fragments_are_spliced_and_an_unknown_one_is_refused(tmp_path: Path) -> 
     bad.write_text("-- some_read --\n-- A read.\nSELECT {fragment_missing} FROM tasks;\n")
     with pytest.raises(ValueError, match="unknown fragment"):
         load_queries(bad)
+
+
+#: The statements a worker sends for every batch of tasks (claims, outcomes, leases,
+#: model-call charges and the gate).
+HOT = ("task_claim_available", "task_claim_judging", "task_finish_running",
+       "task_finish_judging", "task_heartbeat_leased", "task_charge_running_many",
+       "task_gate_calls")
+
+
+def test_the_statements_of_every_batch_fit_psycopgs_query_cache() -> None:
+    import psycopg._queries
+    from sqlalchemy.dialects import postgresql
+
+    from runtime.store.queries import MAX_SENT_CHARS, TEXT
+
+    # Longer queries are converted again, by regular expression, at every execution.
+    assert psycopg._queries.MAX_CACHED_STATEMENT_LENGTH == MAX_SENT_CHARS
+    dialect = postgresql.psycopg.dialect()  # type: ignore[attr-defined]
+    for name in HOT:
+        sent = str(TEXT[name].compile(dialect=dialect))
+        assert len(sent) <= MAX_SENT_CHARS, (name, len(sent))
+
+
+def test_a_statement_is_sent_with_its_description_and_no_other_comment_line() -> None:
+    for name, sql in QUERIES.items():
+        if name.startswith("fragment_"):
+            continue
+        lines = sql.splitlines()
+        assert lines[0].startswith("-- "), name  # pg_stat_statements shows which ran
+        assert not any(line.lstrip().startswith("--") for line in lines[1:]), name
