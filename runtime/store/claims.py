@@ -37,7 +37,11 @@ class StoreClaims(StoreReads):
                 conn.execute(_TEXT["task_lock_tenants"], {"tenants": tenants["cap_tenants"]})
             dry = [] if not tenants["bucket_tenants"] else list(conn.execute(
                 _TEXT["tenant_buckets_dry"], tenants).scalars())  # tokens_per_minute
-            return self._task_rows(conn, "task_claim_available", agents=list(agents),
+            if not tenants["cap_tenants"]:  # a third cheaper than the capped claim
+                return self._task_rows(conn, "task_claim_available", agents=list(agents),
+                                       limit=limit, worker=worker, dry_tenants=dry,
+                                       lease_seconds=float(lease_seconds))
+            return self._task_rows(conn, "task_claim_capped", agents=list(agents),
                                    limit=limit, worker=worker, dry_tenants=dry,
                                    lease_seconds=float(lease_seconds), **tenants)
 

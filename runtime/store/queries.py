@@ -46,6 +46,8 @@ def load_queries(path: Path = QUERIES_FILE) -> dict[str, LiteralString]:
         queries[name] = body.strip()  # type: ignore[assignment]
     fragments = {name: _without_comments(sql) for name, sql in queries.items()
                  if name.startswith(_FRAGMENT)}
+    for _ in range(len(fragments)):  # a fragment may name another: splice them in first
+        fragments = {name: _spliced(sql, fragments) for name, sql in fragments.items()}
     for name, sql in queries.items():
         for fragment, text in fragments.items():
             sql = sql.replace("{" + fragment + "}", text)  # type: ignore[assignment]
@@ -53,6 +55,12 @@ def load_queries(path: Path = QUERIES_FILE) -> dict[str, LiteralString]:
             raise ValueError(f"{path}: query {name!r} names an unknown fragment")
         queries[name] = _as_sent(sql)
     return queries
+
+
+def _spliced(sql: str, fragments: dict[str, str]) -> str:
+    for fragment, text in fragments.items():
+        sql = sql.replace("{" + fragment + "}", text)
+    return sql
 
 
 def _without_comments(sql: str) -> str:

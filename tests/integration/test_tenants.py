@@ -158,7 +158,7 @@ def test_the_claim_walks_the_partial_index_with_capped_tenants(store: Store) -> 
     submit(store, tenant="acme")
     with store.engine.connect() as conn:
         plan = "\n".join(r[0] for r in conn.execute(
-            sa.text("EXPLAIN " + QUERIES["task_claim_available"]),
+            sa.text("EXPLAIN " + QUERIES["task_claim_capped"]),
             {"agents": ["echo"], "limit": 10, "worker": "w", "lease_seconds": 30.0,
              "cap_tenants": ["acme"], "caps": [3], "dry_tenants": ["beta"]}))
         conn.rollback()

@@ -33,8 +33,8 @@ def engine_sources() -> dict[str, str]:
     return {str(f.relative_to(ROOT)): f.read_text(encoding="utf-8") for f in files}
 
 
-def test_both_claims_return_the_claimed_columns() -> None:
-    for name in ("task_claim_available", "task_claim_judging"):
+def test_every_claim_returns_the_claimed_columns() -> None:
+    for name in ("task_claim_available", "task_claim_capped", "task_claim_judging"):
         sql = QUERIES[name]
         assert "RETURNING t.*" not in sql, name
         assert all(f"t.{c}" in sql for c in claimed_columns()), name

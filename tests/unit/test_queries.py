@@ -51,7 +51,7 @@ def test_fragments_are_spliced_and_an_unknown_one_is_refused(tmp_path: Path) -> 
 
 #: The statements a worker sends for every batch of tasks (claims, outcomes, leases,
 #: model-call charges and the gate).
-HOT = ("task_claim_available", "task_claim_judging", "task_finish_running",
+HOT = ("task_claim_available", "task_claim_capped", "task_claim_judging", "task_finish_running",
        "task_finish_judging", "task_heartbeat_leased", "task_charge_running_many",
        "task_gate_calls")
 
