@@ -3,8 +3,9 @@
 pgqueuer (https://github.com/janbjorge/pgqueuer) is a PostgreSQL job queue for Python
 built on the same ``FOR UPDATE SKIP LOCKED`` claim. Its schema is installed in a scratch
 database of its own; ``n`` jobs with a no-op entrypoint are enqueued in batches, then
-``procs`` processes each run a ``QueueManager`` in ``drain`` mode (exit when the queue is
-empty) with a given dequeue ``batch_size``. The clock starts when the processes are
+``procs`` processes (``bench.pgqueuer_worker``, which imports pgqueuer and asyncpg only)
+each run a ``QueueManager`` in ``drain`` mode (exit when the queue is empty) with a given
+dequeue ``batch_size``. The clock starts when the processes are
 spawned (their start-up counts, as it does for ``bench.drain``) and stops when the last
 one exits. A short sweep over settings picks pgqueuer's best on this machine; the best
 is reported as ``pgqueuer_jobs_per_s``.
