@@ -161,6 +161,10 @@ def source_version(cls: type) -> str:
         text = inspect.getsource(cls)
     except (OSError, TypeError):
         text = f"{cls.__module__}.{cls.__qualname__}"
+    return _short_hash(text)
+
+
+def _short_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -202,7 +206,7 @@ def _lines_version(cls: type, lines: list[str]) -> str:
     first = _first_line(cls, lines) if lines else None
     text = (f"{cls.__module__}.{cls.__qualname__}" if first is None
             else "".join(inspect.getblock(lines[first:])))
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return _short_hash(text)
 
 
 def _first_line(cls: type, lines: list[str]) -> int | None:

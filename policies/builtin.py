@@ -284,7 +284,7 @@ class OutputSchema(Policy):
         """The schema's validator; None for a schema every JSON object matches."""
         if model not in self._validators:
             schema = model.model_json_schema()  # type: ignore[attr-defined]
-            self._validators[model] = None if _any_object(schema) else _validator_for(schema)
+            self._validators[model] = None if _any_object(schema) else schema_validator(schema)
         return self._validators[model]
 
     def validate_output(self, task: TaskView, result: Any) -> Violation | None:
@@ -295,7 +295,7 @@ class OutputSchema(Policy):
         if validator is None:  # any object matches: only the type is left to check
             if isinstance(result, dict):
                 return None
-            validator = _validator_for(_OBJECT)  # says what the full schema would
+            validator = schema_validator(_OBJECT)  # says what the full schema would
         from jsonschema.exceptions import relevance
 
         errors = sorted(validator.iter_errors(result), key=relevance)
@@ -322,7 +322,7 @@ _ANY_OBJECT_KEYS = frozenset({"type", "properties", "additionalProperties", "tit
 _OBJECT: dict[str, Any] = {"type": "object"}
 
 
-def _validator_for(schema: dict[str, Any]) -> Any:
+def schema_validator(schema: Any) -> Any:
     """A jsonschema validator of ``schema``.
 
     jsonschema is imported on first use: about 50 ms of every start-up (a CLI command's,

@@ -27,7 +27,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from agents.judge import score_rubric
-from policies.builtin import json_path
+from policies.builtin import json_path, schema_validator
 from policies.criteria import DEFAULT_THRESHOLD, parse_deadline, run_check, validate_criteria
 from runtime.budget import spend_hits
 from runtime.errors import BadInput, LeaseLost, UnknownPrice
@@ -102,9 +102,7 @@ def kill_hits(task: dict[str, Any], children: list[dict[str, Any]],
 
 
 def _schema_errors(schema: Any, result: Any) -> list[str]:
-    from jsonschema.validators import validator_for  # on first use (start-up)
-
-    validator = validator_for(schema)(schema)
+    validator = schema_validator(schema)
     errors = sorted(validator.iter_errors(result), key=lambda e: list(e.absolute_path))
     return [f"{json_path(e.absolute_path)}: {e.message[:200]}" for e in errors]
 

@@ -37,13 +37,12 @@ class StoreClaims(StoreReads):
                 conn.execute(_TEXT["task_lock_tenants"], {"tenants": tenants["cap_tenants"]})
             dry = [] if not tenants["bucket_tenants"] else list(conn.execute(
                 _TEXT["tenant_buckets_dry"], tenants).scalars())  # tokens_per_minute
-            if not tenants["cap_tenants"]:  # a third cheaper than the capped claim
-                return self._task_rows(conn, "task_claim_available", agents=list(agents),
-                                       limit=limit, worker=worker, dry_tenants=dry,
-                                       lease_seconds=float(lease_seconds))
-            return self._task_rows(conn, "task_claim_capped", agents=list(agents),
-                                   limit=limit, worker=worker, dry_tenants=dry,
-                                   lease_seconds=float(lease_seconds), **tenants)
+            # Without a capped tenant, the plain claim: a third cheaper than the capped one.
+            caps = ({"cap_tenants": tenants["cap_tenants"], "caps": tenants["caps"]}
+                    if tenants["cap_tenants"] else {})
+            return self._task_rows(conn, "task_claim_capped" if caps else "task_claim_available",
+                                   agents=list(agents), limit=limit, worker=worker,
+                                   dry_tenants=dry, lease_seconds=float(lease_seconds), **caps)
 
     def claim_judging(self, limit: int, worker: str, lease_seconds: float) -> list[TaskRow]:
         """Lease up to ``limit`` tasks waiting for the judge stage."""

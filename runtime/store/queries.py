@@ -49,8 +49,7 @@ def load_queries(path: Path = QUERIES_FILE) -> dict[str, LiteralString]:
     for _ in range(len(fragments)):  # a fragment may name another: splice them in first
         fragments = {name: _spliced(sql, fragments) for name, sql in fragments.items()}
     for name, sql in queries.items():
-        for fragment, text in fragments.items():
-            sql = sql.replace("{" + fragment + "}", text)  # type: ignore[assignment]
+        sql = _spliced(sql, fragments)  # type: ignore[assignment]
         if re.search(r"\{fragment_[a-z_]+\}", sql):
             raise ValueError(f"{path}: query {name!r} names an unknown fragment")
         queries[name] = _as_sent(sql)
@@ -64,7 +63,7 @@ def _spliced(sql: str, fragments: dict[str, str]) -> str:
 
 
 def _without_comments(sql: str) -> str:
-    return "\n".join(line for line in sql.splitlines() if not line.startswith("--"))
+    return "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
 
 
 def _as_sent(sql: str) -> str:
@@ -76,10 +75,10 @@ def _as_sent(sql: str) -> str:
     (:data:`MAX_SENT_CHARS`): the claim (5,550 characters with its comments) and the
     batched finish (4,985) were parsed again, by regular expression, at every execution.
     """
-    lines = sql.splitlines()
-    head = lines[:1] if lines and lines[0].startswith("--") else []
-    return "\n".join(head + [line for line in lines[len(head):]
-                              if not line.lstrip().startswith("--")])
+    head, _, rest = sql.partition("\n")
+    if not head.startswith("--"):
+        return _without_comments(sql)
+    return head + "\n" + _without_comments(rest)
 
 
 #: psycopg converts a query's placeholders once and caches the result only for queries up

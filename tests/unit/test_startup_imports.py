@@ -14,8 +14,8 @@ def test_jsonschema_is_imported_only_when_a_schema_is_checked() -> None:
         "import policies.builtin, policies.criteria, agents.tools, runtime.llm.reply\n"
         "import runtime.engine.judge_stage, runtime.store.steering.types\n"
         "print('jsonschema' in sys.modules)\n"
-        "from policies.builtin import _validator_for\n"
-        "assert list(_validator_for({'type': 'object'}).iter_errors([1]))\n"
+        "from policies.builtin import schema_validator\n"
+        "assert list(schema_validator({'type': 'object'}).iter_errors([1]))\n"
         "print('jsonschema' in sys.modules)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=120)
