@@ -8,7 +8,7 @@ through ``orgchart worker`` processes with a 2-second lease, each holding up to
   new one started (one "witness" worker is never killed, so we can see a process live
   through every fault);
 - at a quarter of the way the PostgreSQL server is stopped, left down for a moment and
-  started again;
+  started again (no kills meanwhile; the loop keeps watching the progress through it);
 - at half and three quarters every session on the database is terminated.
 
 Then: every task is terminal, each has exactly one terminal transition, no parent has a
@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import random
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,7 +80,7 @@ KILL_EVERY_SECONDS = 1.0
 FIRST_KILL_AFTER_SECONDS = 3.0  # let the first workers boot and claim
 #: A kill also comes at every this much progress (fraction of tasks terminal): on a fast
 #: machine the whole drain (restart included) can end before the clock's first kill.
-KILL_EVERY_PROGRESS = 0.02
+KILL_EVERY_PROGRESS = 0.04
 RESTART_AT = 0.25  # fraction of tasks terminal
 RESTART_DOWNTIME_SECONDS = 1.0
 TERMINATE_AT = (0.5, 0.75)
@@ -117,6 +118,11 @@ def _try(fn: Callable[[], Any], default: Any = None) -> Any:
         return default
 
 
+def _scalar(store: Store, sql: str) -> Any:
+    with store.engine.connect() as conn:
+        return conn.execute(sa.text(sql)).scalar()
+
+
 def _submit_roots(store: Store) -> None:
     store.submit_many("spend_fanout", "task", [
         {"goal": f"chaos flat {i}", "n": FLAT_CHILDREN, "sleep": LEAF_SLEEP_SECONDS}
@@ -124,6 +130,68 @@ def _submit_roots(store: Store) -> None:
     store.submit_many("spend_fanout", "task", [
         {"goal": f"chaos nested {i}", "n": NESTED_BRANCHES, "inner": NESTED_LEAVES,
          "sleep": LEAF_SLEEP_SECONDS} for i in range(NESTED_ROOTS)])
+
+
+class _Restart:
+    """The server restart, run in a thread so the chaos loop keeps ticking through it.
+
+    Blocking the loop for the restart call (3-4 s, of which the server is up again for the
+    last seconds) let a fast drain run from a quarter to three quarters done unwatched, and
+    the terminations meant for half and three quarters then came so late that little work
+    was left to show that a worker lived through them. The restart counts as over once the
+    server answers with a new start time.
+    """
+
+    def __init__(self, server_ctl: ServerControl, before: list[WorkerProc], progress: float,
+                 old_start: Any) -> None:
+        self.server_ctl, self.before, self.progress = server_ctl, before, progress
+        self.old_start = old_start
+        self.took: float | None = None
+        self.error: BaseException | None = None
+        self.fault: Fault | None = None
+        self.thread = threading.Thread(target=self._run, name="chaos-restart", daemon=True)
+
+    @classmethod
+    def begin(cls, server_ctl: ServerControl | None, store: Store, fleet: Fleet,
+              progress: float, journal: Journal) -> _Restart | None:
+        """Start the restart, or note why there is none (then None)."""
+        if server_ctl is None:
+            journal.notes.append("server restart skipped: this server cannot be restarted "
+                                 "from here (neither the embedded nor the system one)")
+            return None
+        restart = cls(server_ctl, fleet.alive(), progress, server_started(store))
+        restart.thread.start()
+        return restart
+
+    def _run(self) -> None:
+        try:
+            self.took = self.server_ctl.restart(RESTART_DOWNTIME_SECONDS)
+        except BaseException as exc:  # raised by over() in the test's thread
+            self.error = exc
+
+    def over(self, store: Store, journal: Journal) -> bool:
+        """True once the server answers again after the restart (its fault then recorded,
+        once, from the moment the new server started: the workers reconnect while the
+        restart call still waits for the server to be ready)."""
+        if self.error is not None:
+            raise AssertionError(f"the server restart failed: {self.error!r}") from self.error
+        if self.fault is not None:
+            return True
+        start = _try(lambda: _scalar(store, "SELECT pg_postmaster_start_time()"))
+        if start is None or start == self.old_start:
+            return False
+        self.fault = Fault("server restart", start, [w for w in self.before if w.alive()])
+        journal.faults.append(self.fault)
+        return True
+
+    def join(self, store: Store, journal: Journal) -> None:
+        """Wait for the restart call to return (the drain may end first); describe it."""
+        self.thread.join(120)
+        self.over(store, journal)
+        assert self.fault is not None and self.took is not None, "the restart did not end"
+        self.fault.detail = (f"{self.server_ctl.description}, down "
+                             f"{RESTART_DOWNTIME_SECONDS:g}s, {self.took:.1f}s in all, at "
+                             f"{self.progress:.0%}")
 
 
 def _run_chaos(store: Store, db_url: str, fleet: Fleet, server_ctl: ServerControl | None,
@@ -137,7 +205,9 @@ def _run_chaos(store: Store, db_url: str, fleet: Fleet, server_ctl: ServerContro
     next_kill = started + FIRST_KILL_AFTER_SECONDS
     next_kill_at = KILL_EVERY_PROGRESS
     terminations = list(TERMINATE_AT)
-    restart_pending = True
+    restart: _Restart | None = None
+    restart_begun = restart_over = False
+    progress = 0.0
     while True:
         now = time.monotonic()
         counts = _try(lambda: status_counts(store))
@@ -147,12 +217,12 @@ def _run_chaos(store: Store, db_url: str, fleet: Fleet, server_ctl: ServerContro
             if total == EXPECTED_TASKS and terminal == total:
                 break
             progress = terminal / EXPECTED_TASKS
-        else:
-            progress = 0.0
+        # else: the server is away; the last progress seen stands
         if now - started > DEADLINE_SECONDS:
             raise AssertionError(f"not drained after {DEADLINE_SECONDS:g}s: {dict(counts or {})}")
 
-        if now >= next_kill or progress >= next_kill_at:
+        restarting = restart_begun and not restart_over
+        if not restarting and (now >= next_kill or progress >= next_kill_at):
             victims = [w for w in fleet.alive() if w is not witness]
             # A worker holding tasks when there is one: a worker still booting holds
             # nothing, and killing only those would test nothing.
@@ -163,26 +233,17 @@ def _run_chaos(store: Store, db_url: str, fleet: Fleet, server_ctl: ServerContro
                 fleet.sigkill(victim)
                 held = _try(lambda pid=victim.pid: held_by(store, pid), [])
                 journal.kills.append((victim.pid, len(held)))
-            next_kill = max(next_kill + KILL_EVERY_SECONDS, now + TICK_SECONDS)
+            next_kill = now + KILL_EVERY_SECONDS  # no burst to catch up after the restart
             next_kill_at = progress + KILL_EVERY_PROGRESS
 
-        if restart_pending and progress >= RESTART_AT:
-            restart_pending = False
-            if server_ctl is None:
-                journal.notes.append("server restart skipped: this server cannot be restarted "
-                                     "from here (neither the embedded nor the system one)")
-            else:
-                before = fleet.alive()
-                took = server_ctl.restart(RESTART_DOWNTIME_SECONDS)
-                # From when the server was up again: the workers reconnect while the
-                # restart call still waits for the server to be ready.
-                at = server_started(store)
-                journal.faults.append(Fault(
-                    "server restart", at, [w for w in before if w.alive()],
-                    f"{server_ctl.description}, down {RESTART_DOWNTIME_SECONDS:g}s, "
-                    f"{took:.1f}s in all, at {progress:.0%}"))
+        if not restart_begun and progress >= RESTART_AT:
+            restart_begun = True
+            restart = _Restart.begin(server_ctl, store, fleet, progress, journal)
+        restart_over = restart_begun and (restart is None or restart.over(store, journal))
 
-        if terminations and progress >= terminations[0]:
+        # Not while the server is down (the loop keeps ticking through the restart, so a
+        # mark passed then is taken at the first tick after it).
+        if terminations and progress >= terminations[0] and restart_over:
             terminations.pop(0)
             before = fleet.alive()
             cut = _try(lambda: terminate_backends(db_url), 0)
@@ -194,6 +255,8 @@ def _run_chaos(store: Store, db_url: str, fleet: Fleet, server_ctl: ServerContro
             fleet.start()
         time.sleep(TICK_SECONDS)
     journal.seconds = time.monotonic() - started
+    if restart is not None:
+        restart.join(store, journal)
     return witness
 
 
