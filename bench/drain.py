@@ -85,12 +85,12 @@ class Setting:
         return f"{self.procs}x{self.concurrency}x{self.batch_size}"
 
 
-def load_queue(url: str, n: int) -> None:
-    """Empty the tables and bulk-insert ``n`` pending ``noop`` tasks."""
+def load_queue(url: str, n: int, agent: str = "noop") -> None:
+    """Empty the tables and bulk-insert ``n`` pending tasks for ``agent`` (no-op agents)."""
     truncate_tasks(url)
     store = open_store(url, pool_size=1)
     try:
-        submit_noop(store, n)
+        submit_noop(store, n, agent=agent)
     finally:
         store.dispose()
     with connect(url) as conn:
@@ -98,11 +98,16 @@ def load_queue(url: str, n: int) -> None:
         conn.execute("VACUUM ANALYZE task_events")
 
 
-def trial(url: str, n: int, setting: Setting, timeout: float = 600.0) -> dict[str, Any]:
-    """Drain ``n`` tasks with ``setting``; return rate, seconds and the workers' peak RSS."""
-    load_queue(url, n)
+def trial(url: str, n: int, setting: Setting, timeout: float = 600.0,
+          agent: str = "noop") -> dict[str, Any]:
+    """Drain ``n`` tasks with ``setting``; return rate, seconds and the workers' peak RSS.
+
+    ``agent`` is ``noop`` (a plain ``def run``: the worker runs it on its agent threads) or
+    ``async_noop`` (``async def run``: awaited on the worker's loop, like pgqueuer's job).
+    """
+    load_queue(url, n, agent)
     compile_sources()
-    cmd = worker_command("noop,judge", batch_size=setting.batch_size,
+    cmd = worker_command(f"{agent},judge", batch_size=setting.batch_size,
                          concurrency=setting.concurrency, once=True)
     server_cpu0, workers_cpu0 = server_cpu_seconds(url), children_cpu_seconds()
     started = time.perf_counter()

@@ -41,6 +41,17 @@ class Noop(Agent):
         return Result({"ok": True})
 
 
+class AsyncNoop(Agent):
+    """Returns at once, from an ``async def run`` (benchmarks: like pgqueuer's no-op job)."""
+
+    name = "async_noop"
+    input_model = AnyInput
+    output_model = AnyOutput
+
+    async def run(self, ctx: AgentContext, task: TaskView) -> Result:
+        return Result({"ok": True})
+
+
 class Echo(Agent):
     """Echoes its payload; sleeps ``sleep`` seconds first when asked."""
 

@@ -75,10 +75,15 @@ def test_drain_pair(server_url: str) -> None:
     figures = drain_pair.main(n=100, rounds=2, pgqueuer="1x2x10", server=server_url)
     assert len(figures["drain_pair_rounds"]) == 2
     for r in figures["drain_pair_rounds"]:
-        _numbers(r, "orgchart_tasks_per_s", "pgqueuer_jobs_per_s", "ratio")
+        _numbers(r, "orgchart_tasks_per_s", "orgchart_async_tasks_per_s", "pgqueuer_jobs_per_s",
+                 "ratio", "async_ratio")
         assert r["ratio"] == round(r["orgchart_tasks_per_s"] / r["pgqueuer_jobs_per_s"], 3)
-    ratios = sorted(r["ratio"] for r in figures["drain_pair_rounds"])
-    assert figures["drain_pair_ratio_median"] == round((ratios[0] + ratios[1]) / 2, 4)
+        assert r["async_ratio"] == round(
+            r["orgchart_async_tasks_per_s"] / r["pgqueuer_jobs_per_s"], 3)
+    for key in ("ratio", "async_ratio"):
+        ratios = sorted(r[key] for r in figures["drain_pair_rounds"])
+        median = figures[f"drain_pair_{key}_median"]
+        assert median == round((ratios[0] + ratios[1]) / 2, 4)
     with pytest.raises(ValueError, match="pgqueuer setting"):
         drain_pair.main(n=10, rounds=1, pgqueuer="fast", server=server_url)
 
