@@ -466,10 +466,13 @@ def upgrade(url: str, revision: str = "head") -> None:
         engine.dispose()
 
 
-def ensure_schema(url: str) -> None:
-    """Migrate to head unless the database is already there (one cheap query)."""
+def ensure_schema(url: str, engine: Engine | None = None) -> None:
+    """Migrate to head unless the database is already there (one cheap query).
+
+    ``engine``: ask through it (a worker's pool: the connection then serves the work too).
+    """
     try:
-        if current_revision(url) == HEAD_REVISION:
+        if current_revision(url, engine) == HEAD_REVISION:
             return
     except sa.exc.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot reach {redacted(url)}: {exc.orig}") from exc
@@ -483,13 +486,10 @@ def downgrade(url: str, revision: str = "base") -> None:
     command.downgrade(alembic_config(url), revision)
 
 
-def current_revision(url: str) -> str | None:
-    """Return the database's Alembic revision, or None for an empty database."""
-    engine = one_shot_engine(url)
-    try:
-        with engine.connect() as conn:
-            if conn.execute(TEXT["migration_version_table_exists"]).scalar() is None:
-                return None
-            return conn.execute(TEXT["migration_version_get"]).scalar()
-    finally:
-        engine.dispose()
+def current_revision(url: str, engine: Engine | None = None) -> str | None:
+    """The database's Alembic revision, None for an empty one (through ``engine`` if given)."""
+    with (engine or one_shot_engine(url)).connect() as conn:  # NullPool: closed on exit
+        if conn.execute(TEXT["migration_version_table_exists"]).scalar() is None:
+            return None
+        revision: str | None = conn.execute(TEXT["migration_version_get"]).scalar()
+        return revision

@@ -100,3 +100,22 @@ def test_ensure_schema_migrates_an_empty_database_once(empty_db_url: str) -> Non
     db.ensure_schema(empty_db_url)
     assert db.current_revision(empty_db_url) == db.HEAD_REVISION
     db.ensure_schema(empty_db_url)  # already current: no Alembic run
+
+
+def test_a_store_opened_on_an_empty_database_migrates_it_through_its_own_pool(
+        empty_db_url: str) -> None:
+    from runtime.config import load_settings
+    from runtime.wiring import open_store
+
+    settings = load_settings(env={"ORGCHART_DATABASE_URL": empty_db_url})
+    store = open_store(settings)
+    try:
+        assert db.current_revision(empty_db_url) == db.HEAD_REVISION
+        # The connection that asked for the revision went back to the store's pool.
+        assert store.engine.pool.checkedin() == 1  # type: ignore[attr-defined]
+        with store.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM tasks")).scalar() == 0
+    finally:
+        store.dispose()
+    again = open_store(settings)  # already at head: one query, no Alembic run
+    again.dispose()
