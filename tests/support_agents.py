@@ -12,7 +12,16 @@ from typing import Any
 import psycopg
 from pydantic import BaseModel, ConfigDict
 
-from agents.base import Agent, ChildSpec, Delegate, Escalate, Result, RetryChildren, TaskView
+from agents.base import (
+    Agent,
+    ChildSpec,
+    ChildView,
+    Delegate,
+    Escalate,
+    Result,
+    RetryChildren,
+    TaskView,
+)
 from agents.context import AgentContext
 from runtime.errors import TransientModelError
 
@@ -50,6 +59,21 @@ class AsyncNoop(Agent):
 
     async def run(self, ctx: AgentContext, task: TaskView) -> Result:
         return Result({"ok": True})
+
+
+class HalfAsync(Agent):
+    """A plain ``run`` and an ``async def aggregate`` (which method a phase needs)."""
+
+    name = "half_async"
+    input_model = AnyInput
+    output_model = AnyOutput
+
+    def run(self, ctx: AgentContext, task: TaskView) -> Result:
+        return Result({"ok": True})
+
+    async def aggregate(self, ctx: AgentContext, task: TaskView,
+                        children: list[ChildView]) -> Result:
+        return Result({"children": len(children)})
 
 
 class Echo(Agent):

@@ -177,16 +177,24 @@ class Executor:
         #: model are judged right away and written with the run's outcome.
         self.inline_judge = False
         self._loggers: dict[str, logging.Logger] = {}
+        self._async: dict[tuple[type, bool], bool] = {}
 
     # ------------------------------------------------------------------ run stage
     def is_async(self, row: TaskRow) -> bool:
-        """Whether the agent method this task needs (``run`` or ``aggregate``) is ``async``."""
+        """Whether the agent method this task needs (``run`` or ``aggregate``) is ``async``.
+
+        Asked twice a task: the answer is kept per agent class and phase.
+        """
         try:
             cls = self.registry.get(row.to_agent)
         except UnknownAgent:
             return False
-        method = cls.aggregate if row.phase == "aggregate" else cls.run
-        return inspect.iscoroutinefunction(method)
+        key = (cls, row.phase == "aggregate")
+        found = self._async.get(key)
+        if found is None:
+            method = cls.aggregate if key[1] else cls.run
+            found = self._async[key] = inspect.iscoroutinefunction(method)
+        return found
 
     def execute(self, row: TaskRow | dict[str, Any], lease_lost: threading.Event) -> Action:
         """Run (or aggregate) one claimed ``running`` task and return its action.
