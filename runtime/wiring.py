@@ -59,7 +59,7 @@ def open_store(settings: Settings, migrate: bool = True) -> Store:
                               options=ConnectionOptions.from_settings(settings.database))
     if migrate:
         # Through the store's pool: the connection that asks stays for the work (a
-        # connection and an engine of its own cost a worker 30 to 60 ms of start-up).
+        # connection and an engine of its own were part of every worker's start-up).
         try:
             db.retry(lambda: ensure_schema(url, engine),
                      settings.database.failover_timeout_seconds)

@@ -1,5 +1,5 @@
 """``python -m runtime.cli``: the ``orgchart`` command."""
 
-from runtime.cli.app import main
+from runtime.cli import main
 
 main()

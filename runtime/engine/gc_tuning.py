@@ -22,13 +22,14 @@ def tune_gc(young_threshold: int) -> None:
     """Freeze what start-up made and collect the young generation less often.
 
     Call once the worker's parts are built, before it starts: ``gc.freeze()`` moves every
-    object alive now (modules, classes, the registry, the configuration) out of the
-    collector's sight, so a full collection only walks what the work itself made. A
+    object tracked now (modules, classes, the registry, the configuration) out of the
+    collector's sight, so a full collection only walks what the work itself made. No
+    collection comes first: it took 25 to 40 ms of a worker's start-up to free about a
+    thousand objects of start-up garbage, which stay frozen instead. A
     ``young_threshold`` of 0 changes nothing (the interpreter's settings stay).
     """
     if young_threshold <= 0:
         return
-    gc.collect()
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(young_threshold, middle, old)

@@ -374,7 +374,7 @@ class Orchestrator:
 
     def worker_command(self, mode: str, task_cap: int, wall_clock_seconds: float) -> list[str]:
         """The command line of one disposable worker."""
-        cmd = [self.config.python, "-m", "runtime.cli.app", "worker", "--agents", mode,
+        cmd = [self.config.python, "-m", "runtime.cli", "worker", "--agents", mode,
                "--task-cap", str(task_cap), "--wall-clock", repr(float(wall_clock_seconds)),
                "--once", "--json"]
         for module in self.config.agents_modules:

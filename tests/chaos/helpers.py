@@ -1,6 +1,6 @@
 """Helpers for tests that really crash things: worker processes, server faults, invariants.
 
-- :class:`Fleet` starts real ``orgchart worker`` processes (``python -m runtime.cli.app``),
+- :class:`Fleet` starts real ``orgchart worker`` processes (``python -m runtime.cli``),
   SIGKILLs or SIGTERMs them, and kills whatever is left when it is closed.
 - :class:`ServerControl` restarts the PostgreSQL server the tests use: the session's
   embedded server (``pg_ctl`` as its system user) or the system PostgreSQL
@@ -51,7 +51,7 @@ def cli_env(orgchart_env: Mapping[str, str], **extra: str) -> dict[str, str]:
 
 def cli(*args: str) -> list[str]:
     """The command line of ``orgchart ARGS`` run by this interpreter."""
-    return [sys.executable, "-m", "runtime.cli.app", *args]
+    return [sys.executable, "-m", "runtime.cli", *args]
 
 
 def submit_goals(env: Mapping[str, str], goals: Iterable[tuple[str, str, dict[str, Any]]],

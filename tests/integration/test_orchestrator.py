@@ -161,7 +161,7 @@ def test_each_worker_gets_one_mode_a_task_cap_a_wall_clock_and_the_agent_modules
         store: Store) -> None:
     orch = Orchestrator(store, Settings(), FireConfig(agents_modules=("a.b", "c")))
     cmd = orch.worker_command("echo", 7, 12.5)
-    assert cmd[1:] == ["-m", "runtime.cli.app", "worker", "--agents", "echo", "--task-cap", "7",
+    assert cmd[1:] == ["-m", "runtime.cli", "worker", "--agents", "echo", "--task-cap", "7",
                        "--wall-clock", "12.5", "--once", "--json",
                        "--agents-module", "a.b", "--agents-module", "c"]
 
