@@ -168,7 +168,7 @@ def worker_command(agents: str, *, batch_size: int | None = None,
                    concurrency: int | None = None, once: bool = False,
                    agents_module: str = "tests.support_agents") -> list[str]:
     """The ``orgchart worker`` command line, run by this interpreter."""
-    cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "worker",
+    cmd = [sys.executable, "-c", "from runtime.cli.app import main; main()", "worker",
            "--agents", agents, "--agents-module", agents_module]
     if batch_size is not None:
         cmd += ["--batch-size", str(batch_size)]

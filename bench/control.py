@@ -54,7 +54,7 @@ from runtime.store.rows import NewTask
 from runtime.store.store import Store
 
 OPEN = ("pending", "running", "waiting", "ready_to_aggregate", "judging", "awaiting_approval")
-CLI = [sys.executable, "-c", "from runtime.cli import main; main()"]
+CLI = [sys.executable, "-c", "from runtime.cli.app import main; main()"]
 
 
 def _get(url: str) -> dict[str, Any]:

@@ -51,7 +51,7 @@ from runtime.store.rows import NewTask
 TERMINAL = ("done", "failed", "escalated")
 WORKER_BOOT = ("import resource; s, h = resource.getrlimit(resource.RLIMIT_NOFILE); "
                "resource.setrlimit(resource.RLIMIT_NOFILE, (h, h)); "
-               "from runtime.cli import main; main()")
+               "from runtime.cli.app import main; main()")
 
 
 def _vm_kb(pid: int, field: str) -> int | None:

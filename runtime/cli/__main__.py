@@ -1,5 +1,5 @@
 """``python -m runtime.cli``: the ``orgchart`` command."""
 
-from runtime.cli import main
+from runtime.cli.app import main
 
 main()
