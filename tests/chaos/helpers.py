@@ -324,9 +324,14 @@ def unfinished(store: Store) -> int:
 
 
 def held_by(store: Store, pid: int) -> list[dict[str, Any]]:
-    """Tasks whose lease names the worker process ``pid`` (worker ids are host:pid:rand)."""
+    """Tasks whose lease names the worker process ``pid`` (worker ids are host:pid:rand).
+
+    ``held_seconds`` is how long ago this delivery claimed the task (the server's clock).
+    """
     return [dict(r._mapping) for r in _all(
-        store, "SELECT id, status, to_agent, phase, lease_owner FROM tasks "
+        store, "SELECT id, status, to_agent, phase, lease_owner, "
+               "extract(epoch FROM clock_timestamp() - claimed_at)::float AS held_seconds "
+               "FROM tasks "
                "WHERE lease_token IS NOT NULL AND lease_owner LIKE :pattern",
         pattern=f"%:{pid}:%")]
 
