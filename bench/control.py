@@ -151,12 +151,16 @@ def submit_tree(store: Store, leads: int, writers: int) -> uuid.UUID:
 def wait_in_flight(model_url: str, at_least: int, seconds: float = 120) -> int:
     """Wait until the model server holds ``at_least`` calls; return how many it holds."""
     deadline = time.monotonic() + seconds
+    peak, stats = 0, {}
     while time.monotonic() < deadline:
-        now = int(_get(model_url + "/stats")["in_flight"])
+        stats = _get(model_url + "/stats")
+        now = int(stats["in_flight"])
         if now >= at_least:
             return now
+        peak = max(peak, now)
         time.sleep(0.01)
-    raise RuntimeError(f"fewer than {at_least} calls in flight after {seconds} s")
+    raise RuntimeError(f"fewer than {at_least} calls in flight after {seconds} s "
+                       f"(at most {peak}; the model server's last stats: {stats})")
 
 
 def open_tasks(store: Store, root: uuid.UUID) -> int:
@@ -288,6 +292,9 @@ def main(leads: int = 30, writers: int = 30, delay: float = 1.0, answers: int = 
             figures.update(measure_pause(url, store, model_url, leads, writers, in_flight,
                                          delay))
             figures.update(measure_answers(store, answers))
+        except RuntimeError as exc:
+            state = "runs" if worker.poll() is None else f"exited {worker.returncode}"
+            raise RuntimeError(f"{exc} (the worker {state})") from exc
         finally:
             stop(worker)
             model_proc.kill()
