@@ -47,11 +47,13 @@ log = logging.getLogger(__name__)
 MAX_GOAL_CHARS = 100_000
 
 
-def open_store(settings: Settings, migrate: bool = True) -> Store:
+def open_store(settings: Settings, migrate: bool = True, ride_out: bool = True) -> Store:
     """Resolve the database (embedded if none is named), migrate it, and open a Store.
 
-    While the database fails over, the schema check is retried for up to
-    ``[database] failover_timeout_seconds``.
+    With ``ride_out`` (workers, ``serve``, ``submit``, ``run``, ``fire``), while the
+    database fails over, the schema check is retried for up to ``[database]
+    failover_timeout_seconds``; without it (the commands that read or steer, which a
+    person runs and can run again), a database that does not answer fails at once.
     """
     url = settled_url(settings.database.url)
     engine = create_db_engine(url, pool_size=settings.database.pool_size,
@@ -62,7 +64,7 @@ def open_store(settings: Settings, migrate: bool = True) -> Store:
         # connection and an engine of its own were part of every worker's start-up).
         try:
             db.retry(lambda: ensure_schema(url, engine),
-                     settings.database.failover_timeout_seconds)
+                     settings.database.failover_timeout_seconds if ride_out else 0.0)
         except BaseException:
             engine.dispose()
             raise

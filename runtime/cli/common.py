@@ -145,10 +145,14 @@ def handled(fn: F) -> F:
 
 @contextmanager
 def opened_store(config: Settings | None = None) -> Iterator[Store]:
-    """A Store on the configured database (migrated), disposed of at the end."""
+    """A Store on the configured database (migrated), disposed of at the end.
+
+    For the commands that read or steer: a database that does not answer fails at once
+    (one line, exit 1), without riding out ``[database] failover_timeout_seconds``.
+    """
     from runtime.wiring import open_store  # not at import time: the CLI loads this early
 
-    store = open_store(config or settings())
+    store = open_store(config or settings(), ride_out=False)
     try:
         yield store
     finally:

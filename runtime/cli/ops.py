@@ -25,11 +25,11 @@ from runtime.cli.common import EXIT_FAILED, JsonOpt, err, out, print_json, setti
 from runtime.store.db import redacted, settled_url, upgrade
 
 
-def _settings_and_store() -> tuple[Any, Any]:
+def _settings_and_store(ride_out: bool = True) -> tuple[Any, Any]:
     from runtime.wiring import open_store
 
     s = settings()
-    return s, open_store(s)
+    return s, open_store(s, ride_out=ride_out)
 
 
 def fire(
@@ -79,7 +79,7 @@ def doctor(json_: JsonOpt = False) -> None:
     """Exit 1 naming each problem (overdue fire, stranded work, old escalations); else 0."""
     from runtime.fleet.doctor import DoctorLimits, check
 
-    s, store = _settings_and_store()
+    s, store = _settings_and_store(ride_out=False)  # a checkup says at once what is down
     checkup = check(store, DoctorLimits.from_settings(s.orchestrator, s.doctor))
     if json_:
         print_json(checkup.as_dict())

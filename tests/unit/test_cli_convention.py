@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import socket
+import uuid
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 import typer
 from typer.testing import CliRunner
 
+from runtime import wiring
 from runtime.cli.app import COMMANDS, app
 from runtime.cli.common import handled
 
@@ -43,15 +46,46 @@ def test_bad_input_exits_2_with_one_line(env: dict[str, str]) -> None:
     assert result.stderr.startswith("error: ") and "not-an-id" in result.stderr
 
 
-@pytest.mark.parametrize("args", [["metrics"], ["escalations", "--json"], ["doctor"]])
-def test_an_unreachable_database_exits_1_naming_the_server(env: dict[str, str],
-                                                           args: list[str]) -> None:
+def _count_schema_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the schema checks (the first statement a command sends) from here on."""
+    tries = [0]
+    check = wiring.ensure_schema
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        tries[0] += 1
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(wiring, "ensure_schema", counted)
+    return tries
+
+
+@pytest.mark.parametrize("args", [["metrics"], ["escalations", "--json"], ["doctor"],
+                                  ["inbox"], ["cancel", str(uuid.uuid4())]])
+def test_an_unreachable_database_exits_1_naming_the_server(
+        env: dict[str, str], args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Commands that read or steer try once: no riding out a failover (an hour here; a
+    # command that waited would hang until the test's timeout) for a typo'd URL.
+    tries = _count_schema_checks(monkeypatch)
+    env = {**env, "ORGCHART_DATABASE__FAILOVER_TIMEOUT_SECONDS": "3600"}
     result = CliRunner().invoke(app, args, env=env)
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: cannot reach") and "127.0.0.1" in lines[0]
     assert "hunter2" not in result.output and "Traceback" not in result.output
+    assert tries == [1]
+
+
+def test_submit_rides_out_an_unreachable_database_then_exits_1(
+        env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tries = _count_schema_checks(monkeypatch)
+    env = {**env, "ORGCHART_DATABASE__FAILOVER_TIMEOUT_SECONDS": "1"}
+    result = CliRunner().invoke(app, ["submit", "a goal"], env=env)
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: cannot reach") and "hunter2" not in result.output
+    assert tries[0] > 1  # it tried again for a second, then gave up
 
 
 def test_a_database_error_mid_command_is_one_line_naming_the_server(
