@@ -140,9 +140,9 @@ class DatabaseSettings(_Section):
     keepalives_interval * keepalives_count`` seconds on an idle connection.
     ``idle_in_transaction_timeout_ms``: the server ends a session idle inside a
     transaction this long, so a worker cut off mid-transaction frees its row locks.
-    ``failover_timeout_seconds``: how long ``submit``, ``run``, ``fire``, ``serve`` and a
-    worker retry while the database fails over before they give up with one line (the
-    commands that read or steer try once).
+    ``failover_timeout_seconds``: how long ``submit``, ``run``, ``fork``, ``fire``,
+    ``serve`` and a worker retry while the database fails over before they give up with
+    one line (the commands that read or steer try once).
     """
 
     url: str | None = None

@@ -50,8 +50,8 @@ MAX_GOAL_CHARS = 100_000
 def open_store(settings: Settings, migrate: bool = True, ride_out: bool = True) -> Store:
     """Resolve the database (embedded if none is named), migrate it, and open a Store.
 
-    With ``ride_out`` (workers, ``serve``, ``submit``, ``run``, ``fire``), while the
-    database fails over, the schema check is retried for up to ``[database]
+    With ``ride_out`` (workers, ``serve``, ``submit``, ``run``, ``fork``, ``fire``),
+    while the database fails over, the schema check is retried for up to ``[database]
     failover_timeout_seconds``; without it (the commands that read or steer, which a
     person runs and can run again), a database that does not answer fails at once.
     """

@@ -21,15 +21,23 @@ from typing import Annotated, Any
 
 import typer
 
-from runtime.cli.common import EXIT_FAILED, JsonOpt, err, out, print_json, settings
+from runtime.cli.common import (
+    EXIT_FAILED,
+    JsonOpt,
+    err,
+    opened_store,
+    out,
+    print_json,
+    settings,
+)
 from runtime.store.db import redacted, settled_url, upgrade
 
 
-def _settings_and_store(ride_out: bool = True) -> tuple[Any, Any]:
+def _settings_and_store() -> tuple[Any, Any]:
     from runtime.wiring import open_store
 
     s = settings()
-    return s, open_store(s, ride_out=ride_out)
+    return s, open_store(s)
 
 
 def fire(
@@ -79,8 +87,9 @@ def doctor(json_: JsonOpt = False) -> None:
     """Exit 1 naming each problem (overdue fire, stranded work, old escalations); else 0."""
     from runtime.fleet.doctor import DoctorLimits, check
 
-    s, store = _settings_and_store(ride_out=False)  # a checkup says at once what is down
-    checkup = check(store, DoctorLimits.from_settings(s.orchestrator, s.doctor))
+    s = settings()
+    with opened_store(s) as store:  # a checkup says at once when the database is down
+        checkup = check(store, DoctorLimits.from_settings(s.orchestrator, s.doctor))
     if json_:
         print_json(checkup.as_dict())
     elif checkup.ok:
