@@ -42,8 +42,8 @@ from typing import Any
 
 import pytest
 
+from runtime.llm.backends.schema_instance import instance_for_schema, prompt_snippet
 from runtime.llm.reply import estimate_tokens
-from runtime.llm.schema_instance import instance_for_schema, prompt_snippet
 
 DEFAULT_MODELS = ("llama3.2:latest", "qwen3:14b")
 #: What the server can be told to do with a chat request.

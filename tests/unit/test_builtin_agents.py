@@ -42,7 +42,7 @@ from agents.schemas import (
     ReportDraft,
     TrendFindings,
 )
-from runtime.llm.schema_instance import instance_for_schema
+from runtime.llm.backends.schema_instance import instance_for_schema
 
 GOAL = "Should we launch a managed PostgreSQL job queue for AI agent fleets?"
 ORG = ("ceo", "intel_director", "competitor_scout", "market_researcher", "trend_analyst")

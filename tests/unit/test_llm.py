@@ -30,6 +30,7 @@ from runtime.llm.backends.replay import (
     records_from_calls,
     write_replay_file,
 )
+from runtime.llm.backends.schema_instance import SchemaUnsatisfiable, instance_for_schema
 from runtime.llm.reply import (
     BackendConfigError,
     BadModelReply,
@@ -39,7 +40,6 @@ from runtime.llm.reply import (
     request_text,
 )
 from runtime.llm.routing import decide_route
-from runtime.llm.schema_instance import SchemaUnsatisfiable, instance_for_schema
 from tests.fake_ollama import FakeOllama, fake_ollama_server  # noqa: F401
 
 PROMPT = "Find the three biggest competitors of Acme Robotics in Europe and rank them"

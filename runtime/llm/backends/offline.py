@@ -1,7 +1,7 @@
 """The offline backend: deterministic answers with no network, every one labelled offline.
 
 A schema gets a schema-valid instance derived from a hash of the prompt
-(:func:`~runtime.llm.schema_instance.instance_for_schema`); plain text is
+(:func:`~runtime.llm.backends.schema_instance.instance_for_schema`); plain text is
 ``offline: <the prompt's start>``. For tests it can be told to misbehave: ``script`` is a
 list of behaviours used one per call, in order (then it behaves again):
 
@@ -23,6 +23,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from runtime.llm.backends.schema_instance import instance_for_schema, offline_text
 from runtime.llm.reply import (
     Message,
     ModelReply,
@@ -33,7 +34,6 @@ from runtime.llm.reply import (
     first_messages,
     message_tokens,
 )
-from runtime.llm.schema_instance import instance_for_schema, offline_text
 
 #: Behaviours the offline backend can be scripted with.
 BEHAVIOURS = ("ok", "broken_json", "wrong_shape", "empty", "length", "transient")

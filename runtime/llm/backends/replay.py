@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.llm.backends.offline import OfflineBackend
+from runtime.llm.backends.schema_instance import prompt_snippet
 from runtime.llm.reply import (
     NOT_RECORDED,
     BackendConfigError,
@@ -29,7 +30,6 @@ from runtime.llm.reply import (
     request_text,
     split_messages,
 )
-from runtime.llm.schema_instance import prompt_snippet
 from runtime.llm.tool_loop import ToolRound, recorded_tool_calls, round_note
 
 
