@@ -207,8 +207,7 @@ class PoliciesSettings(_Section):
     #: ``require_approval``: tasks delegated to these agents, and roots submitted to them,
     #: wait for a person's approval.
     require_approval: list[str] = Field(default_factory=list)
-    #: ``require_approval``: a task whose budget would take its tree's spend past this
-    #: (USD) waits for a person's approval; unset: no spend threshold.
+    #: A task whose budget would take its tree's spend past this (USD) waits for approval.
     approve_above_usd: Decimal | None = Field(None, ge=0)
 
     @field_validator("modules", "disabled", "forbidden_patterns", "require_approval",
@@ -249,8 +248,7 @@ class WorkerSettings(_Section):
     #: Threads that run sync agents (``def run``); ``async def`` agents run on the loop.
     sync_threads: int = Field(32, ge=1, le=1024)
     #: Allocations between two young-generation garbage collections in a worker process
-    #: (CPython's default is 700); 0 leaves the interpreter's settings alone. See
-    #: :func:`runtime.engine.gc_tuning.tune_gc`.
+    #: (CPython's: 700); 0 leaves them alone (:func:`runtime.engine.gc_tuning.tune_gc`).
     gc_threshold: int = Field(10_000, ge=0, le=10_000_000)
 
 
@@ -272,12 +270,14 @@ class SchedulerSettings(_Section):
     """``[scheduler]``: fair claiming by fair time (``tasks.fair_at``; docs/operations.md).
 
     A tree's tasks are ``fair_quantum_seconds / weight`` apart (times its average call's
-    tokens over ``fair_quantum_tokens``, if over 1), at most ``max_wait_seconds`` late.
+    tokens over ``fair_quantum_tokens``, if over 1), at most ``max_wait_seconds`` late. A
+    model slot is kept ``anticipate_seconds`` for the next call of a tree that is behind.
     """
 
     fair_quantum_seconds: float = Field(0.5, ge=0, le=3600)
     max_wait_seconds: float = Field(300.0, gt=0, le=86_400)
     fair_quantum_tokens: float = Field(1000.0, gt=0, le=10**9)
+    anticipate_seconds: float = Field(0.1, ge=0, le=10)
 
 
 class DoctorSettings(_Section):

@@ -17,10 +17,9 @@ waits):
 4. reserves the request in the task's budget (:class:`runtime.budget.TaskBudget`: the
    estimated prompt tokens plus ``max_tokens``, shrunk to what is left, or
    :class:`~runtime.errors.BudgetExceeded`) and settles it with the server's counts after;
-5. sends it once its tenant's token bucket has its tokens (``tokens_per_minute``), at most
-   ``[ollama] max_parallel`` at once per server, waiting calls served in fair order
-   (:class:`runtime.llm.loop.FairSlots`), once the start gate (:mod:`~runtime.llm.gate`)
-   lets its task call; transient failures and bad structured replies are asked again;
+5. sends it once its tenant's token bucket has its tokens, at most ``[ollama]
+   max_parallel`` at once per server, in fair order (:mod:`~runtime.llm.fair_slots`), once
+   the start gate (:mod:`~runtime.llm.gate`) lets it; failures are asked again;
 6. records every attempt as a ``model_calls`` row (its error, its tokens, its kind:
    ``call``, ``retry`` or ``repair``) and charges it through the ledger
    (:class:`~runtime.llm.ledger.CallLedger`): the task's own spend and the row, nothing
@@ -64,9 +63,10 @@ from runtime.llm.calls import (
     schema_of,
     validated,
 )
+from runtime.llm.fair_slots import StopCheck, Ticket, TokenMeter
 from runtime.llm.gate import CallGate
 from runtime.llm.ledger import CallLedger, RecordedCall, RecordReader, step_ledger
-from runtime.llm.loop import CallLoop, StopCheck, Ticket, TokenMeter, stop_check, token_rates
+from runtime.llm.loop import CallLoop, stop_check, token_rates
 from runtime.llm.reply import (
     NOT_RECORDED,
     Backend,
@@ -121,7 +121,7 @@ class LLMFactory:
         self.offline = is_offline(backend)
         self.announcement = announcement or f"using the {backend.name} backend"
         self.calls = CallLoop()
-        self.calls.max_wait_seconds = settings.scheduler.max_wait_seconds
+        self.calls.scheduler = settings.scheduler  # fair slots: max wait, anticipation
         self.calls.meter = TokenMeter(token_rates(settings),  # tokens_per_minute
                                       getattr(ledger, "take_tokens", None), self.in_ledger)
         #: The start gate of every request: cancelled tasks and paused trees (gate.py).
@@ -427,10 +427,10 @@ class TaskLLM:
                 ticket = self._factory.slot(route, self._fair, held, self._stop)
                 reply = await self._factory.gate.send(  # cancelled? paused? (gate.py)
                     self.task_id, ticket,
-                    lambda: self._backend.achat(
+                    lambda: ticket.answer(self._backend.achat(
                         route.model, conversation, json_schema, held.completion_tokens,
                         route=route.route, think=think,
-                        **({"tools": call.tools} if call.tools else {})),
+                        **({"tools": call.tools} if call.tools else {}))),
                     lease_token=self._lease_token)
                 ticket.settle(reply.prompt_tokens + reply.completion_tokens)  # its spend
                 data = validated(reply, model_cls)

@@ -1,4 +1,4 @@
-"""FairSlots (runtime/llm/loop.py): waiting model calls served in weighted fair order."""
+"""FairSlots (runtime/llm/fair_slots.py): waiting model calls served in weighted fair order."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.llm.loop import FairSlots
+from runtime.llm.fair_slots import FairSlots
 
 
 async def _serve(slots: FairSlots, calls: list[tuple[str, str, int, float, float]],
@@ -163,3 +163,99 @@ def test_slots_freed_together_are_shared_in_fair_order() -> None:
 
     granted = asyncio.run(scenario())
     assert len(granted) == 4 and "small" in granted, granted
+
+
+# ------------------------------------------------------------------ anticipation
+async def _anticipation(slots: FairSlots, answered: bool, next_after: float | None,
+                        watch: float) -> list[str]:
+    """One slot of ``slots`` runs a small tree's call while a wide tree's calls wait for
+    it (``slots.limit`` - 1 others run). The small call ends (``answered`` or not); its
+    tree's next call comes ``next_after`` s later (None: never). Returns who got a slot
+    in the ``watch`` s after the small call ended, in order."""
+    busy = [slots.ticket("wide", "W", estimate=10.0) for _ in range(slots.limit - 1)]
+    for ticket in busy:
+        await ticket.__aenter__()
+    small = slots.ticket("small", "S", estimate=1.0)  # behind: it has spent less
+    await small.__aenter__()
+    got: list[str] = []
+
+    async def call(tenant: str, tree: str, delay: float = 0.0) -> None:
+        await asyncio.sleep(delay)
+        async with slots.ticket(tenant, tree, estimate=1.0 if tree == "S" else 10.0):
+            got.append(tree)
+            await asyncio.Event().wait()  # holds its slot
+
+    jobs = [asyncio.create_task(call("wide", "W")) for _ in range(5)]
+    await asyncio.sleep(0)
+    if answered:
+        await small.answer(asyncio.sleep(0))
+    await small.__aexit__(None, None, None)
+    if next_after is not None:
+        jobs.append(asyncio.create_task(call("small", "S", next_after)))
+    await asyncio.sleep(watch)
+    for job in jobs:
+        job.cancel()
+    await asyncio.gather(*jobs, return_exceptions=True)
+    return got
+
+
+def test_a_slot_is_kept_for_the_next_call_of_a_tree_that_is_behind() -> None:
+    slots = FairSlots(2, anticipate_seconds=0.5)
+    got = asyncio.run(_anticipation(slots, answered=True, next_after=0.02, watch=0.1))
+    assert got == ["S"], got  # the wide tree's waiting calls did not take it meanwhile
+    assert (slots.held, slots.held_taken) == (1, 1)
+
+
+def test_a_kept_slot_goes_to_the_waiting_calls_when_no_next_call_comes() -> None:
+    slots = FairSlots(2, anticipate_seconds=0.05)
+    early = asyncio.run(_anticipation(slots, answered=True, next_after=None, watch=0.02))
+    assert early == [] and slots.held == 1  # still kept 20 ms after
+    slots = FairSlots(2, anticipate_seconds=0.05)
+    late = asyncio.run(_anticipation(slots, answered=True, next_after=None, watch=0.2))
+    assert late == ["W"] and (slots.held, slots.held_taken) == (1, 0)
+    assert (slots.free, slots.waiting) == (1, 0)  # the wide call that ran is cancelled
+
+
+def test_slots_are_not_lost_when_waiting_calls_are_cancelled_as_a_slot_frees() -> None:
+    """A running call and the calls waiting behind it are cancelled together (a worker
+    stopping): the running one's slot must not go to a waiter that will never use it."""
+    for anticipate in (0.0, 0.05):
+        slots = FairSlots(2, anticipate_seconds=anticipate)
+        asyncio.run(_anticipation(slots, answered=False, next_after=None, watch=0.01))
+        assert (slots.free, slots.waiting) == (1, 0), anticipate  # 1: the busy ticket
+
+
+def test_a_call_that_was_not_answered_hands_its_slot_on_at_once() -> None:
+    """A call the gate held back (its tree paused) or that failed keeps nothing: a paused
+    tree's calls, coming back every poll, must not keep slots from the others."""
+    slots = FairSlots(2, anticipate_seconds=0.5)
+    got = asyncio.run(_anticipation(slots, answered=False, next_after=0.02, watch=0.1))
+    assert got[0] == "W" and slots.held == 0, got
+
+
+def test_anticipation_set_to_zero_never_keeps_a_slot() -> None:
+    slots = FairSlots(2, anticipate_seconds=0.0)
+    got = asyncio.run(_anticipation(slots, answered=True, next_after=0.02, watch=0.1))
+    assert got[0] == "W" and slots.held == 0, got
+
+
+def test_flows_that_keep_calls_waiting_never_keep_a_slot() -> None:
+    """Two tenants with backlogs: every slot freed goes straight to a waiting call."""
+
+    async def scenario(slots: FairSlots) -> Counter[str]:
+        served: Counter[str] = Counter()
+
+        async def call(tenant: str) -> None:
+            ticket = slots.ticket(tenant, tenant, estimate=10.0)
+            async with ticket:
+                await ticket.answer(asyncio.sleep(0.001))
+                served[tenant] += 1
+
+        jobs = [asyncio.create_task(call(t)) for t in ("a", "b") for _ in range(30)]
+        await asyncio.gather(*jobs)
+        return served
+
+    slots = FairSlots(2, anticipate_seconds=0.5)
+    served = asyncio.run(asyncio.wait_for(scenario(slots), 5))
+    assert served == Counter({"a": 30, "b": 30})
+    assert slots.held <= 2, slots.held  # at most the last calls, when the other has none left

@@ -1,0 +1,410 @@
+"""A model server's call slots, handed out in weighted fair order; the tenants' token buckets.
+
+:class:`FairSlots` bounds the calls in flight to a server (``[ollama] max_parallel``) and
+serves the waiting ones by weighted fair queueing on cost, between tenants and between
+trees (docs/operations.md, "Tenants"). It *anticipates*: a call that ends and whose flow
+would be served next if it were waiting keeps its slot for that flow a moment
+(``[scheduler] anticipate_seconds``), because a tree's next call (a parent's aggregate
+after its children's calls, the next round of a tool loop) comes right after its last
+one. Without it the slot goes to a wide tree's waiting call, and the small tree's next
+call waits for a whole call of the wide tree to end. :class:`TokenMeter` holds the
+``tokens_per_minute`` buckets, which live in the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, TypeVar
+
+from runtime.errors import LeaseLost
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+#: A waiting call older than this is served first, whatever its share (nothing starves).
+DEFAULT_MAX_WAIT_SECONDS = 300.0
+#: How long a slot is kept for the flow whose call just ended (``[scheduler]
+#: anticipate_seconds``; 0: never). A tree's next call comes 20 to 40 ms after its last one
+#: ended on a busy worker (its task finished, the parent claimed, its prompt built).
+DEFAULT_ANTICIPATE_SECONDS = 0.1
+#: The longest a call waiting for its tenant's tokens sleeps between two looks (at its
+#: task: stopped? lease lost? and at the bucket: other workers' refunds come in).
+BUCKET_POLL_SECONDS = 1.0
+#: Takes from a tenant's bucket (``tenant, need, rate, refund``): 0 when taken, else the
+#: seconds to wait (blocking: the ledger's ``take_tokens``, run off the loop).
+TakeTokens = Callable[[str, float, float, float], float]
+#: Says why a call may no longer start (its task stopped, its lease lost), or None.
+StopCheck = Callable[[], "str | None"]
+
+
+class TokenMeter:
+    """Token buckets of the tenants with ``[tenants.<name>] tokens_per_minute``.
+
+    The buckets live in the database (``tenant_buckets``: every worker and host takes from
+    the same one). Before a call of a limited tenant waits for its server slot,
+    :meth:`reserve` takes the call's estimate (its prompt plus its completion cap; at most
+    one minute's worth, so a bigger call waits for a full bucket) in one statement, or
+    sleeps (on the loop, holding no thread and no slot) until the refill covers it, looking
+    at its task between sleeps: a stopped task or a lost lease ends the wait with
+    :class:`~runtime.errors.LeaseLost`, a cancellation at once. One call per tenant and
+    loop takes at a time, the others queue behind it in order (one statement per call,
+    not one per waiting call per look). :meth:`settle` books what a call reserved and did
+    not spend (negative: spent beyond) as a refund; refunds are sent with the next take,
+    or by one flush in flight per tenant. A refund lost with its worker only makes the
+    bucket stricter. Tenants without a limit never reach the database.
+    """
+
+    def __init__(self, rates: Mapping[str, int], take: TakeTokens | None,
+                 off_loop: Callable[..., Awaitable[Any]]) -> None:
+        self.rates = dict(rates) if take is not None else {}
+        self._take = take
+        self._off_loop = off_loop
+        self._refunds: dict[str, float] = {}
+        self._queues: dict[tuple[int, str], list[asyncio.Future[None]]] = {}
+        self._flushing: dict[str, asyncio.Task[None]] = {}
+
+    def limits(self, tenant: str) -> bool:
+        """Whether ``tenant``'s calls take from a bucket."""
+        return tenant in self.rates
+
+    async def reserve(self, tenant: str, estimate: float, stopped: StopCheck) -> float:
+        """Take a call's tokens from ``tenant``'s bucket, waiting for them; returns what was held.
+
+        Raises:
+            LeaseLost: ``stopped`` said so while the call waited.
+
+        """
+        queue = self._queues.setdefault((id(asyncio.get_running_loop()), tenant), [])
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue.append(turn)
+        if queue[0] is turn:
+            turn.set_result(None)
+        try:
+            while not turn.done():
+                _check(stopped)
+                await asyncio.wait([turn], timeout=BUCKET_POLL_SECONDS)
+            return await self._take_when_there(tenant, estimate, stopped)
+        finally:
+            queue.remove(turn)
+            if queue and not queue[0].done():
+                queue[0].set_result(None)
+
+    async def _take_when_there(self, tenant: str, estimate: float, stopped: StopCheck) -> float:
+        rate = float(self.rates[tenant])
+        need = min(max(float(estimate), 0.0), rate)
+        assert self._take is not None
+        while True:
+            _check(stopped)
+            refund = self._refunds.pop(tenant, 0.0)  # lost if the take fails: stricter
+            wait = await self._off_loop(self._take, tenant, need, rate, refund)
+            if wait <= 0:
+                return need
+            await asyncio.sleep(min(wait, BUCKET_POLL_SECONDS))
+
+    def settle(self, tenant: str, held: float, spent: float) -> None:
+        """A call that held ``held`` tokens spent ``spent``: book the difference, send it soon."""
+        if tenant not in self.rates or held == spent:
+            return
+        self._refunds[tenant] = self._refunds.get(tenant, 0.0) + held - spent
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # sent with the next take
+        if tenant not in self._flushing:
+            self._flushing[tenant] = loop.create_task(self._flush(tenant))
+
+    async def _flush(self, tenant: str) -> None:
+        """Send ``tenant``'s refunds (one statement for all that came meanwhile)."""
+        assert self._take is not None
+        try:
+            while self._refunds.get(tenant):
+                refund = self._refunds.pop(tenant)
+                await self._off_loop(self._take, tenant, 0.0, float(self.rates[tenant]),
+                                     refund)
+        except Exception:  # a lost refund only makes the bucket stricter
+            log.warning("could not send a tenant's token refund", exc_info=True)
+        finally:
+            self._flushing.pop(tenant, None)
+
+
+def _check(stopped: StopCheck) -> None:
+    reason = stopped()
+    if reason is not None:
+        raise LeaseLost(reason)
+
+
+@dataclass(order=True)
+class _Waiter:
+    priority: int
+    seq: int
+    tree: Any = field(compare=False)
+    enqueued: float = field(compare=False)
+    future: asyncio.Future[None] = field(compare=False)
+    ticket: Ticket = field(compare=False)
+
+
+@dataclass
+class _Flow:
+    """A tenant or a tree: its virtual time (cost served / weight)."""
+
+    vtime: float = 0.0
+    waiting: int = 0
+
+
+class FairSlots:
+    """``limit`` call slots to one server, handed out in weighted fair order, not FIFO.
+
+    Free slots are taken at once. When all are busy, waiting calls are served by weighted
+    fair queueing on cost (tokens): the tenant with the least cost served per unit of
+    weight first; within it, the most urgent priority, then the tree with the least cost
+    served; within a tree, first come first served. The cost charged when a call is handed
+    its slot is the caller's estimate; :meth:`Ticket.settle` replaces it with what the call
+    spent. A flow that was idle starts at most one round of slots (``limit`` calls of its
+    estimate) behind the smallest virtual time of the backlogged ones: no more credit is
+    banked while idle. A call waiting longer than ``max_wait_seconds`` is served first.
+
+    Anticipation: when a call that was answered ends while others wait, and a call of its
+    tree arriving now would be served before all of them (its tenant and its tree are
+    behind their shares, and none of its calls wait), the slot is *held* for that tree for
+    up to ``anticipate_seconds``: the tree's next call takes it on arrival; otherwise it
+    goes to the waiting calls when the time is up. A hold costs the others at most that
+    long per call of a flow that is behind; flows that keep calls waiting never hold.
+    ``held`` counts the holds made, ``held_taken`` those a call took.
+    """
+
+    def __init__(self, limit: int, max_wait_seconds: float = DEFAULT_MAX_WAIT_SECONDS,
+                 meter: TokenMeter | None = None,
+                 anticipate_seconds: float = DEFAULT_ANTICIPATE_SECONDS) -> None:
+        self.limit = limit
+        self.meter = meter
+        self.free = limit
+        self.max_wait_seconds = max_wait_seconds
+        self.anticipate_seconds = anticipate_seconds
+        #: per (tenant, tree): the timers of the slots held for it
+        self._holds: dict[tuple[str, Any], list[asyncio.TimerHandle]] = {}
+        self.held = 0
+        self.held_taken = 0
+        self._seq = itertools.count()
+        self._tenants: dict[str, _Flow] = {}
+        self._trees: dict[Any, _Flow] = {}
+        #: per tenant, per tree: the waiting calls (a heap by priority, then arrival)
+        self._queues: dict[str, dict[Any, list[_Waiter]]] = {}
+        self.waiting = 0
+
+    def ticket(self, tenant: str, tree: Any, priority: int = 5, weight: float = 1.0,
+               estimate: float = 1.0, stopped: StopCheck | None = None) -> Ticket:
+        """A call's claim on a slot: ``async with`` it around the request.
+
+        A tenant with a token bucket (:class:`TokenMeter`) takes ``estimate`` tokens from
+        it first; ``stopped`` ends that wait.
+        """
+        return Ticket(self, tenant, tree, priority, weight, estimate, stopped)
+
+    # ---------------------------------------------------------------- internals
+    def _flow(self, flows: dict[Any, _Flow], key: Any, peers: list[_Flow],
+              credit: float) -> _Flow:
+        flow = flows.get(key)
+        if flow is None:
+            flow = flows[key] = _Flow()
+        if flow.waiting == 0:  # coming back from idle: at most ``credit`` for the idle time
+            busy = [p.vtime for p in peers if p.waiting > 0 and p is not flow]
+            if busy:
+                flow.vtime = max(flow.vtime, min(busy) - credit)
+        return flow
+
+    def _charge(self, tenant: str, tree: Any, cost: float, weight: float) -> None:
+        self._tenants.setdefault(tenant, _Flow()).vtime += cost / weight
+        self._trees.setdefault(tree, _Flow()).vtime += cost
+
+    async def _acquire(self, t: Ticket) -> None:
+        if self._take_hold(t):
+            return
+        if self.free > 0 and self.waiting == 0:
+            self.free -= 1
+            self._charge(t.tenant, t.tree, t.estimate, t.weight)
+            return
+        # A flow back from idle may go one round of slots ahead of the busy ones (a small
+        # tree's few calls start at the next releases, not one in two), no more.
+        credit = self.limit * t.estimate
+        tenant = self._flow(self._tenants, t.tenant, list(self._tenants.values()),
+                            credit / t.weight)
+        trees = self._queues.setdefault(t.tenant, {})
+        tree = self._flow(self._trees, t.tree,
+                          [self._trees[k] for k in trees if k in self._trees], credit)
+        waiter = _Waiter(t.priority, next(self._seq), t.tree, time.monotonic(),
+                         asyncio.get_running_loop().create_future(), t)
+        heapq.heappush(trees.setdefault(t.tree, []), waiter)
+        tenant.waiting += 1
+        tree.waiting += 1
+        self.waiting += 1
+        if self.free > 0:
+            self.free -= 1
+            self._grant()
+        try:
+            await waiter.future
+        except asyncio.CancelledError:
+            if waiter.future.done() and not waiter.future.cancelled():
+                self.release()  # granted as it was cancelled: hand the slot on
+            else:
+                self._forget(t.tenant, waiter)
+            raise
+
+    def _forget(self, tenant: str, waiter: _Waiter) -> None:
+        queue = self._queues.get(tenant, {}).get(waiter.tree)
+        if queue is None or waiter not in queue:
+            return  # passed over by a grant already (see _grant)
+        queue.remove(waiter)
+        heapq.heapify(queue)
+        self._dequeued(tenant, waiter.tree)
+
+    def _dequeued(self, tenant: str, tree: Any) -> None:
+        self._tenants[tenant].waiting -= 1
+        self._trees[tree].waiting -= 1
+        self.waiting -= 1
+        if not self._queues[tenant][tree]:
+            del self._queues[tenant][tree]
+            if not self._queues[tenant]:
+                del self._queues[tenant]
+
+    def _next(self) -> tuple[str, _Waiter]:
+        """The waiting call served next (fair order; the overdue first)."""
+        now = time.monotonic()
+        overdue = [(q[0].enqueued, tenant, q[0]) for tenant, trees in self._queues.items()
+                   for q in trees.values() if now - q[0].enqueued > self.max_wait_seconds]
+        if overdue:
+            _, tenant, waiter = min(overdue, key=lambda o: o[0])
+            return tenant, waiter
+        tenant = min(self._queues, key=lambda k: self._tenants[k].vtime)
+        trees = self._queues[tenant]
+        tree = min(trees, key=lambda k: (trees[k][0].priority, self._trees[k].vtime))
+        return tenant, trees[tree][0]
+
+    def _grant(self) -> None:
+        """Hand the slot just freed to the next waiting call (or to the free ones)."""
+        while self.waiting > 0:
+            tenant, waiter = self._next()
+            heapq.heappop(self._queues[tenant][waiter.tree])
+            self._dequeued(tenant, waiter.tree)
+            if waiter.future.done():
+                continue  # cancelled, its task not resumed yet: it would never use the slot
+            # Charged now, not when the waiter resumes: several slots freed at once (calls
+            # that started together end together) go one by one in fair order, not all to
+            # the flow that was ahead before the first of them.
+            t = waiter.ticket
+            self._charge(t.tenant, t.tree, t.estimate, t.weight)
+            waiter.future.set_result(None)
+            return
+        self.free += 1
+
+    def release(self, answered: Ticket | None = None) -> None:
+        """A call ended: its slot goes to the next waiting call, or back to the free ones.
+
+        ``answered``: the ticket of a call that was answered; its slot may be held for
+        its tree's next call (anticipation, see the class).
+        """
+        if self.waiting == 0:
+            self.free += 1
+        elif answered is not None and self._behind(answered):
+            key = (answered.tenant, answered.tree)
+            timers = self._holds.setdefault(key, [])
+            timers.append(asyncio.get_running_loop().call_later(
+                self.anticipate_seconds, self._hold_expired, key))
+            self.held += 1
+        else:
+            self._grant()
+
+    # ---------------------------------------------------------------- anticipation
+    def _behind(self, t: Ticket) -> bool:
+        """Whether a call of ``t``'s tree arriving now would be served before every waiting one."""
+        if self.anticipate_seconds <= 0:
+            return False
+        trees = self._queues.get(t.tenant, {})
+        if t.tree in trees:
+            return False  # its own calls wait: the fair order gives them the slot anyway
+        vtime = self._tenants[t.tenant].vtime
+        if any(self._tenants[k].vtime <= vtime for k in self._queues if k != t.tenant):
+            return False
+        mine = (t.priority, self._trees[t.tree].vtime)
+        return all(mine < (q[0].priority, self._trees[k].vtime) for k, q in trees.items())
+
+    def _take_hold(self, t: Ticket) -> bool:
+        """Take a slot held for ``t``'s tree, if one is."""
+        timers = self._holds.get((t.tenant, t.tree))
+        if not timers:
+            return False
+        timers.pop(0).cancel()
+        if not timers:
+            del self._holds[(t.tenant, t.tree)]
+        self.held_taken += 1
+        self._charge(t.tenant, t.tree, t.estimate, t.weight)
+        return True
+
+    def _hold_expired(self, key: tuple[str, Any]) -> None:
+        """The tree's next call did not come in time: the held slot goes to the others."""
+        timers = self._holds[key]
+        timers.pop(0)
+        if not timers:
+            del self._holds[key]
+        self.release()
+
+
+class Ticket:
+    """One call's turn at a :class:`FairSlots` (re-enterable: a paused call waits again).
+
+    For a tenant with a token bucket, the first entry takes the call's tokens; they are
+    held until :meth:`settle` (what the call spent) or an exit by an exception (nothing).
+    A request awaited through :meth:`answer` that returns lets the slot anticipate the
+    tree's next call at the exit (:class:`FairSlots`); an exit without an answer (the
+    gate found the tree paused, an error) hands the slot on at once.
+    """
+
+    def __init__(self, slots: FairSlots, tenant: str, tree: Any, priority: int,
+                 weight: float, estimate: float, stopped: StopCheck | None = None) -> None:
+        self.slots, self.tenant, self.tree = slots, tenant, tree
+        self.priority, self.weight, self.estimate = priority, weight, max(estimate, 0.0)
+        self.stopped: StopCheck = stopped or (lambda: None)
+        self.held: float | None = None  # tokens taken from the tenant's bucket
+        self.answered = False
+
+    async def __aenter__(self) -> Ticket:
+        meter = self.slots.meter
+        if meter is not None and self.held is None and meter.limits(self.tenant):
+            self.held = await meter.reserve(self.tenant, self.estimate, self.stopped)
+        try:
+            await self.slots._acquire(self)
+        except BaseException:
+            self._give_back(0.0)
+            raise
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        answered, self.answered = self.answered and exc is None, False
+        self.slots.release(self if answered else None)
+        if exc is not None:
+            self._give_back(0.0)  # nothing answered: nothing spent
+
+    async def answer(self, request: Awaitable[T]) -> T:
+        """Await ``request`` (sent under this ticket's slot); note that it was answered."""
+        result = await request
+        self.answered = True
+        return result
+
+    def settle(self, cost: float) -> None:
+        """Replace the estimate charged at the start with what the call spent."""
+        self.slots._charge(self.tenant, self.tree, cost - self.estimate, self.weight)
+        self.estimate = cost
+        self._give_back(cost)
+
+    def _give_back(self, spent: float) -> None:
+        held, self.held = self.held, None
+        if held is not None and self.slots.meter is not None:
+            self.slots.meter.settle(self.tenant, held, spent)
+
