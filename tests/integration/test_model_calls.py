@@ -367,3 +367,49 @@ def test_a_recorded_call_is_found_when_the_route_changed(
                      OllamaBackend(fake_ollama.url, 5.0)).complete(PROMPT)
     assert served.replayed and served.text == made.text and served.route == "local"
     assert fake_ollama.received == 1
+
+
+
+def _chain_gap(store: Store, fake_ollama: FakeOllama, factories: Any,
+               anticipate: float) -> tuple[float, int]:
+    """A wide tree's 16 calls and a small tree's chain of two on 4 slots: the seconds
+    between the chain's two answers, and the slots kept for the small tree and taken."""
+    settings = make_settings(ollama={"max_parallel": 4},
+                             scheduler={"anticipate_seconds": anticipate})
+    factory = factories(store, settings, OllamaBackend(fake_ollama.url, 5.0))
+    llms = []
+    for tenant in ("big", "small"):
+        store.submit(NewTask(to_agent="scout", type="task", payload={"goal": tenant},
+                             tenant=tenant))
+        (row,) = store.claim(["scout"], 1, "w", 60)
+        llms.append(factory.for_task(row, row["lease_token"], threading.Event()))
+    wide, small = llms
+
+    async def scenario() -> float:
+        for i in range(4):  # the wide tree has spent before the small one comes
+            await wide.acomplete(f"wide warm-up {i}")
+        calls = [asyncio.create_task(wide.acomplete(f"wide {i}")) for i in range(16)]
+        await asyncio.sleep(0.05)
+        await small.acomplete("small first")
+        first = time.monotonic()
+        await small.acomplete("small second")  # made as soon as the first returned
+        gap = time.monotonic() - first
+        await asyncio.gather(*calls)
+        return gap
+
+    gap = factory.calls.run(scenario())
+    (slots,) = factory.calls._slots.values()
+    return gap, slots.held_taken
+
+
+def test_a_chain_of_calls_keeps_its_slot_beside_a_wide_tree(
+        store: Store, fake_ollama: FakeOllama, factories: Any) -> None:
+    """Anticipation through the model layer (runtime/llm/fair_slots.py): the small tree's
+    second call takes the slot its first one freed, instead of waiting behind one more
+    wave of the wide tree's calls (4 slots, calls of 0.3 s)."""
+    fake_ollama.delay_seconds = 0.3
+    kept, taken = _chain_gap(store, fake_ollama, factories, anticipate=1.0)
+    handed_on, none_taken = _chain_gap(store, fake_ollama, factories, anticipate=0.0)
+    assert taken >= 1 and none_taken == 0
+    # One call of 0.3 s, against one more wave of the wide tree's before it (0.6 s).
+    assert kept + 0.15 < handed_on, (kept, handed_on)
