@@ -19,7 +19,8 @@ waits):
    :class:`~runtime.errors.BudgetExceeded`) and settles it with the server's counts after;
 5. sends it once its tenant's token bucket has its tokens, at most ``[ollama]
    max_parallel`` at once per server, in fair order (:mod:`~runtime.llm.fair_slots`), once
-   the start gate (:mod:`~runtime.llm.gate`) lets it; failures are asked again;
+   the start gate (:mod:`~runtime.llm.gate`) lets it; transient failures and bad
+   structured replies are asked again;
 6. records every attempt as a ``model_calls`` row (its error, its tokens, its kind:
    ``call``, ``retry`` or ``repair``) and charges it through the ledger
    (:class:`~runtime.llm.ledger.CallLedger`): the task's own spend and the row, nothing
@@ -218,11 +219,10 @@ class TaskLLM:
         self.phase = ("judge" if task_row.get("status") == "judging"
                       else str(task_row.get("phase") or "run"))
         self._attempt = int(task_row.get("delivery_count") or 1)
-        # The claim says whether replies of this phase are on record; when none are, no
-        # call of this delivery looks one up (until this delivery records one itself).
+        # No reply of this phase on record (the claim says): no look-up until one is made.
         self._may_replay = bool(task_row.get("recorded_calls", True))
-        # A fork's branch task: its counterpart's record answers the calls it repeats, and
-        # the fork may have set the model of its calls (docs/writing-agents.md).
+        # A fork's branch: its counterpart's record answers the calls it repeats; the fork
+        # may have set its calls' model (docs/writing-agents.md).
         self._counterpart: uuid.UUID | None = task_row.get("forked_from")
         self._model_override: str | None = task_row.get("model_override")
         if self._counterpart is not None:
