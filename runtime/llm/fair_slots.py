@@ -175,7 +175,8 @@ class FairSlots:
     behind their shares, and none of its calls wait), the slot is *held* for that tree for
     up to ``anticipate_seconds``: the tree's next call takes it on arrival; otherwise it
     goes to the waiting calls when the time is up. A hold costs the others at most that
-    long per call of a flow that is behind; flows that keep calls waiting never hold.
+    long per call of a flow that is behind; flows that keep calls waiting never hold, and
+    no slot is held while a call is overdue.
     ``held`` counts the holds made, ``held_taken`` those a call took.
     """
 
@@ -331,6 +332,9 @@ class FairSlots:
         vtime = self._tenants[t.tenant].vtime
         if any(self._tenants[k].vtime <= vtime for k in self._queues if k != t.tenant):
             return False
+        oldest = min(q[0].enqueued for queues in self._queues.values() for q in queues.values())
+        if time.monotonic() - oldest > self.max_wait_seconds:
+            return False  # an overdue call is served first, whatever the shares
         mine = (t.priority, self._trees[t.tree].vtime)
         return all(mine < (q[0].priority, self._trees[k].vtime) for k, q in trees.items())
 

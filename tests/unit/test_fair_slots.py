@@ -233,6 +233,13 @@ def test_a_call_that_was_not_answered_hands_its_slot_on_at_once() -> None:
     assert got[0] == "W" and slots.held == 0, got
 
 
+def test_no_slot_is_kept_while_a_call_is_overdue() -> None:
+    """A call waiting longer than max_wait_seconds is served first: not kept from it."""
+    slots = FairSlots(2, max_wait_seconds=0.0, anticipate_seconds=0.5)
+    got = asyncio.run(_anticipation(slots, answered=True, next_after=0.02, watch=0.1))
+    assert got[0] == "W" and slots.held == 0, got
+
+
 def test_anticipation_set_to_zero_never_keeps_a_slot() -> None:
     slots = FairSlots(2, anticipate_seconds=0.0)
     got = asyncio.run(_anticipation(slots, answered=True, next_after=0.02, watch=0.1))
