@@ -207,7 +207,7 @@ def test_a_slot_is_kept_for_the_next_call_of_a_tree_that_is_behind() -> None:
 
 
 def test_a_kept_slot_goes_to_the_waiting_calls_when_no_next_call_comes() -> None:
-    slots = FairSlots(2, anticipate_seconds=0.05)
+    slots = FairSlots(2, anticipate_seconds=0.5)
     early = asyncio.run(_anticipation(slots, answered=True, next_after=None, watch=0.02))
     assert early == [] and slots.held == 1  # still kept 20 ms after
     slots = FairSlots(2, anticipate_seconds=0.05)
