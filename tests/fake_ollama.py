@@ -5,7 +5,8 @@ false, or true as NDJSON chunks whose last one carries ``done: true`` and the co
 ``format`` (a JSON schema gets a schema-valid JSON object from the offline generator;
 ``"json"`` gets a small object), ``GET /api/tags``, ``GET /api/version``, and a 404
 ``{"error": "model 'x' not found"}`` for models it does not have. ``delay_seconds`` makes
-every chat slow (timeout tests); ``reply_text`` forces the reply (bad-JSON tests). It
+every chat slow (timeout tests), ``delay_for`` each by its request; ``reply_text`` forces
+the reply (bad-JSON tests). It
 counts the tokens it reported so tests can compare sums.
 
 Misbehaviour (:data:`MODES`): ``script`` is a list of modes used one per chat request, in
@@ -96,6 +97,8 @@ class FakeOllama:
     def __init__(self, models: tuple[str, ...] = DEFAULT_MODELS, host: str = "127.0.0.1") -> None:
         self.models = list(models)
         self.delay_seconds = 0.0
+        #: A delay per request (its body), instead of ``delay_seconds``, when set.
+        self.delay_for: Callable[[dict[str, Any]], float] | None = None
         self.reply_text: str | None = None
         self.requests: list[dict[str, Any]] = []
         self.prompt_tokens = 0
@@ -277,8 +280,9 @@ def _handler_for(fake: FakeOllama) -> type[BaseHTTPRequestHandler]:
                 fake.leave()
 
         def _chat(self, body: dict[str, Any], model: str, mode: str) -> None:
-            if fake.delay_seconds:
-                time.sleep(fake.delay_seconds)
+            delay = fake.delay_seconds if fake.delay_for is None else fake.delay_for(body)
+            if delay:
+                time.sleep(delay)
             if mode in ERROR_STATUSES:
                 status = ERROR_STATUSES[mode]
                 headers = ({"Retry-After": f"{fake.retry_after:g}"}

@@ -370,11 +370,12 @@ def test_a_recorded_call_is_found_when_the_route_changed(
 
 
 
+
 def _chain_gap(store: Store, fake_ollama: FakeOllama, factories: Any,
                anticipate: float) -> tuple[float, int]:
-    """A wide tree's 16 calls and a small tree's chain of two on 4 slots: the seconds
+    """A wide tree's 6 calls and a small tree's chain of two on 2 slots: the seconds
     between the chain's two answers, and the slots kept for the small tree and taken."""
-    settings = make_settings(ollama={"max_parallel": 4},
+    settings = make_settings(ollama={"max_parallel": 2},
                              scheduler={"anticipate_seconds": anticipate})
     factory = factories(store, settings, OllamaBackend(fake_ollama.url, 5.0))
     llms = []
@@ -386,11 +387,12 @@ def _chain_gap(store: Store, fake_ollama: FakeOllama, factories: Any,
     wide, small = llms
 
     async def scenario() -> float:
-        for i in range(4):  # the wide tree has spent before the small one comes
-            await wide.acomplete(f"wide warm-up {i}")
-        calls = [asyncio.create_task(wide.acomplete(f"wide {i}")) for i in range(16)]
-        await asyncio.sleep(0.05)
-        await small.acomplete("small first")
+        calls = [asyncio.create_task(wide.acomplete(f"wide {i}")) for i in range(6)]
+        deadline = time.monotonic() + 30
+        while not factory.calls._slots or next(iter(factory.calls._slots.values())).waiting < 4:
+            assert time.monotonic() < deadline, "the wide calls never queued"
+            await asyncio.sleep(0.01)
+        await small.acomplete("small first")  # waits for the wide wave, then goes first
         first = time.monotonic()
         await small.acomplete("small second")  # made as soon as the first returned
         gap = time.monotonic() - first
@@ -405,11 +407,13 @@ def _chain_gap(store: Store, fake_ollama: FakeOllama, factories: Any,
 def test_a_chain_of_calls_keeps_its_slot_beside_a_wide_tree(
         store: Store, fake_ollama: FakeOllama, factories: Any) -> None:
     """Anticipation through the model layer (runtime/llm/fair_slots.py): the small tree's
-    second call takes the slot its first one freed, instead of waiting behind one more
-    wave of the wide tree's calls (4 slots, calls of 0.3 s)."""
-    fake_ollama.delay_seconds = 0.3
+    second call takes the slot its first one freed, instead of waiting for one of the
+    wide tree's calls (0.6 s; the small tree's take 0.2 s) to end."""
+    fake_ollama.delay_for = lambda body: (
+        0.2 if "small" in body["messages"][-1]["content"] else 0.6)
     kept, taken = _chain_gap(store, fake_ollama, factories, anticipate=1.0)
     handed_on, none_taken = _chain_gap(store, fake_ollama, factories, anticipate=0.0)
     assert taken >= 1 and none_taken == 0
-    # One call of 0.3 s, against one more wave of the wide tree's before it (0.6 s).
-    assert kept + 0.15 < handed_on, (kept, handed_on)
+    # Kept: its own call, 0.2 s. Handed on: the slot goes to a wide call, and the second
+    # waits 0.4 s more for the wide call that began with the first one to end.
+    assert kept + 0.2 < handed_on, (kept, handed_on)
