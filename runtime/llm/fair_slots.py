@@ -23,17 +23,15 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
+from runtime.config import SchedulerSettings
 from runtime.errors import LeaseLost
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-#: A waiting call older than this is served first, whatever its share (nothing starves).
-DEFAULT_MAX_WAIT_SECONDS = 300.0
-#: How long a slot is kept for the flow whose call just ended (``[scheduler]
-#: anticipate_seconds``; 0: never). A tree's next call comes 20 to 40 ms after its last one
-#: ended on a busy worker (its task finished, the parent claimed, its prompt built).
-DEFAULT_ANTICIPATE_SECONDS = 0.1
+#: ``[scheduler]``'s defaults: ``max_wait_seconds`` (a call waiting longer is served first,
+#: whatever its share) and ``anticipate_seconds`` (how long a slot is kept; 0: never).
+_DEFAULTS = SchedulerSettings()
 #: The longest a call waiting for its tenant's tokens sleeps between two looks (at its
 #: task: stopped? lease lost? and at the bucket: other workers' refunds come in).
 BUCKET_POLL_SECONDS = 1.0
@@ -180,9 +178,9 @@ class FairSlots:
     ``held`` counts the holds made, ``held_taken`` those a call took.
     """
 
-    def __init__(self, limit: int, max_wait_seconds: float = DEFAULT_MAX_WAIT_SECONDS,
+    def __init__(self, limit: int, max_wait_seconds: float = _DEFAULTS.max_wait_seconds,
                  meter: TokenMeter | None = None,
-                 anticipate_seconds: float = DEFAULT_ANTICIPATE_SECONDS) -> None:
+                 anticipate_seconds: float = _DEFAULTS.anticipate_seconds) -> None:
         self.limit = limit
         self.meter = meter
         self.free = limit
