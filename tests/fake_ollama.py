@@ -101,6 +101,7 @@ class FakeOllama:
         self.delay_for: Callable[[dict[str, Any]], float] | None = None
         self.reply_text: str | None = None
         self.requests: list[dict[str, Any]] = []
+        self.arrived: list[dict[str, Any]] = []
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.chats = 0
@@ -165,9 +166,11 @@ class FakeOllama:
             self.modes[mode] += 1
             return mode
 
-    def enter(self) -> None:
-        """A chat request starts being served (tracks the most served at once)."""
+    def enter(self, body: dict[str, Any]) -> None:
+        """A chat request starts being served (tracks the most served at once, and the
+        order requests arrived in: ``arrived``; ``requests`` is in the order answered)."""
         with self._lock:
+            self.arrived.append(body)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
 
@@ -273,7 +276,7 @@ def _handler_for(fake: FakeOllama) -> type[BaseHTTPRequestHandler]:
                 self._json(404, {"error": f"model '{model}' not found"})
                 return
             mode = fake.next_mode(body)
-            fake.enter()
+            fake.enter(body)
             try:
                 self._chat(body, model, mode)
             finally:

@@ -372,9 +372,10 @@ def test_a_recorded_call_is_found_when_the_route_changed(
 
 
 def _chain_gap(store: Store, fake_ollama: FakeOllama, factories: Any,
-               anticipate: float) -> tuple[float, int]:
-    """A wide tree's 6 calls and a small tree's chain of two on 2 slots: the seconds
-    between the chain's two answers, and the slots kept for the small tree and taken."""
+               anticipate: float) -> tuple[int, int]:
+    """A wide tree's 6 calls and a small tree's chain of two on 2 slots: how many of the
+    wide calls reached the server before the chain's second, and the slots kept for the
+    small tree and taken."""
     settings = make_settings(ollama={"max_parallel": 2},
                              scheduler={"anticipate_seconds": anticipate})
     factory = factories(store, settings, OllamaBackend(fake_ollama.url, 5.0))
@@ -386,22 +387,22 @@ def _chain_gap(store: Store, fake_ollama: FakeOllama, factories: Any,
         llms.append(factory.for_task(row, row["lease_token"], threading.Event()))
     wide, small = llms
 
-    async def scenario() -> float:
+    async def scenario() -> None:
         calls = [asyncio.create_task(wide.acomplete(f"wide {i}")) for i in range(6)]
         deadline = time.monotonic() + 30
         while not factory.calls._slots or next(iter(factory.calls._slots.values())).waiting < 4:
             assert time.monotonic() < deadline, "the wide calls never queued"
             await asyncio.sleep(0.01)
         await small.acomplete("small first")  # waits for the wide wave, then goes first
-        first = time.monotonic()
         await small.acomplete("small second")  # made as soon as the first returned
-        gap = time.monotonic() - first
         await asyncio.gather(*calls)
-        return gap
 
-    gap = factory.calls.run(scenario())
+    seen = len(fake_ollama.arrived)
+    factory.calls.run(scenario())
+    order = [r["messages"][-1]["content"] for r in fake_ollama.arrived[seen:]]
+    wide_before = sum(p.startswith("wide") for p in order[:order.index("small second")])
     (slots,) = factory.calls._slots.values()
-    return gap, slots.held_taken
+    return wide_before, slots.held_taken
 
 
 def test_a_chain_of_calls_keeps_its_slot_beside_a_wide_tree(
@@ -414,6 +415,7 @@ def test_a_chain_of_calls_keeps_its_slot_beside_a_wide_tree(
     kept, taken = _chain_gap(store, fake_ollama, factories, anticipate=1.0)
     handed_on, none_taken = _chain_gap(store, fake_ollama, factories, anticipate=0.0)
     assert taken >= 1 and none_taken == 0
-    # Kept: its own call, 0.2 s. Handed on: the slot goes to a wide call, and the second
-    # waits 0.4 s more for the wide call that began with the first one to end.
-    assert kept + 0.2 < handed_on, (kept, handed_on)
+    # Kept: the second starts as the first ends (0.8 s), after the wide calls begun at 0 s
+    # and 0.6 s. Handed on: the first one's slot goes to a fourth wide call at 0.8 s, and
+    # the second waits for the wide call begun at 0.6 s to end (1.2 s).
+    assert (kept, handed_on) == (3, 4)
