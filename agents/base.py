@@ -29,6 +29,7 @@ import inspect
 import linecache
 import logging
 import sys
+import threading
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
@@ -175,7 +176,11 @@ class _SourceVersion:
     file per module), so the hash is of the code that was loaded, even if the file is
     edited before the first read. Finding the class in them (an ``ast`` parse of the
     module, ``inspect``'s way) waits for that read: done at import it cost about 3 ms a
-    class, 50 ms of every start-up for the built-in agents alone.
+    class, 50 ms of every start-up for the built-in agents alone. The first reads may come
+    from many threads at once (a worker's first batch): one of them makes the hash under
+    :data:`_VERSION_LOCK`, the others wait for it. Parsing one module in many threads at
+    once is not safe on CPython 3.11 (``SystemError: AST constructor recursion depth
+    mismatch``), and the task that met it failed as an agent error.
     """
 
     __slots__ = ("_cls", "_lines", "_value")
@@ -187,8 +192,14 @@ class _SourceVersion:
 
     def __get__(self, obj: object, owner: type | None = None) -> str:
         if self._value is None:
-            self._value = _lines_version(self._cls, self._lines)
+            with _VERSION_LOCK:
+                if self._value is None:
+                    self._value = _lines_version(self._cls, self._lines)
         return self._value
+
+
+#: Held while an agent class's default version is made (:class:`_SourceVersion`).
+_VERSION_LOCK = threading.Lock()
 
 
 def _module_lines(cls: type) -> list[str]:

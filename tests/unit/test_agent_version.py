@@ -5,11 +5,15 @@ from __future__ import annotations
 import importlib.util
 import linecache
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 import tests.support_agents  # noqa: F401  (registers the support agents)
+from agents import base
 from agents.base import source_version
 from agents.loader import load_builtins
 from agents.registry import registry
@@ -76,3 +80,36 @@ def test_the_version_is_of_the_loaded_code_even_if_the_file_changes(
     assert source_version(cls) != expected  # what reading the file now would give
     assert cls.version == expected
     assert local.version == expected_local
+
+
+def test_threads_reading_a_new_version_at_once_make_it_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's first batch reads the version in many threads: one parse, one answer.
+
+    Parsing a module in many threads at once raised ``SystemError`` on CPython 3.11 (a
+    thousand leaves in ``test_tree_budget``); the version is now made under a lock. The
+    slow maker below gives every thread the time to find it unmade without the lock.
+    """
+    path = tmp_path / "threaded_agent.py"
+    path.write_text(SOURCE)
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    cls = _load(path, "threaded_agent").Outer.Edited  # type: ignore[attr-defined]
+    made: list[str] = []
+    real = base._lines_version
+
+    def slow(cls: type, lines: list[str]) -> str:
+        made.append(cls.__qualname__)
+        time.sleep(0.05)
+        return real(cls, lines)
+
+    monkeypatch.setattr(base, "_lines_version", slow)
+    start = threading.Barrier(16)
+
+    def read(_: int) -> str:
+        start.wait()
+        return str(cls.version)
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        versions = set(pool.map(read, range(16)))
+    assert made == ["Outer.Edited"]
+    assert versions == {source_version(cls)}
