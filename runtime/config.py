@@ -243,6 +243,7 @@ class WorkerSettings(_Section):
     batch_size: int = Field(200, ge=1, le=1000)
     poll_interval_seconds: float = Field(1.0, gt=0)
     maintenance_interval_seconds: float = Field(1.0, gt=0)
+    stop_grace_seconds: float = Field(10.0, gt=0, le=3600)  # for in-flight work on a stop
     #: Tasks one worker process holds at once (claimed and not yet written).
     max_in_flight: int = Field(1000, ge=1, le=100_000)
     #: Threads that run sync agents (``def run``); ``async def`` agents run on the loop.
@@ -414,9 +415,8 @@ def _check_keys(raw: Mapping[str, Any], where: str) -> None:
         keys = list(sections[section].model_fields)
         for key in body:
             if key not in keys:
-                raise ConfigError(
-                    f"{where}: unknown key '{section}.{key}'{_suggest(key, keys)}"
-                )
+                raise ConfigError(f"{where}: unknown key '{section}.{key}'"
+                                  f"{_suggest(key, keys)}")
 
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, tuple[str, str]]]:

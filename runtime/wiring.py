@@ -121,6 +121,7 @@ class Runtime:
             "lease_seconds": w.lease_seconds,
             "poll_interval_seconds": w.poll_interval_seconds,
             "maintenance_interval_seconds": w.maintenance_interval_seconds,
+            "stop_grace_seconds": w.stop_grace_seconds,
             "max_delivery": self.settings.retry.max_delivery,
         }
         if "concurrency" in w.model_fields_set:  # the old name for sync threads, if set

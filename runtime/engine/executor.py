@@ -16,6 +16,7 @@ exceptions end ``failed``; ``BudgetExceeded`` ends ``failed`` with ``budget: ...
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import logging
 import threading
@@ -298,6 +299,9 @@ class Executor:
         outcome, row = started.outcome, started.row
         if isinstance(exc, LeaseLost):
             return Dropped(row.id, "lease lost while the agent worked")
+        if isinstance(exc, concurrent.futures.CancelledError) and started.ctx.lease_lost.is_set():
+            # A stopping worker let the task go while a sync agent's call waited on its loop.
+            return Dropped(row.id, "let go while its model call waited")
         if isinstance(exc, ToolApprovalNeeded):  # held until a person approves the call
             return outcome("awaiting_approval", error=exc.detail, detail=exc.detail)
         if isinstance(exc, TRANSIENT_ERRORS):

@@ -17,6 +17,7 @@ import asyncio
 import heapq
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -57,6 +58,10 @@ class TokenMeter:
     not spend (negative: spent beyond) as a refund; refunds are sent with the next take,
     or by one flush in flight per tenant. A refund lost with its worker only makes the
     bucket stricter. Tenants without a limit never reach the database.
+
+    :meth:`waiting_tasks` names the tasks whose calls wait here now (a :class:`TaskStop`
+    says whose a call is): a stopping worker lets them go at once instead of holding them
+    for its grace, since a wait for a dry bucket can outlast it.
     """
 
     def __init__(self, rates: Mapping[str, int], take: TakeTokens | None,
@@ -67,6 +72,7 @@ class TokenMeter:
         self._refunds: dict[str, float] = {}
         self._queues: dict[tuple[int, str], list[asyncio.Future[None]]] = {}
         self._flushing: dict[str, asyncio.Task[None]] = {}
+        self._waiting: dict[Any, int] = {}
 
     def limits(self, tenant: str) -> bool:
         """Whether ``tenant``'s calls take from a bucket."""
@@ -84,27 +90,48 @@ class TokenMeter:
         queue.append(turn)
         if queue[0] is turn:
             turn.set_result(None)
+        task = getattr(stopped, "task_id", None)
+        waits = False
         try:
             while not turn.done():
                 _check(stopped)
+                waits = waits or self._mark(task)
                 await asyncio.wait([turn], timeout=BUCKET_POLL_SECONDS)
-            return await self._take_when_there(tenant, estimate, stopped)
+            rate = float(self.rates[tenant])
+            need = min(max(float(estimate), 0.0), rate)
+            assert self._take is not None
+            while True:
+                _check(stopped)
+                refund = self._refunds.pop(tenant, 0.0)  # lost if the take fails: stricter
+                wait = await self._off_loop(self._take, tenant, need, rate, refund)
+                if wait <= 0:
+                    return need
+                waits = waits or self._mark(task)
+                await asyncio.sleep(min(wait, BUCKET_POLL_SECONDS))
         finally:
+            if waits:
+                self._unmark(task)
             queue.remove(turn)
             if queue and not queue[0].done():
                 queue[0].set_result(None)
 
-    async def _take_when_there(self, tenant: str, estimate: float, stopped: StopCheck) -> float:
-        rate = float(self.rates[tenant])
-        need = min(max(float(estimate), 0.0), rate)
-        assert self._take is not None
-        while True:
-            _check(stopped)
-            refund = self._refunds.pop(tenant, 0.0)  # lost if the take fails: stricter
-            wait = await self._off_loop(self._take, tenant, need, rate, refund)
-            if wait <= 0:
-                return need
-            await asyncio.sleep(min(wait, BUCKET_POLL_SECONDS))
+    def _mark(self, task: Any) -> bool:
+        self._waiting[task] = self._waiting.get(task, 0) + 1
+        return True
+
+    def _unmark(self, task: Any) -> None:
+        if self._waiting[task] > 1:
+            self._waiting[task] -= 1
+        else:
+            del self._waiting[task]
+
+    def waiting_tasks(self) -> set[Any]:
+        """The tasks (:class:`TaskStop`'s ``task_id``) whose calls wait for tokens now.
+
+        A call counts once it has had to wait (behind another call of its tenant, or for
+        the refill), until it has its tokens or gives up.
+        """
+        return {task for task in list(self._waiting) if task is not None}
 
     def settle(self, tenant: str, held: float, spent: float) -> None:
         """A call that held ``held`` tokens spent ``spent``: book the difference, send it soon."""
@@ -130,6 +157,21 @@ class TokenMeter:
             log.warning("could not send a tenant's token refund", exc_info=True)
         finally:
             self._flushing.pop(tenant, None)
+
+
+@dataclass(frozen=True)
+class TaskStop:
+    """The :data:`StopCheck` of one task's calls: its lease lost, or the gate stopped it."""
+
+    task_id: Any
+    lease_lost: threading.Event
+    is_stopped: Callable[[Any], bool]
+
+    def __call__(self) -> str | None:
+        """Why the task's call may no longer start, or None."""
+        if self.lease_lost.is_set() or self.is_stopped(self.task_id):
+            return f"task {self.task_id}: stopped while its call waited for its tenant's tokens"
+        return None
 
 
 def _check(stopped: StopCheck) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from runtime.config import SchedulerSettings, Settings
-from runtime.llm.fair_slots import FairSlots, StopCheck, TokenMeter
+from runtime.llm.fair_slots import FairSlots, StopCheck, TaskStop, TokenMeter
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -50,13 +50,7 @@ def token_rates(settings: Settings) -> dict[str, int]:
 def stop_check(task_id: Any, lease_lost: threading.Event,
                is_stopped: Callable[[Any], bool]) -> StopCheck:
     """The :data:`StopCheck` of one task's calls: its lease lost, or the gate stopped it."""
-
-    def stopped() -> str | None:
-        if lease_lost.is_set() or is_stopped(task_id):
-            return f"task {task_id}: stopped while its call waited for its tenant's tokens"
-        return None
-
-    return stopped
+    return TaskStop(task_id, lease_lost, is_stopped)
 
 
 class CallLoop:

@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from runtime.errors import LeaseLost
-from runtime.llm.fair_slots import FairSlots, TokenMeter
+from runtime.llm.fair_slots import FairSlots, TaskStop, TokenMeter
 from runtime.store.rows import Tenancy
 from runtime.store.store import Store
 from tests.factories import submit
@@ -147,6 +147,28 @@ def test_a_stopped_task_ends_its_wait_and_gives_nothing_back(store: Store) -> No
     assert time.monotonic() - started < 3.0  # not the 30 s the refill needs
     assert slots.free == 4 and slots.waiting == 0
     assert _bucket(store, "acme")[0] < 5  # type: ignore[index]
+
+
+def test_the_meter_names_the_tasks_whose_calls_wait(store: Store) -> None:
+    """A call that gets its tokens at once is not waiting; one left to the refill is."""
+    meter = _meter(store, {"acme": 60})  # one token a second
+    first = TaskStop("first", threading.Event(), lambda _: False)
+    second = TaskStop("second", threading.Event(), lambda _: False)
+    seen: list[set[Any]] = []
+
+    async def calls() -> None:
+        assert await meter.reserve("acme", 60, first) == 60  # the whole bucket, at once
+        seen.append(meter.waiting_tasks())
+        waiting = asyncio.ensure_future(meter.reserve("acme", 30, second))
+        await asyncio.sleep(0.3)
+        seen.append(meter.waiting_tasks())
+        second.lease_lost.set()  # what a stopping worker does to a task it lets go
+        with pytest.raises(LeaseLost):
+            await waiting
+        seen.append(meter.waiting_tasks())
+
+    asyncio.run(calls())
+    assert seen == [set(), {"second"}, set()]
 
 
 def test_the_claim_leaves_a_tenants_tasks_while_its_bucket_is_dry(store: Store) -> None:

@@ -257,16 +257,31 @@ class Scheduler(Dispatch):
                 self.health.error("maintenance", exc)
 
     async def _drain(self) -> None:
-        """Let in-flight work finish and be written within the grace, then release the rest."""
+        """Let in-flight work finish and be written within the grace, then release the rest.
+
+        A task whose model call waits for its tenant's tokens is released at once: a dry
+        bucket can outlast the grace, and where the task runs next its calls so far are
+        replayed, not paid again.
+        """
         deadline = time.monotonic() + self.config.stop_grace_seconds
         while self.held and time.monotonic() < deadline:
+            await self._let_go(self.held.take(self._waiting_for_tokens()))
             await self.wake.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-        leftover = self.held.take_all()
-        for item in leftover:
+        await self._let_go(self.held.take_all())
+
+    def _waiting_for_tokens(self) -> set[Any]:
+        """The tasks whose model calls wait for their tenant's token bucket now."""
+        calls = getattr(getattr(self.executor, "llm_factory", None), "calls", None)
+        meter = getattr(calls, "meter", None)
+        return meter.waiting_tasks() if meter is not None else set()
+
+    async def _let_go(self, items: list[InFlight]) -> None:
+        """Stop the work on ``items`` (no longer held) and hand their tasks back to the queue."""
+        for item in items:
             item.lease_lost.set()
             if item.job is not None:
                 item.job.cancel()
-        tokens = [i.row.lease_token for i in leftover if i.row.lease_token is not None]
+        tokens = [i.row.lease_token for i in items if i.row.lease_token is not None]
         for attempt in range(5):
             if not tokens:
                 break

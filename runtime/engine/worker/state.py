@@ -144,6 +144,16 @@ class Held:
         with self._lock:
             return list(self._items.values())
 
+    def take(self, task_ids: set[Any]) -> list[InFlight]:
+        """The held items of the tasks ``task_ids`` names, no longer held."""
+        if not task_ids:
+            return []
+        with self._lock:
+            items = [i for i in self._items.values() if i.row.id in task_ids]
+            for item in items:
+                del self._items[id(item)]
+        return items
+
     def take_all(self) -> list[InFlight]:
         """Everything held, no longer held (a worker stopping hands them back)."""
         with self._lock:
