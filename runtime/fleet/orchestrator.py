@@ -65,8 +65,10 @@ DAY = dt.timedelta(hours=24)
 #: Start-up time allowed on top of a worker's wall clock before it gets SIGTERM.
 TERM_SLACK_SECONDS = 5.0
 #: Time between SIGTERM and SIGKILL: longer than the worker's own stop grace (10 s), so
-#: a terminated worker can finish or hand back its tasks.
+#: a terminated worker can finish or hand back its tasks. A longer ``[worker]
+#: stop_grace_seconds`` gets this much more than itself (:meth:`FireConfig.from_settings`).
 KILL_GRACE_SECONDS = 15.0
+KILL_GRACE_MARGIN_SECONDS = 5.0
 POLL_INTERVAL_SECONDS = 0.1
 REPLAN_INTERVAL_SECONDS = 1.0
 #: A worker is not launched with less wall clock than this left in the fire.
@@ -120,6 +122,8 @@ class FireConfig:
             "max_workers": o.max_workers, "task_cap": o.task_cap,
             "wall_clock_seconds": o.wall_clock_seconds, "daily_cap": o.daily_cap,
             "decider": o.decider, "max_delivery": settings.retry.max_delivery,
+            "kill_grace_seconds": max(KILL_GRACE_SECONDS, settings.worker.stop_grace_seconds
+                                      + KILL_GRACE_MARGIN_SECONDS),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         values["agents_modules"] = tuple(values.get("agents_modules") or ())

@@ -157,6 +157,13 @@ def test_fire_config_rejects_caps_that_make_no_sense() -> None:
         FireConfig.from_settings(Settings(), wall_clock_seconds=-1)
 
 
+def test_the_kill_grace_outlasts_the_workers_stop_grace() -> None:
+    assert FireConfig.from_settings(Settings()).kill_grace_seconds == 15.0
+    settings = Settings.model_validate({"worker": {"stop_grace_seconds": 60}})
+    assert FireConfig.from_settings(settings).kill_grace_seconds == 65.0
+    assert FireConfig.from_settings(settings, kill_grace_seconds=1).kill_grace_seconds == 1
+
+
 def test_each_worker_gets_one_mode_a_task_cap_a_wall_clock_and_the_agent_modules(
         store: Store) -> None:
     orch = Orchestrator(store, Settings(), FireConfig(agents_modules=("a.b", "c")))
