@@ -10,6 +10,7 @@ is still running after ``--timeout``).
 from __future__ import annotations
 
 import inspect
+import os
 import signal
 import threading
 import time
@@ -136,9 +137,17 @@ def _runtime(modules: list[str] | None) -> Any:
     return runtime
 
 
-def _install_stop_signals(stop: Callable[[str], None]) -> None:
+def _install_stop_signals(stop: Callable[..., None]) -> None:
+    """SIGTERM or SIGINT stops the worker within its grace; a second one stops it now."""
+    heard: list[str] = []
+
     def handler(signum: int, _frame: Any) -> None:
-        stop(f"signal {signal.Signals(signum).name}")
+        heard.append(signal.Signals(signum).name)
+        if len(heard) == 1:
+            stop(f"signal {heard[0]}")
+            return
+        os.write(2, f"{heard[-1]} again: handing back the tasks in flight now\n".encode())
+        stop(f"signal {heard[0]}", now=True)
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)

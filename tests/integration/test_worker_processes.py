@@ -134,3 +134,25 @@ def test_sigterm_lets_a_worker_finish_what_it_holds_and_exit_zero(
     row = store.get(task["id"])
     assert row["status"] == "done" and row["result"]["echo"] == "graceful"
     assert terminal_event_counts(store) == {uuid.UUID(task["id"]): 1}
+
+
+def test_a_second_sigterm_hands_back_what_is_in_flight_at_once(
+        env: dict[str, str], fleet: Fleet, store: Store) -> None:
+    # A 60 s stop grace and a task that sleeps 30 s: the first SIGTERM waits for it, the
+    # second ends the grace, and the worker hands the task back and exits.
+    fleet.env["ORGCHART_WORKER__STOP_GRACE_SECONDS"] = "60"
+    (task,) = submit_goals(env, [("slow", "echo", {"sleep": 30.0})], modules=[MODULE])
+    worker = fleet.start()
+    held = wait_until(lambda: [t for t in held_by(store, worker.pid)
+                               if t["status"] == "running"],
+                      30, f"worker pid {worker.pid} to claim the task")
+    assert fleet.sigterm(worker, timeout=1.0) is None  # within its grace: still working
+    rc = fleet.sigterm(worker, timeout=20.0)
+
+    assert rc == 0, f"worker exited {rc}:\n{worker.log()}"
+    assert "SIGTERM again: handing back the tasks in flight now" in worker.log()
+    row = store.get(task["id"])
+    assert (row["status"], row["lease_owner"]) == ("pending", None)
+    history = events_of(store, task["id"])
+    assert history[-1]["worker"] == held[0]["lease_owner"], history
+    assert history[-1]["detail"] == "released by a worker shutting down", history

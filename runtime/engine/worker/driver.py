@@ -91,15 +91,19 @@ class Worker:
         return self.steps.maintenance
 
     # ------------------------------------------------------------------ control
-    def stop(self, reason: str = "stopped") -> None:
+    def stop(self, reason: str = "stopped", now: bool = False) -> None:
         """Stop claiming; in-flight work finishes (or is released) and ``run`` returns.
 
-        Safe from any thread and from a signal handler.
+        ``now`` cuts the stop grace short: what is still in flight is handed back to the
+        queue at once (the CLI's second SIGTERM or Ctrl-C). Safe from any thread and from
+        a signal handler.
         """
+        if now:
+            self.scheduler.hurry.set()
         if not self._stopping.is_set():
             self.stats.stop_reason = self.stats.stop_reason or reason
             self._stopping.set()
-            self.wake()
+        self.wake()
 
     @property
     def stopping(self) -> bool:

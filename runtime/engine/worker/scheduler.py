@@ -74,6 +74,8 @@ class Scheduler(Dispatch):
         self.wake = wake
         self.health = health
         self.stopping = stopping
+        #: Set to end the stop grace at once: what is in flight is handed back.
+        self.hurry = threading.Event()
         self.stop = stop
         self.async_agents = serves_async_agents(self.executor, config.run_agents)
         self._db_threads: ThreadRunner | None = None
@@ -264,7 +266,7 @@ class Scheduler(Dispatch):
         replayed, not paid again.
         """
         deadline = time.monotonic() + self.config.stop_grace_seconds
-        while self.held and time.monotonic() < deadline:
+        while self.held and time.monotonic() < deadline and not self.hurry.is_set():
             await self._let_go(self.held.take(self._waiting_for_tokens()))
             await self.wake.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
         await self._let_go(self.held.take_all())
