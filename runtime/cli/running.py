@@ -294,7 +294,8 @@ def worker(
     else:
         err.print(f"worker {w.config.worker_id} stopped ({stats.stop_reason}): claimed "
                   f"{stats.claimed}, outcomes {dict(stats.outcomes)}, delegated "
-                  f"{stats.delegated}, stale {stats.stale}", markup=False, highlight=False)
+                  f"{stats.delegated}, stale {stats.stale}, handed back {stats.released}",
+                  markup=False, highlight=False)
 
 
 def agents(agents_module: ModulesOpt = None, json_: JsonOpt = False) -> None:

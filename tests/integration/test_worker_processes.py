@@ -151,6 +151,7 @@ def test_a_second_sigterm_hands_back_what_is_in_flight_at_once(
 
     assert rc == 0, f"worker exited {rc}:\n{worker.log()}"
     assert "SIGTERM again: handing back the tasks in flight now" in worker.log()
+    assert "handed back 1" in worker.log()
     row = store.get(task["id"])
     assert (row["status"], row["lease_owner"]) == ("pending", None)
     history = events_of(store, task["id"])
