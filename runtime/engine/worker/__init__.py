@@ -18,7 +18,8 @@ One event loop per worker process, in pieces, one module each:
 Options (:class:`WorkerConfig`): agents, max in flight, sync threads, batch size, lease,
 task cap, wall clock, ``once`` (exit when the queue is empty). It stops on ``stop()``
 (SIGTERM/SIGINT in the CLI): no more claims, in-flight work gets ``stop_grace_seconds`` to
-finish and be written, whatever is left is released back to the queue.
+finish and be written, whatever is left is released back to the queue (at once with
+``stop(now=True)``: a second signal).
 """
 
 from runtime.engine.worker.config import JUDGE, WorkerConfig, WorkerStats, new_worker_id

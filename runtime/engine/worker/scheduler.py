@@ -25,7 +25,9 @@ Failure modes: a database error in the claims, the writer or maintenance is coun
 logged once per streak and retried with backoff. Outcomes that could not be written are
 kept and written again; if the lease expired meanwhile, the write matches nothing and the
 task runs again elsewhere. On stop, in-flight work gets ``stop_grace_seconds`` to finish
-and be written; the rest is released back to the queue.
+and be written; the rest is released back to the queue. Tasks whose model calls wait for
+their tenant's tokens are released at once, and :attr:`Scheduler.hurry` (a second signal)
+ends the grace.
 """
 
 from __future__ import annotations
