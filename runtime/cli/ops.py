@@ -67,8 +67,11 @@ def fire(
     if dry_run:
         result = orchestrator.plan_only()
     else:
-        def handler(signum: int, _frame: Any) -> None:
-            orchestrator.stop(f"signal {signal.Signals(signum).name}")
+        heard: list[str] = []
+
+        def handler(signum: int, _frame: Any) -> None:  # a second signal: workers stop now
+            heard.append(signal.Signals(signum).name)
+            orchestrator.stop(f"signal {heard[0]}", now=len(heard) > 1)
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)

@@ -164,6 +164,7 @@ class _Proc:
     started: float
     term_at: float
     kill_at: float | None = None
+    hurried: bool = False
 
 
 class Orchestrator:
@@ -175,13 +176,20 @@ class Orchestrator:
         self.config = config
         self.decider: Decider = load_decider(config.decider)
         self._stop = threading.Event()
+        self._hurry = threading.Event()
         self._stop_reason = ""
         self._known: set[str] | None = None
         self._host = socket.gethostname()
 
-    def stop(self, reason: str = "stopped") -> None:
-        """Stop launching, terminate the running workers, and finish the fire's note."""
+    def stop(self, reason: str = "stopped", now: bool = False) -> None:
+        """Stop launching, terminate the running workers, and finish the fire's note.
+
+        ``now`` (a second signal) sends the workers a second SIGTERM: they hand back what
+        they hold at once instead of giving it their stop grace.
+        """
         self._stop_reason = self._stop_reason or reason
+        if now:
+            self._hurry.set()
         self._stop.set()
 
     # ------------------------------------------------------------------ entry points
@@ -414,6 +422,9 @@ class Orchestrator:
                 log.warning("worker terminated: %s", "the fire is stopping"
                             if proc.run.stopped_by_fire else "past its wall clock",
                             extra={"pid": proc.run.pid})
+            elif proc.kill_at is not None and self._hurry.is_set() and not proc.hurried:
+                proc.popen.send_signal(signal.SIGTERM)  # the second: hand back, exit now
+                proc.hurried = True
             elif proc.kill_at is not None and now >= proc.kill_at and \
                     proc.run.signal != "SIGKILL":
                 proc.popen.kill()
