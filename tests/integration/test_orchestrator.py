@@ -54,34 +54,6 @@ def orgchart(env: dict[str, str], *args: str) -> list[str]:
     return [sys.executable, "-m", "runtime.cli.app", *args]
 
 
-def test_a_second_stop_has_the_fires_workers_hand_back_their_tasks_at_once(
-        store: Store, orgchart_env: dict[str, str]) -> None:
-    # The workers' stop grace is 60 s and the task sleeps 60 s: after the first stop the
-    # worker is still in its grace; the second has it hand the task back and exit.
-    env = {**orgchart_env, "ORGCHART_WORKER__STOP_GRACE_SECONDS": "60"}
-    task = submit(store, "echo", {"goal": "slow", "sleep": 60})
-    orch = orchestrator(store, env)
-    assert orch.config.kill_grace_seconds == 65.0
-    results: list[Any] = []
-    thread = threading.Thread(target=lambda: results.append(orch.run_once()))
-    thread.start()
-    deadline = time.monotonic() + 60
-    while store.get(task["id"])["status"] != "running" and time.monotonic() < deadline:
-        time.sleep(0.1)
-    orch.stop("signal SIGTERM")
-    thread.join(timeout=2.0)
-    assert thread.is_alive()  # the worker gives its task the grace
-    orch.stop("signal SIGTERM", now=True)
-    thread.join(timeout=30)
-    assert not thread.is_alive(), "the second stop did not end the workers' grace"
-    (result,) = results
-    (worker,) = result.stats["workers"]
-    assert worker["signal"] == "SIGTERM (exited cleanly)", worker
-    row = store.get(task["id"])
-    assert (row["status"], row["lease_owner"]) == ("pending", None)
-    assert store.events(task["id"])[-1]["detail"] == "released by a worker shutting down"
-
-
 def run_cli(env: dict[str, str], *args: str,
             timeout: float = 90) -> subprocess.CompletedProcess[str]:
     return subprocess.run(orgchart(env, *args), env=env, capture_output=True, text=True,
@@ -447,16 +419,23 @@ def test_a_fire_with_an_empty_queue_records_a_quiet_note(
     assert fires(store) == 1
 
 
-def test_a_stopped_fire_terminates_its_workers_and_still_writes_its_note(
-        store: Store, orgchart_env: dict[str, str]) -> None:
-    task = submit(store, "echo", {"goal": "slow", "sleep": 60})
-    orch = orchestrator(store, orgchart_env, kill_grace_seconds=1.0)
+def _fire_until_running(store: Store, orch: Orchestrator,
+                        task_id: Any) -> tuple[threading.Thread, list[Any]]:
+    """Start a fire in a thread; return once its worker runs ``task_id`` (or after 60 s)."""
     results: list[Any] = []
     thread = threading.Thread(target=lambda: results.append(orch.run_once()))
     thread.start()
     deadline = time.monotonic() + 60
-    while store.get(task["id"])["status"] != "running" and time.monotonic() < deadline:
+    while store.get(task_id)["status"] != "running" and time.monotonic() < deadline:
         time.sleep(0.1)
+    return thread, results
+
+
+def test_a_stopped_fire_terminates_its_workers_and_still_writes_its_note(
+        store: Store, orgchart_env: dict[str, str]) -> None:
+    task = submit(store, "echo", {"goal": "slow", "sleep": 60})
+    orch = orchestrator(store, orgchart_env, kill_grace_seconds=1.0)
+    thread, results = _fire_until_running(store, orch, task["id"])
     orch.stop("signal SIGTERM")
     thread.join(timeout=60)
     (result,) = results
@@ -465,3 +444,26 @@ def test_a_stopped_fire_terminates_its_workers_and_still_writes_its_note(
     assert "fire stopped early: signal SIGTERM" in result.rollup
     assert f"worker {worker['pid']} (echo) terminated as the fire stopped" in result.rollup
     assert store.last_fire()["finished_at"] is not None
+
+
+def test_a_second_stop_has_the_fires_workers_hand_back_their_tasks_at_once(
+        store: Store, orgchart_env: dict[str, str]) -> None:
+    # The workers' stop grace is 60 s and the task sleeps 60 s: after the first stop the
+    # worker is still in its grace; the second has it hand the task back and exit.
+    env = {**orgchart_env, "ORGCHART_WORKER__STOP_GRACE_SECONDS": "60"}
+    task = submit(store, "echo", {"goal": "slow", "sleep": 60})
+    orch = orchestrator(store, env)
+    assert orch.config.kill_grace_seconds == 65.0
+    thread, results = _fire_until_running(store, orch, task["id"])
+    orch.stop("signal SIGTERM")
+    thread.join(timeout=2.0)
+    assert thread.is_alive()  # the worker gives its task the grace
+    orch.stop("signal SIGTERM", now=True)
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "the second stop did not end the workers' grace"
+    (result,) = results
+    (worker,) = result.stats["workers"]
+    assert worker["signal"] == "SIGTERM (exited cleanly)", worker
+    row = store.get(task["id"])
+    assert (row["status"], row["lease_owner"]) == ("pending", None)
+    assert store.events(task["id"])[-1]["detail"] == "released by a worker shutting down"
