@@ -319,6 +319,23 @@ def test_worker_run_with_once_drains_and_exits(runtime: Runtime) -> None:
     assert all(runtime.store.get(i)["status"] == "done" for i in ids)
 
 
+def test_a_once_worker_judges_what_it_ran_before_it_exits(runtime: Runtime) -> None:
+    # Without notifications, the worker's own write of a result that waits for the judge
+    # must send its next claim to the judge's queue too. It used to wait for the 'judge'
+    # notification (or a poll), so a --once worker found both queues "empty" and exited
+    # with the task still judging (a browser test that drove a tree this way timed out).
+    task = submit(runtime.store, "echo", {"goal": "hi"},
+                  success_criteria={"rubric": {"text": "The answer says hi.", "threshold": 0}})
+    worker = runtime.worker(None, once=True, maintenance=False, listen=False,
+                            poll_interval_seconds=30)
+    stats = worker.run()
+    assert stats.stop_reason == "queue empty"
+    row = runtime.store.get(task["id"])
+    # Judged (the offline backend scores no rubric: escalated, saying so), not left judging.
+    assert row["status"] in ("done", "failed", "escalated"), (row["status"], row["error"])
+    assert ("judging", row["status"]) in events(runtime.store, task["id"])
+
+
 def test_task_cap_stops_the_worker(runtime: Runtime) -> None:
     for i in range(10):
         submit(runtime.store, "echo", {"goal": str(i)})

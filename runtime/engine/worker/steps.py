@@ -90,6 +90,11 @@ class Steps:
         verdicts = [a for a in actions if isinstance(a, JudgeOutcome)]
         if runs:
             self._write_batch(runs, self.store.finish_running)
+            if any(a.to_status == "judging" for a in runs):
+                # Results now wait for the judge: look at its queue at the next claim,
+                # not only after the 'judge' notification comes back (a --once worker
+                # that claimed before it came would think the queue empty and exit).
+                self.judging_may_wait.set()
         if verdicts:
             self._write_batch(verdicts, self.store.finish_judging)
         alone = {id(a) for a in self._delegate_together(
