@@ -19,6 +19,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -157,3 +158,23 @@ def opened_store(config: Settings | None = None) -> Iterator[Store]:
         yield store
     finally:
         store.dispose()
+
+
+def install_stop_signals(stop: Callable[..., None]) -> None:
+    """SIGTERM or SIGINT calls ``stop(reason)``; a second one ``stop(reason, now=True)``.
+
+    A worker (or a fire's workers) then hands back what it holds at once instead of
+    giving it the stop grace.
+    """
+    heard: list[str] = []
+
+    def handler(signum: int, _frame: Any) -> None:
+        heard.append(signal.Signals(signum).name)
+        if len(heard) == 1:
+            stop(f"signal {heard[0]}")
+            return
+        os.write(2, f"{heard[-1]} again: handing back the tasks in flight now\n".encode())
+        stop(f"signal {heard[0]}", now=True)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)

@@ -16,7 +16,6 @@ database URL orgchart uses, password hidden.
 
 from __future__ import annotations
 
-import signal
 from typing import Annotated, Any
 
 import typer
@@ -25,6 +24,7 @@ from runtime.cli.common import (
     EXIT_FAILED,
     JsonOpt,
     err,
+    install_stop_signals,
     opened_store,
     out,
     print_json,
@@ -67,14 +67,7 @@ def fire(
     if dry_run:
         result = orchestrator.plan_only()
     else:
-        heard: list[str] = []
-
-        def handler(signum: int, _frame: Any) -> None:  # a second signal: workers stop now
-            heard.append(signal.Signals(signum).name)
-            orchestrator.stop(f"signal {heard[0]}", now=len(heard) > 1)
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+        install_stop_signals(orchestrator.stop)
         result = orchestrator.run_once()
     if json_:
         print_json(result.as_dict())

@@ -10,8 +10,6 @@ is still running after ``--timeout``).
 from __future__ import annotations
 
 import inspect
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +26,7 @@ from runtime.cli.common import (
     ModulesOpt,
     err,
     fail,
+    install_stop_signals,
     out,
     print_json,
     settings,
@@ -137,22 +136,6 @@ def _runtime(modules: list[str] | None) -> Any:
     return runtime
 
 
-def _install_stop_signals(stop: Callable[..., None]) -> None:
-    """SIGTERM or SIGINT stops the worker within its grace; a second one stops it now."""
-    heard: list[str] = []
-
-    def handler(signum: int, _frame: Any) -> None:
-        heard.append(signal.Signals(signum).name)
-        if len(heard) == 1:
-            stop(f"signal {heard[0]}")
-            return
-        os.write(2, f"{heard[-1]} again: handing back the tasks in flight now\n".encode())
-        stop(f"signal {heard[0]}", now=True)
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-
-
 @with_goal_options
 def submit(goal: str, options: GoalOptions, json_: JsonOpt = False) -> None:
     """Submit a root goal; print its id (the root id)."""
@@ -211,7 +194,7 @@ def drain(runtime: Any, root_id: Any, json_: bool, timeout: float,
 
     worker = runtime.worker(poll_interval_seconds=0.2, maintenance_interval_seconds=0.5,
                             max_in_flight=max_in_flight)
-    _install_stop_signals(worker.stop)
+    install_stop_signals(worker.stop)
     tune_gc(runtime.settings.worker.gc_threshold)  # this process is the worker's
     thread = threading.Thread(target=worker.run, name="worker", daemon=True)
     thread.start()
@@ -283,7 +266,7 @@ def worker(
                        task_cap=task_cap, wall_clock_seconds=wall_clock,
                        lease_seconds=lease_seconds, once=once,
                        maintenance=not no_maintenance, worker_id=worker_id)
-    _install_stop_signals(w.stop)
+    install_stop_signals(w.stop)
     err.print(f"worker {w.config.worker_id} serving {', '.join(w.config.agents)}",
               style="dim", markup=False, highlight=False)
     tune_gc(runtime.settings.worker.gc_threshold)  # this process is the worker's

@@ -19,6 +19,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -72,7 +73,7 @@ class TokenMeter:
         self._refunds: dict[str, float] = {}
         self._queues: dict[tuple[int, str], list[asyncio.Future[None]]] = {}
         self._flushing: dict[str, asyncio.Task[None]] = {}
-        self._waiting: dict[Any, int] = {}
+        self._waiting: Counter[Any] = Counter()  # tasks whose calls have had to wait
 
     def limits(self, tenant: str) -> bool:
         """Whether ``tenant``'s calls take from a bucket."""
@@ -95,7 +96,9 @@ class TokenMeter:
         try:
             while not turn.done():
                 _check(stopped)
-                waits = waits or self._mark(task)
+                if not waits:
+                    self._waiting[task] += 1
+                    waits = True
                 await asyncio.wait([turn], timeout=BUCKET_POLL_SECONDS)
             rate = float(self.rates[tenant])
             need = min(max(float(estimate), 0.0), rate)
@@ -106,24 +109,16 @@ class TokenMeter:
                 wait = await self._off_loop(self._take, tenant, need, rate, refund)
                 if wait <= 0:
                     return need
-                waits = waits or self._mark(task)
+                if not waits:
+                    self._waiting[task] += 1
+                    waits = True
                 await asyncio.sleep(min(wait, BUCKET_POLL_SECONDS))
         finally:
             if waits:
-                self._unmark(task)
+                self._waiting -= Counter([task])  # drops it at zero
             queue.remove(turn)
             if queue and not queue[0].done():
                 queue[0].set_result(None)
-
-    def _mark(self, task: Any) -> bool:
-        self._waiting[task] = self._waiting.get(task, 0) + 1
-        return True
-
-    def _unmark(self, task: Any) -> None:
-        if self._waiting[task] > 1:
-            self._waiting[task] -= 1
-        else:
-            del self._waiting[task]
 
     def waiting_tasks(self) -> set[Any]:
         """The tasks (:class:`TaskStop`'s ``task_id``) whose calls wait for tokens now.

@@ -64,10 +64,10 @@ from runtime.llm.calls import (
     schema_of,
     validated,
 )
-from runtime.llm.fair_slots import StopCheck, Ticket, TokenMeter
+from runtime.llm.fair_slots import StopCheck, TaskStop, Ticket, TokenMeter
 from runtime.llm.gate import CallGate
 from runtime.llm.ledger import CallLedger, RecordedCall, RecordReader, step_ledger
-from runtime.llm.loop import CallLoop, stop_check, token_rates
+from runtime.llm.loop import CallLoop, token_rates
 from runtime.llm.reply import (
     NOT_RECORDED,
     Backend,
@@ -213,7 +213,7 @@ class TaskLLM:
         self._lease_token = lease_token
         self._lease_lost = lease_lost
         self.task_id: uuid.UUID = task_row["id"]
-        self._stop = stop_check(self.task_id, lease_lost, factory.gate.is_stopped)
+        self._stop = TaskStop(self.task_id, lease_lost, factory.gate.is_stopped)
         self._fair = (task_row.get("tenant") or "default", task_row.get("root_id"),
                       int(task_row.get("priority") or 5))
         self.phase = ("judge" if task_row.get("status") == "judging"

@@ -24,7 +24,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from runtime.config import SchedulerSettings, Settings
-from runtime.llm.fair_slots import FairSlots, StopCheck, TaskStop, TokenMeter
+from runtime.llm.fair_slots import FairSlots, TokenMeter
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -45,12 +45,6 @@ def token_rates(settings: Settings) -> dict[str, int]:
     """``{tenant: tokens_per_minute}`` of the tenants that set one."""
     return {name: t.tokens_per_minute for name, t in settings.tenants.items()
             if t.tokens_per_minute is not None}
-
-
-def stop_check(task_id: Any, lease_lost: threading.Event,
-               is_stopped: Callable[[Any], bool]) -> StopCheck:
-    """The :data:`StopCheck` of one task's calls: its lease lost, or the gate stopped it."""
-    return TaskStop(task_id, lease_lost, is_stopped)
 
 
 class CallLoop:

@@ -160,7 +160,10 @@ def test_the_meter_names_the_tasks_whose_calls_wait(store: Store) -> None:
         assert await meter.reserve("acme", 60, first) == 60  # the whole bucket, at once
         seen.append(meter.waiting_tasks())
         waiting = asyncio.ensure_future(meter.reserve("acme", 30, second))
-        await asyncio.sleep(0.3)
+        for _ in range(500):  # until its take came back short (a round trip off the loop)
+            if meter.waiting_tasks() or waiting.done():
+                break
+            await asyncio.sleep(0.01)
         seen.append(meter.waiting_tasks())
         second.lease_lost.set()  # what a stopping worker does to a task it lets go
         with pytest.raises(LeaseLost):

@@ -119,10 +119,13 @@ class Scheduler(Dispatch):
         free = max(2 * slots - waiting, min(slots, 8 * slots - len(self.held)) if announced else 0)
         return min(room, max(0, free))
 
+    def _model_calls(self) -> Any:
+        """The model layer's :class:`~runtime.llm.loop.CallLoop`, or None (a stub factory)."""
+        return getattr(getattr(self.executor, "llm_factory", None), "calls", None)
+
     def _model_pressure(self) -> tuple[int, int]:
         """``(slots, waiting)`` of the model calls on this loop (``(0, 0)``: none made)."""
-        calls = getattr(getattr(self.executor, "llm_factory", None), "calls", None)
-        pressure = getattr(calls, "pressure", None)
+        pressure = getattr(self._model_calls(), "pressure", None)
         return pressure(asyncio.get_running_loop()) if pressure is not None else (0, 0)
 
     def _claim_size(self, room: int) -> int:
@@ -275,8 +278,7 @@ class Scheduler(Dispatch):
 
     def _waiting_for_tokens(self) -> set[Any]:
         """The tasks whose model calls wait for their tenant's token bucket now."""
-        calls = getattr(getattr(self.executor, "llm_factory", None), "calls", None)
-        meter = getattr(calls, "meter", None)
+        meter = getattr(self._model_calls(), "meter", None)
         return meter.waiting_tasks() if meter is not None else set()
 
     async def _let_go(self, items: list[InFlight]) -> None:
