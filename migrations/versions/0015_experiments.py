@@ -1,0 +1,26 @@
+"""Experiments: datasets, variants, runs and scores (issue 38).
+
+Placeholder laid down first so parallel work has a fixed revision chain; filled in by
+the change that needs it.
+
+Revision ID: 0015
+Revises: 0014
+Create Date: 2026-12-06
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+revision: str = "0015"
+down_revision: str | None = "0014"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    """Nothing yet."""
+
+
+def downgrade() -> None:
+    """Nothing yet."""
