@@ -6,8 +6,11 @@
 - no import circle among the project's modules;
 - no dynamic import (``importlib.import_module``, ``__import__``, ...) the graph cannot
   see, except the listed ones that load user modules by a configured name;
-- no folder under ``agents/``, ``runtime/`` or ``policies/`` holds more than 12 modules,
-  no module is over 500 lines and no function over 60, except the listed route tables.
+- no function over 60 lines, except the listed route tables.
+
+Sizes are a report, never a failure (issue 36: the 500-line rule shaped modules more than
+their concepts did): a folder over 12 modules, a module over 500 lines and a worker piece
+over 300 are printed as a warning by ``test_sizes_are_reported_not_enforced``.
 
 Imports inside ``if TYPE_CHECKING:`` blocks are left out (they are types, not
 dependencies); imports inside functions count.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -237,15 +241,12 @@ def dynamic_imports(path: str, source: str) -> set[str]:
 
 
 def too_long(path: str, source: str) -> dict[str, int]:
-    """``{path or path:function: lines}`` over :data:`MAX_MODULE_LINES`/``MAX_FUNCTION_LINES``.
+    """``{path:function: lines}`` for each function over :data:`MAX_FUNCTION_LINES`.
 
     A function counts from its ``def`` line to its last line (nested functions too, under
     their own names).
     """
     found: dict[str, int] = {}
-    lines = len(source.splitlines())
-    if lines > MAX_MODULE_LINES:
-        found[path] = lines
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             length = (node.end_lineno or node.lineno) - node.lineno + 1
@@ -261,15 +262,29 @@ def _all_too_long() -> dict[str, int]:
     return found
 
 
-# ---------------------------------------------------------------------------- the rules
-def test_no_folder_holds_more_than_twelve_modules() -> None:
+def size_report() -> list[str]:
+    """One line per folder, module or worker piece over the sizes the house watches.
+
+    Folders over :data:`MAX_MODULES_PER_FOLDER` modules, modules over
+    :data:`MAX_MODULE_LINES` lines, ``runtime/engine/worker`` pieces over
+    :data:`MAX_WORKER_PIECE_LINES`: worth a look when reviewing, never a reason to split
+    a module by line count (split it by concept).
+    """
+    report: list[str] = []
     folders: dict[Path, int] = {}
     for path in MODULES.values():
         folders[path.parent] = folders.get(path.parent, 0) + 1
-    crowded = {_rel(f): n for f, n in folders.items() if n > MAX_MODULES_PER_FOLDER}
-    assert crowded == {}, f"split these folders (more than {MAX_MODULES_PER_FOLDER} modules)"
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        worker_piece = path.parent == ROOT / "runtime" / "engine" / "worker"
+        limit = MAX_WORKER_PIECE_LINES if worker_piece else MAX_MODULE_LINES
+        if lines > limit:
+            report.append(f"{_rel(path)}: {lines} lines (over {limit})")
+    report += [f"{_rel(f)}/: {n} modules (over {MAX_MODULES_PER_FOLDER})"
+               for f, n in sorted(folders.items()) if n > MAX_MODULES_PER_FOLDER]
+    return report
 
 
+# ---------------------------------------------------------------------------- the rules
 def test_each_part_imports_only_what_it_may() -> None:
     assert broken_imports(_project_graph()) == []
 
@@ -285,18 +300,18 @@ def test_no_dynamic_import_but_the_listed_ones() -> None:
     assert sorted(found - DYNAMIC_IMPORTS) == [], "import statically, or list it here"
 
 
-def test_no_module_over_500_lines_and_no_function_over_60() -> None:
+def test_no_function_over_60_lines() -> None:
     found = _all_too_long()
     assert {k: v for k, v in found.items()
             if k not in ROUTE_TABLES | TODO_TOO_LONG} == {}
 
 
-def test_the_worker_pieces_stay_small() -> None:
-    # Issue 21: the worker is read piece by piece; each piece stays at 300 lines or fewer.
-    pieces = sorted((ROOT / "runtime" / "engine" / "worker").glob("*.py"))
-    big = {p.name: n for p in pieces
-           if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_WORKER_PIECE_LINES}
-    assert len(pieces) > 5 and big == {}
+def test_sizes_are_reported_not_enforced() -> None:
+    """Big modules and crowded folders are printed for a reviewer; the test always passes."""
+    report = size_report()
+    if report:
+        print("sizes over the house's marks (a report, not a rule):", *report, sep="\n  ")
+        warnings.warn("sizes over the house's marks: " + "; ".join(report), stacklevel=1)
 
 
 def test_no_stale_exceptions() -> None:
@@ -358,3 +373,4 @@ def test_the_checks_catch_a_circle_a_forbidden_import_and_a_dynamic_one() -> Non
     assert dynamic_imports("x.py", "m = __import__('os')\n") == {"x.py:<module>"}
     long_function = "def f():\n" + "    x = 1\n" * 60
     assert too_long("x.py", long_function) == {"x.py:f": 61}
+    assert too_long("x.py", "x = 1\n" * 600) == {}  # a long module is reported, not failed
