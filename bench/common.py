@@ -165,15 +165,15 @@ def worker_env(url: str) -> dict[str, str]:
 
 
 def worker_command(agents: str, *, batch_size: int | None = None,
-                   concurrency: int | None = None, once: bool = False,
+                   sync_threads: int | None = None, once: bool = False,
                    agents_module: str = "tests.support_agents") -> list[str]:
     """The ``orgchart worker`` command line, run by this interpreter."""
     cmd = [sys.executable, "-c", "from runtime.cli.app import main; main()", "worker",
            "--agents", agents, "--agents-module", agents_module]
     if batch_size is not None:
         cmd += ["--batch-size", str(batch_size)]
-    if concurrency is not None:
-        cmd += ["--concurrency", str(concurrency)]
+    if sync_threads is not None:
+        cmd += ["--sync-threads", str(sync_threads)]
     if once:
         cmd.append("--once")
     return cmd

@@ -11,7 +11,7 @@ claim to last ``done`` event, which leaves process start-up out. The CPU time th
 processes and the PostgreSQL server (when it runs on this machine) spent, per task, says
 which side is the bottleneck.
 
-A short sweep over a few settings (processes x concurrency x batch size) on a smaller
+A short sweep over a few settings (processes x sync threads x batch size) on a smaller
 queue picks the best for this machine; the full queue then runs with it, and again with
 one worker at the defaults (``1xdefault``) unless that was the best: the defaults' figures
 (``drain_defaults_*``) come from the same number of tasks as pgqueuer's best drain.
@@ -43,7 +43,7 @@ from bench.common import (
     worker_command,
 )
 
-#: (processes, concurrency, batch size) tried by the sweep; ``1xdefault`` is one worker at
+#: (processes, sync threads, batch size) tried by the sweep; ``1xdefault`` is one worker at
 #: the ``[worker]`` defaults (no option given: max_in_flight, sync_threads, batch_size).
 DEFAULT_GRID = ("1xdefault", "1x64x200", "2x64x200", "2x128x200", "3x128x200", "4x64x200")
 POLL_SECONDS = 0.05
@@ -52,10 +52,10 @@ EVENTS_PER_TASK = 3  # submitted, claimed, done (a noop task has no criteria: no
 
 @dataclass(frozen=True)
 class Setting:
-    """Worker processes, concurrency per process, batch size per claim."""
+    """Worker processes, sync threads per process, batch size per claim."""
 
     procs: int
-    concurrency: int | None  # None: the [worker] defaults
+    sync_threads: int | None  # None: the [worker] defaults
     batch_size: int | None
 
     @classmethod
@@ -68,7 +68,7 @@ class Setting:
             else:
                 procs, conc, batch = (int(x) for x in parts)
         except ValueError:
-            raise ValueError(f"cannot read setting {text!r}: use PROCSxCONCURRENCYxBATCH "
+            raise ValueError(f"cannot read setting {text!r}: use PROCSxTHREADSxBATCH "
                              "(for example 2x32x100) or PROCSxdefault") from None
         if min(procs, conc or 1, batch or 1) < 1:
             raise ValueError(f"setting {text!r}: every number must be at least 1")
@@ -77,12 +77,12 @@ class Setting:
     @property
     def defaults(self) -> bool:
         """Whether the workers run at the ``[worker]`` defaults."""
-        return self.concurrency is None and self.batch_size is None
+        return self.sync_threads is None and self.batch_size is None
 
     def __str__(self) -> str:
         if self.defaults:
             return f"{self.procs}xdefault"
-        return f"{self.procs}x{self.concurrency}x{self.batch_size}"
+        return f"{self.procs}x{self.sync_threads}x{self.batch_size}"
 
 
 def load_queue(url: str, n: int, agent: str = "noop") -> None:
@@ -108,7 +108,7 @@ def trial(url: str, n: int, setting: Setting, timeout: float = 600.0,
     load_queue(url, n, agent)
     compile_sources()
     cmd = worker_command(f"{agent},judge", batch_size=setting.batch_size,
-                         concurrency=setting.concurrency, once=True)
+                         sync_threads=setting.sync_threads, once=True)
     server_cpu0, workers_cpu0 = server_cpu_seconds(url), children_cpu_seconds()
     started = time.perf_counter()
     procs = [spawn_worker(url, cmd) for _ in range(setting.procs)]
@@ -189,7 +189,7 @@ def measure(url: str, n: int = 20_000, sweep_n: int = 10_000,
         "drain_seconds": final["seconds"],
         "drain_tasks_per_s_after_startup": final["tasks_per_s_after_startup"],
         "drain_tasks": n,
-        "drain_settings": {"processes": best.procs, "concurrency": best.concurrency,
+        "drain_settings": {"processes": best.procs, "sync_threads": best.sync_threads,
                            "batch_size": best.batch_size},
         "drain_events_per_task": final["events_per_task"],
         "drain_worker_peak_rss_mb": final["peak_rss_mb"],
@@ -227,7 +227,7 @@ if __name__ == "__main__":
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--sweep-tasks", type=int, default=10_000)
     parser.add_argument("--settings", default=",".join(DEFAULT_GRID),
-                        help="PROCSxCONCURRENCYxBATCH or PROCSxdefault, comma-separated; "
+                        help="PROCSxTHREADSxBATCH or PROCSxdefault, comma-separated; "
                              "one means no sweep")
     a = parser.parse_args()
     main(a.tasks, a.sweep_tasks, tuple(s for s in a.settings.split(",") if s.strip()))

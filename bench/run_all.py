@@ -139,7 +139,7 @@ def run(only: tuple[str, ...] = ORDER, quick: bool = False,
             continue
         kwargs = dict(sizes[name])
         if name == "worker_memory" and "drain_settings" in out:  # the drain's best setting
-            kwargs.update(concurrency=out["drain_settings"]["concurrency"],
+            kwargs.update(sync_threads=out["drain_settings"]["sync_threads"],
                           batch_size=out["drain_settings"]["batch_size"])
         t0 = time.perf_counter()
         out.update(MAINS[name](server=server, **kwargs))

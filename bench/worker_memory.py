@@ -5,7 +5,7 @@ Its ``/proc/<pid>/status`` is read every 50 ms: ``VmHWM`` (the peak resident set
 the figure; ``VmRSS`` when a tenth of the queue is done and again at the end shows
 whether memory keeps growing with the number of tasks handled (a leak) or levels off.
 
-    python -m bench.worker_memory [--tasks 20000] [--concurrency 64] [--batch-size 200]
+    python -m bench.worker_memory [--tasks 20000] [--sync-threads 64] [--batch-size 200]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _status_mb(pid: int, field: str) -> float | None:
     return None
 
 
-def measure(url: str, n: int = 20_000, concurrency: int | None = 64,
+def measure(url: str, n: int = 20_000, sync_threads: int | None = 64,
             batch_size: int | None = 200, timeout: float = 600.0) -> dict[str, Any]:
     """Drain ``n`` tasks with one worker and sample its memory."""
     store = open_store(url, pool_size=1)
@@ -51,7 +51,7 @@ def measure(url: str, n: int = 20_000, concurrency: int | None = 64,
     finally:
         store.dispose()
     proc = spawn_worker(url, worker_command("noop,judge", batch_size=batch_size,
-                                            concurrency=concurrency, once=True))
+                                            sync_threads=sync_threads, once=True))
     peak = 0.0
     rss_tenth: float | None = None
     rss_end = 0.0
@@ -85,22 +85,22 @@ def measure(url: str, n: int = 20_000, concurrency: int | None = 64,
         "worker_rss_at_10pct_mb": round(rss_tenth or 0.0, 1),
         "worker_rss_at_end_mb": round(rss_end, 1),
         "worker_memory_tasks": n,
-        "worker_memory_settings": {"concurrency": concurrency, "batch_size": batch_size},
+        "worker_memory_settings": {"sync_threads": sync_threads, "batch_size": batch_size},
     }
 
 
-def main(n: int = 20_000, concurrency: int | None = 64, batch_size: int | None = 200,
+def main(n: int = 20_000, sync_threads: int | None = 64, batch_size: int | None = 200,
          server: str | None = None) -> dict[str, Any]:
     """Run in a scratch database; print and return the figures."""
     with scratch_database("memory", server) as url:
-        figures = measure(url, n, concurrency, batch_size)
+        figures = measure(url, n, sync_threads, batch_size)
     return report(f"worker memory (one worker draining {n} noop tasks)", figures)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=20_000)
-    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--sync-threads", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=200)
     a = parser.parse_args()
-    main(a.tasks, a.concurrency, a.batch_size)
+    main(a.tasks, a.sync_threads, a.batch_size)

@@ -238,7 +238,6 @@ class WorkerSettings(_Section):
     """``[worker]``: leases, batching and polling for ``orgchart worker``."""
 
     lease_seconds: float = Field(30.0, gt=0)
-    concurrency: int = Field(4, ge=1, le=256)
     #: Most tasks one claim takes (several claims go at once when there is room).
     batch_size: int = Field(200, ge=1, le=1000)
     poll_interval_seconds: float = Field(1.0, gt=0)
@@ -272,7 +271,7 @@ class SchedulerSettings(_Section):
 
     A tree's tasks are ``fair_quantum_seconds / weight`` apart (times its average call's
     tokens over ``fair_quantum_tokens``, if over 1), at most ``max_wait_seconds`` late. A
-    model slot is kept ``anticipate_seconds`` for the next call of a tree that is behind.
+    server slot is kept ``anticipate_seconds`` for the next call of a tree that is behind.
     """
 
     fair_quantum_seconds: float = Field(0.5, ge=0, le=3600)
@@ -364,6 +363,19 @@ class Settings(_Section):
         return entry.weight if entry is not None else 1.0
 
 
+#: Keys that were retired, with what replaced them: a file or variable naming one fails.
+RETIRED_KEYS: dict[str, str] = {
+    "worker.concurrency": "worker.sync_threads",  # issue 36: one name for sync threads
+}
+
+
+def _check_retired(section: str, key: str, where: str) -> None:
+    replacement = RETIRED_KEYS.get(f"{section}.{key}")
+    if replacement is not None:
+        raise ConfigError(f"{where}: '{section}.{key}' was retired: use '{replacement}' "
+                          f"instead")
+
+
 def _split_list(value: Any) -> Any:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
@@ -414,6 +426,7 @@ def _check_keys(raw: Mapping[str, Any], where: str) -> None:
             raise ConfigError(f"{where}: [{section}] must be a table of keys")
         keys = list(sections[section].model_fields)
         for key in body:
+            _check_retired(section, key, where)
             if key not in keys:
                 raise ConfigError(f"{where}: unknown key '{section}.{key}'"
                                   f"{_suggest(key, keys)}")
@@ -436,6 +449,7 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, tuple[str, str
                 f"{_suggest(section, list(sections))}"
             )
         keys = list(sections[section].model_fields)
+        _check_retired(section, key, f"environment variable {name}")
         if key not in keys:
             raise ConfigError(
                 f"environment variable {name}: unknown key '{section}.{key}'{_suggest(key, keys)}"

@@ -124,8 +124,6 @@ class Runtime:
             "stop_grace_seconds": w.stop_grace_seconds,
             "max_delivery": self.settings.retry.max_delivery,
         }
-        if "concurrency" in w.model_fields_set:  # the old name for sync threads, if set
-            options["concurrency"] = w.concurrency
         options.update({k: v for k, v in overrides.items() if v is not None})
         from runtime.telemetry.traces import start_trace_export
 

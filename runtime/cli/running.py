@@ -241,8 +241,10 @@ def drain(runtime: Any, root_id: Any, json_: bool, timeout: float,
 def worker(
     agents: Annotated[str | None, typer.Option(
         help="Comma-separated agents to serve ('judge' = the judge stage); default all.")] = None,
-    concurrency: Annotated[int | None, typer.Option(
+    sync_threads: Annotated[int | None, typer.Option(
         help="Threads for sync agents (default [worker] sync_threads).")] = None,
+    concurrency: Annotated[int | None, typer.Option(
+        hidden=True, help="Retired: use --sync-threads.")] = None,
     max_in_flight: Annotated[int | None, typer.Option(
         help="Most tasks this process holds at once (default [worker] max_in_flight).")]
     = None,
@@ -259,9 +261,11 @@ def worker(
     agents_module: ModulesOpt = None, json_: JsonOpt = False,
 ) -> None:
     """Claim and run tasks until stopped (SIGTERM/SIGINT), a cap, or an empty queue."""
+    if concurrency is not None:
+        fail("--concurrency was retired: use --sync-threads (threads for sync agents)")
     runtime = _runtime(agents_module)
     names = [a.strip() for a in agents.split(",") if a.strip()] if agents else None
-    w = runtime.worker(names, concurrency=concurrency, max_in_flight=max_in_flight,
+    w = runtime.worker(names, sync_threads=sync_threads, max_in_flight=max_in_flight,
                        batch_size=batch_size,
                        task_cap=task_cap, wall_clock_seconds=wall_clock,
                        lease_seconds=lease_seconds, once=once,

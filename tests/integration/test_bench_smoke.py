@@ -68,7 +68,7 @@ def test_drain(server_url: str) -> None:
     assert figures["drain_postgres_cpu_ms_per_task"] is None or \
         figures["drain_postgres_cpu_ms_per_task"] >= 0  # None: the server is not on this machine
     assert len(figures["drain_sweep"]) == 2
-    assert set(figures["drain_settings"]) == {"processes", "concurrency", "batch_size"}
+    assert set(figures["drain_settings"]) == {"processes", "sync_threads", "batch_size"}
 
 
 def test_drain_pair(server_url: str) -> None:
@@ -114,7 +114,7 @@ def test_defaults_against_pgqueuer_only_on_the_same_queue() -> None:
 
 def test_drain_setting_errors() -> None:
     assert str(drain.Setting.parse("2x32x100")) == "2x32x100"
-    with pytest.raises(ValueError, match="PROCSxCONCURRENCYxBATCH"):
+    with pytest.raises(ValueError, match="PROCSxTHREADSxBATCH"):
         drain.Setting.parse("2x32")
     with pytest.raises(ValueError, match="at least 1"):
         drain.Setting.parse("0x32x100")
@@ -159,7 +159,7 @@ def test_tree_count_is_exact(server_url: str) -> None:
 
 
 def test_worker_memory(server_url: str) -> None:
-    figures = worker_memory.main(n=200, concurrency=8, batch_size=50, server=server_url)
+    figures = worker_memory.main(n=200, sync_threads=8, batch_size=50, server=server_url)
     _numbers(figures, "worker_peak_rss_mb", "worker_rss_at_end_mb")
     assert figures["worker_peak_rss_mb"] > 0
 

@@ -146,7 +146,7 @@ def test_a_follower_sees_the_same_tree_as_a_whole_read_at_every_step(runtime: Ru
     root = store.submit(build_root_task(runtime), actor="test")[0]["id"]
     follower = TreeFollower(store, root, full_every=1000)
     worker = runtime.worker(None, maintenance=False, listen=False, batch_size=1,
-                            concurrency=1)
+                            sync_threads=1)
     steps = 0
     for _ in range(100):
         seen = follower.refresh()

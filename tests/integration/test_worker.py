@@ -313,7 +313,7 @@ def test_an_aborted_sync_task_is_dropped_at_once_while_its_thread_runs_on(
 
 def test_worker_run_with_once_drains_and_exits(runtime: Runtime) -> None:
     ids = [submit(runtime.store, "echo", {"goal": str(i)})["id"] for i in range(30)]
-    worker = runtime.worker(None, once=True, concurrency=4, batch_size=8)
+    worker = runtime.worker(None, once=True, sync_threads=4, batch_size=8)
     stats = worker.run()
     assert stats.stop_reason == "queue empty"
     assert all(runtime.store.get(i)["status"] == "done" for i in ids)

@@ -43,8 +43,19 @@ def test_file_values_and_env_overrides(tmp_path: Path) -> None:
 
 def test_orgchart_config_env_names_the_file(tmp_path: Path) -> None:
     cfg = tmp_path / "x.toml"
+    cfg.write_text("[worker]\nsync_threads = 9\n")
+    assert load_settings(env={"ORGCHART_CONFIG": str(cfg)}).worker.sync_threads == 9
+
+
+def test_the_retired_concurrency_key_names_its_replacement(tmp_path: Path) -> None:
+    cfg = tmp_path / "orgchart.toml"
     cfg.write_text("[worker]\nconcurrency = 9\n")
-    assert load_settings(env={"ORGCHART_CONFIG": str(cfg)}).worker.concurrency == 9
+    with pytest.raises(ConfigError, match=r"'worker\.concurrency' was retired: use "
+                                          r"'worker\.sync_threads'"):
+        load_settings(cfg, env={})
+    with pytest.raises(ConfigError, match=r"ORGCHART_WORKER__CONCURRENCY: 'worker\."
+                                          r"concurrency' was retired: use 'worker\.sync_"):
+        load_settings(env={"ORGCHART_WORKER__CONCURRENCY": "4"})
 
 
 def test_unknown_key_is_named_with_a_suggestion(tmp_path: Path) -> None:
@@ -124,19 +135,19 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_orgchart_config_json_and_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _clean_env(monkeypatch)
     cfg = tmp_path / "orgchart.toml"
-    cfg.write_text("[worker]\nconcurrency = 9\n")
+    cfg.write_text("[worker]\nsync_threads = 9\n")
     env = {"ORGCHART_CONFIG": str(cfg), "ORGCHART_LLM__BACKEND": "offline",
            "ORGCHART_DATABASE_URL": "postgresql://u:secret@db.example/x", "COLUMNS": "200"}
     as_json = _run_config("--json", env=env)
     assert as_json.exit_code == 0, as_json.output
     values = json.loads(as_json.stdout)
-    assert values["worker"]["concurrency"] == 9
+    assert values["worker"]["sync_threads"] == 9
     assert values["llm"]["backend"] == "offline"
     assert "secret" not in as_json.stdout and "db.example" in values["database"]["url"]
     table = _run_config(env=env)
     assert table.exit_code == 0, table.output
     line = {row.split()[1]: row for row in table.stdout.splitlines() if row.count("│") >= 3}
-    assert str(cfg.name) in line["worker.concurrency"]
+    assert str(cfg.name) in line["worker.sync_threads"]
     assert "ORGCHART_LLM__BACKEND" in line["llm.backend"]
     assert "default" in line["retry.max_retry"]
 
@@ -144,11 +155,23 @@ def test_orgchart_config_json_and_table(tmp_path: Path, monkeypatch: pytest.Monk
 def test_orgchart_config_names_the_bad_key(tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     _clean_env(monkeypatch)
-    result = _run_config(env={"ORGCHART_WORKER__CONCURENCY": "3"})
+    result = _run_config(env={"ORGCHART_WORKER__SYNC_THREAD": "3"})
     assert result.exit_code == 2
     assert result.stderr.strip().splitlines() == [
-        "error: environment variable ORGCHART_WORKER__CONCURENCY: unknown key "
-        "'worker.concurency'; did you mean 'concurrency'?"]
+        "error: environment variable ORGCHART_WORKER__SYNC_THREAD: unknown key "
+        "'worker.sync_thread'; did you mean 'sync_threads'?"]
+
+
+def test_the_retired_concurrency_option_names_its_replacement(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from runtime.cli.app import app
+
+    _clean_env(monkeypatch)
+    result = CliRunner().invoke(app, ["worker", "--concurrency", "4"], env={})
+    assert result.exit_code == 2
+    assert "--concurrency was retired: use --sync-threads" in result.stderr
 
 
 def _keys_named_in(toml_text: str) -> set[str]:

@@ -42,9 +42,8 @@ class WorkerConfig:
 
     agents: tuple[str, ...]
     worker_id: str = field(default_factory=new_worker_id)
-    #: Threads for sync agents (the old name of ``sync_threads``; wins when given).
-    concurrency: int | None = None
     max_in_flight: int = 1000
+    #: Threads that run sync agents and the judge stage.
     sync_threads: int = 32
     batch_size: int = 200
     lease_seconds: float = 30.0
@@ -61,7 +60,7 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if not self.agents:
             raise ValueError("a worker needs at least one agent to serve")
-        if self.threads < 1 or self.batch_size < 1 or self.max_in_flight < 1:
+        if self.sync_threads < 1 or self.batch_size < 1 or self.max_in_flight < 1:
             raise ValueError("sync_threads, max_in_flight and batch_size must be at least 1")
         if self.lease_seconds <= 0 or self.poll_interval_seconds <= 0:
             raise ValueError("lease_seconds and poll_interval_seconds must be positive")
@@ -69,11 +68,6 @@ class WorkerConfig:
             raise ValueError("task_cap must be at least 1")
         if self.wall_clock_seconds is not None and self.wall_clock_seconds <= 0:
             raise ValueError("wall_clock_seconds must be positive")
-
-    @property
-    def threads(self) -> int:
-        """Threads that run sync agents and the judge stage."""
-        return self.concurrency if self.concurrency is not None else self.sync_threads
 
     @property
     def run_agents(self) -> list[str]:

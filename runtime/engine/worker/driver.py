@@ -68,8 +68,8 @@ class Worker:
         health = DbHealth(self.stats)
         self.steps = Steps(store, config, self.stats)
         # Parked sync agents free room to claim: the claim loop hears of it.
-        self.agents = SyncAgentRunner(executor, config.threads,
-                                      config.max_in_flight + config.threads, self.wake)
+        self.agents = SyncAgentRunner(executor, config.sync_threads,
+                                      config.max_in_flight + config.sync_threads, self.wake)
         self.leases = LeaseKeeper(store, self.held, config.lease_seconds, health)
         self.scheduler = Scheduler(self.steps, self.agents, config, self.held, self.wake,
                                    health, self._stopping, self.stop)

@@ -107,7 +107,7 @@ class Scheduler(Dispatch):
             return cfg.max_in_flight
         ahead = int(self.pace.per_second() * HOLD_AHEAD_SECONDS)
         return min(cfg.max_in_flight,
-                   (cfg.threads + self.agents.parked) * SYNC_PREFETCH + ahead)
+                   (cfg.sync_threads + self.agents.parked) * SYNC_PREFETCH + ahead)
 
     def room(self, announced: bool = False) -> int:
         """How many more tasks this process may claim now (by the model slots, once used)."""
