@@ -143,6 +143,9 @@ class Task(Base):
     fork: Mapped[jsonb | None]
     #: The model every call of this task uses (a fork's --model), inherited by its subtree.
     model_override: Mapped[str | None] = mapped_column(Text)
+    #: An experiment variant's agent swaps (migration 0015): ``{"critic": "critic_v2"}``
+    #: runs critic_v2 wherever critic is delegated to; set on a branch's root, inherited.
+    agent_map: Mapped[jsonb | None]
     #: The version of the agent that ran the task, and the hash of each prompt it rendered.
     agent_version: Mapped[str | None] = mapped_column(Text)
     prompt_hashes: Mapped[jsonb | None]
@@ -442,3 +445,94 @@ class Fire(Base):
     rollup: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (Index("ix_fires_started_at", "started_at"),)
+
+
+# --- experiments (migration 0015; runtime/experiments) ---
+
+
+class Dataset(Base):
+    """A list of cases, stored once per content hash (``version``)."""
+
+    __tablename__ = "datasets"
+
+    id: Mapped[uuid_pk]
+    name: Mapped[str] = mapped_column(Text, nullable=False)
+    version: Mapped[str] = mapped_column(Text, nullable=False)
+    cases: Mapped[int] = mapped_column(Integer, nullable=False)
+    source: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False,
+                                                    server_default=text("now()"))
+
+    __table_args__ = (UniqueConstraint("name", "version"),)
+
+
+class DatasetCase(Base):
+    """One case of a dataset: ``goal`` or ``agent`` + ``payload``, ``expected``, criteria."""
+
+    __tablename__ = "dataset_cases"
+
+    dataset_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    body: Mapped[Any] = mapped_column(JSONB, nullable=False)
+
+
+class Experiment(Base):
+    """A dataset run under named variants (the baseline first), with a shared budget."""
+
+    __tablename__ = "experiments"
+
+    id: Mapped[uuid_pk]
+    name: Mapped[str] = mapped_column(Text, nullable=False, unique=True)
+    dataset_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True),
+                                                  ForeignKey("datasets.id"), nullable=False)
+    variants: Mapped[Any] = mapped_column(JSONB, nullable=False)
+    repeat: Mapped[int] = mapped_column(Integer, nullable=False, server_default="1")
+    budget_usd: Mapped[Decimal | None] = mapped_column(Numeric(16, 8))
+    tenant: Mapped[str] = mapped_column(Text, nullable=False, server_default="default")
+    agents_modules: Mapped[Any] = mapped_column(JSONB, nullable=False,
+                                                server_default=text("'[]'::jsonb"))
+    status: Mapped[str] = mapped_column(Text, nullable=False, server_default="running")
+    note: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False,
+                                                    server_default=text("now()"))
+    finished_at: Mapped[dt.datetime | None] = mapped_column(TIMESTAMPTZ)
+
+    __table_args__ = (
+        CheckConstraint("status IN ('running', 'finished', 'stopped')", name="status_known"),
+        CheckConstraint('"repeat" >= 1', name="repeat_positive"),
+    )
+
+
+class ExperimentRun(Base):
+    """One tree of an experiment: a case under a variant, one repetition."""
+
+    __tablename__ = "experiment_runs"
+
+    experiment_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    variant: Mapped[str] = mapped_column(Text, primary_key=True)
+    repetition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    root_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
+    created_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False,
+                                                    server_default=text("now()"))
+
+    __table_args__ = (Index("ix_experiment_runs_root_id", "root_id"),)
+
+
+class ExperimentScore(Base):
+    """One scorer's value for one run, with its explanation."""
+
+    __tablename__ = "experiment_scores"
+
+    experiment_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    variant: Mapped[str] = mapped_column(Text, primary_key=True)
+    repetition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    scorer: Mapped[str] = mapped_column(Text, primary_key=True)
+    value: Mapped[float | None] = mapped_column(Double)
+    explanation: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False,
+                                                    server_default=text("now()"))

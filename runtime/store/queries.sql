@@ -521,7 +521,8 @@ WITH input AS (
               CASE WHEN CAST(:approve_above_usd AS numeric) IS NULL THEN 0
                    ELSE (SELECT COALESCE(sum(m.cost_usd), 0) FROM model_calls m
                          WHERE m.root_id = t.root_id) END AS tree_spend,
-              t.forked_from, t.model_override, t.tenant, i.stamp->'replays' AS replays
+              t.forked_from, t.model_override, t.agent_map, t.tenant,
+              i.stamp->'replays' AS replays
 ), replays AS (
     -- The calls this delivery served from the record, written with its outcome.
     {fragment_replays_insert}
@@ -561,7 +562,7 @@ WITH input AS (
     INSERT INTO tasks (id, parent_id, root_id, from_agent, to_agent, type, payload,
                        success_criteria, kill_criteria, budget_tokens, budget_seconds,
                        budget_usd, priority, idempotency_key, depth, created_at, status,
-                       forked_from, model_override, tenant, fair_at)
+                       forked_from, model_override, agent_map, tenant, fair_at)
     -- clock_timestamp() keeps siblings in the order the agent listed them.
     -- The require_approval policy (issue 22) holds a child in 'awaiting_approval' when its
     -- agent is listed in :approval_agents, or when its budget would take the tree's spend
@@ -580,6 +581,7 @@ WITH input AS (
            o.id,
            CASE WHEN f.named THEN COALESCE(r.fork->>'model', p.model_override)
                 ELSE p.model_override END,
+           p.agent_map,
            -- The tree's tenant; the fair time: the tree's clock before this statement
            -- (clock.base) plus one step per task delegated in the tree before this one,
            -- never later than the child's creation plus :max_wait (nothing starves).
@@ -599,8 +601,12 @@ WITH input AS (
     LEFT JOIN tasks r ON o.id IS NOT NULL AND r.id = p.root_id
     CROSS JOIN LATERAL (SELECT COALESCE(o.id = CAST(r.fork->>'target' AS uuid), false)
                         AS named) f
+    -- An experiment's variant (runtime/experiments) swaps agents tree-wide: agent_map,
+    -- set on the branch's root and inherited like model_override, maps a delegated name
+    -- to the agent that runs in its place. NULL outside such a branch.
     CROSS JOIN LATERAL (SELECT CASE WHEN f.named THEN COALESCE(r.fork->>'agent', c.to_agent)
-                                    ELSE c.to_agent END AS to_agent) eff
+                                    ELSE COALESCE(p.agent_map->>c.to_agent, c.to_agent)
+                               END AS to_agent) eff
     ON CONFLICT (parent_id, idempotency_key)
         WHERE parent_id IS NOT NULL AND idempotency_key IS NOT NULL
     DO NOTHING
@@ -1967,11 +1973,11 @@ WITH ins AS (
     INSERT INTO tasks (id, root_id, from_agent, to_agent, type, hypothesis_id, payload,
                        success_criteria, kill_criteria, budget_tokens, budget_seconds,
                        budget_usd, priority, depth, forked_from, fork, model_override, tenant,
-                       status)
+                       agent_map, status)
     SELECT :id, :id, :from_agent, to_agent, :type, :hypothesis_id, CAST(:payload AS jsonb),
            CAST(:success_criteria AS jsonb), CAST(:kill_criteria AS jsonb), :budget_tokens,
            :budget_seconds, :budget_usd, :priority, 0, :forked_from, CAST(:fork AS jsonb),
-           :model_override, :tenant, {fragment_root_status}
+           :model_override, :tenant, CAST(:agent_map AS jsonb), {fragment_root_status}
     FROM (VALUES (CAST(:to_agent AS text))) AS v(to_agent)
     RETURNING *
 ), ev AS (

@@ -311,6 +311,7 @@ class NewBranch:
             ``payload``, ``agent``, ``type``, ``model``, ``note``.
         model_override: the model of the root's calls (when the fork names the root).
         budget_tokens / budget_usd: the branch's budget (default: the original root's).
+        agent_map: agents swapped wherever they are delegated to in the branch.
 
     """
 
@@ -322,6 +323,8 @@ class NewBranch:
     model_override: str | None = None
     budget_tokens: int | None = None
     budget_usd: Decimal | None = None
+    #: Agents swapped tree-wide (an experiment's variant): ``{delegated name: agent run}``.
+    agent_map: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)

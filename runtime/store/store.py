@@ -39,6 +39,7 @@ from runtime.store.rows import (
     StepRecord,
     canonical_json,
 )
+from runtime.store.schedules import StoreSchedules
 from runtime.store.spend import StoreSpend, StoreSteps, step_begin_params, step_record
 from runtime.store.steering import StoreSteering
 
@@ -51,7 +52,7 @@ def _json_or_none(value: Any) -> str | None:
     return None if value is None else _dumps(value)
 
 
-class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
+class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering, StoreSchedules):
     """The database door: named statements, one transaction per state change.
 
     Submitting and resolving live here; the rest comes from mixins, one module per
@@ -61,8 +62,9 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
     (:class:`~runtime.store.writes.StoreWrites`), spend
     (:class:`~runtime.store.spend.StoreSpend`), durable steps
     (:class:`~runtime.store.spend.StoreSteps`), maintenance
-    (:class:`~runtime.store.hygiene.StoreHygiene`), and a person's hand on a running
-    tree: cancel, pause, answers, approvals (:class:`~runtime.store.steering.StoreSteering`).
+    (:class:`~runtime.store.hygiene.StoreHygiene`), a person's hand on a running
+    tree: cancel, pause, answers, approvals (:class:`~runtime.store.steering.StoreSteering`),
+    and schedules (:class:`~runtime.store.schedules.StoreSchedules`).
     """
 
     def __init__(self, engine: Engine) -> None:
@@ -88,26 +90,8 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
         ``task_id`` (default: a new one) lets a caller whose COMMIT was in doubt look the
         task up before it submits again (:func:`runtime.wiring.submit_root`).
         """
-        request_hash = new.request_hash()
-        params = {
-            "id": task_id or uuid.uuid4(),
-            "from_agent": new.from_agent,
-            "to_agent": new.to_agent,
-            "type": new.type,
-            "hypothesis_id": new.hypothesis_id,
-            "payload": _dumps(new.payload),
-            "success_criteria": _json_or_none(new.success_criteria),
-            "kill_criteria": _json_or_none(new.kill_criteria),
-            "budget_tokens": new.budget_tokens,
-            "budget_seconds": new.budget_seconds,
-            "budget_usd": Decimal(new.budget_usd),
-            "priority": new.priority,
-            "tenant": new.tenant,
-            "idempotency_key": new.idempotency_key,
-            "request_hash": request_hash,
-            "actor": actor,
-            **self.approval_params(),
-        }
+        params = self.root_params(new, actor, task_id or uuid.uuid4())
+        request_hash = params["request_hash"]
         with self.transaction() as conn:
             rows = self._rows(conn, "task_insert_root", **params)
             if rows:
@@ -121,6 +105,28 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
         if task["request_hash"] != request_hash:
             raise IdempotencyConflict(str(new.idempotency_key), task["id"])
         return task, False
+
+    def root_params(self, new: NewTask, actor: str, task_id: uuid.UUID) -> dict[str, Any]:
+        """The parameters of ``task_insert_root`` for ``new`` (submit, a schedule's slot)."""
+        return {
+            "id": task_id,
+            "from_agent": new.from_agent,
+            "to_agent": new.to_agent,
+            "type": new.type,
+            "hypothesis_id": new.hypothesis_id,
+            "payload": _dumps(new.payload),
+            "success_criteria": _json_or_none(new.success_criteria),
+            "kill_criteria": _json_or_none(new.kill_criteria),
+            "budget_tokens": new.budget_tokens,
+            "budget_seconds": new.budget_seconds,
+            "budget_usd": Decimal(new.budget_usd),
+            "priority": new.priority,
+            "tenant": new.tenant,
+            "idempotency_key": new.idempotency_key,
+            "request_hash": new.request_hash(),
+            "actor": actor,
+            **self.approval_params(),
+        }
 
     def step_from_counterpart(self, begin: StepBegin,
                               counterpart: uuid.UUID) -> StepRecord | None:
@@ -162,6 +168,7 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
                 priority=original.get("priority"), forked_from=original["id"],
                 tenant=original.get("tenant", "default"),
                 fork=_dumps(branch.fork), model_override=branch.model_override,
+                agent_map=_json_or_none(branch.agent_map),
                 actor=actor, detail=detail, **self.approval_params())
         task = rows[0]
         task.pop("notified", None)
