@@ -64,21 +64,27 @@ class _Section(BaseModel):
 class RetrySettings(_Section):
     """``[retry]``: transient-error retries and the poison-task cap (seed 001)."""
 
+    #: Times a task whose model call stayed transient goes back to pending (2**n s apart).
     max_retry: int = Field(3, ge=0, le=20)
+    #: Deliveries (lease expiries) before a task is poison and fails.
     max_delivery: int = Field(3, ge=1, le=100)
 
 
 class RoutingSettings(_Section):
     """``[routing]``: when a model call goes to the cloud route instead of the local one."""
 
+    #: A prompt longer than this (characters) goes to the cloud route.
     prompt_threshold: int = Field(100, ge=0)
+    #: While more tasks than this are pending, every call goes to the cloud route.
     pending_threshold: int = Field(5, ge=0)
 
 
 class ModelsSettings(_Section):
     """``[models]``: the model name used on each route."""
 
+    #: The model the local route calls.
     local: str = "llama3.2:latest"
+    #: The model the cloud route calls.
     cloud: str = "qwen3:14b"
 
 
@@ -90,8 +96,11 @@ class CostSettings(_Section):
     price are a policy violation, never a silent zero cost.
     """
 
+    #: USD per token on the local route; "" means unknown (a call is a violation).
     local_per_token: Decimal | None = Decimal("0.00001")
+    #: USD per token on the cloud route; "" means unknown (a call is a violation).
     cloud_per_token: Decimal | None = Decimal("0.0001")
+    #: ``{model: USD per token}``; wins over the route's rate.
     prices: dict[str, Decimal] = Field(default_factory=dict)
 
     @field_validator("local_per_token", "cloud_per_token", mode="before")
@@ -122,12 +131,19 @@ class OllamaSettings(_Section):
     ``think`` turns a thinking model's reasoning on (off by default, for every call).
     """
 
+    #: The Ollama server of the local route.
     url: str = "http://localhost:11434"
+    #: How long one HTTP request may take.
     timeout_seconds: float = Field(60.0, gt=0)
+    #: A second server for the cloud route (unset: the local one).
     cloud_url: str | None = None
+    #: Most completion tokens per call.
     num_predict: int = Field(1024, ge=1)
+    #: Calls in flight to the local route's server, all models together (per server).
     max_parallel: int = Field(8, ge=1, le=100_000)
+    #: Calls in flight to the cloud route's server, all models together (per server).
     cloud_max_parallel: int = Field(8, ge=1, le=100_000)
+    #: Let thinking models think (kept apart from the reply, counted).
     think: bool = False
 
 
@@ -145,15 +161,25 @@ class DatabaseSettings(_Section):
     one line (the commands that read or steer try once).
     """
 
+    #: The PostgreSQL URL (prefer ``ORGCHART_DATABASE_URL``); unset: an embedded server.
     url: str | None = None
+    #: Connections in one process's pool.
     pool_size: int = Field(10, ge=1, le=200)
+    #: The server cancels a statement running longer than this; 0: never.
     statement_timeout_ms: int = Field(0, ge=0)
+    #: How long a connection attempt waits, per host tried.
     connect_timeout_seconds: int = Field(5, ge=1, le=600)
+    #: TCP keepalive: idle seconds before the first probe.
     keepalives_idle_seconds: int = Field(5, ge=1, le=7200)
+    #: TCP keepalive: seconds between probes.
     keepalives_interval_seconds: int = Field(2, ge=1, le=600)
+    #: TCP keepalive: unanswered probes before the connection is dropped.
     keepalives_count: int = Field(3, ge=1, le=100)
+    #: Data unacknowledged this long drops the connection (0: the kernel's default).
     tcp_user_timeout_ms: int = Field(10_000, ge=0, le=3_600_000)
+    #: The server ends a session idle inside a transaction this long (frees its locks).
     idle_in_transaction_timeout_ms: int = Field(10_000, ge=0, le=86_400_000)
+    #: How long submit, run, fork, fire, serve and workers retry during a failover.
     failover_timeout_seconds: float = Field(60.0, ge=0, le=3600)
 
 
@@ -169,20 +195,30 @@ class LLMSettings(_Section):
     reply is recorded is served from the record when the task is delivered again.
     """
 
+    #: Who answers model calls (``auto``: Ollama if it answers, else offline).
     backend: Literal["auto", "ollama", "offline", "replay"] = "auto"
+    #: The JSONL file the ``replay`` backend answers from.
     replay_file: str | None = None
+    #: Keep prompts and replies in ``model_calls`` (false: accounting only).
     record: bool = True
+    #: Times a bad structured reply is asked again within the call.
     output_retries: int = Field(2, ge=0, le=10)
+    #: Times a transient error (timeout, 429, 5xx) is retried within the call.
     call_retries: int = Field(3, ge=0, le=20)
+    #: Backoff of a call retry: this, doubling, with full jitter (``Retry-After`` wins).
     retry_base_seconds: float = Field(0.5, ge=0)
+    #: Longest backoff of a call retry.
     retry_max_seconds: float = Field(30.0, ge=0)
+    #: How long a 503 "busy" waits its turn before it spends call retries.
     busy_wait_seconds: float = Field(120.0, ge=0)
+    #: A recorded reply is served from the record when its task runs again.
     durable: bool = True
 
 
 class AgentsSettings(_Section):
     """``[agents]``: modules to import for user-defined agents."""
 
+    #: Python modules imported for their agents.
     modules: list[str] = Field(default_factory=list)
 
     @field_validator("modules", mode="before")
@@ -194,15 +230,23 @@ class AgentsSettings(_Section):
 class PoliciesSettings(_Section):
     """``[policies]``: limits and rules applied to every task."""
 
+    #: Deepest level a task may sit at (a root is at 0).
     max_depth: int = Field(5, ge=0, le=100)
+    #: Children one task may create at once.
     max_children: int = Field(50, ge=1, le=100_000)
+    #: Largest payload, as compact JSON.
     max_payload_bytes: int = Field(262_144, ge=64)
+    #: Children only to the agents a parent's ``delegates_to`` names.
     delegation_edges: bool = True
+    #: Regexes refused in results (private keys, API-key shapes, e-mail addresses).
     forbidden_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_FORBIDDEN_PATTERNS))
+    #: A result must match its agent's output model.
     output_schema: bool = True
     #: ``{agent: [tool, ...]}``: the tools an agent may call (agents not listed: any).
     allowed_tools: dict[str, list[str]] = Field(default_factory=dict)
+    #: Python modules imported for their policies.
     modules: list[str] = Field(default_factory=list)
+    #: Rules switched off by name (all but ``model_price``).
     disabled: list[str] = Field(default_factory=list)
     #: ``require_approval``: tasks delegated to these agents, and roots submitted to them,
     #: wait for a person's approval.
@@ -225,24 +269,35 @@ class PoliciesSettings(_Section):
 class OrchestratorSettings(_Section):
     """``[orchestrator]``: caps for one fire of the decider (seed 000)."""
 
+    #: Worker processes one fire runs at once.
     max_workers: int = Field(2, ge=1, le=64)
+    #: Most tasks one fire's worker claims.
     task_cap: int = Field(200, ge=1)
+    #: How long one fire may run.
     wall_clock_seconds: float = Field(600.0, gt=0)
+    #: Most fires in 24 hours.
     daily_cap: int = Field(6, ge=1)
+    #: ``orgchart doctor`` reports when the last fire is older than this.
     expected_interval_seconds: float = Field(8 * 3600.0, gt=0)
+    #: ``orgchart doctor`` reports an open escalation older than this.
     escalation_max_age_seconds: float = Field(24 * 3600.0, gt=0)
+    #: ``module:Class`` that plans a fire.
     decider: str = "runtime.fleet.decider:RuleBasedDecider"
 
 
 class WorkerSettings(_Section):
     """``[worker]``: leases, batching and polling for ``orgchart worker``."""
 
+    #: How long a claim holds a task before another worker may take it back.
     lease_seconds: float = Field(30.0, gt=0)
     #: Most tasks one claim takes (several claims go at once when there is room).
     batch_size: int = Field(200, ge=1, le=1000)
+    #: How often an idle worker looks for work without a notification.
     poll_interval_seconds: float = Field(1.0, gt=0)
+    #: How often the reaper, watchdog and sweeper run.
     maintenance_interval_seconds: float = Field(1.0, gt=0)
-    stop_grace_seconds: float = Field(10.0, gt=0, le=3600)  # for in-flight work on a stop
+    #: On a stop, in-flight work's time to finish before it is handed back.
+    stop_grace_seconds: float = Field(10.0, gt=0, le=3600)
     #: Tasks one worker process holds at once (claimed and not yet written).
     max_in_flight: int = Field(1000, ge=1, le=100_000)
     #: Threads that run sync agents (``def run``); ``async def`` agents run on the loop.
@@ -261,8 +316,11 @@ DEFAULT_TENANT = "default"
 class TenantSettings(_Section):
     """``[tenants.<name>]``: a tenant's share, tasks running at once, and token bucket."""
 
+    #: The tenant's share against other tenants.
     weight: float = Field(1.0, gt=0, le=1000)
+    #: Its tasks running at once, across all workers (unset: no limit).
     max_in_flight: int | None = Field(None, ge=1, le=1_000_000)
+    #: A token bucket on its model tokens, across all workers (unset: none).
     tokens_per_minute: int | None = Field(None, gt=0, le=10**12)
 
 
@@ -274,9 +332,13 @@ class SchedulerSettings(_Section):
     server slot is kept ``anticipate_seconds`` for the next call of a tree that is behind.
     """
 
+    #: Spacing of a tree's tasks in fair time (divided by the tenant's weight).
     fair_quantum_seconds: float = Field(0.5, ge=0, le=3600)
+    #: A task's fair time is at most this much after its creation.
     max_wait_seconds: float = Field(300.0, gt=0, le=86_400)
+    #: Tokens per call that count as one step of fair time (at least 1).
     fair_quantum_tokens: float = Field(1000.0, gt=0, le=10**9)
+    #: A server slot kept this long for the next call of a tree behind (0: never).
     anticipate_seconds: float = Field(0.1, ge=0, le=10)
 
 
@@ -295,9 +357,13 @@ class McpServerSettings(_Section):
     server's tools; ``timeout_seconds`` bounds the start, the listing and each call.
     """
 
+    #: The program and its arguments.
     command: list[str] = Field(min_length=1)
+    #: Extra environment variables for it.
     env: dict[str, str] = Field(default_factory=dict)
+    #: The agents whose ``ctx.tools`` get its tools.
     agents: list[str] = Field(default_factory=list)
+    #: Bounds its start, its tool listing and each call.
     timeout_seconds: float = Field(30.0, gt=0, le=3600)
 
     @field_validator("command")
@@ -311,6 +377,7 @@ class McpServerSettings(_Section):
 class McpSettings(_Section):
     """``[mcp]``: tools from Model Context Protocol servers (the official ``mcp`` SDK)."""
 
+    #: MCP servers by name (``[mcp.servers.<name>]`` tables).
     servers: dict[str, McpServerSettings] = Field(default_factory=dict)
 
     @field_validator("servers")
