@@ -1,44 +1,26 @@
-"""One model call's pieces: the answer agents see, its identity, its record, its checks.
+"""A model call's answer and its rows.
 
-Pure helpers of :mod:`runtime.llm.handle` (no I/O): :class:`Completion` (what
-``ctx.llm.complete`` returns), :func:`request_hash` (a durable call's identity),
-:class:`Call` (one logical call in flight), and the checks of a request's schema and a
-reply's shape.
+:class:`Completion` (what ``ctx.llm.complete`` returns), :class:`Rows` (the
+``model_calls`` rows of a task's requests) and :class:`HeldReplays` (replayed calls'
+rows held for the task's outcome).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import json
-import random
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from runtime.config import Settings
-from runtime.errors import BadInput, TransientModelError, UnknownPrice
+from runtime.errors import BadInput
 from runtime.llm.backends.offline import OfflineBackend
-from runtime.llm.ledger import RecordedCall
-from runtime.llm.reply import (
-    Backend,
-    BadModelReply,
-    Message,
-    ModelReply,
-    ToolCall,
-    parse_structured,
-    request_text,
-)
-from runtime.llm.routing import Route
-from runtime.llm.tool_loop import ToolOutcome, ToolRound, recorded_tool_calls, round_note
+from runtime.llm.reply import Backend, ModelReply, ToolCall
+from runtime.llm.request import Request
+from runtime.llm.tool_loop import ToolOutcome
 from runtime.store.rows import ModelCharge
-
-#: The longest ``Retry-After`` honoured as given (longer ones are cut to this).
-MAX_RETRY_AFTER_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -88,62 +70,6 @@ class Completion:
     tool_rounds: int = 0
 
 
-#: ``json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)``, the encoder
-#: made once (``json.dumps`` with options builds one per call).
-_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str).encode
-
-
-def request_hashes(models: Sequence[str], messages: list[Message],
-                   schema: dict[str, Any] | None, max_tokens: int, think: bool,
-                   tools: list[dict[str, Any]] | None = None) -> dict[str, str]:
-    """:func:`request_hash` of one request for each of ``models``, serialised once.
-
-    The canonical JSON's keys are sorted (``messages``, ``model``, ``options``,
-    ``schema``, ``tools``), so the text around the model is the same for every model:
-    it is built once and each model's hash is the same bytes :func:`request_hash` hashes.
-    """
-    head = '{"messages":' + _canonical(messages) + ',"model":'
-    tail = (',"options":{"num_predict":' + _canonical(max_tokens)
-            + (',"think":true}' if think else ',"think":false}')
-            + ',"schema":' + ("null" if schema is None else _canonical(schema))
-            + (',"tools":' + _canonical(tools) if tools else "") + "}")
-    return {model: hashlib.sha256((head + _canonical(model) + tail).encode()).hexdigest()
-            for model in models}
-
-
-def request_hash(model: str, messages: list[Message], schema: dict[str, Any] | None,
-                 max_tokens: int, think: bool,
-                 tools: list[dict[str, Any]] | None = None) -> str:
-    """sha256 of a request's canonical JSON: model, messages, schema, tools and options.
-
-    ``max_tokens`` is what the agent asked (not what the budget left), so the same call
-    hashes the same on every delivery. ``tools`` count only when given.
-    """
-    body = {"model": model, "messages": messages, "schema": schema,
-            "options": {"num_predict": max_tokens, "think": think}}
-    if tools:
-        body["tools"] = tools
-    return hashlib.sha256(_canonical(body).encode()).hexdigest()
-
-
-@dataclass
-class Call:
-    """One logical call in flight: its identity, route and the attempts made so far."""
-
-    position: str
-    call_index: int
-    request_hash: str
-    stored_prompt: str
-    route: Route
-    price: Decimal
-    rows: int = 0
-    cost: Decimal = field(default_factory=lambda: Decimal(0))
-    #: The tools offered (a round of a tool loop), and the kind of its first request
-    #: (``repair`` after a round whose tool arguments were bad).
-    tools: list[dict[str, Any]] = field(default_factory=list)
-    first_kind: str = "call"
-
-
 @dataclass(frozen=True)
 class Rows:
     """Whose ``model_calls`` rows a task's requests are: builds each row to charge."""
@@ -155,7 +81,7 @@ class Rows:
     phase: str
     record: bool
 
-    def row(self, call: Call, kind: str, reply: ModelReply | None, prompt_tokens: int,
+    def row(self, call: Request, kind: str, reply: ModelReply | None, prompt_tokens: int,
             completion_tokens: int, duration: float, cost: Decimal,
             error: str | None) -> ModelCharge:
         """The row of one request of ``call`` (its text kept only when ``record``)."""
@@ -173,13 +99,13 @@ class Rows:
             tool_calls=([c.as_json() for c in reply.tool_calls]
                         if reply is not None and reply.tool_calls else None))
 
-    def replayed(self, call: Call, reply: ModelReply) -> ModelCharge:
+    def replayed(self, call: Request, reply: ModelReply) -> ModelCharge:
         """The zero-cost ``replayed`` row of a call served from the record."""
         return replace(self.row(call, "call", reply, 0, 0, 0.0, Decimal(0), None),
                        replayed=True, call_try=0)
 
 
-def replay_record(rows: Rows, call: Call, reply: ModelReply,
+def replay_record(rows: Rows, call: Request, reply: ModelReply,
                   at: dt.datetime) -> dict[str, Any]:
     """A replayed call's row as JSON for the task's finishing write (``stamp["replays"]``).
 
@@ -213,14 +139,14 @@ class HeldReplays:
     def __init__(self, ledger: Any, lease_lost: Any) -> None:
         self._ledger = ledger
         self._lease_lost = lease_lost
-        self._held: list[tuple[Rows, Call, ModelReply, dt.datetime]] | None = None
+        self._held: list[tuple[Rows, Request, ModelReply, dt.datetime]] | None = None
 
     def defer(self) -> None:
         """From now on, hold the rows (:meth:`hold`) instead of writing them at once."""
         if self._held is None:
             self._held = []
 
-    def hold(self, rows: Rows, call: Call, reply: ModelReply) -> bool:
+    def hold(self, rows: Rows, call: Request, reply: ModelReply) -> bool:
         """Hold one replayed call's row; False when rows are not held (the caller writes it).
 
         Only what the row is made of is kept (the row is built by :func:`held_replays`).
@@ -230,7 +156,7 @@ class HeldReplays:
         self._held.append((rows, call, reply, dt.datetime.now(dt.UTC)))
         return True
 
-    def take(self) -> list[tuple[Rows, Call, ModelReply, dt.datetime]]:
+    def take(self) -> list[tuple[Rows, Request, ModelReply, dt.datetime]]:
         """The rows held so far (no longer held)."""
         held = self._held or []
         if self._held is not None:
@@ -274,11 +200,6 @@ def held_replays(llm: Any, carried: bool) -> list[dict[str, Any]]:
     return []
 
 
-def error_name(exc: BaseException) -> str:
-    """The error's class as recorded: a retryable error is recorded as transient."""
-    return "TransientModelError" if isinstance(exc, TransientModelError) else type(exc).__name__
-
-
 def is_offline(backend: Backend) -> bool:
     """Offline backend, or a replay of a run that was recorded offline."""
     return backend.name == OfflineBackend.name or bool(getattr(backend, "offline", False))
@@ -296,32 +217,7 @@ def schema_of(schema: Any) -> tuple[dict[str, Any] | None, type[BaseModel] | Non
                    f"not {type(schema).__name__}")
 
 
-def validated(reply: ModelReply, model_cls: type[BaseModel] | None) -> Any:
-    """The reply's data, validated by ``model_cls`` (``BadModelReply`` if it does not fit)."""
-    if model_cls is None or reply.data is None:
-        return reply.data
-    try:
-        return model_cls.model_validate(reply.data).model_dump(mode="json")
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(root)"
-        raise BadModelReply(
-            f"the reply of model {reply.model!r} does not fit {model_cls.__name__} at "
-            f"{where}: {first['msg']}", reply) from None
-
-
-def price_of(settings: Settings, route: Route) -> Decimal:
-    """The routed model's price per token; ``UnknownPrice`` when it has none."""
-    price = settings.cost.price_for(route.route, route.model)
-    if price is None:
-        raise UnknownPrice(
-            f"model {route.model!r} (route {route.route}) has no price: set "
-            f"cost.{route.route}_per_token, or a price for {route.model!r} in cost.prices, "
-            "in orgchart.toml")
-    return price
-
-
-def answered(call: Call, reply: ModelReply, data: Any, offline: bool,
+def answered(call: Request, reply: ModelReply, data: Any, offline: bool,
              replayed: bool = False) -> Completion:
     """What the agent gets for an answered (or ``replayed``) call."""
     return Completion(
@@ -331,62 +227,3 @@ def answered(call: Call, reply: ModelReply, data: Any, offline: bool,
         route_reason=call.route.reason, duration_seconds=reply.duration_seconds,
         call_index=call.call_index, position=call.position, attempts=call.rows,
         replayed=replayed, thinking=reply.thinking, tool_calls=reply.tool_calls)
-
-
-def replay_of(recorded: RecordedCall, prompt: str, system: str | None,
-              json_schema: dict[str, Any] | None, model_cls: type[BaseModel] | None,
-              call_index: int, position: str,
-              tools: ToolRound | None = None) -> tuple[Call, ModelReply] | None:
-    """A recorded reply as a call and its reply (no request made); None if it is unusable."""
-    data = None
-    calls = recorded_tool_calls(recorded.tool_calls)
-    if json_schema and not calls:
-        try:
-            data = parse_structured(recorded.response, json_schema, recorded.model)
-            if model_cls is not None:
-                data = model_cls.model_validate(data).model_dump(mode="json")
-        except (BadModelReply, ValidationError):
-            return None
-    route = Route("cloud" if recorded.route == "cloud" else "local", recorded.model,
-                  f"replayed from model call {recorded.call_id}")
-    call = Call(position, call_index, recorded.request_hash,
-                request_text(prompt, system, json_schema) + round_note(tools), route,
-                Decimal(0))
-    reply = ModelReply(recorded.response, data, 0, 0, 0.0, recorded.model, recorded.backend,
-                       offline=recorded.backend == OfflineBackend.name,
-                       thinking=recorded.thinking, tool_calls=calls)
-    return call, reply
-
-
-@dataclass
-class Retries:
-    """One call's retries of transient failures (``[llm]`` settings).
-
-    Backoff with full jitter, a server's ``Retry-After`` honoured (up to
-    :data:`MAX_RETRY_AFTER_SECONDS`), and a busy server's 503s waited out for up to
-    ``busy_wait_seconds`` without spending a retry.
-    """
-
-    llm: Any
-    spent: int = 0
-    busy_waited: float = 0.0
-
-    def delay(self, exc: TransientModelError, requests: int) -> float:
-        """Seconds to wait before the next request; raises when the retries are spent."""
-        llm = self.llm
-        retry_after = getattr(exc, "retry_after", None)
-        if retry_after is not None:
-            delay = min(float(retry_after), MAX_RETRY_AFTER_SECONDS)
-        else:
-            ceiling = min(llm.retry_max_seconds, llm.retry_base_seconds * 2 ** self.spent)
-            delay = random.uniform(0, ceiling)
-        if getattr(exc, "status", None) == 503 and \
-                self.busy_waited + delay <= llm.busy_wait_seconds:
-            self.busy_waited += delay  # a busy server: wait our turn, keep the retries
-        elif self.spent < llm.call_retries:
-            self.spent += 1
-        else:
-            raise TransientModelError(
-                f"{exc} (gave up after {requests} request(s) in this call; "
-                f"llm.call_retries = {llm.call_retries})") from exc
-        return delay

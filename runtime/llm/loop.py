@@ -116,17 +116,15 @@ class CallLoop:
         finally:
             unpark()
 
-    def slot(self, host: str, model: str, limit: int) -> FairSlots:
+    def slot(self, host: str, limit: int) -> FairSlots:
         """The fair slots bounding calls in flight to a route's server (running loop).
 
         A route is its server ``host`` and its limit (``[ollama] max_parallel`` or
-        ``cloud_max_parallel``): every model's calls on it share one semaphore of ``limit``
-        slots, keyed as the backend keys its connection pool
+        ``cloud_max_parallel``, per server): every model's calls on it share one set of
+        ``limit`` slots, keyed as the backend keys its connection pool
         (``OllamaBackend._client_for``), so the calls the slots let through never wait
-        for a connection. ``model`` is not part of the key (two models on one server
-        share its limit and its pool).
+        for a connection. Two models on one server share its limit and its pool.
         """
-        del model  # one limit per server and route, whatever the model
         key = (id(asyncio.get_running_loop()), host, limit)
         slots = self._slots.get(key)
         if slots is None:

@@ -5,16 +5,31 @@ than ``[routing] pending_threshold`` tasks, goes to the cloud model (``[models] 
 everything else goes to the local model (``[models] local``). Both comparisons are
 strict: a prompt of exactly ``prompt_threshold`` characters stays local. The decision
 carries a short sentence saying why, stored with the task (``route_reason``).
+
+:class:`Router` is the route stage of one model call: it decides the route (a fork may
+have set the model), prices it (``[cost]``) and names the request's record key.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
+from decimal import Decimal
+from typing import TYPE_CHECKING, Literal
 
 from runtime.config import Settings
+from runtime.errors import UnknownPrice
+from runtime.llm.reply import NOT_RECORDED, request_key, request_text
+from runtime.llm.tool_loop import round_note
+
+if TYPE_CHECKING:
+    from runtime.llm.request import Request
 
 RouteName = Literal["local", "cloud"]
+#: How long one read of the pending queue's depth serves routing decisions.
+DEPTH_TTL_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -74,3 +89,69 @@ def decide_route(prompt: str, pending_depth: int, settings: Settings) -> Route:
         f"prompt {length} chars <= prompt_threshold {routing.prompt_threshold} and "
         f"pending queue {pending_depth} <= pending_threshold {routing.pending_threshold}",
     )
+
+
+def price_of(settings: Settings, route: Route) -> Decimal:
+    """The routed model's price per token; ``UnknownPrice`` when it has none."""
+    price = settings.cost.price_for(route.route, route.model)
+    if price is None:
+        raise UnknownPrice(
+            f"model {route.model!r} (route {route.route}) has no price: set "
+            f"cost.{route.route}_per_token, or a price for {route.model!r} in cost.prices, "
+            "in orgchart.toml")
+    return price
+
+
+class Router:
+    """The route stage: where a request goes, at what price, under which record key.
+
+    The pending queue's depth (a routing signal) is read at most once per
+    :data:`DEPTH_TTL_SECONDS` and event loop, the callers of a loop sharing the read in
+    flight.
+
+    Args:
+        settings: the configuration (``[routing]``, ``[models]``, ``[cost]``, ``[llm]``).
+        read_depth: reads the pending queue's depth (the ledger's, off the loop).
+
+    """
+
+    def __init__(self, settings: Settings, read_depth: Callable[[], Awaitable[int]]) -> None:
+        self._settings = settings
+        self._read_depth = read_depth
+        self._depth: tuple[float, int] | None = None
+        self._depth_reads: dict[asyncio.AbstractEventLoop, asyncio.Future[int]] = {}
+
+    async def pending_depth(self) -> int:
+        """The pending queue's depth for routing: one read per TTL and loop, shared."""
+        cached = self._depth
+        if cached is not None and time.monotonic() - cached[0] < DEPTH_TTL_SECONDS:
+            return cached[1]
+        loop = asyncio.get_running_loop()
+        reading = self._depth_reads.get(loop)
+        if reading is None:  # one read in flight per loop; the other callers share it
+            reading = asyncio.ensure_future(self._read_depth())
+            self._depth_reads[loop] = reading
+            reading.add_done_callback(lambda _: self._depth_reads.pop(loop, None))
+        depth = await asyncio.shield(reading)
+        self._depth = (time.monotonic(), depth)
+        return depth
+
+    async def route(self, request: Request, model_override: str | None) -> None:
+        """Set ``request``'s route, price, record key and stored prompt.
+
+        Raises:
+            UnknownPrice: the routed model has no price (a policy violation).
+
+        """
+        route = decide_route(request.prompt, await self.pending_depth(), self._settings)
+        if model_override:
+            route = Route(route.route, model_override,
+                          f"{route.reason}; model {model_override} set by a fork")
+        request.route = route
+        request.price = price_of(self._settings, route)
+        request.request_hash = (request.record_keys.get(route.model)
+                                or request.hashes([route.model])[route.model])
+        prompt, system, schema = request.prompt, request.system, request.json_schema
+        stored = (request_text(prompt, system, schema) if self._settings.llm.record
+                  else f"{NOT_RECORDED} request {request_key(prompt, system, schema)}")
+        request.stored_prompt = stored + round_note(request.round)

@@ -440,7 +440,7 @@ def test_malformed_replay_file_names_the_line(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------- repair helpers
 def test_request_hash_covers_model_messages_schema_and_options() -> None:
-    from runtime.llm.handle import request_hash
+    from runtime.llm.request import request_hash
 
     messages = [{"role": "user", "content": PROMPT}]
     base = request_hash("m", messages, None, 100, False)

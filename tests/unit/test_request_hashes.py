@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from runtime.llm.calls import request_hash, request_hashes
+from runtime.llm.request import request_hash, request_hashes
 
 
 def hashed_as_recorded(model: str, messages: Any, schema: Any, max_tokens: int, think: bool,

@@ -245,9 +245,9 @@ def test_one_limit_per_server_and_route_for_the_slots_and_the_pool() -> None:
 
     async def gates() -> None:
         local = backend.parallel_for("local")
-        # every model on a route shares one gate, as large as that route's pool
-        assert calls.slot(backend.host_for("local"), "a", local) is \
-            calls.slot(backend.host_for("local"), "b", local)
+        # one gate per server and route (every model shares it), as large as its pool
+        assert calls.slot(backend.host_for("local"), local) is \
+            calls.slot(backend.host_for("local"), local)
         client = backend._client_for("local")
         assert client._client._lean.max_connections == local  # type: ignore[attr-defined]
         cloud = backend._client_for("cloud")  # the same server, the cloud route's limit

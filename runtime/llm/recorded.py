@@ -1,0 +1,115 @@
+"""The record look-up stage: a durable call answered before is served from its record.
+
+A call's identity is its task, its phase (run, aggregate, judge), its position (order of
+issue, or ``key=``) and the sha256 of its request (model, messages, schema, options,
+tools). When the record holds a successful reply for that identity (an earlier delivery
+made the call; for a fork's branch task, its counterpart did), the reply is returned at
+once, charged zero, and a row marked ``replayed`` is written (``[llm] durable``; with
+the task's outcome when the executor defers it: :class:`runtime.llm.calls.HeldReplays`).
+A record that no longer fits the call's schema is not served: the call is made again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from decimal import Decimal
+
+from pydantic import ValidationError
+
+from runtime.config import Settings
+from runtime.llm.backends.offline import OfflineBackend
+from runtime.llm.calls import Completion, HeldReplays, answered
+from runtime.llm.charging import Charger
+from runtime.llm.ledger import RecordedCall, RecordReader
+from runtime.llm.reply import BadModelReply, ModelReply, parse_structured, request_text
+from runtime.llm.request import Request
+from runtime.llm.routing import Route
+from runtime.llm.tool_loop import recorded_tool_calls, round_note
+
+
+class RecordedReplies:
+    """Serves one task's calls from the record of replies, when it holds them.
+
+    Args:
+        settings: ``[llm] durable`` and ``record`` (both needed), ``[models]``.
+        reader: the batched look-ups of recorded replies.
+        task_row: the task (its id, phase, ``forked_from`` and ``model_override``,
+            ``recorded_calls``: whether any reply of this phase is on record).
+        phase: the phase the task's calls belong to.
+        charger / replays: where a replayed row is written, or held for the outcome.
+        offline: the backend is offline (a replayed answer is not a model's work either).
+
+    """
+
+    def __init__(self, settings: Settings, reader: RecordReader, task_row: dict[str, object],
+                 phase: str, charger: Charger, replays: HeldReplays, offline: bool) -> None:
+        self._settings = settings
+        self._reader = reader
+        self._charger = charger
+        self._replays = replays
+        self._offline = offline
+        self._task_id = charger.rows.task_id
+        self._phase = phase
+        #: A fork's branch: its counterpart's record answers the calls it repeats.
+        counterpart = task_row.get("forked_from")
+        self.counterpart = counterpart if isinstance(counterpart, uuid.UUID) else None
+        override = task_row.get("model_override")
+        self.model_override = str(override) if override else None
+        # No reply of this phase on record (the claim says): no look-up until one is made.
+        self._may_replay = bool(task_row.get("recorded_calls", True)) or \
+            self.counterpart is not None
+
+    def recorded(self) -> None:
+        """A reply of this task was recorded now: later calls look the record up."""
+        self._may_replay = True
+
+    async def answer(self, request: Request) -> Completion | None:
+        """The recorded answer to ``request``, written as replayed; None: make the call.
+
+        Sets ``request.record_keys`` (the request's hash per candidate model) when it
+        looks.
+        """
+        llm = self._settings.llm
+        if not (llm.durable and llm.record and self._may_replay):
+            return None
+        # Either route may have answered before: look for a reply to either model.
+        models = ((self.model_override,) if self.model_override
+                  else (self._settings.models.local, self._settings.models.cloud))
+        request.record_keys = request.hashes(models)
+        recorded = await self._reader.read(  # batched with other calls' reads
+            self._task_id, self._phase, request.position,
+            sorted(set(request.record_keys.values())), self.counterpart)
+        if recorded is None:
+            return None
+        replay = replay_of(recorded, request)
+        if replay is None:
+            return None
+        served, reply = replay
+        if not self._replays.hold(self._charger.rows, served, reply):  # not held: write now
+            await self._charger.replayed(served, reply)
+        return answered(served, reply, reply.data, self._offline, replayed=True)
+
+
+def replay_of(recorded: RecordedCall,
+              request: Request) -> tuple[Request, ModelReply] | None:
+    """A recorded reply as the call it answered and its reply; None if it is unusable."""
+    data = None
+    calls = recorded_tool_calls(recorded.tool_calls)
+    if request.json_schema and not calls:
+        try:
+            data = parse_structured(recorded.response, request.json_schema, recorded.model)
+            if request.model_cls is not None:
+                data = request.model_cls.model_validate(data).model_dump(mode="json")
+        except (BadModelReply, ValidationError):
+            return None
+    route = Route("cloud" if recorded.route == "cloud" else "local", recorded.model,
+                  f"replayed from model call {recorded.call_id}")
+    served = dataclasses.replace(
+        request, route=route, price=Decimal(0), request_hash=recorded.request_hash,
+        stored_prompt=(request_text(request.prompt, request.system, request.json_schema)
+                       + round_note(request.round)), rows=0, cost=Decimal(0))
+    reply = ModelReply(recorded.response, data, 0, 0, 0.0, recorded.model, recorded.backend,
+                       offline=recorded.backend == OfflineBackend.name,
+                       thinking=recorded.thinking, tool_calls=calls)
+    return served, reply

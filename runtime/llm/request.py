@@ -1,0 +1,150 @@
+"""One model call as one value: :class:`Request`, carried through every stage of the call.
+
+``ctx.llm.acomplete(...)`` builds a :class:`Request` from its arguments; each stage reads
+what it needs from it and writes what it decides into it:
+
+- the record look-up (:mod:`runtime.llm.recorded`) reads the ask (prompt, schema, tools,
+  position) and its hashes (:func:`request_hashes`, a durable call's identity);
+- the route (:class:`runtime.llm.routing.Router`) sets ``route``, ``price``,
+  ``request_hash`` (the record key) and ``stored_prompt``;
+- repair and retry (:mod:`runtime.llm.repair`, :mod:`runtime.llm.retries`) set the
+  ``conversation`` sent and the ``kind`` of the next request;
+- one request (:class:`runtime.llm.sending.Sender`) holds its budget reservation in
+  ``held`` while it is in flight, and counts ``rows`` and ``cost``;
+- the charge (:class:`runtime.llm.charging.Charger`) writes each request as a row built
+  from it.
+
+One :class:`Request` belongs to one logical call (its requests are made one after the
+other), so its stages may write into it without a lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from pydantic import BaseModel
+
+from runtime.budget import Reservation
+from runtime.llm.reply import Message, first_messages
+from runtime.llm.routing import Route
+from runtime.llm.tool_loop import ToolRound
+
+#: The route of a request not routed yet (the route stage sets the real one).
+UNROUTED = Route("local", "", "not routed yet")
+
+
+@dataclass
+class Request:
+    """One logical model call: what was asked, where it goes, and its requests so far.
+
+    Attributes:
+        prompt / system: the user prompt and the optional system prompt.
+        json_schema / model_cls: the structured output's JSON schema, and its pydantic
+            class when one was given (the reply is validated by it).
+        max_tokens: the completion cap the agent asked (part of the identity; the budget
+            may send less).
+        think: ``[ollama] think`` when the call was made.
+        call_index / position: the call's order of issue in the task, and its identity
+            (``key:<key>``, else the order; ``<position>#<round>`` in a tool loop).
+        round: the tool loop's round this call is (its conversation and tools), if any.
+        record_keys: the request's hashes per candidate model, once the record look-up
+            has made them (the route stage picks its model's).
+        route / price / request_hash / stored_prompt: set by the route stage: the route
+            and model, the price per token, the record key (sha256 of the request) and
+            the prompt as its rows store it.
+        conversation / kind: the messages of the next request and its kind (``call``,
+            ``retry`` or ``repair``).
+        held: the budget reservation of the request in flight.
+        rows / cost: requests made so far and what they cost together.
+
+    """
+
+    prompt: str
+    system: str | None
+    json_schema: dict[str, Any] | None
+    model_cls: type[BaseModel] | None
+    max_tokens: int
+    think: bool
+    call_index: int
+    position: str
+    round: ToolRound | None = None
+    record_keys: dict[str, str] = field(default_factory=dict)
+    route: Route = UNROUTED
+    price: Decimal = field(default_factory=lambda: Decimal(0))
+    request_hash: str = ""
+    stored_prompt: str = ""
+    conversation: list[Message] = field(default_factory=list)
+    kind: str = "call"
+    held: Reservation | None = None
+    rows: int = 0
+    cost: Decimal = field(default_factory=lambda: Decimal(0))
+
+    def __post_init__(self) -> None:
+        if not self.conversation:
+            self.conversation = self.messages
+        self.kind = self.first_kind
+
+    @property
+    def messages(self) -> list[Message]:
+        """The request's first messages: the prompt's, or the tool loop's conversation."""
+        if self.round is not None:
+            return list(self.round.conversation)
+        return first_messages(self.prompt, self.system)
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The tools offered with the request (a round of a tool loop), else none."""
+        return self.round.specs if self.round is not None else []
+
+    @property
+    def first_kind(self) -> str:
+        """The kind of the first request: ``repair`` after a round of bad tool arguments."""
+        return "repair" if self.round is not None and self.round.repair else "call"
+
+    def hashes(self, models: Sequence[str]) -> dict[str, str]:
+        """The record key of this request for each of ``models`` (:func:`request_hashes`)."""
+        return request_hashes(models, self.messages, self.json_schema, self.max_tokens,
+                              self.think, self.tools or None)
+
+
+#: ``json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)``, the encoder
+#: made once (``json.dumps`` with options builds one per call).
+_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str).encode
+
+
+def request_hashes(models: Sequence[str], messages: list[Message],
+                   schema: dict[str, Any] | None, max_tokens: int, think: bool,
+                   tools: list[dict[str, Any]] | None = None) -> dict[str, str]:
+    """:func:`request_hash` of one request for each of ``models``, serialised once.
+
+    The canonical JSON's keys are sorted (``messages``, ``model``, ``options``,
+    ``schema``, ``tools``), so the text around the model is the same for every model:
+    it is built once and each model's hash is the same bytes :func:`request_hash` hashes.
+    """
+    head = '{"messages":' + _canonical(messages) + ',"model":'
+    tail = (',"options":{"num_predict":' + _canonical(max_tokens)
+            + (',"think":true}' if think else ',"think":false}')
+            + ',"schema":' + ("null" if schema is None else _canonical(schema))
+            + (',"tools":' + _canonical(tools) if tools else "") + "}")
+    return {model: hashlib.sha256((head + _canonical(model) + tail).encode()).hexdigest()
+            for model in models}
+
+
+def request_hash(model: str, messages: list[Message], schema: dict[str, Any] | None,
+                 max_tokens: int, think: bool,
+                 tools: list[dict[str, Any]] | None = None) -> str:
+    """sha256 of a request's canonical JSON: model, messages, schema, tools and options.
+
+    ``max_tokens`` is what the agent asked (not what the budget left), so the same call
+    hashes the same on every delivery. ``tools`` count only when given.
+    """
+    body = {"model": model, "messages": messages, "schema": schema,
+            "options": {"num_predict": max_tokens, "think": think}}
+    if tools:
+        body["tools"] = tools
+    return hashlib.sha256(_canonical(body).encode()).hexdigest()

@@ -1,0 +1,102 @@
+"""The send stage: one request of a call, from its budget reservation to its charge.
+
+:meth:`Sender.attempt` makes one request of a :class:`~runtime.llm.request.Request`:
+
+1. reserve: the request's estimated prompt tokens plus its completion cap are held in the
+   task's budget (:meth:`runtime.budget.TaskBudget.reserve`, the cap shrunk to what is
+   left, or :class:`~runtime.errors.BudgetExceeded`);
+2. slot: its turn at its server (:class:`runtime.llm.server_slots.ServerSlots`);
+3. send: through the start gate (:class:`runtime.llm.gate.CallGate`: no request for a
+   cancelled task or in a paused tree) to the backend;
+4. validate: the reply against the call's pydantic class (:func:`runtime.llm.repair.validated`);
+5. charge: its row, answered or failed (:class:`runtime.llm.charging.Charger`);
+
+and settles the reservation with what was charged, whatever happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from decimal import Decimal
+from typing import Any
+
+from runtime.budget import TaskBudget
+from runtime.errors import LeaseLost
+from runtime.llm.charging import Charger
+from runtime.llm.fair_slots import StopCheck
+from runtime.llm.gate import CallGate
+from runtime.llm.repair import validated
+from runtime.llm.reply import Backend, BadModelReply, ModelReply, message_tokens
+from runtime.llm.request import Request
+from runtime.llm.server_slots import Fair, ServerSlots
+
+log = logging.getLogger(__name__)
+
+
+class Sender:
+    """Makes the requests of one task's calls, each reserved, slotted, gated and charged.
+
+    Args:
+        backend / slots / gate: where requests go, their turn, their start gate.
+        budget / charger: the task's budget and the writer of its rows.
+        fair / stopped: whose the requests are (fair order) and why they may not start.
+        lease_token / lease_lost: the task's lease (fencing).
+
+    """
+
+    def __init__(self, backend: Backend, slots: ServerSlots, gate: CallGate,
+                 budget: TaskBudget, charger: Charger, fair: Fair, stopped: StopCheck,
+                 lease_token: uuid.UUID, lease_lost: threading.Event) -> None:
+        self._backend, self._slots, self._gate = backend, slots, gate
+        self._budget, self._charger = budget, charger
+        self._fair, self._stopped = fair, stopped
+        self._lease_token, self._lease_lost = lease_token, lease_lost
+        self._task_id = charger.rows.task_id
+
+    async def attempt(self, request: Request) -> tuple[ModelReply, Any]:
+        """One request: reserve, slot, send, validate, charge; settle the reservation."""
+        if self._lease_lost.is_set():
+            raise LeaseLost(f"task {self._task_id}: lease lost; the model was not called")
+        # Reserve (budget rule 3); the finally below settles with what was charged (rule 4).
+        held = request.held = self._budget.reserve(
+            message_tokens(request.conversation), request.max_tokens, request.price)
+        request.rows += 1
+        started = time.monotonic()
+        charged_tokens, charged_usd = 0, Decimal(0)
+        try:
+            try:
+                reply = await self.send(request)
+                data = validated(reply, request.model_cls)
+            except Exception as exc:
+                spent = exc.reply if isinstance(exc, BadModelReply) else None
+                charged_tokens, charged_usd = await self._charger.failed(
+                    request, exc, spent, time.monotonic() - started)
+                raise
+            charged_tokens, charged_usd = await self._charger.answered(request, reply)
+            return reply, data
+        finally:
+            request.held = None
+            settled = self._budget.settle(held, charged_tokens, charged_usd)
+            if settled.over_tokens > 0:
+                log.info("a request spent more than it reserved (the server counted more "
+                         "prompt tokens than estimated)",
+                         extra={"task_id": str(self._task_id), "over": settled.over_tokens})
+
+    async def send(self, request: Request) -> ModelReply:
+        """Send ``request`` at its turn, once the gate lets it; settle its slot's estimate."""
+        ticket = self._slots.ticket(request, self._fair, self._stopped)
+        held = request.held
+        assert held is not None  # reserved by attempt()
+        tools = {"tools": request.tools} if request.tools else {}
+        reply = await self._gate.send(  # cancelled? paused? (gate.py)
+            self._task_id, ticket,
+            lambda: ticket.answer(self._backend.achat(
+                request.route.model, request.conversation, request.json_schema,
+                held.completion_tokens, route=request.route.route, think=request.think,
+                **tools)),
+            lease_token=self._lease_token)
+        ticket.settle(reply.prompt_tokens + reply.completion_tokens)  # its spend
+        return reply

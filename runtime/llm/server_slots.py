@@ -1,0 +1,57 @@
+"""The slot stage: a request's turn at its server, in fair order, within its tenant's tokens.
+
+Each route's server takes at most ``[ollama] max_parallel`` requests at once (per server:
+``cloud_max_parallel`` for the cloud route's), whatever the model; the waiting ones are
+served in weighted fair order between tenants and trees
+(:class:`runtime.llm.fair_slots.FairSlots`), after their tenant's token bucket gave them
+their tokens (:class:`runtime.llm.fair_slots.TokenMeter`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.config import Settings
+from runtime.llm.fair_slots import StopCheck, Ticket
+from runtime.llm.loop import CallLoop
+from runtime.llm.reply import Backend
+from runtime.llm.request import Request
+
+
+@dataclass(frozen=True)
+class Fair:
+    """Whose a request is, for the fair order: its tenant, its tree, its priority."""
+
+    tenant: str
+    tree: Any
+    priority: int
+
+
+class ServerSlots:
+    """Hands each request its ticket for its server's slots.
+
+    Args:
+        calls: the loops calls run on (one set of slots per loop and server).
+        backend: names each route's server (``host_for``; else the backend's name).
+        settings: ``[ollama]`` (the per-server limits) and ``[tenants]`` (weights).
+
+    """
+
+    def __init__(self, calls: CallLoop, backend: Backend, settings: Settings) -> None:
+        self._calls = calls
+        self._host_for = getattr(backend, "host_for", None)  # one server per route
+        self._name = backend.name
+        self._settings = settings
+
+    def ticket(self, request: Request, fair: Fair, stopped: StopCheck | None = None) -> Ticket:
+        """``request``'s turn at its route's server, its reservation as its estimate."""
+        route = request.route.route
+        host = self._host_for(route) if self._host_for is not None else self._name
+        ollama = self._settings.ollama
+        limit = ollama.cloud_max_parallel if route == "cloud" else ollama.max_parallel
+        held = request.held
+        estimate = held.prompt_tokens + held.completion_tokens if held is not None else 0
+        return self._calls.slot(host, limit).ticket(
+            fair.tenant, fair.tree, fair.priority, self._settings.tenant_weight(fair.tenant),
+            estimate, stopped)
