@@ -64,6 +64,7 @@ COMMANDS: tuple[tuple[typer.Typer, str, Callable[..., Any]], ...] = (
     (app, "metrics", inspection.metrics),
     (app, "prune", inspection.prune),
     (app, "serve", inspection.serve),
+    (app, "mcp", inspection.mcp),
     (app, "fire", ops.fire),
     (app, "doctor", ops.doctor),
     (app, "policies", policies.policies),

@@ -1,7 +1,7 @@
 """Inspecting trees and serving them: ``tree``, ``show``, ``escalations``, ``resolve``, ...
 
-The commands: ``tree``, ``show``, ``escalations``, ``resolve``, ``metrics``, ``prune``
-and ``serve``. Each reads through :class:`runtime.store.store.Store` and prints either
+The commands: ``tree``, ``show``, ``escalations``, ``resolve``, ``metrics``, ``prune``,
+``serve`` and ``mcp``. Each reads through :class:`runtime.store.store.Store` and prints either
 rich text or, with ``--json``, the public shapes of :mod:`runtime.views` (shared with the
 HTTP API, so the CLI and the API answer alike). A malformed id, a missing task or a
 refused resolution exits 2 with a message naming the problem (the one error handler,
@@ -362,3 +362,20 @@ def serve(
     err.print(f"[dim]serving on http://{where}:{port}/ (API docs at /docs"
               + ("; bearer token required" if token else "") + ")[/]", highlight=False)
     uvicorn.run(api, host=host, port=port, log_level=log_level.lower())
+
+
+def mcp(agents_module: ModulesOpt = None) -> None:
+    """Serve the Model Context Protocol on stdin/stdout (Claude Desktop, Cursor, ...).
+
+    The tools and resources are those of ``/mcp`` on ``orgchart serve`` (docs/mcp.md);
+    nothing but the protocol is written to stdout.
+    """
+    from runtime.mcp.server import build_server, run_stdio
+    from runtime.wiring import load_registry, open_store
+
+    cfg = settings()
+    store = open_store(cfg)
+    try:
+        run_stdio(build_server(store, cfg, load_registry(cfg, agents_module or [])))
+    finally:
+        store.dispose()

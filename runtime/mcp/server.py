@@ -1,0 +1,215 @@
+"""The MCP server: the SDK's low-level ``Server`` wired to the tools and the resources.
+
+:func:`build_server` makes one; :func:`run_stdio` serves it on stdin/stdout
+(``orgchart mcp``); :func:`mount` adds it to the HTTP API at ``/mcp`` (streamable
+HTTP, ``orgchart serve``), where the API's bearer-token guard covers it like every
+other path. The low-level server (not ``MCPServer``) because the tools' input schemas
+are the API's pydantic models, validated by us so that bad input is a tool error
+(``isError``) with the message the CLI prints, never a protocol error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import mcp.types as types
+from mcp.server import Server, ServerRequestContext
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
+
+from agents.registry import Registry
+from runtime.config import Settings
+from runtime.mcp import resources
+from runtime.mcp.tools import (
+    TOOLS,
+    TOOLS_BY_NAME,
+    Deps,
+    SubmitGoalArgs,
+    ToolRefused,
+    parse_arguments,
+    root_progress,
+    run_tool,
+)
+from runtime.store.db import DatabaseUnavailable
+from runtime.store.rows import TERMINAL_STATUSES
+from runtime.store.store import Store
+
+log = logging.getLogger(__name__)
+
+#: How often a ``submit_goal`` with ``wait`` reads its tree (and may send progress).
+WAIT_POLL_SECONDS = 0.5
+INSTRUCTIONS = (
+    "orgchart runs trees of agents on PostgreSQL. submit_goal starts a tree (wait=true "
+    "returns when it ends); get_tree and the orgchart://trees/{root_id} resource show it; "
+    "list_inbox shows the questions and approvals that wait for a person; answer, approve "
+    "and reject act on them."
+)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def _result(value: Any) -> types.CallToolResult:
+    text = _text(value)
+    structured = json.loads(text)
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
+                                structured_content=structured
+                                if isinstance(structured, dict) else None)
+
+
+def _refusal(message: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=message)],
+                                is_error=True)
+
+
+async def _wait(ctx: ServerRequestContext[Any], store: Store, root_id: uuid.UUID,
+                timeout: float) -> bool:
+    """Poll the tree until its root ends or ``timeout``; send progress on each change."""
+    token = (ctx.meta or {}).get("progress_token")
+    deadline = time.monotonic() + timeout
+    last: tuple[str, int, int] | None = None
+    while True:
+        status, ended, total = await anyio.to_thread.run_sync(root_progress, store, root_id)
+        if token is not None and (status, ended, total) != last:
+            await ctx.session.send_progress_notification(
+                token, ended, total, message=f"root {status}: {ended} of {total} tasks ended",
+                related_request_id=str(ctx.request_id))
+        last = (status, ended, total)
+        if status in TERMINAL_STATUSES:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await anyio.sleep(WAIT_POLL_SECONDS)
+
+
+class _Handlers:
+    """The request handlers of one server, over one set of dependencies."""
+
+    def __init__(self, deps: Deps, watcher: resources.Watcher,
+                 bus: InMemorySubscriptionBus) -> None:
+        self.deps = deps
+        self.watcher = watcher
+        self.bus = bus
+        self.listen = ListenHandler(bus)
+
+    async def list_tools(self, _ctx: Any, _params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[
+            types.Tool(name=t.name, description=t.description,
+                       input_schema=t.model.model_json_schema(),
+                       annotations=types.ToolAnnotations(read_only_hint=t.read_only))
+            for t in TOOLS])
+
+    async def call_tool(self, ctx: ServerRequestContext[Any],
+                        params: types.CallToolRequestParams) -> types.CallToolResult:
+        spec = TOOLS_BY_NAME.get(params.name)
+        if spec is None:
+            return _refusal(f"no tool {params.name!r}; the tools are "
+                            f"{', '.join(TOOLS_BY_NAME)}")
+        try:
+            args = parse_arguments(spec, params.arguments)
+            value = await anyio.to_thread.run_sync(run_tool, self.deps, spec, args)
+            if isinstance(args, SubmitGoalArgs) and args.wait:
+                root = uuid.UUID(value["id"])
+                ended = await _wait(ctx, self.deps.store, root, args.timeout_seconds)
+                value = {**await anyio.to_thread.run_sync(
+                    run_tool, self.deps, TOOLS_BY_NAME["get_task"],
+                    TOOLS_BY_NAME["get_task"].model(task_id=str(root))),
+                    "created": value["created"], "ended": ended}
+        except ToolRefused as exc:
+            return _refusal(str(exc))
+        except DatabaseUnavailable as exc:
+            return _refusal(str(exc))
+        except Exception:
+            log.exception("tool %s failed", params.name)
+            return _refusal("internal error (the server's log has the traceback)")
+        return _result(value)
+
+    async def list_resources(self, _ctx: Any, _params: Any) -> types.ListResourcesResult:
+        roots = await anyio.to_thread.run_sync(self.deps.store.recent_roots, 20)
+        return types.ListResourcesResult(resources=[
+            types.Resource(uri=resources.TREE_TEMPLATE.format(root_id=r["id"]),
+                           name=f"tree {r['id']}", mime_type="application/json",
+                           description=f"{r['to_agent']}: {r['status']}")
+            for r in roots])
+
+    async def list_templates(self, _ctx: Any, _params: Any) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(resource_templates=[
+            types.ResourceTemplate(**t) for t in resources.templates()])
+
+    async def read_resource(self, _ctx: Any, params: types.ReadResourceRequestParams
+                            ) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        text = await anyio.to_thread.run_sync(resources.read, self.deps.store, uri)
+        return types.ReadResourceResult(contents=[types.TextResourceContents(
+            uri=uri, mime_type="application/json", text=text)])
+
+    async def subscribe(self, ctx: ServerRequestContext[Any],
+                        params: types.SubscribeRequestParams) -> types.EmptyResult:
+        session = ctx.session
+        await self.watcher.add(str(params.uri), session, session.send_resource_updated)
+        return types.EmptyResult()
+
+    async def unsubscribe(self, ctx: ServerRequestContext[Any],
+                          params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+        self.watcher.remove(str(params.uri), ctx.session)
+        return types.EmptyResult()
+
+    async def subscriptions_listen(self, ctx: ServerRequestContext[Any],
+                                   params: types.SubscriptionsListenRequestParams
+                                   ) -> types.SubscriptionsListenResult:
+        """A ``subscriptions/listen`` stream: watch its URIs while it is open."""
+        key = object()
+        uris = [str(u) for u in params.notifications.resource_subscriptions or ()]
+
+        async def publish(uri: str) -> None:
+            await self.bus.publish(ResourceUpdated(uri=uri))
+
+        try:
+            for uri in uris:
+                await self.watcher.add(uri, key, publish)
+            return await self.listen(ctx, params)
+        finally:
+            for uri in uris:
+                self.watcher.remove(uri, key)
+
+
+def build_server(store: Store, settings: Settings, registry: Registry) -> Server[Any]:
+    """The MCP server over ``store``: the tools, the resources and their watcher."""
+    watcher = resources.Watcher(store)
+    handlers = _Handlers(Deps(store, registry, settings), watcher, InMemorySubscriptionBus())
+
+    @asynccontextmanager
+    async def lifespan(_: Server[Any]) -> AsyncIterator[dict[str, Any]]:
+        async with anyio.create_task_group() as group:
+            group.start_soon(watcher.run)
+            yield {}
+            group.cancel_scope.cancel()
+
+    return Server(
+        "orgchart", version="0.1.0", instructions=INSTRUCTIONS, lifespan=lifespan,
+        on_list_tools=handlers.list_tools, on_call_tool=handlers.call_tool,
+        on_list_resources=handlers.list_resources,
+        on_list_resource_templates=handlers.list_templates,
+        on_read_resource=handlers.read_resource,
+        on_subscribe_resource=handlers.subscribe,
+        on_unsubscribe_resource=handlers.unsubscribe,
+        on_subscriptions_listen=handlers.subscriptions_listen,
+    )
+
+
+def run_stdio(server: Server[Any]) -> None:
+    """Serve ``server`` on stdin/stdout until the client closes stdin."""
+    from mcp.server.stdio import stdio_server
+
+    async def main() -> None:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    anyio.run(main)

@@ -1,0 +1,177 @@
+"""The MCP server face: ``orgchart mcp`` over stdio.
+
+Driven by the official Python MCP client (the SDK's ``ClientSession`` and ``Client``). The
+trees run docs/writing-agents.md's ``ask_a_person`` example (a publisher that asks a
+person), drained by a worker in the test process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, ClientSession, StdioServerParameters, types
+from mcp.client.stdio import stdio_client
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from runtime.config import load_settings
+from runtime.store.store import Store
+from runtime.wiring import Runtime, build_runtime
+from tests.integration.test_docs_agents import code_blocks
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = {"submit_goal", "get_tree", "get_task", "list_inbox", "answer", "approve", "reject",
+         "cancel", "pause", "resume", "fork"}
+
+
+@pytest.fixture
+def agents_dir(tmp_path: Path) -> Path:
+    """A directory holding docs/writing-agents.md's ask_a_person.py, as written."""
+    where = tmp_path / "agents"
+    where.mkdir()
+    (where / "ask_a_person.py").write_text(code_blocks("ask_a_person.py"), encoding="utf-8")
+    return where
+
+
+@pytest.fixture
+def runtime(orgchart_env: dict[str, str], db_url: str, store: Store, agents_dir: Path
+            ) -> Iterator[Runtime]:
+    sys.path.insert(0, str(agents_dir))
+    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
+                                  "ORGCHART_LLM__BACKEND": "offline"})
+    yield build_runtime(settings, ["tests.support_agents", "ask_a_person"], store=store)
+    sys.path.remove(str(agents_dir))
+
+
+def drain(runtime: Runtime) -> None:
+    """Run a worker in this process until nothing is left to claim."""
+    worker = runtime.worker(None, maintenance=False, listen=False)
+    for _ in range(50):
+        if worker.run_once() == 0 and runtime.store.sweep().ready == 0:
+            return
+
+
+@contextmanager
+def background_worker(runtime: Runtime) -> Iterator[None]:
+    """A worker running on its own thread (LISTEN wakes it) until the block ends."""
+    worker = runtime.worker(None, poll_interval_seconds=0.1, maintenance_interval_seconds=0.5)
+    thread = threading.Thread(target=worker.run, name="worker", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        worker.stop("the test is over")
+        thread.join(30)
+
+
+def payload(result: types.CallToolResult) -> Any:
+    assert not result.is_error, result.content
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return json.loads(block.text)
+
+
+def refusal(result: types.CallToolResult) -> str:
+    assert result.is_error
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+def stdio_params(env: dict[str, str], agents_dir: Path) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "runtime.cli", "mcp", "--agents-module", "ask_a_person",
+              "--agents-module", "tests.support_agents"],
+        env={**env, "PYTHONPATH": os.pathsep.join([str(agents_dir), str(ROOT)])},
+        cwd=str(ROOT))
+
+
+# ---------------------------------------------------------------- the session's steps
+async def ask_and_answer(session: ClientSession, runtime: Runtime) -> str:
+    """Submit the publisher's goal, answer its question over MCP; return the root id."""
+    submitted = payload(await session.call_tool(
+        "submit_goal", {"prompt": "the winter report", "agent": "publisher"}))
+    assert submitted["created"] is True and submitted["status"] == "pending"
+    root = submitted["id"]
+    drain(runtime)
+    inbox = payload(await session.call_tool("list_inbox", {}))["items"]
+    ((question,),) = [[i for i in inbox if i["root_id"] == root]]
+    assert question["kind"] == "question" and question["choices"] == ["yes", "no"]
+    bad = refusal(await session.call_tool("answer", {"task_id": question["id"],
+                                                     "answer": "maybe"}))
+    assert "not one of the choices" in bad
+    assert runtime.store.get(uuid.UUID(question["id"]))["status"] == "pending"
+    done = payload(await session.call_tool("answer", {"task_id": question["id"],
+                                                      "answer": "yes", "by": "alice"}))
+    assert done["changed"] is True and done["status"] == "done"
+    return str(root)
+
+
+async def bad_input_changes_nothing(session: ClientSession, runtime: Runtime) -> None:
+    before = len(runtime.store.recent_roots(500))
+    unknown = refusal(await session.call_tool("submit_goal", {"prompt": "x",
+                                                              "agent": "nobody"}))
+    assert "nobody" in unknown
+    extra = refusal(await session.call_tool("submit_goal", {"prompt": "x", "colour": 1}))
+    assert extra == "arguments: unknown field 'colour'"
+    malformed = refusal(await session.call_tool("cancel", {"task_id": "not-a-uuid"}))
+    assert malformed.startswith("task id 'not-a-uuid' is not a UUID")
+    missing = refusal(await session.call_tool("get_task", {"task_id": str(uuid.uuid4())}))
+    assert missing.startswith("no task")
+    assert len(runtime.store.recent_roots(500)) == before
+
+
+# ---------------------------------------------------------------- stdio
+def test_stdio_runs_a_tree_and_answers_its_question(
+        runtime: Runtime, orgchart_env: dict[str, str], agents_dir: Path) -> None:
+    async def main() -> None:
+        async with stdio_client(stdio_params(orgchart_env, agents_dir)) as (read, write), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            listed = await session.list_tools()
+            assert {t.name for t in listed.tools} == TOOLS
+            submit = next(t for t in listed.tools if t.name == "submit_goal")
+            assert {"prompt", "agent", "tenant", "budget_usd", "idempotency_key",
+                    "wait"} <= set(submit.input_schema["properties"])
+            root = await ask_and_answer(session, runtime)
+            drain(runtime)
+            tree = payload(await session.call_tool("get_tree", {"root_id": root}))
+            assert tree["status"] == "done" and "result" not in tree  # the summary shape
+            read_back = await session.read_resource(f"orgchart://trees/{root}")
+            content = read_back.contents[0]
+            assert isinstance(content, types.TextResourceContents)
+            assert json.loads(content.text)["result"] == {"text": "publish: yes"}
+            await bad_input_changes_nothing(session, runtime)
+
+    anyio.run(main)
+
+
+def test_a_modern_client_listens_to_a_tree_over_stdio(
+        runtime: Runtime, orgchart_env: dict[str, str], agents_dir: Path) -> None:
+    """The 2026-07-28 wire (``server/discover``, ``subscriptions/listen``): the high-level
+    ``Client`` probes for it, and hears the tree change while a worker runs it."""
+
+    async def main() -> None:
+        async with Client(stdio_params(orgchart_env, agents_dir)) as client:
+            assert client.protocol_version in MODERN_PROTOCOL_VERSIONS
+            submitted = await client.call_tool("submit_goal", {"prompt": "hi", "agent": "echo"})
+            uri = f"orgchart://trees/{payload(submitted)['id']}"
+            async with client.listen(resource_subscriptions=[uri]) as events:
+                with background_worker(runtime), anyio.fail_after(10):
+                    async for event in events:
+                        assert event.uri == uri  # type: ignore[union-attr]
+                        break
+            tree = payload(await client.call_tool("get_tree", {"root_id": uri[-36:]}))
+            assert tree["status"] in ("running", "judging", "done")
+
+    anyio.run(main)
