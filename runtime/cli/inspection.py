@@ -354,12 +354,16 @@ def serve(
              "'Authorization: Bearer <token>') or listen on 127.0.0.1", EXIT_BAD_INPUT)
     cfg = settings()
     api = create_app(settings=cfg, registry=load_registry(cfg, agents_module or []))
+    from runtime.mcp.mount import mount
+    from runtime.mcp.server import build_server
+
+    mount(api, build_server(api.state.store, cfg, api.state.registry), is_loopback(host))
     logging.getLogger("uvicorn.access").addFilter(_RedactTokens())
     from runtime.store import db
 
     db.OUTAGE.level = logging.WARNING  # a failover is logged once, and its end
     where = f"[{host}]" if ":" in host else host
-    err.print(f"[dim]serving on http://{where}:{port}/ (API docs at /docs"
+    err.print(f"[dim]serving on http://{where}:{port}/ (API docs at /docs, MCP at /mcp"
               + ("; bearer token required" if token else "") + ")[/]", highlight=False)
     uvicorn.run(api, host=host, port=port, log_level=log_level.lower())
 

@@ -1,4 +1,4 @@
-"""The MCP server face: ``orgchart mcp`` over stdio.
+"""The MCP server face: ``orgchart mcp`` over stdio and ``/mcp`` over streamable HTTP.
 
 Driven by the official Python MCP client (the SDK's ``ClientSession`` and ``Client``). The
 trees run docs/writing-agents.md's ``ask_a_person`` example (a publisher that asks a
@@ -9,26 +9,36 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import threading
+import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
+import uvicorn
 from mcp import Client, ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from runtime.config import load_settings
+from runtime.http.api import create_app
+from runtime.mcp.mount import mount
+from runtime.mcp.server import build_server
 from runtime.store.store import Store
 from runtime.wiring import Runtime, build_runtime
 from tests.integration.test_docs_agents import code_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "mcp-test-token"
 TOOLS = {"submit_goal", "get_tree", "get_task", "list_inbox", "answer", "approve", "reject",
          "cancel", "pause", "resume", "fork"}
 
@@ -175,3 +185,85 @@ def test_a_modern_client_listens_to_a_tree_over_stdio(
             assert tree["status"] in ("running", "judging", "done")
 
     anyio.run(main)
+
+
+# ---------------------------------------------------------------- streamable HTTP
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def http_url(runtime: Runtime) -> Iterator[str]:
+    """``orgchart serve``'s app with ``/mcp`` mounted, on a real uvicorn on 127.0.0.1."""
+    app = create_app(store=runtime.store, settings=runtime.settings,
+                     registry=runtime.registry, api_token=TOKEN)
+    mount(app, build_server(runtime.store, runtime.settings, runtime.registry))
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}/mcp"
+    server.should_exit = True
+    thread.join(10)
+
+
+async def _http_session(stack: AsyncExitStack, url: str,
+                        on_message: Callable[[Any], Awaitable[None]]) -> ClientSession:
+    client = await stack.enter_async_context(
+        create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"}))
+    read, write = await stack.enter_async_context(
+        streamable_http_client(url, http_client=client))
+    session = await stack.enter_async_context(
+        ClientSession(read, write, message_handler=on_message))
+    await session.initialize()
+    return session
+
+
+def test_http_needs_the_token(http_url: str) -> None:
+    response = httpx.post(http_url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert response.status_code == 401
+
+
+# ClientSession speaks the 2025 wire, where resources/subscribe is how one subscribes.
+@pytest.mark.filterwarnings("ignore:resources/subscribe is removed")
+def test_http_waits_for_the_tree_with_progress_and_resource_updates(
+        runtime: Runtime, http_url: str) -> None:
+    updated: list[str] = []
+    progress: list[tuple[float, float | None, str | None]] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updated.append(str(message.params.uri))
+
+    async def on_progress(done: float, total: float | None, text: str | None) -> None:
+        progress.append((done, total, text))
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            session = await _http_session(stack, http_url, on_message)
+            assert {t.name for t in (await session.list_tools()).tools} == TOOLS
+            root = await ask_and_answer(session, runtime)
+            await session.subscribe_resource(f"orgchart://trees/{root}")
+            with background_worker(runtime):
+                ended = payload(await session.call_tool(
+                    "submit_goal", {"prompt": "echo me", "agent": "echo", "wait": True,
+                                    "timeout_seconds": 30},
+                    progress_callback=on_progress))
+                assert ended["ended"] is True and ended["status"] == "done"
+                assert ended["result"]["echo"] == "echo me"
+                deadline = time.monotonic() + 10
+                while f"orgchart://trees/{root}" not in updated:
+                    assert time.monotonic() < deadline, "no resources/updated notification"
+                    await anyio.sleep(0.05)
+            assert runtime.store.get(uuid.UUID(root))["status"] == "done"
+            await bad_input_changes_nothing(session, runtime)
+
+    anyio.run(main)
+    assert progress and progress[-1] == (1, 1, "root done: 1 of 1 tasks ended")
