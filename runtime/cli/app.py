@@ -20,6 +20,7 @@ import typer
 
 from runtime.cli import (
     configuration,
+    experiments,
     inspection,
     models,
     ops,
@@ -42,6 +43,11 @@ llm_app = typer.Typer(help="Model backends: check which one runs; record a run f
 app.add_typer(db_app, name="db")
 app.add_typer(llm_app, name="llm")
 
+dataset_app = typer.Typer(help="Datasets of cases for experiments.", no_args_is_help=True)
+experiment_app = typer.Typer(help="Experiments: a dataset under variants, scored against "
+                             "the baseline.", no_args_is_help=True)
+app.add_typer(dataset_app, name="dataset")
+app.add_typer(experiment_app, name="experiment")
 #: Every command: (group, name, function). Each is added wrapped in ``handled``.
 COMMANDS: tuple[tuple[typer.Typer, str, Callable[..., Any]], ...] = (
     (app, "submit", running.submit),
@@ -73,6 +79,14 @@ COMMANDS: tuple[tuple[typer.Typer, str, Callable[..., Any]], ...] = (
     (db_app, "url", ops.db_url),
     (llm_app, "check", models.check),
     (llm_app, "record", models.record),
+    (dataset_app, "add", experiments.dataset_add),
+    (dataset_app, "list", experiments.dataset_list),
+    (dataset_app, "from-roots", experiments.dataset_from_roots),
+    (experiment_app, "run", experiments.experiment_run),
+    (experiment_app, "show", experiments.experiment_show),
+    (experiment_app, "list", experiments.experiment_list),
+    (experiment_app, "rescore", experiments.experiment_rescore),
+    (experiment_app, "delete", experiments.experiment_delete),
 )
 
 for _group, _name, _command in COMMANDS:

@@ -2118,3 +2118,160 @@ FROM tenant_buckets b
 JOIN unnest(CAST(:bucket_tenants AS text[]), CAST(:bucket_rates AS float8[])) AS r(tenant, rate)
     ON r.tenant = b.tenant
 WHERE b.tokens + r.rate / 60.0 * (extract(epoch FROM now() - b.refilled_at) - 1) < 0;
+
+-- ---------------------------------------------------------------------- experiments
+-- Experiments (runtime/experiments, docs/experiments.md): a dataset's cases run under
+-- named variants. Each tree's run row is written in the transaction that inserts its root,
+-- so a resumed run finds every tree it started and never starts one twice.
+
+-- dataset_insert --
+-- Store a dataset version (name + content hash) unless it is already there; return its id.
+WITH ins AS (
+    INSERT INTO datasets (name, version, cases, source)
+    VALUES (:dataset_name, :version, :cases, :source)
+    ON CONFLICT (name, version) DO NOTHING
+    RETURNING id, true AS created
+)
+SELECT id, created FROM ins
+UNION ALL
+SELECT id, false FROM datasets
+WHERE name = :dataset_name AND version = :version AND NOT EXISTS (SELECT 1 FROM ins);
+
+-- dataset_case_insert_many --
+-- A new dataset version's cases, in order (one JSON array).
+INSERT INTO dataset_cases (dataset_id, position, body)
+SELECT :dataset_id, c.ordinality - 1, c.value
+FROM jsonb_array_elements(CAST(:cases AS jsonb)) WITH ORDINALITY AS c(value, ordinality)
+ON CONFLICT DO NOTHING;
+
+-- dataset_get_latest --
+-- A dataset by name: its newest version (or the version named).
+SELECT id, name, version, cases, source, created_at
+FROM datasets
+WHERE name = :dataset_name AND (CAST(:version AS text) IS NULL OR version = :version)
+ORDER BY created_at DESC, id
+LIMIT 1;
+
+-- dataset_list --
+-- Every dataset version, newest first.
+SELECT id, name, version, cases, source, created_at FROM datasets
+ORDER BY name, created_at DESC;
+
+-- dataset_case_list --
+-- A dataset's cases in order.
+SELECT position, body FROM dataset_cases WHERE dataset_id = :dataset_id ORDER BY position;
+
+-- experiment_insert --
+-- A new experiment (a name is used once); returns nothing when the name is taken.
+INSERT INTO experiments (name, dataset_id, variants, repeat, budget_usd, tenant,
+                         agents_modules)
+VALUES (:experiment_name, :dataset_id, CAST(:variants AS jsonb), :repeat, :budget_usd, :tenant,
+        CAST(:agents_modules AS jsonb))
+ON CONFLICT (name) DO NOTHING
+RETURNING *;
+
+-- experiment_get --
+-- One experiment by name or id, with its dataset's name and version.
+SELECT e.*, d.name AS dataset_name, d.version AS dataset_version
+FROM experiments e JOIN datasets d ON d.id = e.dataset_id
+WHERE e.name = :key OR e.id::text = :key;
+
+-- experiment_list --
+-- Every experiment, newest first.
+SELECT e.id, e.name, e.status, e.repeat, e.created_at, e.finished_at,
+       d.name AS dataset_name, d.version AS dataset_version,
+       (SELECT count(*) FROM experiment_runs r WHERE r.experiment_id = e.id) AS trees
+FROM experiments e JOIN datasets d ON d.id = e.dataset_id
+ORDER BY e.created_at DESC;
+
+-- experiment_set_status --
+-- An experiment finished or stopped (budget, a person), with a note.
+UPDATE experiments
+SET status = :status, note = COALESCE(:note, note),
+    finished_at = CASE WHEN :status = 'running' THEN NULL ELSE now() END
+WHERE id = :id
+RETURNING id, status;
+
+-- experiment_run_insert --
+-- The run row of a tree whose root was just inserted in this transaction. Nothing comes back
+-- when another process recorded this (case, variant, repetition) first: the caller rolls
+-- its root back and uses the one recorded.
+INSERT INTO experiment_runs (experiment_id, position, variant, repetition, root_id)
+VALUES (:experiment_id, :position, :variant, :repetition, :root_id)
+ON CONFLICT DO NOTHING
+RETURNING root_id;
+
+-- experiment_run_get --
+-- The tree recorded for one (case, variant, repetition), if any.
+SELECT root_id FROM experiment_runs
+WHERE experiment_id = :experiment_id AND position = :position AND variant = :variant
+  AND repetition = :repetition;
+
+-- experiment_run_list --
+-- An experiment's trees with what the report needs of each: the root's outcome and times,
+-- its calls paid and replayed. A replayed call is charged zero: what it would have cost is
+-- read from the record it was served from (the counterpart's row, or the task's own on a
+-- redelivery), so a variant's cost can be told standing alone.
+SELECT r.position, r.variant, r.repetition, r.root_id, t.status, t.result, t.error,
+       t.verdict, t.created_at, t.completed_at,
+       COALESCE(c.paid, 0) AS paid_calls, COALESCE(c.replayed, 0) AS replayed_calls,
+       COALESCE(c.cost, 0) AS cost_usd, COALESCE(c.tokens, 0) AS tokens,
+       COALESCE(c.replayed_cost, 0) AS replayed_cost_usd,
+       COALESCE(c.replayed_tokens, 0) AS replayed_tokens
+FROM experiment_runs r
+JOIN tasks t ON t.id = r.root_id
+LEFT JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE NOT m.replayed) AS paid,
+           count(*) FILTER (WHERE m.replayed) AS replayed,
+           sum(m.cost_usd) AS cost,
+           sum(m.prompt_tokens + m.completion_tokens) FILTER (WHERE NOT m.replayed) AS tokens,
+           sum(src.cost_usd) AS replayed_cost,
+           sum(src.prompt_tokens + src.completion_tokens) AS replayed_tokens
+    FROM model_calls m
+    LEFT JOIN tasks bt ON m.replayed AND bt.id = m.task_id
+    LEFT JOIN LATERAL (
+        SELECT o.cost_usd, o.prompt_tokens, o.completion_tokens
+        FROM model_calls o
+        WHERE m.replayed AND o.task_id IN (m.task_id, bt.forked_from)
+          AND o.phase = m.phase AND o.position = m.position
+          AND o.request_hash = m.request_hash AND NOT o.replayed AND o.error IS NULL
+        ORDER BY o.id DESC LIMIT 1
+    ) src ON true
+    WHERE m.root_id = r.root_id
+) c ON true
+WHERE r.experiment_id = :experiment_id
+ORDER BY r.position, r.variant, r.repetition;
+
+-- experiment_spend --
+-- What an experiment's trees have paid so far (their model calls), live.
+SELECT COALESCE(sum(m.cost_usd), 0) AS spent
+FROM experiment_runs r JOIN model_calls m ON m.root_id = r.root_id
+WHERE r.experiment_id = :experiment_id;
+
+-- experiment_score_upsert_many --
+-- Scores of runs (one JSON array); a rescore with the same scorer replaces its values.
+INSERT INTO experiment_scores AS s (experiment_id, position, variant, repetition, scorer,
+                                    value, explanation)
+SELECT :experiment_id, x.position, x.variant, x.repetition, x.scorer, x.value, x.explanation
+FROM jsonb_to_recordset(CAST(:scores AS jsonb))
+     AS x(position int, variant text, repetition int, scorer text, value float8,
+          explanation text)
+ON CONFLICT (experiment_id, position, variant, repetition, scorer)
+DO UPDATE SET value = excluded.value, explanation = excluded.explanation,
+              created_at = now();
+
+-- experiment_score_list --
+-- An experiment's scores.
+SELECT position, variant, repetition, scorer, value, explanation
+FROM experiment_scores WHERE experiment_id = :experiment_id
+ORDER BY scorer, position, variant, repetition;
+
+-- experiment_delete --
+-- Remove an experiment with its runs and scores (its trees stay unless pruned apart).
+DELETE FROM experiments WHERE id = :id RETURNING id;
+
+-- schedule_run_set_fire --
+-- Name the fires row a fire schedule's slot started (inserted just after the slot's row,
+-- in the same transaction).
+UPDATE schedule_runs SET fire_id = :fire_id
+WHERE schedule_id = :schedule_id AND slot_at = :slot_at;

@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from runtime.store.claims import StoreClaims
+from runtime.store.experiments import StoreExperiments
 from runtime.store.hygiene import MAINTENANCE_LOCK_KEY, Maintained, StoreHygiene
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
@@ -52,7 +53,8 @@ def _json_or_none(value: Any) -> str | None:
     return None if value is None else _dumps(value)
 
 
-class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering, StoreSchedules):
+class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering, StoreSchedules,
+            StoreExperiments):
     """The database door: named statements, one transaction per state change.
 
     Submitting and resolving live here; the rest comes from mixins, one module per
@@ -149,30 +151,33 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering, St
         original root; ``fork`` says what changes where). The original is only read: its
         budgets, criteria and priority are the branch's unless the branch names its own.
         """
-        original = branch.original
-        note = branch.fork.get("note")
-        detail = f"forked from {original['id']}" + (f": {note}" if note else "")
         with self.transaction() as conn:
-            rows = self._rows(
-                conn, "task_insert_fork_root", id=uuid.uuid4(),
-                from_agent=original.get("from_agent"), to_agent=branch.to_agent,
-                type=branch.type, hypothesis_id=original.get("hypothesis_id"),
-                payload=_dumps(branch.payload),
-                success_criteria=_json_or_none(original.get("success_criteria")),
-                kill_criteria=_json_or_none(original.get("kill_criteria")),
-                budget_tokens=(branch.budget_tokens if branch.budget_tokens is not None
-                               else original.get("budget_tokens")),
-                budget_seconds=original.get("budget_seconds"),
-                budget_usd=(branch.budget_usd if branch.budget_usd is not None
-                            else original.get("budget_usd")),
-                priority=original.get("priority"), forked_from=original["id"],
-                tenant=original.get("tenant", "default"),
-                fork=_dumps(branch.fork), model_override=branch.model_override,
-                agent_map=_json_or_none(branch.agent_map),
-                actor=actor, detail=detail, **self.approval_params())
+            rows = self._rows(conn, "task_insert_fork_root", **self.fork_params(branch, actor))
         task = rows[0]
         task.pop("notified", None)
         return task
+
+    def fork_params(self, branch: NewBranch, actor: str) -> dict[str, Any]:
+        """The parameters of ``task_insert_fork_root`` for ``branch`` (fork, experiments)."""
+        original = branch.original
+        note = branch.fork.get("note")
+        detail = f"forked from {original['id']}" + (f": {note}" if note else "")
+        return dict(
+            id=uuid.uuid4(), from_agent=original.get("from_agent"), to_agent=branch.to_agent,
+            type=branch.type, hypothesis_id=original.get("hypothesis_id"),
+            payload=_dumps(branch.payload),
+            success_criteria=_json_or_none(original.get("success_criteria")),
+            kill_criteria=_json_or_none(original.get("kill_criteria")),
+            budget_tokens=(branch.budget_tokens if branch.budget_tokens is not None
+                           else original.get("budget_tokens")),
+            budget_seconds=original.get("budget_seconds"),
+            budget_usd=(branch.budget_usd if branch.budget_usd is not None
+                        else original.get("budget_usd")),
+            priority=original.get("priority"), forked_from=original["id"],
+            tenant=original.get("tenant", "default"),
+            fork=_dumps(branch.fork), model_override=branch.model_override,
+            agent_map=_json_or_none(branch.agent_map),
+            actor=actor, detail=detail, **self.approval_params())
 
     def submit_many(self, agent: str, type_: str, payloads: Sequence[dict[str, Any]],
                     priority: int = 5, actor: str = "submit") -> int:

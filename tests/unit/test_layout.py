@@ -56,13 +56,16 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                        "runtime.telemetry", "agents", "policies"),
     "runtime.fleet": (*_CORE, "runtime.store", "runtime.engine", "runtime.wiring"),
     "runtime.forks": (*_CORE, "runtime.store", "runtime.views", "runtime.wiring", "agents"),
+    "runtime.experiments": (*_CORE, "runtime.store", "runtime.wiring", "runtime.forks",
+                            "agents"),
     "runtime.http": (*_CORE, "runtime.store", "runtime.telemetry", "runtime.views",
                      "runtime.wiring", "runtime.forks", "agents", "policies"),
     "runtime.mcp": (*_CORE, "runtime.store", "runtime.views", "runtime.wiring",
                     "runtime.forks", "runtime.http", "agents"),
     "runtime.cli": (*_CORE, "runtime.store", "runtime.engine", "runtime.llm",
                     "runtime.telemetry", "runtime.fleet", "runtime.views", "runtime.wiring",
-                    "runtime.http", "runtime.forks", "runtime.mcp", "agents", "policies"),
+                    "runtime.http", "runtime.forks", "runtime.mcp", "agents", "policies",
+                    "runtime.experiments"),
 }
 
 #: The only dynamic imports: each loads user modules named in configuration.

@@ -1,0 +1,1 @@
+"""Experiments: datasets of cases run under variants, scored, compared with the baseline."""

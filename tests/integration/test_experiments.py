@@ -1,0 +1,194 @@
+"""Experiments: a dataset run under variants on the seed's org (offline backend, real
+PostgreSQL), forks replaying the unchanged calls, scores and a report, resume, bad input.
+
+The worked example of docs/experiments.md (docs/examples/experiments/) is what runs here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from runtime.config import load_settings
+from runtime.errors import BadInput
+from runtime.experiments.datasets import parse_cases, read_cases, version_of
+from runtime.experiments.report import build_report, worse_than_baseline
+from runtime.experiments.runner import ExperimentPlan, ExperimentRunner
+from runtime.experiments.scorers import DEFAULT_SCORERS, SCORERS, scorer
+from runtime.experiments.variants import check_variants, parse_variants, read_variants
+from runtime.store.store import Store
+from runtime.wiring import Runtime, build_runtime
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "docs" / "examples" / "experiments"
+MODULE = "docs.examples.experiments.scouts_v2"
+
+
+@pytest.fixture
+def runtime(db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch) -> Runtime:
+    monkeypatch.chdir(ROOT)
+    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
+                                  "ORGCHART_LLM__BACKEND": "offline"})
+    return build_runtime(settings, [MODULE], store=store)
+
+
+def _plan(runtime: Runtime, name: str, **extra: object) -> ExperimentPlan:
+    cases = read_cases(EXAMPLE / "market_goals.jsonl")
+    dataset_id, _ = runtime.store.dataset_put("market_goals", version_of(cases), "test",
+                                              [c.body for c in cases])
+    variants = read_variants(EXAMPLE / "variants.toml")
+    check_variants(variants, runtime.registry, runtime.settings)
+    return ExperimentPlan(name=name, dataset_id=dataset_id, cases=cases, variants=variants,
+                          scorers=[SCORERS[n] for n in DEFAULT_SCORERS],
+                          timeout_seconds=120, **extra)  # type: ignore[arg-type]
+
+
+def _report(runtime: Runtime, name: str) -> dict:
+    store = runtime.store
+    experiment = store.experiment_get(name)
+    assert experiment is not None
+    return build_report(experiment, store.experiment_runs(experiment["id"]),
+                        store.experiment_scores(experiment["id"]),
+                        ExperimentRunner(runtime).outcomes(experiment["id"]),
+                        store.dataset_cases(experiment["dataset_id"]))
+
+
+def test_a_variant_pays_only_for_the_calls_it_changed(runtime: Runtime) -> None:
+    summary = ExperimentRunner(runtime).run(_plan(runtime, "sharper"))
+    assert summary.started == 6 and summary.stopped is None
+    report = _report(runtime, "sharper")
+    assert report["status"] == "finished"
+    base, variant = report["variants"]
+    assert (base["name"], variant["name"]) == ("baseline", "sharper_trends")
+    assert base["trees"] == variant["trees"] == 3
+    assert base["replayed_calls"] == 0 and base["failed"] == 0
+    # The swapped scout's call changed, and so did the aggregates above it (their children's
+    # answers changed); the other scouts' calls and the judge's were replayed.
+    assert 0 < variant["paid_calls"] < base["paid_calls"]
+    assert variant["paid_calls"] + variant["replayed_calls"] == base["paid_calls"]
+    # Replayed calls are valued at what their record cost: the variant's whole cost is the
+    # baseline's, give or take what the changed calls cost.
+    assert variant["cost_replayed_usd"] > 0
+    assert variant["cost_paid_usd"] < base["cost_paid_usd"]
+    with runtime.store.engine.connect() as conn:
+        swapped = conn.exec_driver_sql(
+            "SELECT count(*) FROM tasks t JOIN experiment_runs r ON r.root_id = t.root_id "
+            "WHERE r.variant = 'sharper_trends' AND t.to_agent = 'trend_analyst_v2'").scalar()
+        seed = conn.exec_driver_sql(
+            "SELECT count(*) FROM tasks t JOIN experiment_runs r ON r.root_id = t.root_id "
+            "WHERE r.variant = 'sharper_trends' AND t.to_agent = 'trend_analyst'").scalar()
+    assert (swapped, seed) == (3, 0)
+    assert set(report["scorers"]) == {"done", "verdict", "cost_usd", "latency_s", "tokens",
+                                      "expected"}
+    done = variant["scores"]["done"]
+    assert done["mean"] == 1.0 and done["n"] == 3
+    assert variant["vs_baseline"]["done"]["direction"] == "same"
+
+
+def test_a_rerun_of_the_same_experiment_starts_no_tree_twice(runtime: Runtime) -> None:
+    plan = _plan(runtime, "twice")
+    first = ExperimentRunner(runtime).run(plan)
+    calls_before = runtime.store.query("experiment_spend",
+                                       experiment_id=first.experiment_id)[0]["spent"]
+    again = ExperimentRunner(runtime).run(plan)
+    assert (again.started, again.resumed) == (0, 6)
+    assert runtime.store.experiment_spend(first.experiment_id) == Decimal(calls_before)
+    assert len(runtime.store.experiment_runs(first.experiment_id)) == 6
+
+
+def test_rescoring_adds_rows_without_running_a_tree(runtime: Runtime) -> None:
+    plan = _plan(runtime, "rescored")
+    plan = ExperimentPlan(**{**plan.__dict__, "scorers": [SCORERS["done"]]})
+    summary = ExperimentRunner(runtime).run(plan)
+    trees = {r["root_id"] for r in runtime.store.experiment_runs(summary.experiment_id)}
+    assert {s["scorer"] for s in runtime.store.experiment_scores(summary.experiment_id)} == {
+        "done"}
+    written = ExperimentRunner(runtime).score(summary.experiment_id, [SCORERS["tokens"]])
+    assert written == 6
+    assert {s["scorer"] for s in runtime.store.experiment_scores(summary.experiment_id)} == {
+        "done", "tokens"}
+    assert {r["root_id"] for r in runtime.store.experiment_runs(summary.experiment_id)} == trees
+
+
+def test_the_budget_stops_new_trees_and_says_so(runtime: Runtime) -> None:
+    plan = _plan(runtime, "cheap", budget_usd=Decimal("0.0001"))
+    summary = ExperimentRunner(runtime).run(plan)
+    assert summary.stopped and "budget reached" in summary.stopped
+    report = _report(runtime, "cheap")
+    assert report["status"] == "stopped" and "budget reached" in report["note"]
+    assert sum(v["trees"] for v in report["variants"]) < 6
+
+
+def test_fail_if_worse_names_a_variant_worse_beyond_its_interval() -> None:
+    report = {"variants": [
+        {"name": "baseline", "vs_baseline": {}},
+        {"name": "v2", "vs_baseline": {"done": {"diff": -0.5, "ci_low": -0.8, "ci_high": -0.2,
+                                                "p_value": 0.03, "n": 8,
+                                                "direction": "worse"}}}],
+              "cases": [{"variant": "v2", "scorer": "done", "kind": "regression", "case": 1}]}
+    worse = worse_than_baseline(report, "done")
+    assert [w["variant"] for w in worse] == ["v2"] and len(worse[0]["regressions"]) == 1
+    assert worse_than_baseline(report, "done", margin=0.6) == []
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("not json\n", "malformed JSON"),
+    ('{"goal": ""}\n', "non-empty string"),
+    ('{"goal": "x", "colour": 1}\n', "unknown key 'colour'"),
+    ("# only a comment\n", "no cases"),
+    ('{"expected": 1}\n', "needs 'goal'"),
+])
+def test_a_bad_dataset_line_is_named(text: str, message: str) -> None:
+    with pytest.raises(BadInput, match=message):
+        parse_cases(text, "cases.jsonl")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[variants.v2]\nprompts = 'p/'\n", "not supported"),
+    ("[variants.v2]\ncolour = 1\n", "unknown key 'colour'"),
+    ("[variants.baseline]\nmodel = 'x'\n", "no overrides"),
+    ("[variants.v2\n", "malformed TOML"),
+    ("[tweaks.v2]\n", "unknown table"),
+])
+def test_a_bad_variants_file_is_named(text: str, message: str) -> None:
+    with pytest.raises(BadInput, match=message):
+        parse_variants(text, "variants.toml")
+
+
+def test_a_variant_naming_an_unknown_agent_or_model_is_refused(runtime: Runtime) -> None:
+    with pytest.raises(BadInput, match="trend_analyst_v3"):
+        check_variants(parse_variants("[variants.v]\nagents = {trend_analyst = "
+                                      "'trend_analyst_v3'}\n"), runtime.registry,
+                       runtime.settings)
+    with pytest.raises(BadInput, match="unknown model"):
+        check_variants(parse_variants("[variants.v]\nmodel = 'gpt-nothing'\n"),
+                       runtime.registry, runtime.settings)
+    with pytest.raises(BadInput, match="unknown scorer"):
+        scorer("vibes")
+
+
+def test_the_worked_example_runs_from_the_command_line(orgchart_env: dict[str, str],
+                                                         tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "runtime.cli", "experiment", "run",
+           str(EXAMPLE / "market_goals.jsonl"), "--variants", str(EXAMPLE / "variants.toml"),
+           "--agents-module", MODULE, "--name", "docs-example", "--json",
+           "--fail-if-worse", "done"]
+    done = subprocess.run(cmd, cwd=ROOT, env=orgchart_env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [v["name"] for v in report["variants"]] == ["baseline", "sharper_trends"]
+    assert report["worse"] == []
+    bad = subprocess.run([*cmd[:5], str(tmp_path / "missing.jsonl")], cwd=ROOT,
+                         env=orgchart_env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "cannot read dataset" in bad.stderr
+    shown = subprocess.run([sys.executable, "-m", "runtime.cli", "experiment", "show",
+                            "docs-example", "--json", "--agents-module", MODULE], cwd=ROOT,
+                           env=orgchart_env, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["id"] == report["id"]
