@@ -37,6 +37,19 @@ install-embedded: install ## Add the in-process model (builds llama.cpp once: ~7
 	$(BIN)/pip install -q "numpy>=1.20" "diskcache>=5.6.1" "jinja2>=2.11.3" \
 	  "typing-extensions>=4.5.0"
 
+# The MCP Inspector (npm), a client nobody here wrote, that tests/integration/test_mcp_server.py
+# drives against `orgchart mcp` and /mcp (those tests skip, saying why, without it). Kept
+# outside the repository, by version; installed once per machine.
+ORGCHART_NPM_CACHE ?= $(HOME)/.cache/orgchart/npm
+MCP_INSPECTOR_VERSION := 2.12.0
+
+mcp-inspector: ## Install the MCP Inspector CLI the MCP server's tests drive (npm, cached)
+	@installed=$$(node -p "require('$(ORGCHART_NPM_CACHE)/node_modules/@modelcontextprotocol/inspector/package.json').version" 2>/dev/null); \
+	if [ "$$installed" != "$(MCP_INSPECTOR_VERSION)" ]; then \
+	  npm install --prefix "$(ORGCHART_NPM_CACHE)" --no-audit --no-fund \
+	    "@modelcontextprotocol/inspector@$(MCP_INSPECTOR_VERSION)"; \
+	fi
+
 demo: install ## Run the main job end to end (embedded Postgres, offline model if no Ollama)
 	$(BIN)/orgchart run "Assess the market for durable agent runtimes"
 
@@ -62,4 +75,4 @@ ha: install ## Only the high-availability tests (a formation, network namespaces
 clean: ## Remove the virtualenv and local data
 	rm -rf $(VENV) .orgchart
 
-.PHONY: help install install-embedded demo test lint bench chaos ha-demo ha clean
+.PHONY: help install install-embedded mcp-inspector demo test lint bench chaos ha-demo ha clean

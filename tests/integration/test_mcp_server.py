@@ -1,6 +1,8 @@
 """The MCP server face: ``orgchart mcp`` over stdio and ``/mcp`` over streamable HTTP.
 
-Driven by the official Python MCP client (the SDK's ``ClientSession`` and ``Client``). The
+Driven by the official Python MCP client (the SDK's ``ClientSession``) and by a client
+nobody here wrote, the MCP Inspector's CLI mode (installed by ``make mcp-inspector``
+under ``~/.cache/orgchart/npm``; its tests skip, saying so, when it is absent). The
 trees run docs/writing-agents.md's ``ask_a_person`` example (a publisher that asks a
 person), drained by a worker in the test process.
 """
@@ -9,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -41,6 +45,9 @@ ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "mcp-test-token"
 TOOLS = {"submit_goal", "get_tree", "get_task", "list_inbox", "answer", "approve", "reject",
          "cancel", "pause", "resume", "fork"}
+#: Where ``make mcp-inspector`` installs the Inspector (``ORGCHART_NPM_CACHE`` moves it).
+INSPECTOR = Path(os.environ.get("ORGCHART_NPM_CACHE", Path.home() / ".cache/orgchart/npm")) \
+    / "node_modules/.bin/mcp-inspector"
 
 
 @pytest.fixture
@@ -267,3 +274,47 @@ def test_http_waits_for_the_tree_with_progress_and_resource_updates(
 
     anyio.run(main)
     assert progress and progress[-1] == (1, 1, "root done: 1 of 1 tasks ended")
+
+
+# ---------------------------------------------------------------- the MCP Inspector
+def _inspector(target: tuple[list[str], list[str]], *options: str,
+               env: dict[str, str] | None = None) -> Any:
+    """Run the Inspector's CLI mode and read its JSON.
+
+    ``target`` is what goes before the method's options (the server's URL, headers,
+    ``-e`` variables) and what goes after them (``-- command args``): ``--tool-arg``
+    and ``--header`` take every value up to the next option.
+    """
+    if not INSPECTOR.exists() or shutil.which("node") is None:
+        pytest.skip(f"the MCP Inspector is not installed at {INSPECTOR} "
+                    "(run `make mcp-inspector`; it needs node and npm)")
+    done = subprocess.run([str(INSPECTOR), "--cli", *target[0], *options, *target[1]],
+                          capture_output=True,
+                          text=True, timeout=120, env=env, check=False)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    return json.loads(done.stdout)
+
+
+def _inspect_both(target: tuple[list[str], list[str]], env: dict[str, str] | None) -> None:
+    listed = _inspector(target, "--method", "tools/list", env=env)
+    assert {t["name"] for t in listed["tools"]} == TOOLS
+    called = _inspector(target, "--method", "tools/call", "--tool-name", "submit_goal",
+                        "--tool-arg", "prompt=from the inspector", "agent=publisher", env=env)
+    assert called.get("isError") in (None, False), called
+    task = json.loads(called["content"][0]["text"])
+    assert task["created"] is True and task["agent"] == "publisher"
+
+
+def test_the_inspector_lists_and_calls_the_tools_over_stdio(
+        runtime: Runtime, orgchart_env: dict[str, str], agents_dir: Path) -> None:
+    params = stdio_params(orgchart_env, agents_dir)
+    env_args = [a for k, v in (params.env or {}).items() if k.startswith(("ORGCHART_",
+                                                                         "PYTHONPATH"))
+                for a in ("-e", f"{k}={v}")]
+    _inspect_both(([*env_args, "--cwd", str(ROOT)], ["--", params.command, *params.args]),
+                  {**os.environ, "HOME": os.environ.get("HOME", "/tmp")})
+
+
+def test_the_inspector_lists_and_calls_the_tools_over_http(http_url: str) -> None:
+    _inspect_both((["--server-url", http_url, "--transport", "http", "--header",
+                    f"Authorization: Bearer {TOKEN}"], []), None)
