@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from runtime.cli import (
+    audit,
     configuration,
     experiments,
     inspection,
@@ -73,6 +74,7 @@ COMMANDS: tuple[tuple[typer.Typer, str, Callable[..., Any]], ...] = (
     (app, "mcp", inspection.mcp),
     (app, "fire", ops.fire),
     (app, "doctor", ops.doctor),
+    (app, "audit", audit.audit_command),
     (app, "policies", policies.policies),
     (app, "config", configuration.config),
     (db_app, "upgrade", ops.db_upgrade),

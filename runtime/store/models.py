@@ -536,3 +536,68 @@ class ExperimentScore(Base):
     explanation: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False,
                                                     server_default=text("now()"))
+
+
+class Schedule(Base):
+    """A schedule (migration 0014): a recurring root goal, or the orchestrator's fire.
+
+    Its cadence is a cron line read in ``timezone`` or ``every_seconds``; ``next_at`` is
+    the first slot not handled yet (the ticks read the due ones on ``ix_schedules_due``).
+    ``task`` is the root to insert at each slot (a validated ``NewTask``'s fields).
+    """
+
+    __tablename__ = "schedules"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    name: Mapped[str] = mapped_column(Text, nullable=False)
+    cron: Mapped[str | None] = mapped_column(Text)
+    every_seconds: Mapped[float | None] = mapped_column(Double)
+    timezone: Mapped[str] = mapped_column(Text, nullable=False, server_default="UTC")
+    kind: Mapped[str] = mapped_column(Text, nullable=False)
+    task: Mapped[jsonb | None]
+    overlap: Mapped[str] = mapped_column(Text, nullable=False, server_default="skip")
+    catchup_seconds: Mapped[float] = mapped_column(Double, nullable=False, server_default="60")
+    paused: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
+    next_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False)
+    created_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False,
+                                                    server_default=text("now()"))
+    created_by: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        UniqueConstraint("name"),
+        CheckConstraint("kind IN ('goal', 'fire')", name="kind"),
+        CheckConstraint("overlap IN ('skip', 'allow', 'cancel_previous')", name="overlap"),
+        CheckConstraint("(cron IS NULL) <> (every_seconds IS NULL)", name="cron_or_every"),
+        CheckConstraint("(kind = 'goal') = (task IS NOT NULL)", name="goal_has_task"),
+        Index("ix_schedules_due", "next_at", postgresql_where=text("NOT paused")),
+    )
+
+
+class ScheduleRun(Base):
+    """One slot of a schedule handled (migration 0014): fired, skipped, or a run of missed.
+
+    Unique on ``(schedule_id, slot_at)`` and inserted in the transaction that inserts the
+    root (``root_id``) or the ``fires`` row (``fire_id``) the slot starts: a slot fires
+    exactly once however many processes tick. ``slots`` counts the slots a ``missed``
+    row stands for (from ``slot_at``, outside the catch-up window).
+    """
+
+    __tablename__ = "schedule_runs"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    schedule_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("schedules.id", ondelete="CASCADE"), nullable=False)
+    slot_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False)
+    state: Mapped[str] = mapped_column(Text, nullable=False)
+    root_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    fire_id: Mapped[int | None] = mapped_column(BigInteger)
+    slots: Mapped[int] = mapped_column(Integer, nullable=False, server_default="1")
+    detail: Mapped[str | None] = mapped_column(Text)
+    worker: Mapped[str | None] = mapped_column(Text)
+    recorded_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False,
+                                                     server_default=text("now()"))
+
+    __table_args__ = (
+        UniqueConstraint("schedule_id", "slot_at"),
+        CheckConstraint("state IN ('fired', 'skipped', 'missed')", name="state"),
+    )

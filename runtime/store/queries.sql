@@ -2275,3 +2275,480 @@ DELETE FROM experiments WHERE id = :id RETURNING id;
 -- in the same transaction).
 UPDATE schedule_runs SET fire_id = :fire_id
 WHERE schedule_id = :schedule_id AND slot_at = :slot_at;
+
+-- ===================================================================================
+-- Audit (issue 40, runtime/audit/): the checker reads a tree's facts in bounded
+-- batches, each batch in one READ ONLY, REPEATABLE READ transaction (one snapshot, so a
+-- task's status and its events agree), keyset-paged by id. Nothing here writes.
+-- ===================================================================================
+
+-- audit_begin_read_only --
+-- Make the audit's transaction read-only with one snapshot (first statement of it).
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
+
+-- audit_roots_page --
+-- The next page of root ids after :after (keyset on the primary key), optionally only
+-- roots created since :since.
+SELECT id FROM tasks
+WHERE parent_id IS NULL AND id > :after
+  AND (CAST(:since AS timestamptz) IS NULL OR created_at >= CAST(:since AS timestamptz))
+ORDER BY id
+LIMIT :limit;
+
+-- audit_tasks_page --
+-- The tasks of the given trees after :after (keyset on id; idx_tasks_root finds them).
+SELECT id, parent_id, root_id, status, to_agent, budget_tokens, budget_usd,
+       idempotency_key, created_at, own_tokens, own_usd, spent_tokens, spent_usd
+FROM tasks
+WHERE root_id = ANY(CAST(:roots AS uuid[])) AND id > :after
+ORDER BY id
+LIMIT :limit;
+
+-- audit_events_page --
+-- The events of the given tasks after (:after_task, :after_id), in each task's order
+-- (keyset on ix_task_events_task_id_id).
+SELECT id, task_id, from_status, to_status, at, worker, detail
+FROM task_events
+WHERE task_id = ANY(CAST(:ids AS uuid[])) AND (task_id, id) > (:after_task, :after_id)
+ORDER BY task_id, id
+LIMIT :limit;
+
+-- audit_calls_page --
+-- The model calls of the given trees after :after (keyset on id; ix_model_calls_root_id).
+-- ``answered``: a reply that was recorded and paid (not a failed try, not a replay's row).
+SELECT id, task_id, root_id, attempt, call_index, phase, position, request_hash,
+       attempt_kind, call_try, replayed,
+       (error IS NULL AND response IS NOT NULL) AS answered,
+       prompt_tokens + completion_tokens AS tokens, cost_usd, duration_seconds, created_at
+FROM model_calls
+WHERE root_id = ANY(CAST(:roots AS uuid[])) AND id > :after
+ORDER BY id
+LIMIT :limit;
+
+-- audit_steps_page --
+-- The durable steps of the given trees after :after (keyset on id; task_steps' root_id).
+SELECT id, task_id, root_id, phase, position, name, kind, status, idempotency_key,
+       starts, cost_usd, started_at, finished_at
+FROM task_steps
+WHERE root_id = ANY(CAST(:roots AS uuid[])) AND id > :after
+ORDER BY id
+LIMIT :limit;
+
+-- audit_pauses_of_roots --
+-- The trees among :roots paused right now, and since when.
+SELECT root_id, paused_at FROM tree_pauses WHERE root_id = ANY(CAST(:roots AS uuid[]));
+
+-- audit_roots_by_keys --
+-- The roots holding any of the idempotency keys a client's history submitted with.
+SELECT id, idempotency_key FROM tasks
+WHERE parent_id IS NULL AND idempotency_key = ANY(CAST(:keys AS text[]));
+
+-- audit_tasks_by_ids --
+-- The tasks a client's history names (a submit's id, a cancel's or an answer's task).
+SELECT id, parent_id, root_id, status FROM tasks WHERE id = ANY(CAST(:ids AS uuid[]));
+
+-- schedule_insert --
+-- Store a new schedule; a name already taken inserts nothing (the caller says so).
+-- Schedules in the database (migration 0014, runtime/schedules/). Every worker, serve and
+-- fire process ticks: it reads the due schedules, then handles each under its row lock
+-- (schedule_lock_due, SKIP LOCKED: a schedule another process is handling is left to it).
+-- A slot's schedule_runs row (unique on schedule and slot time) is inserted in the
+-- transaction that inserts the root or the fires row it starts: exactly once across
+-- processes and hosts, whatever the clocks say, because the row lock serialises the
+-- tickers of one schedule and the unique key refuses a slot recorded before.
+INSERT INTO schedules (name, cron, every_seconds, timezone, kind, task, overlap,
+                       catchup_seconds, next_at, created_by)
+VALUES (:name, :cron, :every_seconds, :timezone, :kind, CAST(:task AS jsonb), :overlap,
+        :catchup_seconds, :next_at, :created_by)
+ON CONFLICT (name) DO NOTHING
+RETURNING *;
+
+-- schedule_list_all --
+-- Every schedule with its last fired slot and the number of slots recorded per state
+-- (one walk of uq_schedule_runs_schedule_id_slot_at per schedule).
+SELECT s.*, now() AS db_now, last.slot_at AS last_fired_at, last.root_id AS last_root_id,
+       last.fire_id AS last_fire_id,
+       (SELECT count(*) FROM schedule_runs r
+        WHERE r.schedule_id = s.id AND r.state = 'fired') AS fired,
+       (SELECT count(*) FROM schedule_runs r
+        WHERE r.schedule_id = s.id AND r.state = 'skipped') AS skipped,
+       (SELECT coalesce(sum(r.slots), 0) FROM schedule_runs r
+        WHERE r.schedule_id = s.id AND r.state = 'missed') AS missed
+FROM schedules s
+LEFT JOIN LATERAL (
+    SELECT r.slot_at, r.root_id, r.fire_id FROM schedule_runs r
+    WHERE r.schedule_id = s.id AND r.state = 'fired'
+    ORDER BY r.slot_at DESC LIMIT 1
+) last ON true
+ORDER BY s.name;
+
+-- schedule_get_by_name --
+-- One schedule, by name.
+SELECT *, now() AS db_now FROM schedules WHERE name = :name;
+
+-- schedule_set_paused --
+-- Pause or resume a schedule. Resuming sets next_at to the first slot after now (given
+-- by the caller, who reads the cadence): slots that passed while paused are not caught
+-- up, since a paused schedule fires nothing.
+UPDATE schedules SET paused = :paused, next_at = coalesce(:next_at, next_at)
+WHERE name = :name
+RETURNING *;
+
+-- schedule_delete_by_name --
+-- Remove a schedule and its slots' rows (ON DELETE CASCADE); roots it started stay.
+DELETE FROM schedules WHERE name = :name RETURNING id;
+
+-- schedule_list_due --
+-- The schedules with a slot due now, on ix_schedules_due (partial: not paused). Fire
+-- schedules only for a ticker that can run a fire (:can_fire).
+SELECT id FROM schedules
+WHERE NOT paused AND next_at <= now() AND (kind = 'goal' OR :can_fire)
+ORDER BY next_at
+LIMIT :n;
+
+-- schedule_lock_due --
+-- Lock one due schedule for this tick, with the database's clock (the slots are read
+-- against one clock, whichever host ticks). SKIP LOCKED: another process handling it now
+-- will record its slots; waiting would only find them recorded.
+SELECT *, now() AS db_now FROM schedules
+WHERE id = :id AND NOT paused AND next_at <= now()
+FOR UPDATE SKIP LOCKED;
+
+-- schedule_lock_by_name --
+-- Lock a schedule for run-now, waiting for a tick that holds it (it commits in
+-- milliseconds), so an extra slot and a tick's slots are recorded one after the other.
+SELECT *, now() AS db_now FROM schedules WHERE name = :name FOR UPDATE;
+
+-- schedule_runs_open --
+-- What the schedule started that is still open: roots not terminal, fires not finished,
+-- among its last 100 fired slots (the overlap policy; older ones are long over).
+SELECT r.slot_at, r.root_id, r.fire_id
+FROM (SELECT * FROM schedule_runs
+      WHERE schedule_id = :id AND state = 'fired'
+      ORDER BY slot_at DESC LIMIT 100) r
+LEFT JOIN tasks t ON t.id = r.root_id
+LEFT JOIN fires f ON f.id = r.fire_id
+WHERE (r.root_id IS NOT NULL
+       AND t.status NOT IN ('done', 'failed', 'escalated', 'cancelled'))
+   OR (r.fire_id IS NOT NULL AND f.id IS NOT NULL AND f.finished_at IS NULL)
+ORDER BY r.slot_at;
+
+-- schedule_run_insert --
+-- Record one slot (or, for 'missed', :slots slots from :slot_at). The unique key on
+-- (schedule_id, slot_at) refuses a slot recorded before: nothing is inserted, nothing
+-- returned, and the caller starts nothing.
+INSERT INTO schedule_runs (schedule_id, slot_at, state, root_id, fire_id, slots, detail,
+                           worker)
+VALUES (:schedule_id, :slot_at, :state, :root_id, :fire_id, :slots, :detail, :worker)
+ON CONFLICT (schedule_id, slot_at) DO NOTHING
+RETURNING id;
+
+-- schedule_update_next --
+-- Move a schedule's next slot on, under the row lock its tick holds.
+UPDATE schedules SET next_at = :next_at WHERE id = :id;
+
+-- schedule_runs_by_name --
+-- A schedule's recorded slots, newest first, with the root's status and the time from
+-- the slot to the root's insertion (the tick's latency).
+SELECT r.*, t.status AS root_status, t.created_at AS root_created_at
+FROM schedule_runs r
+JOIN schedules s ON s.id = r.schedule_id
+LEFT JOIN tasks t ON t.id = r.root_id
+WHERE s.name = :name
+ORDER BY r.slot_at DESC
+LIMIT :n;
+
+-- schedule_list_active --
+-- The schedules not paused, with the database's clock: doctor's late-slot check.
+SELECT *, now() AS db_now FROM schedules WHERE NOT paused ORDER BY next_at;
+
+-- ======================================================================= Webhooks
+-- The outbox (migration 0013): a trigger on task_events writes one row per reported
+-- event per subscribed endpoint, in the transaction of the change; these statements
+-- keep the endpoints and deliver the rows (runtime/webhooks/).
+
+-- webhook_endpoint_upsert --
+-- Store an endpoint, or replace the one of that name (from the configuration or `webhooks add`).
+INSERT INTO webhook_endpoints (name, url, events, tenant, secret_env, source)
+VALUES (:name, :url, CAST(:events AS text[]), :tenant, :secret_env, :source)
+ON CONFLICT (name) DO UPDATE
+SET url = EXCLUDED.url, events = EXCLUDED.events, tenant = EXCLUDED.tenant,
+    secret_env = EXCLUDED.secret_env, source = EXCLUDED.source
+RETURNING name;
+
+-- webhook_endpoint_delete_unconfigured --
+-- Forget the endpoints that came from the configuration and are no longer in it
+-- (their undelivered events go with them: ON DELETE CASCADE).
+DELETE FROM webhook_endpoints
+WHERE source = 'config' AND name <> ALL(CAST(:names AS text[]))
+RETURNING name;
+
+-- webhook_endpoint_list --
+-- Every endpoint with its outbox counts by status (ix_webhook_outbox_pending and _dead
+-- serve the two that matter; delivered rows are counted too, it is a person's listing).
+SELECT w.name, w.url, w.events, w.tenant, w.secret_env, w.source, w.created_at,
+       count(*) FILTER (WHERE o.status = 'pending') AS pending,
+       count(*) FILTER (WHERE o.status = 'delivered') AS delivered,
+       count(*) FILTER (WHERE o.status = 'dead') AS dead
+FROM webhook_endpoints w
+LEFT JOIN webhook_outbox o ON o.endpoint = w.name
+GROUP BY w.name
+ORDER BY w.name;
+
+-- webhook_outbox_insert_test --
+-- Queue a `webhook.test` event for one endpoint (`webhooks test NAME`), and wake the deliverers.
+WITH ins AS (
+    INSERT INTO webhook_outbox (endpoint, event, payload)
+    SELECT name, 'webhook.test',
+           jsonb_build_object('event', 'webhook.test', 'endpoint', name, 'at', now())
+    FROM webhook_endpoints WHERE name = :name
+    RETURNING id, message_id, endpoint, event, status, attempts, created_at
+), wake AS (
+    SELECT pg_notify('orgchart_webhooks', '') FROM ins
+)
+SELECT ins.*, (SELECT count(*) FROM wake) AS notified FROM ins;
+
+-- webhook_outbox_claim --
+-- Lease up to :n due events, oldest first: none of an endpoint at its in-flight cap
+-- (:busy), none behind an earlier pending event of the same endpoint and tree.
+-- The lease (like a task's) lets another deliverer take the row back when this one dies;
+-- the row keeps its message_id, so a redelivery carries the same webhook-id. A row leased
+-- and not yet finished is still 'pending', so it holds back its tree's later events.
+WITH picked AS (
+    SELECT o.id
+    FROM webhook_outbox o
+    WHERE o.status = 'pending' AND o.next_attempt_at <= now()
+      AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
+      AND o.endpoint <> ALL(CAST(:busy AS text[]))
+      AND NOT EXISTS (
+          SELECT 1 FROM webhook_outbox p
+          WHERE p.status = 'pending' AND p.endpoint = o.endpoint AND p.id < o.id
+            AND (p.root_id = o.root_id OR (p.root_id IS NULL AND o.root_id IS NULL)))
+    ORDER BY o.id
+    LIMIT :n
+    -- SKIP LOCKED: two deliverers claiming at once take different rows, neither waits.
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE webhook_outbox o
+    SET lease_token = :token, attempts = o.attempts + 1,
+        lease_expires_at = now() + make_interval(secs => :lease_seconds)
+    FROM picked p
+    WHERE o.id = p.id
+    RETURNING o.id, o.message_id, o.endpoint, o.event, o.root_id, o.task_id, o.payload,
+              o.attempts, o.created_at
+)
+SELECT u.*, w.url, w.secret_env
+FROM upd u JOIN webhook_endpoints w ON w.name = u.endpoint
+ORDER BY u.id;
+
+-- webhook_outbox_delivered --
+-- A receiver answered 2xx: the event is delivered (fenced by the lease token: a late
+-- deliverer whose lease was taken over changes nothing).
+UPDATE webhook_outbox
+SET status = 'delivered', delivered_at = now(), last_status = :http_status,
+    last_response = :response, last_error = NULL, lease_token = NULL, lease_expires_at = NULL
+WHERE id = :id AND lease_token = :token AND status = 'pending'
+RETURNING id;
+
+-- webhook_outbox_failed --
+-- An attempt failed: back off until :delay_seconds from now, or dead-letter it after
+-- :max_attempts attempts (fenced by the lease token, like webhook_outbox_delivered).
+UPDATE webhook_outbox
+SET status = CASE WHEN attempts >= :max_attempts THEN 'dead' ELSE 'pending' END,
+    next_attempt_at = now() + make_interval(secs => :delay_seconds),
+    last_status = :http_status, last_error = :error, last_response = :response,
+    lease_token = NULL, lease_expires_at = NULL
+WHERE id = :id AND lease_token = :token AND status = 'pending'
+RETURNING status;
+
+-- webhook_outbox_list --
+-- The latest deliveries, newest first; with :failed only the dead and those that failed
+-- at least once and still wait.
+SELECT id, message_id, endpoint, event, root_id, task_id, status, attempts, created_at,
+       next_attempt_at, delivered_at, last_status, last_error, last_response
+FROM webhook_outbox
+WHERE (:endpoint IS NULL OR endpoint = :endpoint)
+  AND (NOT :failed OR status = 'dead' OR (status = 'pending' AND last_error IS NOT NULL))
+ORDER BY id DESC
+LIMIT :n;
+
+-- webhook_outbox_redeliver --
+-- Send a delivered or dead event again, with the same webhook-id (receivers deduplicate),
+-- and wake the deliverers. A pending one is left as it is (it goes out anyway).
+WITH upd AS (
+    UPDATE webhook_outbox
+    SET status = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL,
+        lease_token = NULL, lease_expires_at = NULL, delivered_at = NULL
+    WHERE id = :id AND status IN ('delivered', 'dead')
+    RETURNING id, message_id, endpoint, event, status
+), wake AS (
+    SELECT pg_notify('orgchart_webhooks', '') FROM upd
+)
+SELECT upd.*, (SELECT count(*) FROM wake) AS notified FROM upd;
+
+-- webhook_outbox_get --
+-- One outbox row by id.
+SELECT id, message_id, endpoint, event, status, attempts FROM webhook_outbox WHERE id = :id;
+
+-- webhook_outbox_health --
+-- For doctor: the dead letters, and the pending events older than :alert_after seconds
+-- with the oldest one's age (ix_webhook_outbox_dead, ix_webhook_outbox_pending).
+SELECT (SELECT count(*) FROM webhook_outbox WHERE status = 'dead') AS dead,
+       count(*) AS backlog,
+       extract(epoch FROM now() - min(created_at)) AS oldest_seconds
+FROM webhook_outbox
+WHERE status = 'pending' AND created_at < now() - make_interval(secs => :alert_after);
+
+-- channel_listen_webhooks --
+-- Subscribe to the webhook channel: the outbox trigger, a test event and a redelivery
+-- notify it, so a deliverer sends within milliseconds instead of at its next poll.
+LISTEN orgchart_webhooks;
+
+-- ---------------------------------------------------------------------- experiments
+-- Experiments (runtime/experiments, docs/experiments.md): a dataset's cases run under
+-- named variants. Each tree's run row is written in the transaction that inserts its root,
+-- so a resumed run finds every tree it started and never starts one twice.
+
+-- dataset_insert --
+-- Store a dataset version (name + content hash) unless it is already there; return its id.
+WITH ins AS (
+    INSERT INTO datasets (name, version, cases, source)
+    VALUES (:name, :version, :cases, :source)
+    ON CONFLICT (name, version) DO NOTHING
+    RETURNING id, true AS created
+)
+SELECT id, created FROM ins
+UNION ALL
+SELECT id, false FROM datasets
+WHERE name = :name AND version = :version AND NOT EXISTS (SELECT 1 FROM ins);
+
+-- dataset_case_insert_many --
+-- A new dataset version's cases, in order (one JSON array).
+INSERT INTO dataset_cases (dataset_id, position, body)
+SELECT :dataset_id, c.ordinality - 1, c.value
+FROM jsonb_array_elements(CAST(:cases AS jsonb)) WITH ORDINALITY AS c(value, ordinality)
+ON CONFLICT DO NOTHING;
+
+-- dataset_get_latest --
+-- A dataset by name: its newest version (or the version named).
+SELECT id, name, version, cases, source, created_at
+FROM datasets
+WHERE name = :name AND (CAST(:version AS text) IS NULL OR version = :version)
+ORDER BY created_at DESC, id
+LIMIT 1;
+
+-- dataset_list --
+-- Every dataset version, newest first.
+SELECT id, name, version, cases, source, created_at FROM datasets
+ORDER BY name, created_at DESC;
+
+-- dataset_case_list --
+-- A dataset's cases in order.
+SELECT position, body FROM dataset_cases WHERE dataset_id = :dataset_id ORDER BY position;
+
+-- experiment_insert --
+-- A new experiment (a name is used once); returns nothing when the name is taken.
+INSERT INTO experiments (name, dataset_id, variants, repeat, budget_usd, tenant,
+                         agents_modules)
+VALUES (:name, :dataset_id, CAST(:variants AS jsonb), :repeat, :budget_usd, :tenant,
+        CAST(:agents_modules AS jsonb))
+ON CONFLICT (name) DO NOTHING
+RETURNING *;
+
+-- experiment_get --
+-- One experiment by name or id, with its dataset's name and version.
+SELECT e.*, d.name AS dataset_name, d.version AS dataset_version
+FROM experiments e JOIN datasets d ON d.id = e.dataset_id
+WHERE e.name = :key OR e.id::text = :key;
+
+-- experiment_list --
+-- Every experiment, newest first.
+SELECT e.id, e.name, e.status, e.repeat, e.created_at, e.finished_at,
+       d.name AS dataset_name, d.version AS dataset_version,
+       (SELECT count(*) FROM experiment_runs r WHERE r.experiment_id = e.id) AS trees
+FROM experiments e JOIN datasets d ON d.id = e.dataset_id
+ORDER BY e.created_at DESC;
+
+-- experiment_set_status --
+-- An experiment finished or stopped (budget, a person), with a note.
+UPDATE experiments
+SET status = :status, note = COALESCE(:note, note),
+    finished_at = CASE WHEN :status = 'running' THEN NULL ELSE now() END
+WHERE id = :id
+RETURNING id, status;
+
+-- experiment_run_insert --
+-- The run row of a tree whose root was just inserted in this transaction. Nothing comes back
+-- when another process recorded this (case, variant, repetition) first: the caller rolls
+-- its root back and uses the one recorded.
+INSERT INTO experiment_runs (experiment_id, position, variant, repetition, root_id)
+VALUES (:experiment_id, :position, :variant, :repetition, :root_id)
+ON CONFLICT DO NOTHING
+RETURNING root_id;
+
+-- experiment_run_get --
+-- The tree recorded for one (case, variant, repetition), if any.
+SELECT root_id FROM experiment_runs
+WHERE experiment_id = :experiment_id AND position = :position AND variant = :variant
+  AND repetition = :repetition;
+
+-- experiment_run_list --
+-- An experiment's trees with what the report needs of each: the root's outcome and times,
+-- its calls paid and replayed (and the replayed calls' tokens, priced by the caller).
+SELECT r.position, r.variant, r.repetition, r.root_id, t.status, t.result, t.error,
+       t.verdict, t.created_at, t.completed_at, t.spent_tokens, t.spent_usd,
+       t.own_tokens, t.own_usd,
+       COALESCE(c.paid, 0) AS paid_calls, COALESCE(c.replayed, 0) AS replayed_calls,
+       COALESCE(c.cost, 0) AS cost_usd, COALESCE(c.tokens, 0) AS tokens,
+       COALESCE(c.replayed_by_model, '[]'::jsonb) AS replayed_by_model
+FROM experiment_runs r
+JOIN tasks t ON t.id = r.root_id
+LEFT JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE NOT m.replayed) AS paid,
+           count(*) FILTER (WHERE m.replayed) AS replayed,
+           sum(m.cost_usd) AS cost,
+           sum(m.prompt_tokens + m.completion_tokens) FILTER (WHERE NOT m.replayed) AS tokens,
+           (SELECT jsonb_agg(jsonb_build_object('route', x.route, 'model', x.model,
+                                                'tokens', x.tokens))
+            FROM (SELECT m2.route, m2.model,
+                         sum(m2.prompt_tokens + m2.completion_tokens) AS tokens
+                  FROM model_calls m2 WHERE m2.root_id = r.root_id AND m2.replayed
+                  GROUP BY m2.route, m2.model) x) AS replayed_by_model
+    FROM model_calls m WHERE m.root_id = r.root_id
+) c ON true
+WHERE r.experiment_id = :experiment_id
+ORDER BY r.position, r.variant, r.repetition;
+
+-- experiment_spend --
+-- What an experiment's trees have paid so far (their model calls), live.
+SELECT COALESCE(sum(m.cost_usd), 0) AS spent
+FROM experiment_runs r JOIN model_calls m ON m.root_id = r.root_id
+WHERE r.experiment_id = :experiment_id;
+
+-- experiment_score_upsert_many --
+-- Scores of runs (one JSON array); a rescore with the same scorer replaces its values.
+INSERT INTO experiment_scores AS s (experiment_id, position, variant, repetition, scorer,
+                                    value, explanation)
+SELECT :experiment_id, x.position, x.variant, x.repetition, x.scorer, x.value, x.explanation
+FROM jsonb_to_recordset(CAST(:scores AS jsonb))
+     AS x(position int, variant text, repetition int, scorer text, value float8,
+          explanation text)
+ON CONFLICT (experiment_id, position, variant, repetition, scorer)
+DO UPDATE SET value = excluded.value, explanation = excluded.explanation,
+              created_at = now();
+
+-- experiment_score_list --
+-- An experiment's scores.
+SELECT position, variant, repetition, scorer, value, explanation
+FROM experiment_scores WHERE experiment_id = :experiment_id
+ORDER BY scorer, position, variant, repetition;
+
+-- experiment_delete --
+-- Remove an experiment with its runs and scores (its trees stay unless pruned apart).
+DELETE FROM experiments WHERE id = :id RETURNING id;
+
+-- schedule_run_set_fire --
+-- Name the fires row a fire schedule's slot started (inserted just after the slot's row,
+-- in the same transaction).
+UPDATE schedule_runs SET fire_id = :fire_id
+WHERE schedule_id = :schedule_id AND slot_at = :slot_at;

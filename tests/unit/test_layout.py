@@ -51,6 +51,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "runtime.engine": (*_CORE, "runtime.budget", "runtime.jsoncodec", "runtime.store",
                        "runtime.llm", "agents", "policies"),
     "runtime.telemetry": (*_CORE, "runtime.store"),
+    "runtime.audit": (*_CORE, "runtime.store"),
     "runtime.views": (*_CORE, "runtime.store", "runtime.telemetry"),
     "runtime.wiring": (*_CORE, "runtime.store", "runtime.engine", "runtime.llm",
                        "runtime.telemetry", "agents", "policies"),
@@ -65,7 +66,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "runtime.cli": (*_CORE, "runtime.store", "runtime.engine", "runtime.llm",
                     "runtime.telemetry", "runtime.fleet", "runtime.views", "runtime.wiring",
                     "runtime.http", "runtime.forks", "runtime.mcp", "agents", "policies",
-                    "runtime.experiments"),
+                    "runtime.experiments", "runtime.audit"),
 }
 
 #: The only dynamic imports: each loads user modules named in configuration.
