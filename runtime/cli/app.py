@@ -27,6 +27,7 @@ from runtime.cli import (
     ops,
     policies,
     running,
+    schedules,
     steering,
 )
 from runtime.cli.common import handled
@@ -43,6 +44,9 @@ llm_app = typer.Typer(help="Model backends: check which one runs; record a run f
                       no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(llm_app, name="llm")
+schedule_app = typer.Typer(help="Schedules in the database: recurring goals and the fire.",
+                           no_args_is_help=True)
+app.add_typer(schedule_app, name="schedule")
 
 dataset_app = typer.Typer(help="Datasets of cases for experiments.", no_args_is_help=True)
 experiment_app = typer.Typer(help="Experiments: a dataset under variants, scored against "
@@ -89,6 +93,13 @@ COMMANDS: tuple[tuple[typer.Typer, str, Callable[..., Any]], ...] = (
     (experiment_app, "list", experiments.experiment_list),
     (experiment_app, "rescore", experiments.experiment_rescore),
     (experiment_app, "delete", experiments.experiment_delete),
+    (schedule_app, "add", schedules.add),
+    (schedule_app, "list", schedules.list_),
+    (schedule_app, "runs", schedules.runs),
+    (schedule_app, "pause", schedules.pause),
+    (schedule_app, "resume", schedules.resume),
+    (schedule_app, "remove", schedules.remove),
+    (schedule_app, "run-now", schedules.run_now_),
 )
 
 for _group, _name, _command in COMMANDS:

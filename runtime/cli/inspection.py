@@ -362,6 +362,10 @@ def serve(
     from runtime.store import db
 
     db.OUTAGE.level = logging.WARNING  # a failover is logged once, and its end
+    from runtime.cli.schedules import start_ticker
+    from runtime.wiring import open_store
+
+    start_ticker(open_store(cfg), cfg, host_fires=True)  # schedules tick while it serves
     where = f"[{host}]" if ":" in host else host
     err.print(f"[dim]serving on http://{where}:{port}/ (API docs at /docs, MCP at /mcp"
               + ("; bearer token required" if token else "") + ")[/]", highlight=False)

@@ -68,7 +68,13 @@ def fire(
         result = orchestrator.plan_only()
     else:
         install_stop_signals(orchestrator.stop)
-        result = orchestrator.run_once()
+        from runtime.cli.schedules import start_ticker
+
+        ticker = start_ticker(store, s, host_fires=False)  # goal schedules tick here too
+        try:
+            result = orchestrator.run_once()
+        finally:
+            ticker.stop()
     if json_:
         print_json(result.as_dict())
     elif result.status in ("locked", "capped"):

@@ -274,7 +274,16 @@ def worker(
     err.print(f"worker {w.config.worker_id} serving {', '.join(w.config.agents)}",
               style="dim", markup=False, highlight=False)
     tune_gc(runtime.settings.worker.gc_threshold)  # this process is the worker's
-    stats = w.run()
+    from runtime.cli.schedules import start_ticker
+
+    # Schedules tick beside the worker's maintenance (a disposable worker runs no fire).
+    ticker = None if no_maintenance else start_ticker(runtime.store, runtime.settings,
+                                                      host_fires=not once)
+    try:
+        stats = w.run()
+    finally:
+        if ticker is not None:
+            ticker.stop()
     stop_trace_export()  # what ended goes out now, not from an exit hook
     if json_:
         print_json({"worker": w.config.worker_id, **stats.as_dict()})

@@ -8,7 +8,10 @@ status for a monitor to alert on. It reports a problem (one line each) when:
   ``[orchestrator] expected_interval_seconds`` ago (or started and never finished);
 - work is stranded: leases that expired with nobody to reap them, waiting parents
   whose children are all terminal (``Store.stranded``);
-- the oldest open escalation has waited longer than ``escalation_max_age_seconds``.
+- the oldest open escalation has waited longer than ``escalation_max_age_seconds``;
+- a schedule (``orgchart schedule``) is late: its next slot is more than
+  :data:`SCHEDULE_GRACE_SECONDS` past and not fired (no process is ticking). With a fire
+  schedule, the fire's expected interval is that schedule's, not the config's.
 
 It only reads; it never repairs (``orgchart fire`` does, with its hygiene pass).
 Failure modes: an unreachable database is itself a problem, reported by the CLI with
@@ -20,11 +23,16 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runtime.config import DoctorSettings, OrchestratorSettings
+from runtime.schedules.spec import cadence_of
 from runtime.store.store import Store
+
+#: How long past its time a schedule's slot may go unfired before the doctor complains
+#: (every process ticks twice a second: a minute is a tick that is not happening).
+SCHEDULE_GRACE_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,8 @@ class Checkup:
     oldest_escalation_age_seconds: float | None = None
     #: Questions and approvals waiting longer than ``inbox_age_alert``.
     inbox_overdue: int = 0
+    #: Each active schedule: its name, next due slot and how late it is (``schedule``).
+    schedules: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -69,6 +79,7 @@ class Checkup:
     def as_dict(self) -> dict[str, Any]:
         """The ``--json`` shape."""
         return {"ok": self.ok, "problems": list(self.problems), "last_fire": self.last_fire,
+                "schedules": self.schedules,
                 "stranded": self.stranded,
                 "oldest_escalation_age_seconds": self.oldest_escalation_age_seconds,
                 "inbox_overdue": self.inbox_overdue}
@@ -139,7 +150,10 @@ def _escalated_at(row: Mapping[str, Any]) -> dt.datetime | None:
 
 def check(store: Store, limits: DoctorLimits, now: dt.datetime | None = None) -> Checkup:
     """Read the last fire, the stranded work, the escalations and the inbox; diagnose them."""
+    schedules = store.schedules_active()
+    limits = fire_limits(limits, schedules)
     checkup = diagnose(store.last_fire(), store.stranded(), store.escalations(), limits, now)
+    diagnose_schedules(checkup, schedules)
     diagnose_inbox(checkup, store.inbox_older_than(limits.inbox_age_alert_seconds), limits)
     return checkup
 
@@ -152,3 +166,29 @@ def diagnose_inbox(checkup: Checkup, overdue: Mapping[str, Any], limits: DoctorL
         checkup.problems.append(
             f"{questions} question(s) and {approvals} approval(s) waiting longer than "
             f"{_age(limits.inbox_age_alert_seconds)}: see `orgchart inbox`")
+
+
+def fire_limits(limits: DoctorLimits, schedules: Sequence[Mapping[str, Any]]) -> DoctorLimits:
+    """The limits with the fire's expected interval read from a fire schedule, if one is on.
+
+    The interval is the one between its next two slots, plus the grace; the shortest
+    wins when there are several.
+    """
+    intervals = [cadence_of(dict(s)).interval_seconds(s["db_now"]) for s in schedules
+                 if s["kind"] == "fire"]
+    if not intervals:
+        return limits
+    return replace(limits, expected_interval_seconds=min(intervals) + SCHEDULE_GRACE_SECONDS)
+
+
+def diagnose_schedules(checkup: Checkup, schedules: Sequence[Mapping[str, Any]]) -> None:
+    """Add a problem for each schedule whose next slot is past by more than the grace."""
+    for s in schedules:
+        late = (s["db_now"] - s["next_at"]).total_seconds()
+        checkup.schedules.append({"name": s["name"], "kind": s["kind"],
+                                  "next_at": s["next_at"], "late_seconds": max(0.0, late)})
+        if late > SCHEDULE_GRACE_SECONDS:
+            checkup.problems.append(
+                f"schedule {s['name']!r} is late: its slot of {s['next_at']:%Y-%m-%d %H:%M:%S} "
+                f"UTC ({cadence_of(dict(s)).describe()}) has not fired for {_age(late)}: is "
+                "any worker, `orgchart serve` or `orgchart fire` running?")

@@ -193,17 +193,30 @@ class Orchestrator:
         self._stop.set()
 
     # ------------------------------------------------------------------ entry points
-    def run_once(self) -> FireResult:
-        """One fire; a fire that cannot run (lock taken, daily cap) does nothing and says why."""
+    def run_once(self, fire_id: int | None = None) -> FireResult:
+        """One fire; a fire that cannot run (lock taken, daily cap) does nothing and says why.
+
+        ``fire_id``: the ``fires`` row a schedule's slot wrote with the slot
+        (``runtime/schedules/``); this fire runs as that row, and a fire that cannot run
+        finishes it with the reason.
+        """
         cfg = self.config
         with self.store.fire_lock(cfg.lock_key) as locked:
             if not locked:
-                return FireResult("locked", "another fire is running; nothing done")
+                return self._refused(fire_id, FireResult(
+                    "locked", "another fire is running; nothing done", fire_id))
             recent = self.store.fires_since(dt.datetime.now(dt.UTC) - DAY)
-            if recent >= cfg.daily_cap:
-                return FireResult("capped", f"daily cap reached: {recent} fire(s) in the last "
-                                            f"24 h, daily_cap = {cfg.daily_cap}; nothing done")
-            return self._fire()
+            if recent - (fire_id is not None) >= cfg.daily_cap:
+                return self._refused(fire_id, FireResult(
+                    "capped", f"daily cap reached: {recent} fire(s) in the last 24 h, "
+                              f"daily_cap = {cfg.daily_cap}; nothing done", fire_id))
+            return self._fire(fire_id)
+
+    def _refused(self, fire_id: int | None, result: FireResult) -> FireResult:
+        """Finish a scheduled fire's row with the reason it did not run."""
+        if fire_id is not None:
+            self.store.fire_finished(fire_id, {"status": result.status}, {}, result.message)
+        return result
 
     def plan_only(self) -> FireResult:
         """The plan a fire would make now (no lock, no hygiene, no workers, no fires row)."""
@@ -267,10 +280,11 @@ class Orchestrator:
         return self._known
 
     # ------------------------------------------------------------------ one fire
-    def _fire(self) -> FireResult:
+    def _fire(self, fire_id: int | None = None) -> FireResult:
         started = time.monotonic()
         watermark = self.store.event_watermark()
-        fire_id = self.store.fire_started({"status": "running"})
+        if fire_id is None:
+            fire_id = self.store.fire_started({"status": "running"})
         runs: list[WorkerRun] = []
         record: dict[str, Any] = {"first": None, "plans": 0, "launched": []}
         notes: list[str] = []

@@ -88,7 +88,8 @@ def test_every_problem_is_reported_at_once() -> None:
     check = diagnose(None, [{"id": "t", "why": "lease expired"}], [escalation(48)], LIMITS, NOW)
     assert len(check.problems) == 3
     assert set(check.as_dict()) == {"ok", "problems", "last_fire", "stranded",
-                                    "oldest_escalation_age_seconds", "inbox_overdue"}
+                                    "oldest_escalation_age_seconds", "inbox_overdue",
+                                    "schedules"}
 
 
 # ---------------------------------------------------------------------- the command
