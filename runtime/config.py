@@ -22,7 +22,14 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 CONFIG_ENV = "ORGCHART_CONFIG"
 ENV_PREFIX = "ORGCHART_"
@@ -411,6 +418,78 @@ class McpSettings(_Section):
         return value
 
 
+#: What ``[webhooks.<name>] events`` may name (a glob such as ``task.*`` names several).
+WEBHOOK_EVENTS: tuple[str, ...] = ("tree.finished", "task.question", "task.awaiting_approval",
+                                   "task.escalated", "task.cancelled", "fire.rollup")
+
+
+def expand_webhook_events(patterns: list[str]) -> list[str]:
+    """The events ``patterns`` (names or globs) subscribe to, in :data:`WEBHOOK_EVENTS` order.
+
+    Raises:
+        ValueError: a pattern matches no event (the message suggests the closest one).
+
+    """
+    import fnmatch
+
+    chosen: set[str] = set()
+    for pattern in patterns:
+        hits = [e for e in WEBHOOK_EVENTS if fnmatch.fnmatchcase(e, pattern.strip())]
+        if not hits:
+            raise ValueError(f"unknown webhook event '{pattern}'"
+                             f"{_suggest(pattern, list(WEBHOOK_EVENTS))}")
+        chosen.update(hits)
+    return [e for e in WEBHOOK_EVENTS if e in chosen]
+
+
+class WebhookEndpointSettings(_Section):
+    """``[webhooks.<name>]``: where events go, which ones, and the signing secret's variable.
+
+    ``secret_env`` names the environment variable holding the Standard Webhooks secret
+    (``whsec_<base64>``); the secret itself never goes in the file. ``tenant``: only
+    events of that tenant's trees (none: every tenant's).
+    """
+
+    url: str = Field(pattern=r"^https?://[^/?#]+")
+    events: list[str] = Field(min_length=1)
+    tenant: str | None = Field(None, pattern=TENANT_NAME_PATTERN)
+    secret_env: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+    @field_validator("events", mode="before")
+    @classmethod
+    def _events(cls, value: Any) -> Any:
+        return expand_webhook_events(_split_list(value))
+
+
+class WebhooksSettings(_Section):
+    """``[webhooks]``: delivery of the outbox; each ``[webhooks.<name>]`` table is an endpoint.
+
+    A failed delivery is retried after ``retry_base_seconds`` doubling up to
+    ``retry_max_seconds`` (jittered), ``max_attempts`` times in all, then dead-lettered.
+    ``allow_private``: loopback and private addresses may receive (refused otherwise).
+    ``alert_after``: ``doctor`` reports an event waiting longer (seconds). ``public_url``:
+    the API's address, for the links in payloads.
+    """
+
+    allow_private: bool = False
+    alert_after: float = Field(300.0, gt=0)
+    max_attempts: int = Field(8, ge=1, le=100)
+    retry_base_seconds: float = Field(1.0, gt=0, le=3600)
+    retry_max_seconds: float = Field(3600.0, gt=0, le=86_400)
+    timeout_seconds: float = Field(10.0, gt=0, le=300)
+    public_url: str = Field("http://127.0.0.1:8000", pattern=r"^https?://")
+    endpoints: dict[str, WebhookEndpointSettings] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tables_are_endpoints(cls, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            return value
+        tables = {k: v for k, v in value.items() if isinstance(v, Mapping) and k != "endpoints"}
+        rest = {k: v for k, v in value.items() if k not in tables}
+        return {**rest, "endpoints": {**rest.get("endpoints", {}), **tables}}
+
+
 class Settings(_Section):
     """The whole validated configuration."""
 
@@ -429,6 +508,7 @@ class Settings(_Section):
     doctor: DoctorSettings = DoctorSettings()
     mcp: McpSettings = McpSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
+    webhooks: WebhooksSettings = WebhooksSettings()
     #: ``[tenants.<name>]`` tables, by tenant name.
     tenants: dict[str, TenantSettings] = Field(default_factory=dict)
     source: str | None = Field(None, exclude=True)
@@ -516,6 +596,8 @@ def _check_keys(raw: Mapping[str, Any], where: str) -> None:
             raise ConfigError(f"{where}: [{section}] must be a table of keys")
         keys = list(sections[section].model_fields)
         for key in body:
+            if section == "webhooks" and isinstance(body[key], Mapping):
+                continue  # [webhooks.<name>]: an endpoint, its keys checked by its model
             _check_retired(section, key, where)
             if key not in keys:
                 raise ConfigError(f"{where}: unknown key '{section}.{key}'"

@@ -128,6 +128,9 @@ class Runtime:
         from runtime.telemetry.traces import start_trace_export
 
         start_trace_export(self.store)  # OTLP traces, only when OTEL_EXPORTER_OTLP_* is set
+        from runtime.webhooks import start_delivery
+
+        start_delivery(self.store, self.settings)  # the outbox, when an endpoint is subscribed
         db.OUTAGE.level = logging.WARNING  # a long-running process: say so in the log
         return Worker(self.store, self.executor(), WorkerConfig(**options))
 

@@ -29,6 +29,7 @@ from runtime.cli import (
     running,
     schedules,
     steering,
+    webhooks,
 )
 from runtime.cli.common import handled
 
@@ -44,6 +45,8 @@ llm_app = typer.Typer(help="Model backends: check which one runs; record a run f
                       no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(llm_app, name="llm")
+webhooks_app = typer.Typer(help="Webhooks: endpoints, deliveries, tests.", no_args_is_help=True)
+app.add_typer(webhooks_app, name="webhooks")
 schedule_app = typer.Typer(help="Schedules in the database: recurring goals and the fire.",
                            no_args_is_help=True)
 app.add_typer(schedule_app, name="schedule")
@@ -100,6 +103,11 @@ COMMANDS: tuple[tuple[typer.Typer, str, Callable[..., Any]], ...] = (
     (schedule_app, "resume", schedules.resume),
     (schedule_app, "remove", schedules.remove),
     (schedule_app, "run-now", schedules.run_now_),
+    (webhooks_app, "add", webhooks.add),
+    (webhooks_app, "list", webhooks.list_),
+    (webhooks_app, "test", webhooks.test),
+    (webhooks_app, "deliveries", webhooks.deliveries),
+    (webhooks_app, "redeliver", webhooks.redeliver),
 )
 
 for _group, _name, _command in COMMANDS:

@@ -354,6 +354,9 @@ def serve(
              "'Authorization: Bearer <token>') or listen on 127.0.0.1", EXIT_BAD_INPUT)
     cfg = settings()
     api = create_app(settings=cfg, registry=load_registry(cfg, agents_module or []))
+    from runtime.webhooks import start_delivery
+
+    start_delivery(api.state.store, cfg)  # serve delivers the webhook outbox too
     from runtime.mcp.mount import mount
     from runtime.mcp.server import build_server
 

@@ -91,7 +91,7 @@ def doctor(json_: JsonOpt = False) -> None:
 
     s = settings()
     with opened_store(s) as store:  # a checkup says at once when the database is down
-        checkup = check(store, DoctorLimits.from_settings(s.orchestrator, s.doctor))
+        checkup = check(store, DoctorLimits.from_settings(s.orchestrator, s.doctor, s.webhooks))
     if json_:
         print_json(checkup.as_dict())
     elif checkup.ok:

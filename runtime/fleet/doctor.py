@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from runtime.config import DoctorSettings, OrchestratorSettings
+from runtime.config import DoctorSettings, OrchestratorSettings, WebhooksSettings
 from runtime.schedules.spec import cadence_of
 from runtime.store.store import Store
 
@@ -43,6 +43,8 @@ class DoctorLimits:
     escalation_max_age_seconds: float
     #: ``[doctor] inbox_age_alert``: questions and approvals older than this are reported.
     inbox_age_alert_seconds: float = 3600.0
+    #: ``[webhooks] alert_after``: webhook events waiting longer than this are reported.
+    webhook_alert_after_seconds: float = 300.0
 
     def __post_init__(self) -> None:
         if self.expected_interval_seconds <= 0 or self.escalation_max_age_seconds <= 0:
@@ -51,11 +53,12 @@ class DoctorLimits:
 
     @classmethod
     def from_settings(cls, settings: OrchestratorSettings,
-                      doctor: DoctorSettings | None = None) -> DoctorLimits:
-        """The ``[orchestrator]`` values (and ``[doctor]``'s, when given)."""
+                      doctor: DoctorSettings | None = None,
+                      webhooks: WebhooksSettings | None = None) -> DoctorLimits:
+        """The ``[orchestrator]`` values (and ``[doctor]``'s and ``[webhooks]``', when given)."""
         inbox = (doctor or DoctorSettings()).inbox_age_alert
         return cls(settings.expected_interval_seconds, settings.escalation_max_age_seconds,
-                   inbox)
+                   inbox, (webhooks or WebhooksSettings()).alert_after)
 
 
 @dataclass
@@ -68,6 +71,9 @@ class Checkup:
     oldest_escalation_age_seconds: float | None = None
     #: Questions and approvals waiting longer than ``inbox_age_alert``.
     inbox_overdue: int = 0
+    #: Webhook events dead-lettered, and waiting longer than ``[webhooks] alert_after``.
+    webhook_dead: int = 0
+    webhook_backlog: int = 0
     #: Each active schedule: its name, next due slot and how late it is (``schedule``).
     schedules: list[dict[str, Any]] = field(default_factory=list)
 
@@ -82,7 +88,8 @@ class Checkup:
                 "schedules": self.schedules,
                 "stranded": self.stranded,
                 "oldest_escalation_age_seconds": self.oldest_escalation_age_seconds,
-                "inbox_overdue": self.inbox_overdue}
+                "inbox_overdue": self.inbox_overdue,
+                "webhook_dead": self.webhook_dead, "webhook_backlog": self.webhook_backlog}
 
     def summary(self) -> str:
         """A short all-clear line (when ``ok``)."""
@@ -155,6 +162,7 @@ def check(store: Store, limits: DoctorLimits, now: dt.datetime | None = None) ->
     checkup = diagnose(store.last_fire(), store.stranded(), store.escalations(), limits, now)
     diagnose_schedules(checkup, schedules)
     diagnose_inbox(checkup, store.inbox_older_than(limits.inbox_age_alert_seconds), limits)
+    diagnose_webhooks(checkup, store.webhook_health(limits.webhook_alert_after_seconds), limits)
     return checkup
 
 
@@ -192,3 +200,18 @@ def diagnose_schedules(checkup: Checkup, schedules: Sequence[Mapping[str, Any]])
                 f"schedule {s['name']!r} is late: its slot of {s['next_at']:%Y-%m-%d %H:%M:%S} "
                 f"UTC ({cadence_of(dict(s)).describe()}) has not fired for {_age(late)}: is "
                 "any worker, `orgchart serve` or `orgchart fire` running?")
+
+
+def diagnose_webhooks(checkup: Checkup, health: Mapping[str, Any], limits: DoctorLimits) -> None:
+    """Add a problem for dead-lettered webhook events and for a backlog past ``alert_after``."""
+    checkup.webhook_dead, checkup.webhook_backlog = int(health["dead"]), int(health["backlog"])
+    if checkup.webhook_dead:
+        checkup.problems.append(
+            f"{checkup.webhook_dead} webhook event(s) dead-lettered: see `orgchart webhooks "
+            "deliveries --failed`, then `orgchart webhooks redeliver ID`")
+    if checkup.webhook_backlog:
+        checkup.problems.append(
+            f"{checkup.webhook_backlog} webhook event(s) waiting longer than "
+            f"{_age(limits.webhook_alert_after_seconds)} (oldest "
+            f"{_age(float(health['oldest_seconds']))}): is a worker or `orgchart serve` "
+            "running with the endpoint's secret variable set?")

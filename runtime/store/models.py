@@ -30,7 +30,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from runtime.config import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
@@ -428,6 +428,71 @@ class TreePause(Base):
                                                    server_default=text("now()"))
     paused_by: Mapped[str | None] = mapped_column(Text)
     note: Mapped[str | None] = mapped_column(Text)
+
+
+class WebhookEndpoint(Base):
+    """A subscribed webhook endpoint (``[webhooks.<name>]``, or ``orgchart webhooks add``).
+
+    ``events`` are event names (globs expanded when stored); ``secret_env`` names the
+    environment variable holding the signing secret, never the secret.
+    """
+
+    __tablename__ = "webhook_endpoints"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    url: Mapped[str] = mapped_column(Text, nullable=False)
+    events: Mapped[list[str]] = mapped_column(ARRAY(Text), nullable=False)
+    tenant: Mapped[str | None] = mapped_column(Text)
+    secret_env: Mapped[str] = mapped_column(Text, nullable=False)
+    source: Mapped[str] = mapped_column(Text, nullable=False, server_default="cli")
+    created_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False,
+                                                    server_default=text("now()"))
+
+    __table_args__ = (CheckConstraint("source IN ('config', 'cli')", name="source"),)
+
+
+class WebhookOutbox(Base):
+    """One event for one endpoint, written by a trigger in the transaction that caused it.
+
+    ``message_id`` is the ``webhook-id`` of every attempt (receivers deduplicate on it);
+    ``id`` orders a tree's events. A row is ``pending`` (leased while a deliverer sends
+    it), then ``delivered`` or, after ``[webhooks] max_attempts``, ``dead``.
+    """
+
+    __tablename__ = "webhook_outbox"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    message_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), nullable=False, unique=True, server_default=text("gen_random_uuid()"))
+    endpoint: Mapped[str] = mapped_column(
+        Text, ForeignKey("webhook_endpoints.name", ondelete="CASCADE"), nullable=False)
+    event: Mapped[str] = mapped_column(Text, nullable=False)
+    root_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    task_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    payload: Mapped[Any] = mapped_column(JSONB, nullable=False)
+    status: Mapped[str] = mapped_column(Text, nullable=False, server_default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    created_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False,
+                                                    server_default=text("clock_timestamp()"))
+    next_attempt_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False,
+                                                         server_default=text("now()"))
+    lease_token: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(TIMESTAMPTZ)
+    delivered_at: Mapped[dt.datetime | None] = mapped_column(TIMESTAMPTZ)
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    #: At most 1 KB of the receiver's answer (never more is stored).
+    last_response: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        CheckConstraint("status IN ('pending', 'delivered', 'dead')", name="status"),
+        CheckConstraint("octet_length(last_response) <= 1024", name="response_small"),
+        Index("ix_webhook_outbox_pending", "next_attempt_at",
+              postgresql_where=text("status = 'pending'")),
+        Index("ix_webhook_outbox_order", "endpoint", "root_id", "id",
+              postgresql_where=text("status = 'pending'")),
+        Index("ix_webhook_outbox_dead", "id", postgresql_where=text("status = 'dead'")),
+    )
 
 
 class Fire(Base):

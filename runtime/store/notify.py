@@ -43,10 +43,13 @@ class TaskChannel:
     Args:
         url: the database URL (SQLAlchemy or libpq form).
         connect_timeout: seconds to wait for the server.
+        listen: the named ``LISTEN`` statement (``channel_listen_webhooks`` for the
+            webhook deliverers' channel).
 
     """
 
-    def __init__(self, url: str, connect_timeout: int = CONNECT_TIMEOUT_SECONDS) -> None:
+    def __init__(self, url: str, connect_timeout: int = CONNECT_TIMEOUT_SECONDS,
+                 listen: str = "channel_listen_tasks") -> None:
         self._conn = psycopg.connect(libpq_url(url), autocommit=True,
                                      connect_timeout=connect_timeout)
         try:
@@ -55,7 +58,7 @@ class TaskChannel:
                 info = self._conn.info
                 raise StandbyServer(f"{info.host}:{info.port} is a standby (in recovery); "
                                     "the listener will look for the primary again")
-            self._conn.execute(QUERIES["channel_listen_tasks"])
+            self._conn.execute(QUERIES[listen])
         except BaseException:
             self._conn.close()
             raise

@@ -1104,12 +1104,28 @@ SELECT (SELECT count(*) FROM old_roots) AS trees, (SELECT count(*) FROM gone) AS
 INSERT INTO fires (plan) VALUES (CAST(:plan AS jsonb)) RETURNING id, started_at;
 
 -- fire_update_finished --
--- Record the end of a fire: its stats and rollup note.
-UPDATE fires
-SET finished_at = now(), plan = CAST(:plan AS jsonb), stats = CAST(:stats AS jsonb),
-    rollup = :rollup
-WHERE id = :id
-RETURNING *;
+-- Record the end of a fire: its stats and rollup note, and its `fire.rollup` webhook
+-- events in the same statement (a fire writes no task_events row, so the outbox trigger
+-- does not see it). Fires carry no tenant: only endpoints without a tenant filter get them.
+WITH upd AS (
+    UPDATE fires
+    SET finished_at = now(), plan = CAST(:plan AS jsonb), stats = CAST(:stats AS jsonb),
+        rollup = :rollup
+    WHERE id = :id
+    RETURNING *
+), hook AS (
+    INSERT INTO webhook_outbox (endpoint, event, payload)
+    SELECT w.name, 'fire.rollup',
+           jsonb_build_object('event', 'fire.rollup', 'fire_id', u.id, 'rollup', u.rollup,
+                              'stats', u.stats, 'started_at', u.started_at,
+                              'finished_at', u.finished_at)
+    FROM upd u JOIN webhook_endpoints w ON 'fire.rollup' = ANY(w.events) AND w.tenant IS NULL
+    RETURNING 1
+), wake AS (
+    SELECT pg_notify('orgchart_webhooks', '') WHERE EXISTS (SELECT 1 FROM hook)
+)
+-- A CTE nobody reads is not run: the count makes the notify happen, the row stays the same.
+SELECT upd.* FROM upd WHERE (SELECT count(*) FROM wake) >= 0;
 
 -- fire_count_since --
 -- How many fires started since :since (the daily cap).

@@ -28,6 +28,7 @@ from sqlalchemy.engine import Engine
 from runtime.store.claims import StoreClaims
 from runtime.store.experiments import StoreExperiments
 from runtime.store.hygiene import MAINTENANCE_LOCK_KEY, Maintained, StoreHygiene
+from runtime.store.outbox import StoreWebhooks
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
 from runtime.store.rows import (
@@ -54,7 +55,7 @@ def _json_or_none(value: Any) -> str | None:
 
 
 class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering, StoreSchedules,
-            StoreExperiments):
+            StoreExperiments, StoreWebhooks):
     """The database door: named statements, one transaction per state change.
 
     Submitting and resolving live here; the rest comes from mixins, one module per

@@ -55,7 +55,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "runtime.audit": (*_CORE, "runtime.store"),
     "runtime.views": (*_CORE, "runtime.store", "runtime.telemetry"),
     "runtime.wiring": (*_CORE, "runtime.store", "runtime.engine", "runtime.llm",
-                       "runtime.telemetry", "agents", "policies"),
+                       "runtime.telemetry", "agents", "policies",
+                       "runtime.webhooks"),
+    "runtime.webhooks": (*_CORE, "runtime.store"),
     "runtime.fleet": (*_CORE, "runtime.store", "runtime.engine", "runtime.wiring",
                       "runtime.schedules"),
     "runtime.forks": (*_CORE, "runtime.store", "runtime.views", "runtime.wiring", "agents"),
@@ -63,13 +65,15 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                             "agents"),
     "runtime.http": (*_CORE, "runtime.store", "runtime.telemetry", "runtime.views",
                      "runtime.wiring", "runtime.forks", "runtime.schedules", "agents",
-                     "policies"),
+                     "policies",
+                     "runtime.webhooks"),
     "runtime.mcp": (*_CORE, "runtime.store", "runtime.views", "runtime.wiring",
                     "runtime.forks", "runtime.http", "agents"),
     "runtime.cli": (*_CORE, "runtime.store", "runtime.engine", "runtime.llm", "runtime.schedules",
                     "runtime.telemetry", "runtime.fleet", "runtime.views", "runtime.wiring",
                     "runtime.http", "runtime.forks", "runtime.mcp", "agents", "policies",
-                    "runtime.experiments", "runtime.audit"),
+                    "runtime.experiments", "runtime.audit",
+                    "runtime.webhooks"),
 }
 
 #: The only dynamic imports: each loads user modules named in configuration.
