@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 import mcp.types as types
+import sqlalchemy as sa
 from mcp.server import Server, ServerRequestContext
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
 
@@ -124,8 +125,11 @@ class _Handlers:
                     "created": value["created"], "ended": ended}
         except ToolRefused as exc:
             return _refusal(str(exc))
-        except DatabaseUnavailable as exc:
+        except DatabaseUnavailable as exc:  # its message names the server already
             return _refusal(str(exc))
+        except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+            log.warning("database unavailable", extra={"error": str(exc)[:500]})
+            return _refusal(f"database unavailable: {' '.join(str(exc.orig or exc).split())}")
         except Exception:
             log.exception("tool %s failed", params.name)
             return _refusal("internal error (the server's log has the traceback)")
