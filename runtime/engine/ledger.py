@@ -1,4 +1,4 @@
-"""The model layer's :class:`~runtime.llm.ledger.CallLedger` over the Store.
+"""The model layer's :class:`~runtime.llm.ledger.CallLedger` over the Store, all of it.
 
 Charges go through a :class:`~runtime.engine.charges.ChargeWriter` when one is given, so
 the charges of many calls in flight are written in batches (one guarded statement per
@@ -15,16 +15,27 @@ from typing import Any
 from runtime.engine.charges import ChargeWriter
 from runtime.engine.step_writer import AsyncStepWriter, psycopg_sql
 from runtime.jsoncodec import dumps_fast
-from runtime.llm.ledger import RecordedCall, RecordLookup
+from runtime.llm.ledger import CallLedger
+from runtime.records import (
+    ModelCharge,
+    RecordedCall,
+    RecordLookup,
+    StepBegin,
+    StepEnd,
+    StepRecord,
+)
 from runtime.store.queries import QUERIES
-from runtime.store.rows import ModelCharge, StepBegin, StepEnd, StepRecord
 from runtime.store.store import Store
 
 _RECORDED_MANY = psycopg_sql(QUERIES["model_call_get_recorded_many"])
 
 
-class StoreLedger:
-    """Queue depth, charges, the record of replies and durable steps, through a Store."""
+class StoreLedger(CallLedger):
+    """Queue depth, charges, the record of replies and durable steps, through a Store.
+
+    It names :class:`~runtime.llm.ledger.CallLedger` as its base so that mypy checks it
+    implements every method of the protocol, with the protocol's signatures.
+    """
 
     def __init__(self, store: Store, writer: ChargeWriter | None = None) -> None:
         self.store = store
@@ -53,32 +64,14 @@ class StoreLedger:
         """A tenant's token bucket: 0 when ``need`` was taken, else the seconds to wait."""
         return self.store.take_tenant_tokens(tenant, need, rate, refund)
 
-    def recorded_call(self, task_id: uuid.UUID, phase: str, position: str,
-                      request_hashes: Sequence[str],
-                      counterpart: uuid.UUID | None = None) -> RecordedCall | None:
-        """The task's recorded successful reply at ``(phase, position)`` for these hashes.
-
-        With a ``counterpart`` (a fork's branch), the counterpart's reply when the task has
-        none of its own (one statement).
-        """
-        if counterpart is not None:
-            row = self.store.recorded_call_or_counterpart(task_id, counterpart, phase,
-                                                          position, list(request_hashes))
-        else:
-            row = self.store.recorded_call(task_id, phase, position, list(request_hashes))
-        return None if row is None else _recorded(row)
-
-    def recorded_calls(self, lookups: Sequence[RecordLookup]) -> list[RecordedCall | None]:
-        """Many look-ups of :meth:`recorded_call` in one statement, in order."""
-        rows = self.store.recorded_calls_many(_lookups(lookups))
-        return [_recorded(rows[n]) if n in rows else None for n in range(len(lookups))]
-
     async def arecorded_calls(self, lookups: Sequence[RecordLookup]
                               ) -> list[RecordedCall | None]:
-        """:meth:`recorded_calls` from a coroutine, on the running loop's own connection.
+        """The task's recorded successful reply for each look-up, in order (one statement).
 
-        A re-run replays a call per task: through the Store each batch cost a thread hop, a
-        pool checkout with its pre-ping (a round trip) and SQLAlchemy's statement handling.
+        With a ``counterpart`` (a fork's branch), the counterpart's reply when the task has
+        none of its own. On the running loop's own connection: a re-run replays a call
+        per task, and through the Store each batch cost a thread hop, a pool checkout with
+        its pre-ping (a round trip) and SQLAlchemy's statement handling.
         """
         rows = await self.step_writer.fetch_all(
             _RECORDED_MANY, {"batch": dumps_fast(_lookups(lookups))})

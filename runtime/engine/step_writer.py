@@ -36,9 +36,9 @@ from typing import Any
 import psycopg
 from psycopg.rows import namedtuple_row
 
+from runtime.records import StepBegin, StepEnd, StepRecord
 from runtime.store.db import libpq_url
 from runtime.store.queries import QUERIES
-from runtime.store.rows import StepBegin, StepEnd, StepRecord
 from runtime.store.spend import step_begin_params, step_end_params, step_record
 
 log = logging.getLogger(__name__)

@@ -8,6 +8,7 @@ rows held for the task's outcome).
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import uuid
 from dataclasses import dataclass, replace
 from decimal import Decimal
@@ -17,10 +18,11 @@ from pydantic import BaseModel
 
 from runtime.errors import BadInput
 from runtime.llm.backends.offline import OfflineBackend
+from runtime.llm.ledger import CallLedger
 from runtime.llm.reply import Backend, ModelReply, ToolCall
 from runtime.llm.request import Request
 from runtime.llm.tool_loop import ToolOutcome
-from runtime.store.rows import ModelCharge
+from runtime.records import ModelCharge
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ class HeldReplays:
     calls again. Without :meth:`defer`, each row is written at call time.
     """
 
-    def __init__(self, ledger: Any, lease_lost: Any) -> None:
+    def __init__(self, ledger: CallLedger, lease_lost: threading.Event) -> None:
         self._ledger = ledger
         self._lease_lost = lease_lost
         self._held: list[tuple[Rows, Request, ModelReply, dt.datetime]] | None = None

@@ -20,7 +20,7 @@ from runtime.errors import BudgetExceeded, LeaseLost, TransientModelError
 from runtime.llm.calls import Rows
 from runtime.llm.reply import ModelReply
 from runtime.llm.request import Request
-from runtime.store.rows import ModelCharge
+from runtime.records import ModelCharge
 
 log = logging.getLogger(__name__)
 

@@ -55,7 +55,6 @@ from runtime.llm.sending import Sender
 from runtime.llm.server_slots import Fair, ServerSlots
 from runtime.llm.steps import TaskSteps
 from runtime.llm.tool_loop import ToolRound, run_with_tools
-from runtime.store.rows import ModelCharge
 
 T = TypeVar("T")
 
@@ -95,23 +94,16 @@ class LLMFactory:
         self.calls = CallLoop()
         self.calls.scheduler = settings.scheduler  # fair slots: max wait, anticipation
         self.calls.meter = TokenMeter(token_rates(settings),  # tokens_per_minute
-                                      getattr(ledger, "take_tokens", None), self.in_ledger)
+                                      ledger.take_tokens, self.in_ledger)
         #: The start gate of every request: cancelled tasks and paused trees (gate.py).
-        self.gate = CallGate(getattr(ledger, "gate_calls", None), self.in_ledger)
-        self.records = RecordReader(ledger, self.in_ledger)  # durable calls' look-ups
+        self.gate = CallGate(ledger.gate_calls, self.in_ledger)
+        self.records = RecordReader(ledger)  # durable calls' look-ups, batched
         self.router = Router(settings, lambda: self.in_ledger(ledger.pending_depth))
         self.slots = ServerSlots(self.calls, backend, settings)
 
     async def in_ledger(self, fn: Callable[..., T], *args: Any) -> T:
         """Run one blocking ledger call off the loop, in the factory's ledger threads."""
         return await asyncio.get_running_loop().run_in_executor(self._ledger_pool, fn, *args)
-
-    async def charge(self, charge: ModelCharge) -> bool:
-        """Charge one call through the ledger (awaited without a thread when it can be)."""
-        acharge = getattr(self.ledger, "acharge", None)
-        if acharge is not None:
-            return bool(await acharge(charge))
-        return await self.in_ledger(self.ledger.charge, charge)
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Make sync callers' calls on ``loop`` (a worker's, while it runs)."""
@@ -129,10 +121,10 @@ class LLMFactory:
 
     async def aclose(self) -> None:
         """Release the backend's (and the ledger's) connections made on the running loop."""
-        for owner in (self.backend, self.ledger):
-            aclose = getattr(owner, "aclose", None)
-            if aclose is not None:
-                await aclose()
+        aclose = getattr(self.backend, "aclose", None)  # a backend with connections has it
+        if aclose is not None:
+            await aclose()
+        await self.ledger.aclose()
 
     def close(self) -> None:
         """Release the backend's connections, stop the factory's own loop (see detach)."""
@@ -172,7 +164,7 @@ class TaskLLM:
         self.offline = is_offline(factory.backend)
         rows = Rows(self.task_id, lease_token, int(task_row.get("delivery_count") or 1),
                     factory.backend.name, self.phase, self._settings.llm.record)
-        charger = Charger(factory.charge, rows)
+        charger = Charger(factory.ledger.acharge, rows)
         self.replays = HeldReplays(factory.ledger, lease_lost)  # for the outcome's write
         self._recorded = RecordedReplies(self._settings, factory.records, task_row,
                                          self.phase, charger, self.replays, self.offline)

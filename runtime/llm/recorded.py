@@ -21,11 +21,12 @@ from runtime.config import Settings
 from runtime.llm.backends.offline import OfflineBackend
 from runtime.llm.calls import Completion, HeldReplays, answered
 from runtime.llm.charging import Charger
-from runtime.llm.ledger import RecordedCall, RecordReader
+from runtime.llm.ledger import RecordReader
 from runtime.llm.reply import BadModelReply, ModelReply, parse_structured, request_text
 from runtime.llm.request import Request
 from runtime.llm.routing import Route
 from runtime.llm.tool_loop import recorded_tool_calls, round_note
+from runtime.records import RecordedCall
 
 
 class RecordedReplies:

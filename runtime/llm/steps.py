@@ -38,8 +38,8 @@ from typing import Any, Protocol
 
 from agents.tools import RetryPolicy, reset_step_key, set_step_key
 from runtime.errors import BudgetExceeded, LeaseLost
-from runtime.llm.ledger import StepLedger, write_begin, write_finish
-from runtime.store.rows import StepBegin, StepEnd, StepRecord
+from runtime.llm.ledger import StepLedger
+from runtime.records import StepBegin, StepEnd, StepRecord
 
 #: How much of a step's arguments its row keeps (the hash covers all of them).
 ARGS_DISPLAY_CHARS = 2000
@@ -278,12 +278,12 @@ class TaskSteps:
 
     # ------------------------------------------------------------------ parts
     async def _write_begin(self, begin: StepBegin) -> StepRecord | None:
-        """The begin write: awaited on this loop when the ledger can, else in a thread."""
-        return await write_begin(self._ledger, begin, self._in_ledger)
+        """The begin write, awaited on this loop (the ledger's own connection)."""
+        return await self._ledger.astep_begin(begin)
 
     async def _write_finish(self, end: StepEnd) -> bool:
         """The finish write (durable), as :meth:`_write_begin`."""
-        return await write_finish(self._ledger, end, self._in_ledger)
+        return await self._ledger.astep_finish(end)
 
     async def _attempts(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
                         kwargs: dict[str, Any], record: StepRecord,

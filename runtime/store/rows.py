@@ -20,6 +20,13 @@ from runtime.config import (
     Settings,
 )
 
+# The records the model layer passes the store live in runtime/records.py (neither's);
+# the store's modules name them from here too.
+from runtime.records import ModelCharge as ModelCharge
+from runtime.records import StepBegin as StepBegin
+from runtime.records import StepEnd as StepEnd
+from runtime.records import StepRecord as StepRecord
+
 #: Every status a task can have; the CHECK constraint (models.py) and the code share this
 #: tuple (kept here, not in models.py: reading it must not load the ORM).
 STATUSES: tuple[str, ...] = (
@@ -377,91 +384,6 @@ class JudgeOutcome:
     verdict: dict[str, Any]
     error: str | None = None
     detail: str | None = None
-
-
-@dataclass(frozen=True)
-class ModelCharge:
-    """One model call to record and charge to a task."""
-
-    task_id: uuid.UUID
-    lease_token: uuid.UUID
-    attempt: int
-    call_index: int
-    backend: str
-    route: str
-    route_reason: str
-    model: str
-    prompt: str
-    response: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    duration_seconds: float
-    cost_usd: Decimal
-    error: str | None = None
-    #: The call's identity: the task's phase (run, aggregate, judge), its position in that
-    #: phase (the order of issue, or ``key:<key>``) and the sha256 of the request.
-    phase: str = "run"
-    position: str | None = None
-    request_hash: str | None = None
-    #: ``call`` (the first request), ``retry`` (after a transient error) or ``repair``
-    #: (asked again after a bad reply); ``call_try`` numbers the requests of one call.
-    attempt_kind: str = "call"
-    call_try: int = 1
-    #: Served from the record of an earlier delivery (charged zero).
-    replayed: bool = False
-    thinking: str | None = None
-    #: The tool calls the reply asked for (``[{"id", "name", "arguments"}]``), if any.
-    tool_calls: list[dict[str, Any]] | None = None
-
-
-@dataclass(frozen=True)
-class StepBegin:
-    """A durable step about to run: its identity in the task, and the lease that fences it.
-
-    ``args`` is the arguments' JSON, cut to a display size; ``args_hash`` is the sha256 of
-    all of it (the same place with other arguments is another step).
-    """
-
-    task_id: uuid.UUID
-    lease_token: uuid.UUID
-    phase: str
-    position: str
-    name: str
-    args: str
-    args_hash: str
-    idempotency_key: str
-    attempt: int
-    kind: str = "step"
-    tool_call_id: str | None = None
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """A step's row after :class:`StepBegin`: started now, or served from the record."""
-
-    step_id: int
-    status: str
-    starts: int
-    replays: int
-    result: Any
-    error: str | None
-    idempotency_key: str
-    replayed: bool
-
-
-@dataclass(frozen=True)
-class StepEnd:
-    """A started step's outcome: its JSON result, or its error; what it cost; how long."""
-
-    task_id: uuid.UUID
-    lease_token: uuid.UUID
-    step_id: int
-    starts: int
-    result: Any
-    error: str | None
-    tries: int
-    duration_seconds: float
-    cost_usd: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True)

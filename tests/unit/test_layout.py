@@ -43,13 +43,15 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "runtime.config": ("runtime.errors",),
     "runtime.budget": ("runtime.errors",),
     "runtime.jsoncodec": (),
+    "runtime.records": (),
     "agents": ("policies", *_CORE),
     "policies": ("agents", *_CORE),
-    "runtime.store": ("runtime.config", "runtime.errors", "runtime.budget", "runtime.jsoncodec"),
-    "runtime.llm": ("runtime.config", "runtime.errors", "runtime.budget", "agents.tasks",
-                    "agents.tools", "runtime.store.rows"),
-    "runtime.engine": (*_CORE, "runtime.budget", "runtime.jsoncodec", "runtime.store",
-                       "runtime.llm", "agents", "policies"),
+    "runtime.store": ("runtime.config", "runtime.errors", "runtime.budget", "runtime.jsoncodec",
+                      "runtime.records"),
+    "runtime.llm": ("runtime.config", "runtime.errors", "runtime.budget", "runtime.records",
+                    "agents.tasks", "agents.tools"),
+    "runtime.engine": (*_CORE, "runtime.budget", "runtime.jsoncodec", "runtime.records",
+                       "runtime.store", "runtime.llm", "agents", "policies"),
     "runtime.telemetry": (*_CORE, "runtime.store"),
     "runtime.schedules": (*_CORE, "runtime.store", "runtime.wiring"),
     "runtime.audit": (*_CORE, "runtime.store"),
@@ -371,16 +373,16 @@ def test_the_checks_catch_a_circle_a_forbidden_import_and_a_dynamic_one() -> Non
     sources = {
         "runtime.store.a": ("from runtime.store.b import x\n", False),
         "runtime.store.b": ("def f():\n    import runtime.store.a\n", False),
-        "runtime.llm.c": ("from runtime.store.rows import ModelCharge\n"
+        "runtime.llm.c": ("from runtime.records import ModelCharge\n"
                           "from runtime.store import a\n", False),
-        "runtime.store.rows": ("", False),
+        "runtime.records": ("", False),
     }
     edges = graph(sources)
     assert circles(edges) == [["runtime.store.a", "runtime.store.b"]]
     assert broken_imports(edges) == [
         "runtime.llm.c imports runtime.store.a: runtime.llm may import only "
-        "runtime.config, runtime.errors, runtime.budget, agents.tasks, agents.tools, "
-        "runtime.store.rows"]
+        "runtime.config, runtime.errors, runtime.budget, runtime.records, agents.tasks, "
+        "agents.tools"]
     assert dynamic_imports("x.py", "import importlib\ndef g(n):\n"
                            "    return importlib.import_module(n)\n") == {"x.py:g"}
     assert dynamic_imports("x.py", "m = __import__('os')\n") == {"x.py:<module>"}

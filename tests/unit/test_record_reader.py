@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
-from runtime.llm.ledger import RecordedCall, RecordLookup, RecordReader
+from runtime.llm.ledger import RecordReader
+from runtime.records import RecordedCall, RecordLookup
 
 
 def recorded(n: int) -> RecordedCall:
@@ -22,27 +21,28 @@ class BatchedLedger:
 
     def __init__(self) -> None:
         self.reads: list[int] = []
-        self.release = threading.Event()
+        self.lookups: list[RecordLookup] = []
+        self.release = asyncio.Event()
 
-    def recorded_calls(self, lookups: Sequence[RecordLookup]) -> list[RecordedCall | None]:
-        self.release.wait(5)  # the first read is slow: the others pile up behind it
+    async def arecorded_calls(self, lookups: Sequence[RecordLookup]
+                              ) -> list[RecordedCall | None]:
+        await self.release.wait()  # the first read is slow: the others pile up behind it
         self.reads.append(len(lookups))
+        self.lookups.extend(lookups)
         return [None if int(lk.position) % 2 else recorded(int(lk.position)) for lk in lookups]
-
-
-async def off_loop(fn: Any, *args: Any) -> Any:
-    return await asyncio.to_thread(fn, *args)
 
 
 def test_lookups_that_arrive_together_share_one_read_and_get_their_own_answers() -> None:
     ledger = BatchedLedger()
-    reader = RecordReader(ledger, off_loop)
+    reader = RecordReader(ledger)  # type: ignore[arg-type]  # only the read it makes
     task, twin = uuid.uuid4(), uuid.uuid4()
 
     async def main() -> list[RecordedCall | None]:
-        calls = [reader.read(task, "run", str(p), ["h"], twin) for p in range(40)]
+        calls = [reader.read(task, "run", str(p), ["h"], twin if p % 3 else None)
+                 for p in range(40)]
         gathered = asyncio.gather(*calls)
-        await asyncio.sleep(0.05)
+        for _ in range(5):  # every call has queued its look-up
+            await asyncio.sleep(0)
         ledger.release.set()
         return list(await gathered)
 
@@ -50,27 +50,20 @@ def test_lookups_that_arrive_together_share_one_read_and_get_their_own_answers()
     assert [a.call_id if a else None for a in answers] == [
         None if p % 2 else p for p in range(40)]
     assert sum(ledger.reads) == 40 and len(ledger.reads) <= 2
+    assert {(lk.position, lk.counterpart) for lk in ledger.lookups} == {
+        (str(p), twin if p % 3 else None) for p in range(40)}
 
 
-class SingleLedger:
-    """A ledger without the batched read: one ``recorded_call`` per look-up."""
+def test_a_failed_read_fails_each_of_its_callers() -> None:
+    class Broken:
+        async def arecorded_calls(self, lookups: Sequence[RecordLookup]) -> list[None]:
+            raise ConnectionError("the database went away")
 
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
+    reader = RecordReader(Broken())  # type: ignore[arg-type]
 
-    def recorded_call(self, *args: Any) -> RecordedCall | None:
-        self.calls.append(args)
-        return recorded(7)
+    async def main() -> list[BaseException | RecordedCall | None]:
+        return list(await asyncio.gather(
+            *(reader.read(uuid.uuid4(), "run", str(p), ["h"]) for p in range(3)),
+            return_exceptions=True))
 
-
-def test_a_ledger_without_batched_reads_is_asked_once_per_lookup() -> None:
-    ledger = SingleLedger()
-    reader = RecordReader(ledger, off_loop)
-    task, twin = uuid.uuid4(), uuid.uuid4()
-
-    async def main() -> None:
-        await reader.read(task, "run", "0", ["h"])
-        await reader.read(task, "run", "1", ["h"], twin)
-
-    asyncio.run(main())
-    assert ledger.calls == [(task, "run", "0", ["h"]), (task, "run", "1", ["h"], twin)]
+    assert all(isinstance(r, ConnectionError) for r in asyncio.run(main()))
