@@ -71,9 +71,10 @@ def add(
     if goal is not None:
         from runtime.wiring import build_root, load_registry, parse_json_option
 
-        budgets = {k: v for k, v in (("budget_tokens", budget_tokens),
-                                     ("budget_seconds", budget_seconds),
-                                     ("budget_usd", budget_usd)) if v is not None}
+        budgets: dict[str, Any] = {k: v for k, v in (("budget_tokens", budget_tokens),
+                                                     ("budget_seconds", budget_seconds),
+                                                     ("budget_usd", budget_usd))
+                                   if v is not None}
         task = build_root(load_registry(config, agents_module or []), config, goal=goal,
                           agent=agent, priority=priority, tenant=tenant,
                           payload=parse_json_option("--payload", payload),

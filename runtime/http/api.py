@@ -48,6 +48,7 @@ from runtime.errors import BadInput
 from runtime.http.auth import API_TOKEN_ENV
 from runtime.http.forks import add_fork_routes
 from runtime.http.messages import validation_message
+from runtime.http.schedules import add_schedule_routes
 from runtime.http.steering import add_steering_routes
 from runtime.store.db import DatabaseUnavailable
 from runtime.store.rows import IdempotencyConflict, NotFound, ResolveRefused
@@ -237,6 +238,7 @@ def create_app(store: Store | None = None, settings: Settings | None = None,
     _add_api_routes(app, store, settings, registry)
     add_steering_routes(app, store)
     add_fork_routes(app, store, settings, registry, _add_pages(app))
+    add_schedule_routes(app, store, settings, registry)
     return app
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 
 import pytest
 
@@ -55,7 +56,7 @@ def test_an_hourly_wildcard_runs_in_both_passes_of_the_autumn_hour() -> None:
     got = slots(c, at(2026, 10, 24, 23, 50), 6)
     assert got == [at(2026, 10, 25, 0), at(2026, 10, 25, 0, 30), at(2026, 10, 25, 1),
                    at(2026, 10, 25, 1, 30), at(2026, 10, 25, 2), at(2026, 10, 25, 2, 30)]
-    assert all((b - a) == dt.timedelta(minutes=30) for a, b in zip(got, got[1:], strict=False))
+    assert all((b - a) == dt.timedelta(minutes=30) for a, b in itertools.pairwise(got))
 
 
 def test_every_slots_are_multiples_of_the_interval_since_the_epoch() -> None:
@@ -114,7 +115,7 @@ def test_slots_missed_within_the_window_fire_once_each_the_older_are_counted() -
     c = Cadence(every_seconds=60)
     plan = plan_slots(c, at(2026, 1, 1, 0, 0), at(2026, 1, 1, 1, 0, 30), 600)
     assert plan.missed_from == at(2026, 1, 1, 0, 0) and plan.missed == 51  # 00:00 .. 00:50
-    assert plan.due == tuple(at(2026, 1, 1, 0, m) for m in range(51, 60)) + (at(2026, 1, 1, 1),)
+    assert plan.due == (*(at(2026, 1, 1, 0, m) for m in range(51, 60)), at(2026, 1, 1, 1))
     assert plan.next_at == at(2026, 1, 1, 1, 1)
 
 
