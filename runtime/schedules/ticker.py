@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import random
 import threading
 import uuid
 from collections.abc import Callable
@@ -147,7 +148,8 @@ class Ticker:
                     log.info("schedules ticked", extra=done.as_dict())
             except Exception as exc:  # the database is away: the next tick tries again
                 log.warning("schedule tick failed: %s", exc)
-            self._stop.wait(self.config.interval_seconds)
+            # Jittered, so that the processes' ticks do not fall in step.
+            self._stop.wait(self.config.interval_seconds * random.uniform(0.75, 1.25))
 
     # ------------------------------------------------------------------ one schedule
     def _tick(self, tick: SlotWriter, done: Ticked) -> None:

@@ -21,6 +21,7 @@ from bench import (
     pickup,
     reference,
     run_all,
+    schedules,
     tree_read,
     worker_memory,
 )
@@ -281,3 +282,11 @@ def test_fairness(server_url: str) -> None:
              "fair_cost_share_error")
     assert figures["tenant_limit_tree_status"] == "done"
     assert figures["tenant_limit_peak_running"] <= 10
+
+
+def test_schedules(server_url: str) -> None:
+    figures = schedules.main(seconds=4, kill_every=2, workers=1, server=server_url)
+    _numbers(figures, "schedule_slots_expected", "schedule_slots_fired",
+             "schedule_latency_p50_ms", "schedule_kills")
+    assert figures["schedule_slots_twice"] == figures["schedule_slots_unaccounted"] == 0
+    assert figures["schedule_roots_per_fired_slot"] == 1
