@@ -234,18 +234,9 @@ def experiment_run(
 
 
 def _report(runtime: Any, key: str) -> dict[str, Any]:
-    from runtime.experiments.report import build_report
-    from runtime.experiments.runner import ExperimentRunner
+    from runtime.experiments.report import load_report
 
-    store = runtime.store
-    experiment = store.experiment_get(key)
-    if experiment is None:
-        raise NotFound(f"no experiment {key!r}")
-    runner = ExperimentRunner(runtime)
-    return build_report(experiment, store.experiment_runs(experiment["id"]),
-                        store.experiment_scores(experiment["id"]),
-                        runner.outcomes(experiment["id"]),
-                        store.dataset_cases(experiment["dataset_id"]))
+    return load_report(runtime.store, key)
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:

@@ -28,6 +28,13 @@ from typing import Any
 
 from runtime.experiments.scorers import SCORERS, RunOutcome
 from runtime.experiments.stats import bootstrap_ci, paired_difference
+from runtime.store.rows import TERMINAL_STATUSES, NotFound
+from runtime.store.store import Store
+
+
+#: A difference is called better or worse only when its interval excludes zero and the
+#: paired test's p-value is at most this (with three cases, no p-value is below 0.25).
+SIGNIFICANCE = 0.05
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
@@ -89,7 +96,8 @@ def _against_baseline(name: str, scorer: str,
     d = paired.diff
     better = _higher_is_better(scorer)
     direction = "same"
-    if paired.excludes_zero and d.mean is not None:
+    significant = paired.p_value is None or paired.p_value <= SIGNIFICANCE
+    if paired.excludes_zero and significant and d.mean is not None:
         direction = "better" if (d.mean > 0) == better else "worse"
     return {"diff": d.mean, "ci_low": d.low, "ci_high": d.high, "p_value": paired.p_value,
             "n": d.n, "direction": direction, "higher_is_better": better}
@@ -152,6 +160,34 @@ def build_report(experiment: dict[str, Any], runs: Sequence[dict[str, Any]],
         "scorers": scorer_names, "variants": rows,
         "cases": _case_changes(others, scorer_names, runs, by_case, names),
     }
+
+
+def run_outcomes(store: Store, experiment_id: uuid.UUID) -> list[RunOutcome]:
+    """Every finished tree of an experiment as the scorers read it."""
+    experiment = store.experiment_get(str(experiment_id))
+    if experiment is None:
+        raise NotFound(f"no experiment {experiment_id}")
+    cases = store.dataset_cases(experiment["dataset_id"])
+    return [RunOutcome(cases[row["position"]], row["variant"], row["repetition"], row,
+                       Decimal(row["replayed_cost_usd"]), int(row["replayed_tokens"]))
+            for row in store.experiment_runs(experiment_id)
+            if row["status"] in TERMINAL_STATUSES]
+
+
+def load_report(store: Store, key: str) -> dict[str, Any]:
+    """The report of the experiment named (or numbered) ``key``, read from the store.
+
+    Raises:
+        NotFound: no such experiment.
+
+    """
+    experiment = store.experiment_get(key)
+    if experiment is None:
+        raise NotFound(f"no experiment {key!r}")
+    return build_report(experiment, store.experiment_runs(experiment["id"]),
+                        store.experiment_scores(experiment["id"]),
+                        run_outcomes(store, experiment["id"]),
+                        store.dataset_cases(experiment["dataset_id"]))
 
 
 def worse_than_baseline(report: dict[str, Any], scorer: str,

@@ -37,6 +37,7 @@ from typing import Any
 
 from runtime.errors import BadInput
 from runtime.experiments.datasets import Case
+from runtime.experiments.report import run_outcomes
 from runtime.experiments.scorers import RunOutcome, Scorer
 from runtime.experiments.variants import Variant
 from runtime.forks.branch import plan_fork
@@ -119,8 +120,14 @@ class ExperimentRunner:
         self.say(f"resuming experiment {plan.name!r}")
         return existing
 
-    def run(self, plan: ExperimentPlan, *, submit_only: bool = False) -> RunSummary:
-        """Start (or resume) every tree, drain them here unless ``submit_only``, score."""
+    def run(self, plan: ExperimentPlan, *, submit_only: bool = False,
+            phase_done: Callable[[str], None] | None = None) -> RunSummary:
+        """Start (or resume) every tree, drain them here unless ``submit_only``, score.
+
+        ``phase_done`` hears ``"baselines"`` once the baseline trees have ended (before a
+        fork starts) and ``"variants"`` once the forks have (the bench counts the model
+        server's calls between the two).
+        """
         experiment = self.open(plan)
         summary = RunSummary(experiment["id"])
         deadline = time.monotonic() + plan.timeout_seconds
@@ -130,9 +137,13 @@ class ExperimentRunner:
             baselines = self._start_baselines(plan, summary)
             if not submit_only:
                 self._wait(plan, summary, list(baselines.values()), deadline)
+                if phase_done is not None:
+                    phase_done("baselines")
             forks = [] if summary.stopped else self._start_forks(plan, summary, baselines)
             if not submit_only and not summary.stopped:
                 self._wait(plan, summary, forks, deadline)
+                if phase_done is not None:
+                    phase_done("variants")
         finally:
             if self._worker is not None and self._thread is not None:
                 self._worker.stop("experiment finished")
@@ -248,18 +259,7 @@ class ExperimentRunner:
     # ---------------------------------------------------------------- scoring
     def outcomes(self, experiment_id: uuid.UUID) -> list[RunOutcome]:
         """Every finished tree of the experiment as the scorers read it."""
-        experiment = self.store.experiment_get(str(experiment_id))
-        assert experiment is not None
-        cases = self.store.dataset_cases(experiment["dataset_id"])
-        outcomes = []
-        for row in self.store.experiment_runs(experiment_id):
-            if row["status"] not in TERMINAL_STATUSES:
-                continue
-            outcomes.append(RunOutcome(cases[row["position"]], row["variant"],
-                                       row["repetition"], row,
-                                       Decimal(row["replayed_cost_usd"]),
-                                       int(row["replayed_tokens"])))
-        return outcomes
+        return run_outcomes(self.store, experiment_id)
 
     def score(self, experiment_id: uuid.UUID, scorers: Sequence[Scorer]) -> int:
         """Score every finished tree with ``scorers``; write the rows; return how many."""

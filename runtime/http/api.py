@@ -46,6 +46,7 @@ from agents.tasks import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_
 from runtime.config import Settings
 from runtime.errors import BadInput
 from runtime.http.auth import API_TOKEN_ENV
+from runtime.http.experiments import add_experiment_routes
 from runtime.http.forks import add_fork_routes
 from runtime.http.messages import validation_message
 from runtime.http.schedules import add_schedule_routes
@@ -70,7 +71,8 @@ MAX_BODY_BYTES = 1_000_000
 WEB_DIR = Path(__file__).with_name("web")
 #: Static files the pages load (a whitelist: nothing else in ``web/`` is served).
 STATIC_FILES = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8",
-                "diff.js": "text/javascript; charset=utf-8"}
+                "diff.js": "text/javascript; charset=utf-8",
+                "experiment.js": "text/javascript; charset=utf-8"}
 #: Paths where ``?token=`` is accepted instead of the header (a browser cannot set it).
 _PAGE_PREFIXES = ("/ui/", "/docs", "/openapi.json")
 _PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -237,7 +239,9 @@ def create_app(store: Store | None = None, settings: Settings | None = None,
         _document_bearer(app)
     _add_api_routes(app, store, settings, registry)
     add_steering_routes(app, store)
-    add_fork_routes(app, store, settings, registry, _add_pages(app))
+    page = _add_pages(app)
+    add_fork_routes(app, store, settings, registry, page)
+    add_experiment_routes(app, store, page)
     add_schedule_routes(app, store, settings, registry)
     return app
 

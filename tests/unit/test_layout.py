@@ -68,7 +68,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "runtime.http": (*_CORE, "runtime.store", "runtime.telemetry", "runtime.views",
                      "runtime.wiring", "runtime.forks", "runtime.schedules", "agents",
                      "policies",
-                     "runtime.webhooks"),
+                     "runtime.webhooks", "runtime.experiments"),
     "runtime.mcp": (*_CORE, "runtime.store", "runtime.views", "runtime.wiring",
                     "runtime.forks", "runtime.http", "agents"),
     "runtime.cli": (*_CORE, "runtime.store", "runtime.engine", "runtime.llm", "runtime.schedules",
