@@ -16,7 +16,8 @@ script is empty (the first matching rule wins). ``429`` and ``503`` carry ``Retr
 retry_after`` seconds; ``hang`` sleeps ``hang_seconds`` before answering. A request with
 ``think: true`` gets ``message.thinking``, its tokens counted in ``eval_count``.
 ``seen`` counts every chat request by its identity (model, messages, format, options) and
-``answered`` the ones that got a good reply.
+``answered`` the ones that got a good reply; ``answer_log`` lists those replies as
+``(identity, wall time)``: the outside's record of calls paid, for a history (issue 40).
 
 Tools: ``tool_plan(body)`` decides, for a request that lists ``tools``, which tool calls
 the reply makes (a list of ``{"name", "arguments"}``; None or empty: answer as usual).
@@ -119,6 +120,7 @@ class FakeOllama:
         self.modes: Counter[str] = Counter()
         self.seen: Counter[str] = Counter()
         self.answered: Counter[str] = Counter()
+        self.answer_log: list[tuple[str, float]] = []
         self._lock = threading.Lock()
         self._server = _QuietServer((host, 0), _handler_for(self))
         self._thread = threading.Thread(target=self._server.serve_forever,
@@ -222,6 +224,7 @@ class FakeOllama:
             self.completion_tokens += completion_tokens
             if mode == "ok" and self.reply_text is None:
                 self.answered[request_identity(body)] += 1
+                self.answer_log.append((request_identity(body), time.time()))
         if calls:
             completion_tokens = estimate_tokens(json.dumps(calls))
         return {"content": content, "thinking": thinking, "done_reason": done_reason,

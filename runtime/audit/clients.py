@@ -12,10 +12,13 @@
   (a 4xx) changed nothing.
 - **steering** (3, acknowledged cancels): after a cancel told ``ok``, its task is ended,
   and no task of its subtree is claimed or starts a model call.
+- **duplicates** (4, the outside's record): a request a server answered twice (the same
+  identity) was answered again only when a fault of the history fell between the two.
 """
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections import Counter, defaultdict
 from typing import Any
@@ -150,3 +153,24 @@ def check_cancel_acks(trees: Trees, history: History, slack: float, report: Repo
                 report.add("steering", c["task_id"], "model call started after its cancel "
                            "was acknowledged", op.as_json(),
                            {"call": c["id"], "started_by": call_start(c)})
+
+
+def check_outside(history: History, slack: float, report: Report) -> None:
+    """Promise 4 on the outside's record (see the module docstring)."""
+    by_key: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in history.requests:
+        by_key[(r.source, r.key)].append(r.at)
+    report.checked["outside requests"] += len(history.requests)
+    for (source, key), times in by_key.items():
+        times.sort()
+        for first, again in itertools.pairwise(times):
+            faults = history.faults_between(first, again, slack)
+            if faults:
+                report.in_flight.append({"why": f"{source} answered again after a fault",
+                                         "key": key, "at": again,
+                                         "fault": faults[0].as_json()})
+            else:
+                report.add("duplicates", f"{source}:{key[:16]}", f"{source} answered one "
+                           "request twice outside any fault window",
+                           {"source": source, "key": key, "at": first},
+                           {"source": source, "key": key, "at": again})

@@ -4,8 +4,8 @@
 ``batch_roots`` trees, reads their tasks, events, model calls, steps and pauses, each
 keyset-paged by ``page_rows``, in one READ ONLY, REPEATABLE READ transaction (one
 snapshot: a task's status and its events agree). Every statement is a named block of
-``runtime/store/queries.sql`` ("Audit"). Times become epoch seconds (floats), the clock
-of a history's ``wall``.
+``runtime/store/queries.sql`` ("Audit"). Times are read as epoch seconds (floats), the
+clock of a history's ``wall``.
 """
 
 from __future__ import annotations
@@ -28,11 +28,6 @@ BATCH_ROOTS = 200
 PAGE_ROWS = 5000
 
 Row = dict[str, Any]
-
-
-def epoch(value: dt.datetime | None) -> float | None:
-    """A database timestamp as seconds since the epoch."""
-    return None if value is None else value.timestamp()
 
 
 @dataclass
@@ -77,18 +72,13 @@ def _paged(conn: Connection, name: str, params: dict[str, Any], page: int,
     """Every row of a keyset-paged named read, ``page`` at a time."""
     cursor = dict(start)
     while True:
-        rows = [dict(r._mapping) for r in conn.execute(TEXT[name],
-                                                       {**params, **cursor, "limit": page})]
+        result = conn.execute(TEXT[name], {**params, **cursor, "limit": page})
+        keys = list(result.keys())
+        rows = [dict(zip(keys, row, strict=True)) for row in result.all()]
         yield from rows
         if len(rows) < page:
             return
         cursor = after(rows[-1])
-
-
-def _with_epochs(row: Row, *columns: str) -> Row:
-    for column in columns:
-        row[column] = epoch(row[column])
-    return row
 
 
 def read_trees(conn: Connection, roots: Sequence[uuid.UUID], page: int = PAGE_ROWS) -> Trees:
@@ -97,19 +87,17 @@ def read_trees(conn: Connection, roots: Sequence[uuid.UUID], page: int = PAGE_RO
     ids = [str(r) for r in roots]
     for row in _paged(conn, "audit_tasks_page", {"roots": ids}, page,
                       lambda r: {"after": r["id"]}, {"after": uuid.UUID(int=0)}):
-        trees.tasks[row["id"]] = _with_epochs(row, "created_at")
+        trees.tasks[row["id"]] = row
     task_ids = [str(t) for t in trees.tasks]
     for row in _paged(conn, "audit_events_page", {"ids": task_ids}, page,
                       lambda r: {"after_task": r["task_id"], "after_id": r["id"]},
                       {"after_task": uuid.UUID(int=0), "after_id": 0}):
-        trees.events[row["task_id"]].append(_with_epochs(row, "at"))
-    trees.calls = [_with_epochs(r, "created_at") for r in _paged(
-        conn, "audit_calls_page", {"roots": ids}, page, lambda r: {"after": r["id"]},
-        {"after": 0})]
-    trees.steps = [_with_epochs(r, "started_at", "finished_at") for r in _paged(
-        conn, "audit_steps_page", {"roots": ids}, page, lambda r: {"after": r["id"]},
-        {"after": 0})]
-    trees.paused = {r.root_id: r.paused_at.timestamp() for r in conn.execute(
+        trees.events[row["task_id"]].append(row)
+    trees.calls = list(_paged(conn, "audit_calls_page", {"roots": ids}, page,
+                              lambda r: {"after": r["id"]}, {"after": 0}))
+    trees.steps = list(_paged(conn, "audit_steps_page", {"roots": ids}, page,
+                              lambda r: {"after": r["id"]}, {"after": 0}))
+    trees.paused = {r.root_id: r.paused_at for r in conn.execute(
         TEXT["audit_pauses_of_roots"], {"roots": ids})}
     return trees
 

@@ -9,7 +9,9 @@ clock the database's timestamps are compared with) and ``mono`` (monotonic secon
 fork), ``args`` and, on the completion, ``value`` (what the client was told: a submit's
 ``id``). A fault is one line ``{"type": "fault", "fault": "kill" | "restart" |
 "partition", "wall", "mono", "end", "process"}``: ``end`` is when it was over (a
-restart's server back, a partition healed), ``wall`` again for an instant kill.
+restart's server back, a partition healed), ``wall`` again for an instant kill. A side
+effect seen by the outside is one line ``{"type": "request", "source", "key", "wall"}``
+(a model server's log of the requests it answered, by the request's identity).
 
 :class:`Recorder` writes such a file (thread-safe; the tests and ``make torture`` use it);
 :func:`load` reads one into a :class:`History`.
@@ -81,12 +83,26 @@ class Fault:
                 "end": self.end}
 
 
+@dataclass(frozen=True)
+class Request:
+    """A side effect the outside saw: one request a server (``source``) answered."""
+
+    source: str
+    key: str
+    at: float
+
+    def as_json(self) -> dict[str, Any]:
+        """The request as evidence."""
+        return {"source": self.source, "key": self.key, "at": self.at}
+
+
 @dataclass
 class History:
-    """A parsed history: its operations (in invocation order) and faults."""
+    """A parsed history: its operations (in invocation order), faults and outside requests."""
 
     operations: list[Operation] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)
 
     def of(self, *ops: str) -> list[Operation]:
         """The operations of the given kinds."""
@@ -112,6 +128,9 @@ def load(path: Path | str) -> History:
                 history.faults.append(Fault(entry["fault"], entry.get("process", ""),
                                             float(entry["wall"]),
                                             float(entry.get("end") or entry["wall"])))
+            elif kind == "request":
+                history.requests.append(Request(str(entry["source"]), str(entry["key"]),
+                                                float(entry["wall"])))
             elif kind == "invoke":
                 invokes[int(entry["index"])] = entry
             elif kind in OUTCOMES:
@@ -200,6 +219,10 @@ class Recorder:
         now = time.time()
         self._write({"type": "fault", "fault": fault, "process": process,
                      "wall": now if start is None else start, "end": now if end is None else end})
+
+    def request(self, source: str, key: str, at: float) -> None:
+        """Record one request a server answered (its identity ``key``, at wall time ``at``)."""
+        self._write({"type": "request", "source": source, "key": key, "wall": at})
 
     @contextmanager
     def faulting(self, fault: str, process: str = "") -> Iterator[None]:

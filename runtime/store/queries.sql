@@ -2314,7 +2314,8 @@ LIMIT :limit;
 -- audit_tasks_page --
 -- The tasks of the given trees after :after (keyset on id; idx_tasks_root finds them).
 SELECT id, parent_id, root_id, status, to_agent, budget_tokens, budget_usd,
-       idempotency_key, created_at, own_tokens, own_usd, spent_tokens, spent_usd
+       idempotency_key, extract(epoch FROM created_at)::float8 AS created_at, own_tokens,
+       own_usd, spent_tokens, spent_usd
 FROM tasks
 WHERE root_id = ANY(CAST(:roots AS uuid[])) AND id > :after
 ORDER BY id
@@ -2322,8 +2323,10 @@ LIMIT :limit;
 
 -- audit_events_page --
 -- The events of the given tasks after (:after_task, :after_id), in each task's order
--- (keyset on ix_task_events_task_id_id).
-SELECT id, task_id, from_status, to_status, at, worker, detail
+-- (keyset on ix_task_events_task_id_id). Times as epoch seconds (a float is cheaper
+-- to decode than a timestamp, and it is what a history's clock reads).
+SELECT id, task_id, from_status, to_status, extract(epoch FROM at)::float8 AS at, worker,
+       detail
 FROM task_events
 WHERE task_id = ANY(CAST(:ids AS uuid[])) AND (task_id, id) > (:after_task, :after_id)
 ORDER BY task_id, id
@@ -2335,7 +2338,8 @@ LIMIT :limit;
 SELECT id, task_id, root_id, attempt, call_index, phase, position, request_hash,
        attempt_kind, call_try, replayed,
        (error IS NULL AND response IS NOT NULL) AS answered,
-       prompt_tokens + completion_tokens AS tokens, cost_usd, duration_seconds, created_at
+       prompt_tokens + completion_tokens AS tokens, cost_usd, duration_seconds,
+       extract(epoch FROM created_at)::float8 AS created_at
 FROM model_calls
 WHERE root_id = ANY(CAST(:roots AS uuid[])) AND id > :after
 ORDER BY id
@@ -2344,7 +2348,8 @@ LIMIT :limit;
 -- audit_steps_page --
 -- The durable steps of the given trees after :after (keyset on id; task_steps' root_id).
 SELECT id, task_id, root_id, phase, position, name, kind, status, idempotency_key,
-       starts, cost_usd, started_at, finished_at
+       starts, cost_usd, extract(epoch FROM started_at)::float8 AS started_at,
+       extract(epoch FROM finished_at)::float8 AS finished_at
 FROM task_steps
 WHERE root_id = ANY(CAST(:roots AS uuid[])) AND id > :after
 ORDER BY id
@@ -2352,7 +2357,7 @@ LIMIT :limit;
 
 -- audit_pauses_of_roots --
 -- The trees among :roots paused right now, and since when.
-SELECT root_id, paused_at FROM tree_pauses WHERE root_id = ANY(CAST(:roots AS uuid[]));
+SELECT root_id, extract(epoch FROM paused_at)::float8 AS paused_at FROM tree_pauses WHERE root_id = ANY(CAST(:roots AS uuid[]));
 
 -- audit_roots_by_keys --
 -- The roots holding any of the idempotency keys a client's history submitted with.

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.audit.history import Recorder
 from tests.chaos.helpers import Fleet, ServerControl, cli_env, server_control
 
 
@@ -26,19 +27,28 @@ def chaos_env(orgchart_env: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.fixture
-def server_ctl(server_url: str) -> ServerControl | None:
-    """How to restart the test server, or None when it cannot be restarted from here."""
-    return server_control(server_url)
+def history(tmp_path: Path) -> Recorder:
+    """The test's history (issue 40): its client operations and the faults it injected."""
+    return Recorder(tmp_path / "history.jsonl", process="test")
 
 
 @pytest.fixture
-def make_fleet(chaos_env: dict[str, str],
-               tmp_path: Path) -> Iterator[Callable[[list[str]], Fleet]]:
+def server_ctl(server_url: str, history: Recorder) -> ServerControl | None:
+    """How to restart the test server, or None when it cannot be restarted from here."""
+    ctl = server_control(server_url)
+    if ctl is not None:
+        ctl.recorder = history
+    return ctl
+
+
+@pytest.fixture
+def make_fleet(chaos_env: dict[str, str], tmp_path: Path,
+               history: Recorder) -> Iterator[Callable[[list[str]], Fleet]]:
     """A factory of :class:`Fleet` s; every process they started is SIGKILLed at the end."""
     fleets: list[Fleet] = []
 
     def make(args: list[str]) -> Fleet:
-        fleet = Fleet(chaos_env, tmp_path / f"fleet-{len(fleets)}", args)
+        fleet = Fleet(chaos_env, tmp_path / f"fleet-{len(fleets)}", args, history)
         fleets.append(fleet)
         return fleet
 

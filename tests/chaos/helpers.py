@@ -7,6 +7,9 @@
   (``pg_ctlcluster``); :func:`terminate_backends` kills every session on a database.
 - The invariant queries (:func:`duplicate_children`, :func:`spend_mismatches`, ...) read
   the final state; the tests assert on what they return and print it.
+- Every fault lands in the test's history (:class:`runtime.audit.history.Recorder`: a
+  SIGKILL, a restart, sessions cut), and :func:`assert_audited` runs ``orgchart audit``'s
+  checker on the database and that history at the test's end (issue 40).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
+from runtime.audit.checker import audit
+from runtime.audit.history import Recorder
+from runtime.audit.report import Report
 from runtime.store import db
 from runtime.store.store import Store
 
@@ -116,10 +122,12 @@ class WorkerProc:
 class Fleet:
     """Real worker processes for one test; closing it kills every one still running."""
 
-    def __init__(self, env: Mapping[str, str], log_dir: Path, args: Iterable[str]) -> None:
+    def __init__(self, env: Mapping[str, str], log_dir: Path, args: Iterable[str],
+                 recorder: Recorder | None = None) -> None:
         self.env = dict(env)
         self.log_dir = log_dir
         self.args = list(args)
+        self.recorder = recorder  # SIGKILLs are faults of the test's history
         self.workers: list[WorkerProc] = []
         log_dir.mkdir(parents=True, exist_ok=True)
 
@@ -141,6 +149,8 @@ class Fleet:
         worker.killed_at = time.monotonic()
         worker.proc.send_signal(signal.SIGKILL)
         worker.proc.wait(EXIT_WAIT_SECONDS)
+        if self.recorder is not None:
+            self.recorder.fault("kill", f"worker pid {worker.pid}")
 
     def sigterm(self, worker: WorkerProc, timeout: float = 30.0) -> int | None:
         """SIGTERM one worker and wait for it; return its exit status (None if it hung)."""
@@ -196,11 +206,16 @@ class ServerControl:
     kind: str  # "embedded" or "system"
     description: str
     _restart: Callable[[float], None]
+    recorder: Recorder | None = None  # the restart is a fault of the test's history
 
     def restart(self, downtime_seconds: float = 0.0) -> float:
         """Stop the server (fast mode: sessions are cut), wait, start it; return seconds taken."""
         started = time.monotonic()
-        self._restart(downtime_seconds)
+        if self.recorder is None:
+            self._restart(downtime_seconds)
+        else:
+            with self.recorder.faulting("restart", self.description):
+                self._restart(downtime_seconds)
         return time.monotonic() - started
 
 
@@ -275,13 +290,41 @@ def server_control(server_url: str) -> ServerControl | None:
     return None
 
 
-def terminate_backends(db_url: str) -> int:
-    """Terminate every other session on ``db_url``'s database; return how many."""
+def terminate_backends(db_url: str, recorder: Recorder | None = None) -> int:
+    """Terminate every other session on ``db_url``'s database; return how many.
+
+    In the history (``recorder``) it is a partition: every session is cut at once.
+    """
+    started = time.time()
     with psycopg.connect(db.libpq_url(db_url), autocommit=True) as conn:
         rows = conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchall()
+    if recorder is not None:
+        recorder.fault("partition", "every session cut", started, time.time())
     return sum(1 for (ok,) in rows if ok)
+
+
+def record_model_server(recorder: Recorder | None, server: Any) -> int:
+    """Copy a fake model server's log of answered requests into the history; how many."""
+    if recorder is None:
+        return 0
+    for key, at in list(server.answer_log):
+        recorder.request("model", key, at)
+    return len(server.answer_log)
+
+
+def assert_audited(store: Store, recorder: Recorder | None, roots: Any = None) -> Report:
+    """Run the audit's checker on the database and the test's history; fail on a violation.
+
+    Prints what it checked (and the violations, with their evidence, in the failure).
+    """
+    report = audit(store, roots=roots, history=recorder.path if recorder else None)
+    print(f"  audit: {', '.join(f'{n} {k}' for k, n in sorted(report.checked.items()))}; "
+          f"{len(report.in_flight)} allowed as in flight; "
+          f"{len(report.violations)} violation(s)")
+    assert report.ok, report.text()
+    return report
 
 
 def server_now(store: Store, timeout: float = 30.0) -> Any:

@@ -11,7 +11,9 @@ through ``orgchart worker`` processes with a 2-second lease, each holding up to
   started again (no kills meanwhile; the loop keeps watching the progress through it);
 - at half and three quarters every session on the database is terminated.
 
-Then: every task is terminal, each has exactly one terminal transition, no parent has a
+Then: the audit's checker passes the database and the run's history (kills, the
+restart, the sessions cut: runtime/audit/, issue 40); every task is terminal, each has
+exactly one terminal transition, no parent has a
 child twice, every tree's spend equals the sum of its nodes' own spend (and of the model
 calls recorded), nothing failed except by the chaos itself (a task whose lease expired
 ``max_delivery`` times is poison by design), no worker died on its own, and workers that
@@ -41,6 +43,7 @@ from tests.chaos.helpers import (
     Fleet,
     ServerControl,
     WorkerProc,
+    assert_audited,
     duplicate_children,
     events_by_pid,
     held_by,
@@ -246,7 +249,7 @@ def _run_chaos(store: Store, db_url: str, fleet: Fleet, server_ctl: ServerContro
         if terminations and progress >= terminations[0] and restart_over:
             terminations.pop(0)
             before = fleet.alive()
-            cut = _try(lambda: terminate_backends(db_url), 0)
+            cut = _try(lambda: terminate_backends(db_url, fleet.recorder), 0)
             journal.faults.append(Fault("backends terminated", server_now(store),
                                         [w for w in before if w.alive()],
                                         f"{cut} sessions cut at {progress:.0%}"))
@@ -399,3 +402,4 @@ def test_workers_and_server_die_and_every_task_is_recorded_once(
         assert before > 0, f"the witness had done nothing before the {f.what}"
         assert after.get(witness.pid, 0) > 0, (
             f"the witness worker wrote nothing after the {f.what}:\n{witness.log()}")
+    assert_audited(store, fleet.recorder)

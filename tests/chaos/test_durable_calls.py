@@ -20,7 +20,7 @@ import pytest
 
 from runtime.store.rows import NewTask
 from runtime.store.store import Store
-from tests.chaos.helpers import Fleet, cli_env
+from tests.chaos.helpers import Fleet, assert_audited, cli_env, record_model_server
 from tests.fake_ollama import FakeOllama, fake_ollama_server  # noqa: F401
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
@@ -87,3 +87,5 @@ def test_ten_sequential_calls_survive_a_kill_every_two_and_a_half_seconds(
     # What the task paid is exactly what the recorded (not replayed) calls cost.
     assert task["own_tokens"] == sum(c["prompt_tokens"] + c["completion_tokens"]
                                      for c in calls)
+    record_model_server(fleet.recorder, fake_ollama)
+    assert_audited(store, fleet.recorder)

@@ -26,6 +26,7 @@ from runtime.store.store import Store
 from tests.chaos.helpers import (
     Fleet,
     ServerControl,
+    assert_audited,
     cli,
     held_by,
     parent_spend_mismatches,
@@ -68,7 +69,8 @@ def test_a_cancel_racing_a_killed_worker_and_a_redelivery(
     wait_until(lambda: _scalar(store, "SELECT count(*) FROM tasks WHERE status = 'running' "
                                       "AND delivery_count >= 2") >= 10,
                120, "redelivered leaves")
-    run_cli(chaos_env, "cancel", str(root["id"]), "--note", "chaos")
+    with fleet.recorder.operation("cancel", {"task": str(root["id"])}) as told:
+        told["output"] = run_cli(chaos_env, "cancel", str(root["id"]), "--note", "chaos")
     cancelled_at = _scalar(store, "SELECT max(at) FROM task_events WHERE to_status = 'cancelled'")
     time.sleep(LEASE_SECONDS * 3)  # reaper passes, the second worker's stop check, late writes
     assert second.alive(), second.log()
@@ -85,6 +87,7 @@ def test_a_cancel_racing_a_killed_worker_and_a_redelivery(
                    t=cancelled_at) == 0
     assert parent_spend_mismatches(store) == 0
     assert held_by(store, second.pid) == []
+    assert_audited(store, fleet.recorder)
 
 
 def test_a_pause_survives_a_server_restart(
@@ -99,7 +102,8 @@ def test_a_pause_survives_a_server_restart(
     fleet = make_fleet(["--agents-module", "tests.chaos.agents", "--lease-seconds", "10"])
     worker = fleet.start()
     wait_until(lambda: len(held_by(store, worker.pid)) >= 12, 120, "leaves in flight")
-    run_cli(chaos_env, "pause", str(root["id"]))
+    with fleet.recorder.operation("pause", {"root": str(root["id"])}) as told:
+        told["output"] = run_cli(chaos_env, "pause", str(root["id"]))
     paused_at = _scalar(store, "SELECT clock_timestamp()")
     time.sleep(1.0)  # calls already sent finish and are recorded
     calls = _scalar(store, "SELECT count(*) FROM model_calls")
@@ -113,8 +117,10 @@ def test_a_pause_survives_a_server_restart(
     assert _scalar(store, "SELECT count(*) FROM task_events WHERE to_status = 'running' "
                           "AND at > :t", t=paused_at) == 0, worker.log()
     assert _scalar(store, "SELECT count(*) FROM tasks WHERE status IN ('running', 'pending')") > 0
-    run_cli(chaos_env, "resume", str(root["id"]))
+    with fleet.recorder.operation("resume", {"root": str(root["id"])}) as told:
+        told["output"] = run_cli(chaos_env, "resume", str(root["id"]))
     wait_until(lambda: store.get(root["id"])["status"] in ("done", "failed", "escalated"),
                120, "the resumed tree's end")
     assert store.get(root["id"])["status"] == "done", worker.log()
     assert all(n == 1 for n in terminal_event_counts(store).values())
+    assert_audited(store, fleet.recorder)

@@ -28,7 +28,13 @@ import sqlalchemy as sa
 from runtime.store.rows import NewTask
 from runtime.store.store import Store
 from tests.chaos.agents import SIDE_EFFECTS_ENV, TOOL_SECONDS
-from tests.chaos.helpers import Fleet, cli_env, held_by
+from tests.chaos.helpers import (
+    Fleet,
+    assert_audited,
+    cli_env,
+    held_by,
+    record_model_server,
+)
 from tests.fake_ollama import FakeOllama, calls_until, fake_ollama_server  # noqa: F401
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
@@ -128,3 +134,5 @@ def test_tool_calls_survive_a_kill_every_one_and_a_half_seconds(
     assert resent_requests <= held_at_kills
     assert len(fake_ollama.seen) == TASKS * (TOOL_CALLS + 1)
     assert paid_twice <= held_at_kills
+    record_model_server(fleet.recorder, fake_ollama)
+    assert_audited(store, fleet.recorder)

@@ -25,9 +25,17 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from runtime.audit.history import Recorder
 from runtime.store.rows import NewTask
 from runtime.store.store import Store
-from tests.chaos.helpers import Fleet, cli_env, held_by, status_counts, wait_until
+from tests.chaos.helpers import (
+    Fleet,
+    assert_audited,
+    cli_env,
+    held_by,
+    status_counts,
+    wait_until,
+)
 from tests.factories import terminal_event_counts
 
 CAP = 3
@@ -46,7 +54,8 @@ def env(orgchart_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
 def fleet(env: dict[str, str], tmp_path: Path) -> Iterator[Fleet]:
     with Fleet(env, tmp_path / "workers",
                ["--agents-module", "tests.support_agents", "--agents", "echo,judge",
-                "--lease-seconds", str(LEASE_SECONDS)]) as f:
+                "--lease-seconds", str(LEASE_SECONDS)],
+               Recorder(tmp_path / "history.jsonl", process="test")) as f:
         yield f
 
 
@@ -95,6 +104,7 @@ def test_a_sigkilled_worker_never_leaves_the_tenants_count_high(
     assert any(len(s) == CAP and all(f":{survivor.pid}:" in o for o in s) for s in later), \
         [len(s) for s in later]
     assert {t: n for t, n in terminal_event_counts(store).items() if n != 1} == {}
+    assert_audited(store, fleet.recorder)
 
 
 RATE = 300  # tokens a minute: about 27 offline calls (11 tokens) at once, then one every 2 s
@@ -109,7 +119,8 @@ def test_two_workers_never_take_more_than_the_tenants_bucket_gives(
     env = cli_env(orgchart_env, ORGCHART_CONFIG=str(config))
     with Fleet(env, tmp_path / "workers",
                ["--agents-module", "tests.chaos.agents", "--agents", "spender,judge",
-                "--lease-seconds", str(LEASE_SECONDS)]) as fleet:
+                "--lease-seconds", str(LEASE_SECONDS)],
+               Recorder(tmp_path / "history.jsonl", process="test")) as fleet:
         workers = [fleet.start(), fleet.start()]
         for i in range(METERED):
             store.submit(NewTask("spender", "task", {"goal": f"metered {i}"},
@@ -134,6 +145,7 @@ def test_two_workers_never_take_more_than_the_tenants_bucket_gives(
     assert any(at > killed + 1.0 for at, _ in calls), "the survivor made no metered call"
     done = sum(store.get(t)["status"] == "done" for t in free)
     assert done == FREE
+    assert_audited(store, fleet.recorder)
 
 
 def _metered_calls(store: Store) -> list[tuple[float, int]]:

@@ -23,6 +23,7 @@ from runtime.store.store import Store
 from tests.chaos.helpers import (
     Fleet,
     after_reaping,
+    assert_audited,
     duplicate_children,
     held_by,
     parent_spend_mismatches,
@@ -93,3 +94,4 @@ def test_a_worker_killed_with_a_thousand_tasks_in_flight_loses_none(
     assert (calls.calls, calls.leaves) == (IN_FLIGHT, IN_FLIGHT)
     assert spend_mismatches(store) == [] and parent_spend_mismatches(store) == 0
     assert not fleet.unexpected_exits()
+    assert_audited(store, fleet.recorder)

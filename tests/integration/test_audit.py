@@ -224,14 +224,32 @@ def test_a_call_paid_twice_outside_a_fault_is_named(runtime: Runtime, tree: uuid
     assert [f["call"] for f in report.in_flight] == [again]
 
 
+def test_a_request_the_model_server_answered_twice_outside_a_fault_is_named(
+        store: Store, tmp_path: Path) -> None:
+    rec = Recorder(tmp_path / "history.jsonl")
+    rec.request("model", "abc123", 100.0)
+    rec.request("model", "abc123", 105.0)
+    rec.request("model", "other", 101.0)
+    v = only(audit(store, history=rec.path, slack=0.0), "duplicates")
+    assert "answered one request twice outside any fault window" in v.message
+    assert [e["at"] for e in v.evidence] == [100.0, 105.0]
+    rec.fault("kill", "worker", start=103.0, end=103.0)
+    report = audit(store, history=rec.path, slack=0.0)
+    assert report.ok and len(report.in_flight) == 1, report.text()
+
+
 def test_a_step_run_twice_outside_a_fault_is_named(runtime: Runtime, tree: uuid.UUID) -> None:
     writer = a_writer(runtime.store, tree)
+    # Inside the writer's lease: a third and two thirds of the way from its claim to its end.
     run_sql(runtime.store, """
+        WITH lease AS (
+            SELECT at AS c, lead(at) OVER (ORDER BY id) AS n, to_status FROM task_events
+            WHERE task_id = :t)
         INSERT INTO task_steps (task_id, root_id, phase, position, name, status, args_hash,
                                 idempotency_key, attempt, starts, started_at, finished_at)
-        SELECT id, root_id, 'run', '0', 'send_mail', 'finished', 'h', 'k', 1, 2,
-               started_at + interval '0.01 seconds', started_at + interval '0.02 seconds'
-        FROM tasks WHERE id = :t""", t=writer)
+        SELECT t.id, t.root_id, 'run', '0', 'send_mail', 'finished', 'h', 'k', 1, 2,
+               l.c + (l.n - l.c) / 3, l.c + (l.n - l.c) * 2 / 3
+        FROM tasks t, lease l WHERE t.id = :t AND l.to_status = 'running'""", t=writer)
     v = only(audit(runtime.store, slack=0.0), "duplicates")
     assert "step started 2 times" in v.message and v.evidence[0]["name"] == "send_mail"
 
