@@ -38,11 +38,11 @@ class LLM(Protocol):
 
 
 class Steps(Protocol):
-    """What ``ctx.step`` runs on (implemented by ``runtime.llm.steps.TaskSteps``)."""
+    """What ``ctx.step`` runs on (implemented by ``runtime.llm.durable_steps.TaskSteps``)."""
 
     def step(self, name: str, fn: Any, *args: Any, retry: RetryPolicy | None = None,
              **kwargs: Any) -> Any:
-        """Run ``fn`` once for the task, recorded; see ``runtime.llm.steps.TaskSteps.step``."""
+        """Run ``fn`` once for the task, recorded (``runtime.llm.durable_steps.TaskSteps``)."""
         ...
 
     async def astep(self, name: str, fn: Any, *args: Any, retry: RetryPolicy | None = None,

@@ -2,7 +2,7 @@
 
 An agent lists its tools (``tools = (Tool(...), ...)``) and hands them to the model with
 ``ctx.llm.complete(prompt, tools=self.tools)``: the model layer runs Ollama's tool loop,
-every call of a tool being a durable step (``runtime.llm.steps``). The same machinery is
+every call of a tool being a durable step (``runtime.llm.durable_steps``). The same machinery is
 open to any side effect: ``ctx.step(name, fn, *args, **kwargs)``.
 
 A step's function can read its stable idempotency key with :func:`idempotency_key` (or

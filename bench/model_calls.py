@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from bench.common import median, ms, open_store, report, scratch_database
 from runtime.config import Settings
-from runtime.engine.ledger import StoreLedger
+from runtime.engine.store_ledger import StoreLedger
 from runtime.llm.backends.offline import OfflineBackend
 from runtime.llm.backends.ollama import OllamaBackend
 from runtime.llm.handle import LLMFactory, TaskLLM

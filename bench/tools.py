@@ -37,7 +37,7 @@ from pydantic import BaseModel
 from agents.tools import Tool
 from bench.common import ms, open_store, percentile, report, scratch_database
 from runtime.config import Settings
-from runtime.engine.ledger import StoreLedger
+from runtime.engine.store_ledger import StoreLedger
 from runtime.llm.backends.ollama import OllamaBackend
 from runtime.llm.handle import LLMFactory
 from runtime.store.rows import NewTask

@@ -144,7 +144,7 @@ def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
     """
     from policies.loader import load_policy_set
     from runtime.engine.charges import ChargeWriter
-    from runtime.engine.ledger import StoreLedger
+    from runtime.engine.store_ledger import StoreLedger
     from runtime.llm.handle import LLMFactory
 
     registry = load_registry(settings, extra_modules)

@@ -66,7 +66,7 @@ from runtime.errors import (
     TransientModelError,
     UnknownPrice,
 )
-from runtime.llm.calls import defer_replays
+from runtime.llm.call_records import defer_replays
 from runtime.llm.tool_loop import ToolApprovalNeeded
 from runtime.store.rows import ChildRow, JudgeOutcome, RunOutcome, TaskRow
 from runtime.store.store import Store

@@ -22,7 +22,7 @@ from agents.base import Agent
 from agents.context import AgentContext
 from agents.tasks import TaskView
 from runtime.engine.actions import Action, DelegateAction
-from runtime.llm.calls import held_replays
+from runtime.llm.call_records import held_replays
 from runtime.store.rows import TERMINAL_STATUSES, RunOutcome, TaskRow
 
 

@@ -17,7 +17,7 @@ from decimal import Decimal
 
 from runtime.budget import call_cost
 from runtime.errors import BudgetExceeded, LeaseLost, TransientModelError
-from runtime.llm.calls import Rows
+from runtime.llm.call_records import Rows
 from runtime.llm.reply import ModelReply
 from runtime.llm.request import Request
 from runtime.records import ModelCharge

@@ -44,6 +44,7 @@ import threading
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from runtime.errors import LeaseLost
@@ -303,3 +304,22 @@ class CallGate:
 
 def _nothing() -> None:
     """The "sent" callback when no read was made."""
+
+
+@dataclass(frozen=True)
+class TaskStop:
+    """Why one task's calls may no longer start: its lease lost, or the gate stopped it.
+
+    The :data:`~runtime.llm.token_meter.StopCheck` a call waiting for its tenant's
+    tokens looks at between sleeps (:meth:`CallGate.is_stopped` for ``is_stopped``).
+    """
+
+    task_id: Any
+    lease_lost: threading.Event
+    is_stopped: Callable[[Any], bool]
+
+    def __call__(self) -> str | None:
+        """Why the task's call may no longer start, or None."""
+        if self.lease_lost.is_set() or self.is_stopped(self.task_id):
+            return f"task {self.task_id}: stopped while its call waited for its tenant's tokens"
+        return None

@@ -39,21 +39,22 @@ from runtime.budget import TaskBudget
 from runtime.config import Settings
 from runtime.errors import BadInput, LeaseLost
 from runtime.llm.backends.choice import build_backend
-from runtime.llm.calls import Completion, HeldReplays, Rows, answered, is_offline, schema_of
+from runtime.llm.call_records import HeldReplays, Rows
 from runtime.llm.charging import Charger
-from runtime.llm.fair_slots import TaskStop, TokenMeter
-from runtime.llm.gate import CallGate
+from runtime.llm.completion import Completion, answered, is_offline
+from runtime.llm.durable_steps import TaskSteps
+from runtime.llm.gate import CallGate, TaskStop
 from runtime.llm.ledger import CallLedger, RecordReader, step_ledger
 from runtime.llm.loop import CallLoop, token_rates
 from runtime.llm.recorded import RecordedReplies
 from runtime.llm.repair import ask_with_repairs
 from runtime.llm.reply import Backend, first_messages
-from runtime.llm.request import Request
+from runtime.llm.request import Request, schema_of
 from runtime.llm.retries import ask_with_retries
 from runtime.llm.routing import Router
 from runtime.llm.sending import Sender
 from runtime.llm.server_slots import Fair, ServerSlots
-from runtime.llm.steps import TaskSteps
+from runtime.llm.token_meter import TokenMeter
 from runtime.llm.tool_loop import ToolRound, run_with_tools
 
 T = TypeVar("T")

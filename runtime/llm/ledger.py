@@ -1,12 +1,12 @@
 """What the model layer needs from the database, as one Protocol (no Store import here).
 
 :class:`CallLedger` declares every method the model layer calls on it: the queue depth
-(routing), the tenants' token buckets (:mod:`runtime.llm.fair_slots`), the start gate's
+(routing), the tenants' token buckets (:mod:`runtime.llm.token_meter`), the start gate's
 read (:mod:`runtime.llm.gate`), the charges, the record of replies, and durable steps
 (:class:`StepLedger`, with a fork's branch task served from its counterpart's). The
 records passed are in :mod:`runtime.records`, shared with the store. The wiring
 (:func:`runtime.wiring.build_runtime`) passes the implementation over the Store
-(:class:`runtime.engine.ledger.StoreLedger`) to :class:`~runtime.llm.handle.LLMFactory`.
+(:class:`runtime.engine.store_ledger.StoreLedger`) to :class:`~runtime.llm.handle.LLMFactory`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Where model calls run, and the per-server, per-model limits that go with the loop.
+"""Where model calls run, and the per-server limits (slots) that go with the loop.
 
 Async code awaits its calls on its own running loop: the async worker's agents make their
 calls on the worker's one loop, beside its claims and writes, with no hand-over to another
@@ -24,7 +24,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from runtime.config import SchedulerSettings, Settings
-from runtime.llm.fair_slots import FairSlots, TokenMeter
+from runtime.llm.fair_slots import FairSlots
+from runtime.llm.token_meter import TokenMeter
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

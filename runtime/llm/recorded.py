@@ -5,7 +5,7 @@ issue, or ``key=``) and the sha256 of its request (model, messages, schema, opti
 tools). When the record holds a successful reply for that identity (an earlier delivery
 made the call; for a fork's branch task, its counterpart did), the reply is returned at
 once, charged zero, and a row marked ``replayed`` is written (``[llm] durable``; with
-the task's outcome when the executor defers it: :class:`runtime.llm.calls.HeldReplays`).
+the task's outcome when the executor defers it: :class:`runtime.llm.call_records.HeldReplays`).
 A record that no longer fits the call's schema is not served: the call is made again.
 """
 
@@ -19,8 +19,9 @@ from pydantic import ValidationError
 
 from runtime.config import Settings
 from runtime.llm.backends.offline import OfflineBackend
-from runtime.llm.calls import Completion, HeldReplays, answered
+from runtime.llm.call_records import HeldReplays
 from runtime.llm.charging import Charger
+from runtime.llm.completion import Completion, answered
 from runtime.llm.ledger import RecordReader
 from runtime.llm.reply import BadModelReply, ModelReply, parse_structured, request_text
 from runtime.llm.request import Request

@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from runtime.budget import Reservation
+from runtime.errors import BadInput
 from runtime.llm.reply import Message, first_messages
 from runtime.llm.routing import Route
 from runtime.llm.tool_loop import ToolRound
@@ -148,3 +149,15 @@ def request_hash(model: str, messages: list[Message], schema: dict[str, Any] | N
     if tools:
         body["tools"] = tools
     return hashlib.sha256(_canonical(body).encode()).hexdigest()
+
+
+def schema_of(schema: Any) -> tuple[dict[str, Any] | None, type[BaseModel] | None]:
+    """The JSON schema of a call's ``schema=`` argument, and its pydantic class if it is one."""
+    if schema is None:
+        return None, None
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        return schema.model_json_schema(), schema
+    if isinstance(schema, dict):
+        return schema, None
+    raise BadInput(f"schema must be a pydantic model class or a JSON schema dict, "
+                   f"not {type(schema).__name__}")

@@ -26,12 +26,12 @@ from typing import Any
 from runtime.budget import TaskBudget
 from runtime.errors import LeaseLost
 from runtime.llm.charging import Charger
-from runtime.llm.fair_slots import StopCheck
 from runtime.llm.gate import CallGate
 from runtime.llm.repair import validated
 from runtime.llm.reply import Backend, BadModelReply, ModelReply, message_tokens
 from runtime.llm.request import Request
 from runtime.llm.server_slots import Fair, ServerSlots
+from runtime.llm.token_meter import StopCheck
 
 log = logging.getLogger(__name__)
 

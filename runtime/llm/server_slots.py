@@ -4,7 +4,7 @@ Each route's server takes at most ``[ollama] max_parallel`` requests at once (pe
 ``cloud_max_parallel`` for the cloud route's), whatever the model; the waiting ones are
 served in weighted fair order between tenants and trees
 (:class:`runtime.llm.fair_slots.FairSlots`), after their tenant's token bucket gave them
-their tokens (:class:`runtime.llm.fair_slots.TokenMeter`).
+their tokens (:class:`runtime.llm.token_meter.TokenMeter`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.config import Settings
-from runtime.llm.fair_slots import StopCheck, Ticket
+from runtime.llm.fair_slots import Ticket
 from runtime.llm.loop import CallLoop
 from runtime.llm.reply import Backend
 from runtime.llm.request import Request
+from runtime.llm.token_meter import StopCheck
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ Ollama's tool calling, run by the model layer for one agent call:
    ``requires_approval`` holds the task (:class:`ToolApprovalNeeded`: it waits in
    ``awaiting_approval`` until ``orgchart approve``; the next delivery replays up to the
    call, now approved, and runs it); in an aggregate it is refused instead.
-3. Each valid call runs as a durable step (``runtime.llm.steps``; its id
+3. Each valid call runs as a durable step (``runtime.llm.durable_steps``; its id
    ``<call>#<round>.<index>``): recorded before and after, served from the record on a
    redelivery. The calls of one reply that are ``async`` run at once; plain ones run one
    after another in a thread. A tool that raises answers the model with its error.
@@ -34,8 +34,8 @@ from typing import Any, Protocol
 
 from agents.tools import BadToolArguments, Tool
 from runtime.errors import BadInput, OrgchartError
+from runtime.llm.durable_steps import StepResult, TaskSteps
 from runtime.llm.reply import Message, ToolCall
-from runtime.llm.steps import StepResult, TaskSteps
 
 #: Rounds of tool calls one ``complete`` may run unless it says otherwise.
 DEFAULT_MAX_TOOL_ROUNDS = 8

@@ -18,7 +18,7 @@ import pytest
 from agents.schemas import Plan
 from agents.tools import Tool
 from runtime.config import Settings
-from runtime.engine.ledger import StoreLedger
+from runtime.engine.store_ledger import StoreLedger
 from runtime.llm.backends.embedded import EmbeddedBackend, default_model_path, extra_installed
 from runtime.llm.handle import LLMFactory, TaskLLM
 from runtime.llm.reply import BadModelReply

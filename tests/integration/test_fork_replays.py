@@ -1,7 +1,7 @@
 """Forks: where a replayed call's row is written; steps and tool calls replayed in a branch.
 
 A replayed call (a branch task asking what its counterpart asked) is written with the
-task's outcome, in its transaction (runtime.llm.calls.HeldReplays); a delivery that dies
+task's outcome, in its transaction (runtime.llm.call_records.HeldReplays); a delivery that dies
 before its outcome leaves no row, and the next delivery replays the call again.
 """
 

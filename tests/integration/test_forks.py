@@ -19,7 +19,7 @@ import sqlalchemy as sa
 
 from agents.registry import UnknownAgent
 from runtime.config import load_settings
-from runtime.engine.ledger import StoreLedger
+from runtime.engine.store_ledger import StoreLedger
 from runtime.errors import BadInput
 from runtime.forks import fork
 from runtime.forks.diff import diff_lines, diff_trees

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from runtime.cli.app import app
 from runtime.config import Settings
-from runtime.engine.ledger import StoreLedger
+from runtime.engine.store_ledger import StoreLedger
 from runtime.errors import (
     BudgetExceeded,
     LeaseLost,

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from agents.tools import BadToolArguments
 from runtime.cli.app import app
 from runtime.config import Settings
-from runtime.engine.ledger import StoreLedger
+from runtime.engine.store_ledger import StoreLedger
 from runtime.llm.backends.offline import OfflineBackend
 from runtime.llm.handle import LLMFactory
 from runtime.llm.mcp_tools import McpToolError, McpToolSource, McpUnavailable

@@ -18,7 +18,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from runtime.config import Settings
-from runtime.engine.ledger import StoreLedger
+from runtime.engine.store_ledger import StoreLedger
 from runtime.errors import TransientModelError
 from runtime.llm.backends.offline import OfflineBackend
 from runtime.llm.backends.ollama import OllamaBackend

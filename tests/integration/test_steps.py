@@ -12,9 +12,9 @@ import sqlalchemy as sa
 
 from agents.context import AgentContext
 from agents.tools import RetryPolicy, TransientStepError, idempotency_key
-from runtime.engine.ledger import StoreLedger
+from runtime.engine.store_ledger import StoreLedger
 from runtime.errors import BudgetExceeded, LeaseLost
-from runtime.llm.steps import TaskSteps
+from runtime.llm.durable_steps import TaskSteps
 from runtime.store.rows import NewTask, StepBegin
 from runtime.store.store import Store
 from tests.factories import expire_leases

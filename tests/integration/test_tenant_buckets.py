@@ -1,7 +1,7 @@
 """Token buckets per tenant (``[tenants.<name>] tokens_per_minute``), in the database.
 
 The statement (``tenant_bucket_take``) from several threads at once, as several workers
-take from one bucket; and :class:`runtime.llm.fair_slots.TokenMeter` waiting on it.
+take from one bucket; and :class:`runtime.llm.token_meter.TokenMeter` waiting on it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import pytest
 import sqlalchemy as sa
 
 from runtime.errors import LeaseLost
-from runtime.llm.fair_slots import FairSlots, TaskStop, TokenMeter
+from runtime.llm.fair_slots import FairSlots
+from runtime.llm.gate import TaskStop
+from runtime.llm.token_meter import TokenMeter
 from runtime.store.rows import Tenancy
 from runtime.store.store import Store
 from tests.factories import submit

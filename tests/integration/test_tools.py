@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from agents.tools import Tool
 from runtime.config import Settings
-from runtime.engine.ledger import StoreLedger
+from runtime.engine.store_ledger import StoreLedger
 from runtime.errors import BudgetExceeded, LeaseLost
 from runtime.llm.backends.offline import OfflineBackend
 from runtime.llm.backends.ollama import OllamaBackend

@@ -1,4 +1,4 @@
-"""Replayed calls' rows held for a task's outcome (runtime.llm.calls.HeldReplays)."""
+"""Replayed calls' rows held for a task's outcome (runtime.llm.call_records.HeldReplays)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
-from runtime.llm.calls import HeldReplays, Rows, defer_replays, held_replays
+from runtime.llm.call_records import HeldReplays, Rows, defer_replays, held_replays
 from runtime.llm.reply import ModelReply
 from runtime.llm.request import Request
 from runtime.llm.routing import Route
