@@ -26,6 +26,7 @@ from bench import (
     drain,
     drain_pair,
     drain_parts,
+    experiments,
     fairness,
     fanin,
     fork,
@@ -45,7 +46,7 @@ from bench.common import RESULTS_DIR, machine, server_url
 
 ORDER = ("reference", "drain", "pgqueuer", "drain_pair", "drain_parts", "pickup", "fanin",
          "claim_latency", "tree_read", "scrape", "worker_memory", "makespan", "sync_agents",
-         "fork", "charge", "transport", "ha", "control", "tools", "fairness")
+         "fork", "charge", "transport", "ha", "control", "tools", "fairness", "experiments")
 
 FULL: dict[str, dict[str, Any]] = {
     "reference": {"n": 20_000, "threads": 4},
@@ -69,6 +70,7 @@ FULL: dict[str, dict[str, Any]] = {
     "tools": {"samples": 200, "rounds": 5, "crash": True},
     "fairness": {"wide": 2000, "delay": 0.2, "window": 30.0, "share_writers": 2025,
                  "limit_writers": 200},
+    "experiments": {"cases": 20, "delay": 0.05},
 }
 
 QUICK: dict[str, dict[str, Any]] = {
@@ -93,6 +95,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "tools": {"samples": 3, "rounds": 2, "crash": False},
     "fairness": {"wide": 90, "delay": 0.05, "window": 3.0, "share_writers": 900,
                  "limit_writers": 20},
+    "experiments": {"cases": 2, "delay": 0.01},
 }
 
 MAINS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -116,6 +119,7 @@ MAINS: dict[str, Callable[..., dict[str, Any]]] = {
     "control": control.main,
     "tools": tools.main,
     "fairness": fairness.main,
+    "experiments": experiments.main,
 }
 
 

@@ -31,7 +31,6 @@ from runtime.experiments.stats import bootstrap_ci, paired_difference
 from runtime.store.rows import TERMINAL_STATUSES, NotFound
 from runtime.store.store import Store
 
-
 #: A difference is called better or worse only when its interval excludes zero and the
 #: paired test's p-value is at most this (with three cases, no p-value is below 0.25).
 SIGNIFICANCE = 0.05

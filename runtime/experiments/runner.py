@@ -41,13 +41,12 @@ from runtime.experiments.report import run_outcomes
 from runtime.experiments.scorers import RunOutcome, Scorer
 from runtime.experiments.variants import Variant
 from runtime.forks.branch import plan_fork
-from runtime.store.rows import TERMINAL_STATUSES
 from runtime.wiring import Runtime, build_root
 
 log = logging.getLogger(__name__)
 
-#: How often the runner looks at its trees while they run.
-POLL_SECONDS = 0.2
+#: How often the runner looks at its trees while they run (one indexed read).
+POLL_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -236,8 +235,8 @@ class ExperimentRunner:
         """Until every tree of ``roots`` ended (or the budget or the time ran out)."""
         wanted = set(roots)
         while wanted:
-            open_roots = [r["root_id"] for r in self.store.experiment_runs(summary.experiment_id)
-                          if r["root_id"] in wanted and r["status"] not in TERMINAL_STATUSES]
+            open_roots = sorted(self.store.experiment_open_roots(summary.experiment_id)
+                                & wanted)
             if not open_roots:
                 return
             if plan.budget_usd is not None and not self._budget_left(plan, summary):

@@ -131,6 +131,11 @@ class StoreExperiments(StoreReads):
         """An experiment's trees with their outcomes and their calls paid and replayed."""
         return self.query("experiment_run_list", experiment_id=experiment_id)
 
+    def experiment_open_roots(self, experiment_id: uuid.UUID) -> set[uuid.UUID]:
+        """The roots of the experiment's trees that have not ended."""
+        return {row["root_id"] for row in self.query("experiment_run_list_open",
+                                                     experiment_id=experiment_id)}
+
     def experiment_spend(self, experiment_id: uuid.UUID) -> Decimal:
         """What an experiment's trees have paid so far."""
         return Decimal(self.query("experiment_spend", experiment_id=experiment_id)[0]["spent"])

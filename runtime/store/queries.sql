@@ -2258,6 +2258,13 @@ LEFT JOIN LATERAL (
 WHERE r.experiment_id = :experiment_id
 ORDER BY r.position, r.variant, r.repetition;
 
+-- experiment_run_list_open --
+-- The roots of an experiment's trees that have not ended (the runner waits on these).
+SELECT r.root_id
+FROM experiment_runs r JOIN tasks t ON t.id = r.root_id
+WHERE r.experiment_id = :experiment_id
+  AND t.status NOT IN ('done', 'failed', 'escalated', 'cancelled');
+
 -- experiment_spend --
 -- What an experiment's trees have paid so far (their model calls), live.
 SELECT COALESCE(sum(m.cost_usd), 0) AS spent
