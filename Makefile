@@ -66,6 +66,9 @@ bench: install ## Run the benchmarks; writes bench/results/latest.json
 chaos: install ## Only the chaos suite (kills workers, restarts PostgreSQL)
 	$(BIN)/python -m pytest -q tests/chaos
 
+torture: install ## The chaos mix with the audit for TORTURE_S seconds (default 600), random seeds
+	TORTURE_S=$${TORTURE_S:-600} $(BIN)/python -m tests.chaos.torture
+
 ha-demo: install ## Kill the primary of a local pg_auto_failover formation mid-tree (root)
 	$(BIN)/python -m bench.ha_demo
 
@@ -75,4 +78,4 @@ ha: install ## Only the high-availability tests (a formation, network namespaces
 clean: ## Remove the virtualenv and local data
 	rm -rf $(VENV) .orgchart
 
-.PHONY: help install install-embedded mcp-inspector demo test lint bench chaos ha-demo ha clean
+.PHONY: help install install-embedded mcp-inspector demo test lint bench chaos torture ha-demo ha clean

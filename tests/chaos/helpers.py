@@ -33,7 +33,7 @@ import psycopg
 import sqlalchemy as sa
 
 from runtime.audit.checker import audit
-from runtime.audit.history import Recorder
+from runtime.audit.history import Recorder, load
 from runtime.audit.report import Report
 from runtime.store import db
 from runtime.store.store import Store
@@ -319,10 +319,17 @@ def assert_audited(store: Store, recorder: Recorder | None, roots: Any = None) -
 
     Prints what it checked (and the violations, with their evidence, in the failure).
     """
-    report = audit(store, roots=roots, history=recorder.path if recorder else None)
+    history = load(recorder.path) if recorder else None
+    report = audit(store, roots=roots, history=history)
     print(f"  audit: {', '.join(f'{n} {k}' for k, n in sorted(report.checked.items()))}; "
           f"{len(report.in_flight)} allowed as in flight; "
           f"{len(report.violations)} violation(s)")
+    # One line for `make torture` (tests/chaos/torture.py) to add up.
+    faults = Counter(f.fault for f in history.faults) if history else Counter()
+    print("AUDIT_REPORT " + json.dumps({"checked": dict(report.checked),
+                                        "violations": len(report.violations),
+                                        "in_flight": len(report.in_flight),
+                                        "faults": dict(faults)}), flush=True)
     assert report.ok, report.text()
     return report
 
