@@ -163,7 +163,9 @@ class EmbeddedSettings(_Section):
     on its own context of the one file (mapped once); ``repeat_penalty``, ``temperature``
     and ``seed`` go to the sampler (a penalty above 1 keeps a small model from looping).
     ``grammar = false`` leaves structured replies free (the repair loop alone keeps them
-    to the schema: for measuring what the grammar saves).
+    to the schema: for measuring what the grammar saves). ``tool_rounds``: rounds of tool
+    calls the model is offered in one call; after them it is asked for its answer (a
+    small model offered tools calls them again and again).
     """
 
     model: str | None = None
@@ -174,6 +176,7 @@ class EmbeddedSettings(_Section):
     temperature: float = Field(0.2, ge=0.0, le=2.0)
     seed: int = Field(42, ge=0)
     grammar: bool = True
+    tool_rounds: int = Field(1, ge=0, le=20)
 
 
 class DatabaseSettings(_Section):

