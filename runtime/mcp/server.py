@@ -31,8 +31,10 @@ from runtime.mcp.tools import (
     TOOLS,
     TOOLS_BY_NAME,
     Deps,
+    GetTaskArgs,
     SubmitGoalArgs,
     ToolRefused,
+    get_task,
     parse_arguments,
     root_progress,
     run_tool,
@@ -119,10 +121,9 @@ class _Handlers:
             if isinstance(args, SubmitGoalArgs) and args.wait:
                 root = uuid.UUID(value["id"])
                 ended = await _wait(ctx, self.deps.store, root, args.timeout_seconds)
-                value = {**await anyio.to_thread.run_sync(
-                    run_tool, self.deps, TOOLS_BY_NAME["get_task"],
-                    TOOLS_BY_NAME["get_task"].model(task_id=str(root))),
-                    "created": value["created"], "ended": ended}
+                detail = await anyio.to_thread.run_sync(
+                    get_task, self.deps, GetTaskArgs(task_id=str(root)))
+                value = {**detail, "created": value["created"], "ended": ended}
         except ToolRefused as exc:
             return _refusal(str(exc))
         except DatabaseUnavailable as exc:  # its message names the server already
