@@ -8,6 +8,10 @@ A template database is built once per session by ``alembic upgrade head``. Fixtu
   connections, LISTEN/NOTIFY); dropped at the end of the test.
 - ``store``: a :class:`runtime.store.store.Store` on ``db_url``.
 - ``server_url``: the server's maintenance URL (for tests that create databases).
+- ``make_runtime``: builds a runtime on ``db_url`` (offline model, ``tests.support_agents``
+  unless told otherwise); ``runtime`` is its default, ``client`` an HTTP client on it. A
+  test module that needs other settings or agents defines its own ``runtime`` from
+  ``make_runtime``; ``client`` then follows it. ``tests/support.py`` drives them.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
@@ -26,7 +31,14 @@ import sqlalchemy as sa
 from runtime.store import db
 from runtime.store.store import Store
 
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
+
+    from runtime.wiring import Runtime
+
 TEST_URL_ENV = "ORGCHART_TEST_DATABASE_URL"
+#: The agents a test runtime loads unless the test names others.
+TEST_AGENTS = ("tests.support_agents",)
 
 
 def _with_database(url: str, name: str) -> str:
@@ -131,3 +143,42 @@ def orgchart_env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         if key.startswith("ORGCHART_"):
             monkeypatch.setenv(key, value)
     return env
+
+
+@pytest.fixture
+def make_runtime(db_url: str, store: Store) -> Callable[..., Runtime]:
+    """Build runtimes on the test's database, with the offline model backend.
+
+    ``make_runtime(modules=TEST_AGENTS, config=None, **env)``: ``modules`` are the agent
+    modules to load, ``config`` a configuration file, and ``env`` more ``ORGCHART_*``
+    variables (``make_runtime(ORGCHART_RETRY__MAX_RETRY="0")``).
+    """
+    from runtime.config import load_settings
+    from runtime.wiring import build_runtime
+
+    def make(modules: Sequence[str] = TEST_AGENTS, config: Path | None = None,
+             **env: str) -> Runtime:
+        settings = load_settings(config, env={"ORGCHART_DATABASE_URL": db_url,
+                                              "ORGCHART_LLM__BACKEND": "offline", **env})
+        return build_runtime(settings, list(modules), store=store)
+
+    return make
+
+
+@pytest.fixture
+def runtime(make_runtime: Callable[..., Runtime]) -> Runtime:
+    """A runtime on the test's database: offline model, the agents of ``tests.support_agents``."""
+    return make_runtime()
+
+
+@pytest.fixture
+def client(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    """An HTTP client on ``runtime``'s API (no API token)."""
+    from fastapi.testclient import TestClient
+
+    from runtime.http.api import create_app
+
+    monkeypatch.delenv("ORGCHART_API_TOKEN", raising=False)
+    with TestClient(create_app(store=runtime.store, settings=runtime.settings,
+                               registry=runtime.registry)) as c:
+        yield c

@@ -11,16 +11,16 @@ import json
 import socket
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from runtime.config import load_settings
 from runtime.http.api import create_app
 from runtime.store.store import Store
-from runtime.wiring import Runtime, build_root, build_runtime
+from runtime.wiring import Runtime, build_root
+from tests.support import drain
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -46,11 +46,8 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture
-def runtime(db_url: str, store: Store) -> Runtime:
-    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
-                                  "ORGCHART_LLM__BACKEND": "offline",
-                                  "ORGCHART_RETRY__MAX_RETRY": "0"})
-    return build_runtime(settings, ["tests.support_agents"], store=store)
+def runtime(make_runtime: Callable[..., Runtime]) -> Runtime:
+    return make_runtime(ORGCHART_RETRY__MAX_RETRY="0")
 
 
 class Server:
@@ -91,13 +88,6 @@ def serve(runtime: Runtime, token: str | None = None) -> Server:
 def submit(runtime: Runtime, goal: str, agent: str, **payload: Any) -> uuid.UUID:
     new = build_root(runtime.registry, runtime.settings, goal=goal, agent=agent, payload=payload)
     return runtime.store.submit(new, actor="test")[0]["id"]
-
-
-def drain(runtime: Runtime) -> None:
-    worker = runtime.worker(None, maintenance=False, listen=False)
-    for _ in range(50):
-        if worker.run_once() == 0 and runtime.store.sweep().ready == 0:
-            return
 
 
 def test_the_tree_page_follows_a_tree_until_it_is_done(browser: Any, runtime: Runtime) -> None:
@@ -223,12 +213,11 @@ def drained(runtime: Runtime) -> None:
 
 
 def test_the_diff_page_compares_a_branch_with_its_original(
-        browser: Any, db_url: str, store: Store) -> None:
+        browser: Any, make_runtime: Callable[..., Runtime], store: Store) -> None:
     from runtime.forks import fork
 
-    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
-                                  "ORGCHART_LLM__BACKEND": "offline"})
-    runtime = build_runtime(settings, ["tests.fork_agents"], store=store)
+    runtime = make_runtime(["tests.fork_agents"])
+    settings = runtime.settings
     original = submit(runtime, "harbour report", "fork_planner")
     drained(runtime)
     writer = next(c for c in store.children(original) if c["idempotency_key"] == "w1")

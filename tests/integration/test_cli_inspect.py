@@ -4,36 +4,26 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from runtime.cli.app import app
-from runtime.config import load_settings
 from runtime.errors import BadInput
 from runtime.http.auth import is_loopback
 from runtime.store.rows import NewTask
-from runtime.store.store import Store
 from runtime.views import parse_task_id, policy_rule, tree_json
-from runtime.wiring import Runtime, build_runtime
+from runtime.wiring import Runtime
+from tests.support import drain
 
 runner = CliRunner()
 
 
 @pytest.fixture
-def runtime(orgchart_env: dict[str, str], db_url: str, store: Store) -> Runtime:
-    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
-                                  "ORGCHART_LLM__BACKEND": "offline",
-                                  "ORGCHART_RETRY__MAX_RETRY": "0"})
-    return build_runtime(settings, ["tests.support_agents"], store=store)
-
-
-def drain(runtime: Runtime) -> None:
-    worker = runtime.worker(None, maintenance=False, listen=False)
-    for _ in range(50):
-        if worker.run_once() == 0 and runtime.store.sweep().ready == 0:
-            return
+def runtime(orgchart_env: dict[str, str], make_runtime: Callable[..., Runtime]) -> Runtime:
+    return make_runtime(ORGCHART_RETRY__MAX_RETRY="0")
 
 
 def submit(runtime: Runtime, agent: str = "echo", **payload: Any) -> uuid.UUID:

@@ -11,6 +11,7 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -18,7 +19,6 @@ import pytest
 import sqlalchemy as sa
 
 from agents.registry import UnknownAgent
-from runtime.config import load_settings
 from runtime.engine.store_ledger import StoreLedger
 from runtime.errors import BadInput
 from runtime.forks import fork
@@ -26,26 +26,17 @@ from runtime.forks.diff import diff_lines, diff_trees
 from runtime.llm.handle import LLMFactory
 from runtime.store.rows import NotFound
 from runtime.store.store import Store
-from runtime.wiring import Runtime, build_runtime
+from runtime.wiring import Runtime
 from tests.factories import expire_leases, submit
 from tests.fork_agents import ForkWriter
+from tests.support import drain
 
 GOAL = {"goal": "harbour report"}
 
 
 @pytest.fixture
-def runtime(db_url: str, store: Store) -> Runtime:
-    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
-                                  "ORGCHART_LLM__BACKEND": "offline",
-                                  "ORGCHART_RETRY__MAX_RETRY": "0"})
-    return build_runtime(settings, ["tests.fork_agents"], store=store)
-
-
-def drain(runtime: Runtime, rounds: int = 60, agents: list[str] | None = None) -> None:
-    worker = runtime.worker(agents, maintenance=False, listen=False)
-    for _ in range(rounds):
-        if worker.run_once() == 0 and worker.store.sweep().ready == 0:
-            break
+def runtime(make_runtime: Callable[..., Runtime]) -> Runtime:
+    return make_runtime(["tests.fork_agents"], ORGCHART_RETRY__MAX_RETRY="0")
 
 
 def finished_tree(runtime: Runtime, payload: dict[str, Any] | None = None) -> uuid.UUID:

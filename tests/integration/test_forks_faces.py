@@ -7,18 +7,17 @@ import subprocess
 import sys
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from runtime.config import load_settings
-from runtime.http.api import create_app
 from runtime.store.store import Store
-from runtime.wiring import Runtime, build_runtime
+from runtime.wiring import Runtime
 from tests.factories import submit
+from tests.support import drain
 
 with warnings.catch_warnings():  # starlette's notice about httpx2, at import time
     warnings.filterwarnings("ignore", message=".*httpx2")
@@ -79,25 +78,8 @@ def test_fork_and_diff_on_the_command_line(orgchart_env: dict[str, str], store: 
 
 
 @pytest.fixture
-def runtime(db_url: str, store: Store) -> Runtime:
-    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
-                                  "ORGCHART_LLM__BACKEND": "offline"})
-    return build_runtime(settings, ["tests.fork_agents"], store=store)
-
-
-@pytest.fixture
-def client(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    monkeypatch.delenv("ORGCHART_API_TOKEN", raising=False)
-    with TestClient(create_app(store=runtime.store, settings=runtime.settings,
-                               registry=runtime.registry)) as c:
-        yield c
-
-
-def drain(runtime: Runtime) -> None:
-    worker = runtime.worker(None, maintenance=False, listen=False)
-    for _ in range(60):
-        if worker.run_once() == 0 and worker.store.sweep().ready == 0:
-            break
+def runtime(make_runtime: Callable[..., Runtime]) -> Runtime:
+    return make_runtime(["tests.fork_agents"])
 
 
 def test_fork_and_diff_over_http(runtime: Runtime, client: TestClient) -> None:

@@ -11,20 +11,18 @@ import json
 import sys
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from runtime.cli.app import app
-from runtime.config import load_settings
-from runtime.http.api import create_app
 from runtime.store.rows import NewTask
-from runtime.store.store import Store
-from runtime.wiring import Runtime, build_runtime
+from runtime.wiring import Runtime
 from tests.factories import parent_with_children, submit
 from tests.integration.test_docs_agents import code_blocks
+from tests.support import drain
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*httpx2")
@@ -45,26 +43,9 @@ def example_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
-def runtime(orgchart_env: dict[str, str], db_url: str, store: Store,
+def runtime(orgchart_env: dict[str, str], make_runtime: Callable[..., Runtime],
             example_module: str) -> Runtime:
-    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
-                                  "ORGCHART_LLM__BACKEND": "offline"})
-    return build_runtime(settings, ["tests.support_agents", example_module], store=store)
-
-
-@pytest.fixture
-def client(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    monkeypatch.delenv("ORGCHART_API_TOKEN", raising=False)
-    with TestClient(create_app(store=runtime.store, settings=runtime.settings,
-                               registry=runtime.registry)) as c:
-        yield c
-
-
-def drain(runtime: Runtime) -> None:
-    worker = runtime.worker(None, maintenance=False, listen=False)
-    for _ in range(50):
-        if worker.run_once() == 0 and runtime.store.sweep().ready == 0:
-            return
+    return make_runtime(["tests.support_agents", example_module])
 
 
 def cli(*args: str) -> Any:

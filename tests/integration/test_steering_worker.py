@@ -10,20 +10,21 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from agents.base import Agent, Result, TaskView
 from agents.context import AgentContext
-from runtime.config import load_settings
 from runtime.errors import LeaseLost
 from runtime.llm.gate import CallGate
 from runtime.store.store import Store
-from runtime.wiring import Runtime, build_runtime
+from runtime.wiring import Runtime
 from tests.factories import expire_leases, hand_over, submit, terminal_event_counts
 from tests.fake_ollama import FakeOllama, fake_ollama_server  # noqa: F401
+from tests.support import wait_until
 from tests.support_agents import AnyInput, AnyOutput
 
 
@@ -63,22 +64,16 @@ class TwoCalls(Agent):
 
 
 @pytest.fixture
-def runtime(db_url: str, store: Store, fake_ollama: FakeOllama) -> Iterator[Runtime]:
-    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
-                                  "ORGCHART_LLM__BACKEND": "ollama",
-                                  "ORGCHART_OLLAMA__URL": fake_ollama.url,
-                                  "ORGCHART_LLM__CALL_RETRIES": "0"})
-    yield build_runtime(settings, ["tests.support_agents"], store=store)
+def runtime(make_runtime: Callable[..., Runtime], fake_ollama: FakeOllama) -> Runtime:
+    return make_runtime(ORGCHART_LLM__BACKEND="ollama", ORGCHART_OLLAMA__URL=fake_ollama.url,
+                        ORGCHART_LLM__CALL_RETRIES="0")
 
 
-def wait_for(check: Callable[[], Any], seconds: float = 15.0) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("waited too long")
+def recorded_calls(store: Store, task_id: Any) -> int:
+    """The task's model calls written to ``model_calls``."""
+    with store.engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT count(*) FROM model_calls WHERE task_id = :t"),
+                                {"t": task_id}).scalar_one())
 
 
 def test_a_cancelled_task_stops_and_starts_no_more_calls(runtime: Runtime,
@@ -90,11 +85,11 @@ def test_a_cancelled_task_stops_and_starts_no_more_calls(runtime: Runtime,
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
-        wait_for(lambda: fake_ollama.received >= 1)
+        wait_until(lambda: fake_ollama.received >= 1)
         out = runtime.store.cancel(task["id"], note="stop it")
         received_at_cancel = fake_ollama.received
         # The worker stops the task's coroutine (its call in flight is cancelled) ...
-        wait_for(lambda: worker.stopper.stopped == 1)
+        wait_until(lambda: worker.stopper.stopped == 1)
         assert SteerCaller.cancelled == [task["id"]]
         time.sleep(1.0)
         # ... and no call of it started after the cancel returned.
@@ -117,9 +112,9 @@ def test_the_poll_alone_stops_a_cancelled_task(runtime: Runtime,
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
-        wait_for(lambda: fake_ollama.received >= 1)
+        wait_until(lambda: fake_ollama.received >= 1)
         runtime.store.cancel(task["id"])
-        wait_for(lambda: worker.stopper.stopped == 1)
+        wait_until(lambda: worker.stopper.stopped == 1)
     finally:
         worker.stop("test")
         thread.join(15)
@@ -134,15 +129,17 @@ def test_a_paused_tree_starts_no_call_until_resumed(runtime: Runtime,
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
-        wait_for(lambda: fake_ollama.received >= 1)
+        wait_until(lambda: fake_ollama.received >= 1)
         runtime.store.pause(task["id"])
-        time.sleep(0.8)                      # the call in flight finishes and is recorded
+        # the call in flight finishes and is recorded
+        wait_until(lambda: fake_ollama.in_flight == 0
+                   and recorded_calls(runtime.store, task["id"]) >= 1)
         held = fake_ollama.received
         time.sleep(1.5)
         assert fake_ollama.received == held  # no new call while paused
         assert runtime.store.get(task["id"])["status"] == "running"  # lease kept
         runtime.store.resume(task["id"])
-        wait_for(lambda: runtime.store.get(task["id"])["status"] in ("done", "failed"))
+        wait_until(lambda: runtime.store.get(task["id"])["status"] in ("done", "failed"))
     finally:
         worker.stop("test")
         thread.join(15)
@@ -168,7 +165,7 @@ def test_a_task_taken_away_starts_no_call_before_its_heartbeat_says_so(
         assert TwoCalls.between.wait(15)
         token = hand_over(runtime.store, task["id"])
         TwoCalls.go.set()
-        wait_for(lambda: worker.stats.dropped >= 1)
+        wait_until(lambda: worker.stats.dropped >= 1)
         assert fake_ollama.received == 1
         row = runtime.store.get(task["id"])
         assert (row["status"], row["lease_token"], row["lease_owner"]) == (

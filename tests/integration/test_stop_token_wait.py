@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +22,8 @@ import sqlalchemy as sa
 
 from agents.base import Agent, Result, TaskView
 from agents.context import AgentContext
-from runtime.config import load_settings
 from runtime.store.store import Store
-from runtime.wiring import Runtime, build_runtime
+from runtime.wiring import Runtime
 from tests.factories import submit, terminal_event_counts
 from tests.support_agents import AnyInput, AnyOutput
 
@@ -62,15 +61,13 @@ class AsyncMeteredPair(Agent):
 
 
 @pytest.fixture
-def runtime(db_url: str, store: Store, tmp_path: Path) -> Iterator[Runtime]:
+def runtime(make_runtime: Callable[..., Runtime], store: Store, tmp_path: Path) -> Runtime:
     config = tmp_path / "orgchart.toml"
     config.write_text(f"[tenants.metered]\ntokens_per_minute = {RATE}\n"
                       f"[worker]\nstop_grace_seconds = {GRACE}\n")
-    settings = load_settings(config, env={"ORGCHART_DATABASE_URL": db_url,
-                                          "ORGCHART_LLM__BACKEND": "offline"})
-    runtime = build_runtime(settings, [__name__], store=store)
-    store.tenancy = runtime.store.tenancy = type(store.tenancy).from_settings(settings)
-    yield runtime
+    runtime = make_runtime([__name__], config=config)
+    store.tenancy = runtime.store.tenancy = type(store.tenancy).from_settings(runtime.settings)
+    return runtime
 
 
 def _calls(store: Store, task_id: Any, replayed: bool = False) -> int:

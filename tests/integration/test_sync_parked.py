@@ -9,19 +9,16 @@ terminal event, and the extra threads leave the pool when the calls end.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 
 from agents.base import Agent, Result, TaskView
 from agents.context import AgentContext
-from runtime.config import load_settings
-from runtime.store.store import Store
-from runtime.wiring import Runtime, build_runtime
+from runtime.wiring import Runtime
 from tests.factories import submit, terminal_event_counts
 from tests.fake_ollama import FakeOllama, fake_ollama_server  # noqa: F401
+from tests.support import wait_until
 from tests.support_agents import AnyInput, AnyOutput
 
 TASKS = 12
@@ -39,22 +36,9 @@ class ParkedCaller(Agent):
 
 
 @pytest.fixture
-def runtime(db_url: str, store: Store, fake_ollama: FakeOllama) -> Iterator[Runtime]:
-    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
-                                  "ORGCHART_LLM__BACKEND": "ollama",
-                                  "ORGCHART_OLLAMA__URL": fake_ollama.url,
-                                  "ORGCHART_OLLAMA__MAX_PARALLEL": "64",
-                                  "ORGCHART_LLM__CALL_RETRIES": "0"})
-    yield build_runtime(settings, ["tests.support_agents"], store=store)
-
-
-def wait_for(check: Callable[[], Any], seconds: float = 20.0) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.02)
-    raise AssertionError("waited too long")
+def runtime(make_runtime: Callable[..., Runtime], fake_ollama: FakeOllama) -> Runtime:
+    return make_runtime(ORGCHART_LLM__BACKEND="ollama", ORGCHART_OLLAMA__URL=fake_ollama.url,
+                        ORGCHART_OLLAMA__MAX_PARALLEL="64", ORGCHART_LLM__CALL_RETRIES="0")
 
 
 def test_sync_agents_calls_are_all_in_flight_with_two_threads(
@@ -65,10 +49,11 @@ def test_sync_agents_calls_are_all_in_flight_with_two_threads(
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
-        wait_for(lambda: fake_ollama.max_in_flight == TASKS)
+        wait_until(lambda: fake_ollama.max_in_flight == TASKS, timeout=20.0)
         assert worker.agents.parked <= TASKS
-        wait_for(lambda: all(runtime.store.get(t["id"])["status"] == "done" for t in tasks))
-        wait_for(lambda: worker.agents.parked == 0)
+        wait_until(lambda: all(runtime.store.get(t["id"])["status"] == "done" for t in tasks),
+                   timeout=20.0)
+        wait_until(lambda: worker.agents.parked == 0, timeout=20.0)
     finally:
         worker.stop("test")
         thread.join(15)

@@ -10,24 +10,21 @@ runs the tool once. ``reject`` fails the task and the tool never runs.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from runtime.config import load_settings
 from runtime.store.rows import NewTask
-from runtime.store.store import Store
-from runtime.wiring import Runtime, build_runtime
+from runtime.wiring import Runtime
 from tests.approval_agents import PAID
 from tests.factories import expire_leases
 
 
 @pytest.fixture
-def runtime(db_url: str, store: Store) -> Runtime:
+def runtime(make_runtime: Callable[..., Runtime]) -> Runtime:
     PAID.clear()
-    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
-                                  "ORGCHART_LLM__BACKEND": "offline"})
-    return build_runtime(settings, ["tests.approval_agents"], store=store)
+    return make_runtime(["tests.approval_agents"])
 
 
 def drive(runtime: Runtime, task_id: Any, until: str) -> dict[str, Any]:

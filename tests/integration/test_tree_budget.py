@@ -12,7 +12,7 @@ and once the tree is done its spend equals the sum of its nodes and of its model
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -21,11 +21,9 @@ import sqlalchemy as sa
 
 from agents.base import Agent, ChildSpec, Delegate, Result, TaskView
 from agents.context import AgentContext
-from runtime.config import load_settings
 from runtime.errors import BudgetExceeded
 from runtime.llm.reply import estimate_tokens
-from runtime.store.store import Store
-from runtime.wiring import Runtime, build_runtime
+from runtime.wiring import Runtime
 from tests.factories import submit, terminal_event_counts
 from tests.support_agents import AnyInput, AnyOutput
 
@@ -75,11 +73,8 @@ class BudgetPlanner(Agent):
 
 
 @pytest.fixture
-def runtime(db_url: str, store: Store) -> Iterator[Runtime]:
-    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
-                                  "ORGCHART_LLM__BACKEND": "offline",
-                                  "ORGCHART_POLICIES__MAX_CHILDREN": str(LEAVES)})
-    yield build_runtime(settings, ["tests.support_agents"], store=store)
+def runtime(make_runtime: Callable[..., Runtime]) -> Runtime:
+    return make_runtime(ORGCHART_POLICIES__MAX_CHILDREN=str(LEAVES))
 
 
 def test_a_thousand_concurrent_leaves_never_overspend_the_tree(runtime: Runtime) -> None:

@@ -12,12 +12,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from runtime.config import load_settings
-from runtime.http.api import create_app
 from runtime.store.reads import PARALLEL_TREE_NODES
 from runtime.store.store import Store
 from runtime.views import tree_json, tree_text
-from runtime.wiring import Runtime, build_runtime
+from runtime.wiring import Runtime
+from tests.support import drain
 from tests.timed_tree import build_timed_tree
 
 with warnings.catch_warnings():
@@ -25,30 +24,8 @@ with warnings.catch_warnings():
     from fastapi.testclient import TestClient
 
 
-@pytest.fixture
-def runtime(db_url: str, store: Store) -> Runtime:
-    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
-                                  "ORGCHART_LLM__BACKEND": "offline"})
-    return build_runtime(settings, ["tests.support_agents"], store=store)
-
-
-@pytest.fixture
-def client(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    monkeypatch.delenv("ORGCHART_API_TOKEN", raising=False)
-    with TestClient(create_app(store=runtime.store, settings=runtime.settings,
-                               registry=runtime.registry)) as c:
-        yield c
-
-
 def as_json(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
-
-
-def drain(runtime: Runtime) -> None:
-    worker = runtime.worker(None, maintenance=False, listen=False)
-    for _ in range(50):
-        if worker.run_once() == 0 and runtime.store.sweep().ready == 0:
-            return
 
 
 def find(node: dict[str, Any], task_id: str) -> dict[str, Any] | None:

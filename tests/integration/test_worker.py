@@ -6,7 +6,7 @@ import asyncio
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +15,10 @@ import sqlalchemy as sa
 
 from agents.base import Agent, Result, TaskView
 from agents.context import AgentContext
-from runtime.config import load_settings
+from runtime.store.queries import TASKS_CHANNEL
 from runtime.store.rows import RunOutcome
 from runtime.store.store import Store
-from runtime.wiring import Runtime, build_runtime
+from runtime.wiring import Runtime
 from tests.factories import (
     backdate_claims,
     child_rows,
@@ -27,6 +27,7 @@ from tests.factories import (
     submit,
     terminal_event_counts,
 )
+from tests.support import drain, wait_until
 from tests.support_agents import AnyInput, AnyOutput
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "writing-agents.md"
@@ -53,19 +54,8 @@ class AsyncNapper(Agent):
 
 
 @pytest.fixture
-def runtime(db_url: str, store: Store) -> Iterator[Runtime]:
-    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
-                                  "ORGCHART_LLM__BACKEND": "offline",
-                                  "ORGCHART_RETRY__MAX_RETRY": "2"})
-    yield build_runtime(settings, ["tests.support_agents"], store=store)
-
-
-def drain(runtime: Runtime, agents: list[str] | None = None, rounds: int = 50) -> Any:
-    worker = runtime.worker(agents, maintenance=False, listen=False)
-    for _ in range(rounds):
-        if worker.run_once() == 0 and worker.store.sweep().ready == 0:
-            break
-    return worker
+def runtime(make_runtime: Callable[..., Runtime]) -> Runtime:
+    return make_runtime(ORGCHART_RETRY__MAX_RETRY="2")
 
 
 def test_a_root_goes_pending_running_judging_done(runtime: Runtime) -> None:
@@ -344,21 +334,28 @@ def test_task_cap_stops_the_worker(runtime: Runtime) -> None:
     assert stats.claimed == 4 and stats.stop_reason == "task cap reached"
 
 
+def listening(store: Store) -> bool:
+    """Whether a session of the test's database has subscribed to the task channel."""
+    with store.engine.connect() as conn:
+        return bool(conn.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state = 'idle' AND query LIKE :listen AND query NOT LIKE '%pg_stat%'"),
+            {"listen": f"%LISTEN {TASKS_CHANNEL}%"}).scalar())
+
+
 def test_worker_wakes_on_notify(runtime: Runtime) -> None:
     worker = runtime.worker(None, poll_interval_seconds=30, maintenance=False)
     thread = threading.Thread(target=worker.run)
     thread.start()
-    time.sleep(0.5)
-    task = submit(runtime.store, "echo", {"goal": "wake"})
-    status = None
-    for _ in range(100):
-        status = runtime.store.get(task["id"])["status"]
-        if status == "done":
-            break
-        time.sleep(0.05)
-    worker.stop("test")
-    thread.join(10)
-    assert status == "done"  # a 30 s poll would not have found it within 5 s
+    try:
+        wait_until(lambda: listening(runtime.store), what="the worker's LISTEN")
+        task = submit(runtime.store, "echo", {"goal": "wake"})
+        # a 30 s poll would not have found it within 5 s
+        wait_until(lambda: runtime.store.get(task["id"])["status"] == "done", timeout=5.0,
+                   what="the task woken by its notification to be done")
+    finally:
+        worker.stop("test")
+        thread.join(10)
 
 
 def test_a_result_the_database_refuses_fails_alone_and_the_batch_goes_on(
