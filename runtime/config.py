@@ -453,9 +453,13 @@ class WebhookEndpointSettings(_Section):
     events of that tenant's trees (none: every tenant's).
     """
 
+    #: Where events are POSTed (http or https; private addresses: see ``allow_private``).
     url: str = Field(pattern=r"^https?://[^/?#]+")
+    #: Event names or globs (``task.*``) of :data:`WEBHOOK_EVENTS`.
     events: list[str] = Field(min_length=1)
+    #: Only events of this tenant's trees (none: every tenant's).
     tenant: str | None = Field(None, pattern=TENANT_NAME_PATTERN)
+    #: The environment variable holding the ``whsec_...`` signing secret.
     secret_env: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
     @field_validator("events", mode="before")
@@ -474,13 +478,21 @@ class WebhooksSettings(_Section):
     the API's address, for the links in payloads.
     """
 
+    #: Loopback and private addresses may receive (refused otherwise: SSRF).
     allow_private: bool = False
+    #: ``doctor`` reports events waiting longer than this (seconds).
     alert_after: float = Field(300.0, gt=0)
+    #: Attempts of one event before it is dead-lettered.
     max_attempts: int = Field(8, ge=1, le=100)
+    #: Seconds before the second attempt; doubled for each next one (jittered).
     retry_base_seconds: float = Field(1.0, gt=0, le=3600)
+    #: The longest wait between two attempts (seconds).
     retry_max_seconds: float = Field(3600.0, gt=0, le=86_400)
+    #: Seconds one request may take.
     timeout_seconds: float = Field(10.0, gt=0, le=300)
+    #: The API's address, for the links in payloads (the tree's page, the answer URL).
     public_url: str = Field("http://127.0.0.1:8000", pattern=r"^https?://")
+    #: The ``[webhooks.<name>]`` tables, by name (written as tables, not as this key).
     endpoints: dict[str, WebhookEndpointSettings] = Field(default_factory=dict)
 
     @model_validator(mode="before")

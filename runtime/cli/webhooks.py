@@ -13,26 +13,15 @@ unknown endpoint exits 2 and changes nothing.
 
 from __future__ import annotations
 
-import time
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from runtime.cli.common import JsonOpt, opened_store, out, print_json, settings
-from runtime.errors import BadInput
 from runtime.store.rows import NotFound
-from runtime.webhooks import Deliverer, DeliveryConfig, add_endpoint
-
-#: Extra seconds ``webhooks test`` waits beyond the request's timeout.
-TEST_WAIT_MARGIN_SECONDS = 2.0
-
-
-def _json(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (str(v) if k in ("message_id", "root_id", "task_id") and v is not None
-                else v.isoformat() if hasattr(v, "isoformat") else v)
-            for k, v in row.items()}
+from runtime.webhooks import DeliveryConfig, add_endpoint, as_json, send_test
 
 
 def add(name: Annotated[str, typer.Argument(help="The endpoint's name.")],
@@ -58,7 +47,7 @@ def add(name: Annotated[str, typer.Argument(help="The endpoint's name.")],
 def list_(json_: JsonOpt = False) -> None:
     """The endpoints, with their pending, delivered and dead events."""
     with opened_store() as store:
-        rows = [_json(r) for r in store.webhook_endpoints()]
+        rows = [as_json(r) for r in store.webhook_endpoints()]
     if json_:
         print_json(rows)
         return
@@ -77,29 +66,13 @@ def test(name: Annotated[str, typer.Argument(help="The endpoint to send a test e
          json_: JsonOpt = False) -> None:
     """Send a ``webhook.test`` event now and print what the receiver answered."""
     cfg = settings()
-    config = DeliveryConfig.from_settings(cfg)
     with opened_store(cfg) as store:
-        queued = store.queue_webhook_test(name)
-        if queued is None:
-            raise BadInput(f"no webhook endpoint named {name!r} (orgchart webhooks list)")
-        deliverer = Deliverer(store, config)
-        deadline = time.monotonic() + config.timeout_seconds + TEST_WAIT_MARGIN_SECONDS
-        row = _sent(store, deliverer, queued["id"], deadline)
+        row = send_test(store, DeliveryConfig.from_settings(cfg), name)
     if json_:
-        print_json(_json(row))
+        print_json(as_json(row))
         return
     said = f"HTTP {row['last_status']}" if row["last_status"] else row["last_error"] or "-"
     out.print(f"test event {row['id']} to {escape(name)}: {row['status']} ({escape(said)})")
-
-
-def _sent(store: Any, deliverer: Deliverer, outbox_id: int, deadline: float) -> dict[str, Any]:
-    """Deliver until ``outbox_id`` had an attempt (or ``deadline``); its row."""
-    while True:
-        attempts = deliverer.run_once()
-        row = next(r for r in store.webhook_deliveries(limit=200) if r["id"] == outbox_id)
-        if any(a.outbox_id == outbox_id for a in attempts) or time.monotonic() > deadline:
-            return dict(row)
-        time.sleep(0.05)  # an earlier event of another process holds it: wait our turn
 
 
 def deliveries(failed: Annotated[bool, typer.Option(
@@ -110,7 +83,7 @@ def deliveries(failed: Annotated[bool, typer.Option(
                json_: JsonOpt = False) -> None:
     """The latest events sent or to send, newest first."""
     with opened_store() as store:
-        rows = [_json(r) for r in store.webhook_deliveries(failed, endpoint, limit)]
+        rows = [as_json(r) for r in store.webhook_deliveries(failed, endpoint, limit)]
     if json_:
         print_json(rows)
         return
@@ -130,7 +103,7 @@ def redeliver(outbox_id: Annotated[int, typer.Argument(help="The event's id (del
     if row is None:
         raise NotFound(f"no webhook event {outbox_id}")
     if json_:
-        print_json(_json(row))
+        print_json(as_json(row))
         return
     if "notified" in row:
         out.print(f"event {outbox_id} queued again for {escape(row['endpoint'])}")

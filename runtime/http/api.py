@@ -51,6 +51,7 @@ from runtime.http.forks import add_fork_routes
 from runtime.http.messages import validation_message
 from runtime.http.schedules import add_schedule_routes
 from runtime.http.steering import add_steering_routes
+from runtime.http.webhooks import add_webhook_routes
 from runtime.store.db import DatabaseUnavailable
 from runtime.store.rows import IdempotencyConflict, NotFound, ResolveRefused
 from runtime.store.store import Store
@@ -243,6 +244,7 @@ def create_app(store: Store | None = None, settings: Settings | None = None,
     add_fork_routes(app, store, settings, registry, page)
     add_experiment_routes(app, store, page)
     add_schedule_routes(app, store, settings, registry)
+    add_webhook_routes(app, store, settings)
     return app
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from runtime.store.notify import TaskChannel
 from runtime.store.queries import Task
 from runtime.store.reads import StoreReads
+from runtime.store.rows import NotFound
 
 #: The most of a receiver's answer ever stored (bytes).
 MAX_RESPONSE_BYTES = 1024
@@ -106,6 +107,18 @@ class StoreWebhooks(StoreReads):
                            limit: int = 50) -> list[Task]:
         """The latest outbox rows, newest first (``failed``: dead or failing only)."""
         return self.query("webhook_outbox_list", failed=failed, endpoint=endpoint, n=limit)
+
+    def webhook_delivery(self, outbox_id: int) -> dict[str, Any]:
+        """One outbox row, as :meth:`webhook_deliveries` shows it.
+
+        Raises:
+            NotFound: no such row.
+
+        """
+        rows = self.query("webhook_outbox_get", id=outbox_id)
+        if not rows:
+            raise NotFound(f"no webhook event {outbox_id}")
+        return rows[0]
 
     def redeliver_webhook(self, outbox_id: int) -> Task | None:
         """Send a delivered or dead event again (same webhook-id); None if not such a row."""

@@ -2615,8 +2615,10 @@ WITH upd AS (
 SELECT upd.*, (SELECT count(*) FROM wake) AS notified FROM upd;
 
 -- webhook_outbox_get --
--- One outbox row by id.
-SELECT id, message_id, endpoint, event, status, attempts FROM webhook_outbox WHERE id = :id;
+-- One outbox row by id, as webhook_outbox_list shows it.
+SELECT id, message_id, endpoint, event, root_id, task_id, status, attempts, created_at,
+       next_attempt_at, delivered_at, last_status, last_error, last_response
+FROM webhook_outbox WHERE id = :id;
 
 -- webhook_outbox_health --
 -- For doctor: the dead letters, and the pending events older than :alert_after seconds

@@ -19,10 +19,12 @@ from runtime.webhooks.deliverer import (
     Attempt,
     Deliverer,
     DeliveryConfig,
+    as_json,
+    send_test,
     start_delivery,
     stop_delivery,
 )
 from runtime.webhooks.endpoints import add_endpoint, sync_configured
 
-__all__ = ["Attempt", "Deliverer", "DeliveryConfig", "add_endpoint", "start_delivery",
-           "stop_delivery", "sync_configured"]
+__all__ = ["Attempt", "Deliverer", "DeliveryConfig", "add_endpoint", "as_json", "send_test",
+           "start_delivery", "stop_delivery", "sync_configured"]

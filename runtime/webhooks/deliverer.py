@@ -42,6 +42,7 @@ import httpx
 from runtime.config import Settings
 from runtime.errors import BadInput
 from runtime.store.outbox import MAX_RESPONSE_BYTES
+from runtime.store.rows import NotFound
 from runtime.store.store import Store
 from runtime.webhooks.signing import headers, secret_bytes
 from runtime.webhooks.targets import check_url
@@ -49,9 +50,9 @@ from runtime.webhooks.targets import check_url
 log = logging.getLogger(__name__)
 
 #: Requests in flight at once per process.
-THREADS = 8
+THREADS = 16
 #: Requests in flight at once per endpoint (a slow receiver holds no more threads).
-PER_ENDPOINT = 4
+PER_ENDPOINT = 8
 #: Seconds between claims when no notification comes (backoffs that came due).
 POLL_SECONDS = 2.0
 #: Seconds between checks for freed room while requests are in flight.
@@ -255,6 +256,10 @@ class Deliverer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        self.close()
+
+    def close(self) -> None:
+        """Let the pool's threads go (requests in flight finish on their own)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _run(self) -> None:
@@ -289,6 +294,45 @@ def _first_bytes(resp: httpx.Response) -> str:
         if len(data) >= MAX_RESPONSE_BYTES:
             break
     return data[:MAX_RESPONSE_BYTES].decode("utf-8", errors="replace")
+
+
+#: Extra seconds :func:`send_test` waits beyond the request's timeout.
+TEST_WAIT_MARGIN_SECONDS = 2.0
+
+
+def send_test(store: Store, config: DeliveryConfig, name: str) -> dict[str, Any]:
+    """Queue a ``webhook.test`` event for endpoint ``name``, deliver it now; its row after.
+
+    Delivered from this process (``webhooks test``, ``POST /webhooks/{name}/test``), so
+    the answer is known at once; another deliverer may take it first (then its row says
+    what that one got).
+
+    Raises:
+        NotFound: no endpoint of that name.
+
+    """
+    queued = store.queue_webhook_test(name)
+    if queued is None:
+        raise NotFound(f"no webhook endpoint named {name!r} (orgchart webhooks list)")
+    deliverer = Deliverer(store, config)
+    deadline = time.monotonic() + config.timeout_seconds + TEST_WAIT_MARGIN_SECONDS
+    try:
+        while True:
+            attempts = deliverer.run_once()
+            row = store.webhook_delivery(queued["id"])
+            if (any(a.outbox_id == queued["id"] for a in attempts) or row["attempts"]
+                    or time.monotonic() > deadline):
+                return row
+            time.sleep(0.05)  # an earlier event of the endpoint goes first
+    finally:
+        deliverer.close()
+
+
+def as_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    """An endpoint's or an outbox row's JSON shape (ids and times as strings)."""
+    return {k: (str(v) if isinstance(v, uuid.UUID)
+                else v.isoformat() if isinstance(v, dt.datetime) else v)
+            for k, v in row.items()}
 
 
 _running: Deliverer | None = None
