@@ -49,6 +49,8 @@ def audit(store: Store, roots: Sequence[uuid.UUID] | None = None,
         by_key, by_id = facts.lookup(store, keys, ids)
         clients.check_submits(history, by_key, by_id, report)
         clients.check_outside(history, slack, report)
+        # Pauses and resumes are checked per tree (effects.check_steering): counted once here.
+        report.checked["operations"] += len(history.of("pause", "resume"))
     for trees in facts.tree_batches(store, roots, since, batch, page):
         report.checked["trees"] += sum(1 for t in trees.tasks.values() if t["parent_id"] is None)
         paths.check_paths(trees, report)

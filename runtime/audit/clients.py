@@ -14,6 +14,8 @@
   and no task of its subtree is claimed or starts a model call.
 - **duplicates** (4, the outside's record): a request a server answered twice (the same
   identity) was answered again only when a fault of the history fell between the two.
+  It takes a request's identity (model, messages, format, options) for one call: two
+  tasks that ask exactly the same thing would read as one call paid twice.
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ from agents.tasks import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_
 from runtime.config import Settings
 from runtime.errors import BadInput
 from runtime.http.auth import API_TOKEN_ENV
+from runtime.http.document import complete_document
 from runtime.http.experiments import add_experiment_routes
 from runtime.http.forks import add_fork_routes
 from runtime.http.messages import validation_message
@@ -78,6 +79,8 @@ STATIC_FILES = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/c
 _PAGE_PREFIXES = ("/ui/", "/docs", "/openapi.json")
 _PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
              "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+#: FastAPI's 400 for a JSON body it cannot read (bytes that are not UTF-8).
+_UNREADABLE_BODY = "There was an error parsing the body"
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"description": text, "content": {"application/json": {"example": {"error": text}}}}
     for code, text in ((401, "missing or wrong bearer token"), (404, "no task ..."),
@@ -236,8 +239,7 @@ def create_app(store: Store | None = None, settings: Settings | None = None,
     app.state.registry = registry
     app.add_middleware(_Guard, token=token, max_body=max_body_bytes)  # type: ignore[arg-type]
     _add_error_handlers(app)
-    if token:
-        _document_bearer(app)
+    app.openapi = complete_document(app.openapi, bool(token))  # type: ignore[method-assign]
     _add_api_routes(app, store, settings, registry)
     add_steering_routes(app, store)
     page = _add_pages(app)
@@ -254,6 +256,9 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         message = str(exc.detail)
+        if exc.status_code == 400 and message == _UNREADABLE_BODY:
+            # A malformed body is 422 everywhere, as when it is not JSON at all.
+            return _error(422, f"the body is not valid JSON: {exc.__cause__ or 'unreadable'}")
         if exc.status_code == 404 and message == "Not Found":
             message = f"no route {request.method} {request.url.path}"
         elif exc.status_code == 405:
@@ -288,22 +293,6 @@ def _add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(sa.exc.DataError, bad_data)
     for cls in (DatabaseUnavailable, sa.exc.OperationalError, sa.exc.InterfaceError):
         app.add_exception_handler(cls, unavailable)
-
-
-def _document_bearer(app: FastAPI) -> None:
-    """Show the bearer scheme in the OpenAPI document (so /docs has "Authorize")."""
-    build = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = build()
-            schema.setdefault("components", {})["securitySchemes"] = {
-                "bearer": {"type": "http", "scheme": "bearer"}}
-            schema["security"] = [{"bearer": []}]
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _add_api_routes(app: FastAPI, store: Store, settings: Settings,

@@ -319,6 +319,17 @@ def assert_audited(store: Store, recorder: Recorder | None, roots: Any = None) -
 
     Prints what it checked (and the violations, with their evidence, in the failure).
     """
+    report = audited(store, recorder, roots)
+    assert report.ok, report.text()
+    return report
+
+
+def audited(store: Store, recorder: Recorder | None, roots: Any = None) -> Report:
+    """The audit's report on the database and the test's history, printed in short.
+
+    For a test that must dispose of its store before its asserts: assert ``report.ok``
+    (with ``report.text()``) there.
+    """
     history = load(recorder.path) if recorder else None
     report = audit(store, roots=roots, history=history)
     print(f"  audit: {', '.join(f'{n} {k}' for k, n in sorted(report.checked.items()))}; "
@@ -330,7 +341,6 @@ def assert_audited(store: Store, recorder: Recorder | None, roots: Any = None) -
                                         "violations": len(report.violations),
                                         "in_flight": len(report.in_flight),
                                         "faults": dict(faults)}), flush=True)
-    assert report.ok, report.text()
     return report
 
 

@@ -38,6 +38,13 @@ from tests.factories import terminal_event_counts
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
 
 LEASE_SECONDS = 2
+#: The paused tree's leaves nap this long before their model call: the pause (an
+#: ``orgchart pause`` process, 2 to 5 s to start on a loaded machine) must land while they
+#: nap, so that they wake paused and their calls meet the gate. At 2 s the leaves had
+#: often called before the pause landed: the whole tree but its paused aggregates ended,
+#: nothing stayed pending or running, and the test failed ("the pause across a restart").
+PAUSE_NAP_SECONDS = 8.0
+PAUSE_LEAVES = 3 * 8
 
 
 def run_cli(env: dict[str, str], *args: str) -> str:
@@ -90,6 +97,16 @@ def test_a_cancel_racing_a_killed_worker_and_a_redelivery(
     assert_audited(store, fleet.recorder)
 
 
+def _ended_how(store: Store) -> list[tuple[Any, ...]]:
+    """How tasks ended, with their last events: what a failed assert needs to say."""
+    with store.engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(sa.text(
+            "SELECT t.to_agent, t.status, left(t.error, 200), e.from_status, e.to_status, "
+            "e.worker, left(e.detail, 200) FROM tasks t JOIN LATERAL (SELECT * FROM "
+            "task_events x WHERE x.task_id = t.id ORDER BY x.id DESC LIMIT 1) e ON true "
+            "WHERE t.status NOT IN ('pending', 'running') ORDER BY t.depth LIMIT 12"))]
+
+
 def test_a_pause_survives_a_server_restart(
         store: Store, make_fleet: Callable[[list[str]], Fleet], chaos_env: dict[str, str],
         server_ctl: ServerControl | None) -> None:
@@ -97,18 +114,21 @@ def test_a_pause_survives_a_server_restart(
         pytest.skip("this test server cannot be restarted from here")
     root, _ = store.submit(NewTask(
         to_agent="spend_fanout", type="task",
-        payload={"goal": "pause me", "n": 3, "inner": 8, "sleep": 2.0},
+        payload={"goal": "pause me", "n": 3, "inner": 8, "sleep": PAUSE_NAP_SECONDS},
         budget_tokens=10_000_000, budget_usd=Decimal(1000), budget_seconds=3600))
     fleet = make_fleet(["--agents-module", "tests.chaos.agents", "--lease-seconds", "10"])
     worker = fleet.start()
     wait_until(lambda: len(held_by(store, worker.pid)) >= 12, 120, "leaves in flight")
+    napping_since = time.monotonic()
     with fleet.recorder.operation("pause", {"root": str(root["id"])}) as told:
         told["output"] = run_cli(chaos_env, "pause", str(root["id"]))
     paused_at = _scalar(store, "SELECT clock_timestamp()")
     time.sleep(1.0)  # calls already sent finish and are recorded
     calls = _scalar(store, "SELECT count(*) FROM model_calls")
+    assert calls < PAUSE_LEAVES, "the pause landed after every leaf had called"
     server_ctl.restart(1.0)
-    time.sleep(6.0)  # the leaves wake from their nap: their model calls wait at the gate
+    # The leaves wake from their nap: their model calls wait at the gate.
+    time.sleep(max(1.0, napping_since + PAUSE_NAP_SECONDS + 2.0 - time.monotonic()))
     assert worker.alive(), worker.log()
     assert store.pause_of(root["id"]) is not None
     assert _scalar(store, "SELECT count(*) FROM model_calls") == calls
@@ -116,7 +136,8 @@ def test_a_pause_survives_a_server_restart(
     # pending as a transient error: it stays there, unclaimed).
     assert _scalar(store, "SELECT count(*) FROM task_events WHERE to_status = 'running' "
                           "AND at > :t", t=paused_at) == 0, worker.log()
-    assert _scalar(store, "SELECT count(*) FROM tasks WHERE status IN ('running', 'pending')") > 0
+    assert _scalar(store, "SELECT count(*) FROM tasks WHERE status IN ('running', 'pending')") \
+        > 0, (dict(status_counts(store)), _ended_how(store), worker.log())
     with fleet.recorder.operation("resume", {"root": str(root["id"])}) as told:
         told["output"] = run_cli(chaos_env, "resume", str(root["id"]))
     wait_until(lambda: store.get(root["id"])["status"] in ("done", "failed", "escalated"),

@@ -30,8 +30,9 @@ from typing import Any
 import pytest
 
 from bench.ha_cluster import Formation
+from runtime.audit.history import Recorder
 from runtime.store.notify import StandbyServer, TaskChannel
-from tests.chaos.helpers import REPO_ROOT, Fleet, cli
+from tests.chaos.helpers import REPO_ROOT, Fleet, audited, cli, record_model_server
 from tests.fake_ollama import FakeOllama
 from tests.ha.support import (
     BENCH_MODULE,
@@ -64,21 +65,27 @@ def _standby_refuses_a_listener(formation: Formation, url: str) -> None:
         TaskChannel(direct.split("?", 1)[0]).close()
 
 
-def _submits(env: dict[str, str]) -> list[subprocess.Popen[str]]:
-    return [subprocess.Popen(cli("submit", seed_goal(1000 + i), "--json"), env=env,
-                             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+def _submits(env: dict[str, str], rec: Recorder) -> list[tuple[int, subprocess.Popen[str]]]:
+    """Start the submits, each an operation of the history (completed by _acknowledged)."""
+    return [(rec.invoke("submit", {"goal": seed_goal(1000 + i)}, f"submit-{i}"),
+             subprocess.Popen(cli("submit", seed_goal(1000 + i), "--json"), env=env,
+                              cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True))
             for i in range(SUBMITS_AT_THE_KILL)]
 
 
-def _acknowledged(procs: list[subprocess.Popen[str]]) -> tuple[list[uuid.UUID], list[str]]:
-    """Roots the submits printed, and what the ones that gave up said."""
+def _acknowledged(procs: list[tuple[int, subprocess.Popen[str]]],
+                  rec: Recorder) -> tuple[list[uuid.UUID], list[str]]:
+    """Roots the submits printed, and what the ones that gave up said (as the history's
+    ``ok``, and ``info``: a submit that gave up on the database may have committed)."""
     acked, refused = [], []
-    for proc in procs:
+    for index, proc in procs:
         out, err = proc.communicate(timeout=180)
         if proc.returncode == 0:
             acked.append(uuid.UUID(json.loads(out)["id"]))
+            rec.complete(index, "ok", {"id": str(acked[-1])}, "submit")
             continue
+        rec.complete(index, "info", {"error": err.strip()[-300:]}, "submit")
         lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
         assert proc.returncode == 1 and len(lines) == 1, err
         assert "database" in lines[0] or "cannot reach" in lines[0], err
@@ -91,9 +98,11 @@ def test_the_primary_dies_mid_run_and_nothing_is_lost(
     fake = FakeOllama().start()
     fake.delay_seconds = MODEL_DELAY_SECONDS
     store = store_on(ha_db)
+    rec = Recorder(tmp_path / "history.jsonl", process="test")
     fleet = Fleet(worker_env(dict(os.environ), ha_db, fake.url, tmp_path / "home"),
                   tmp_path / "workers",
-                  ["--agents-module", BENCH_MODULE, "--lease-seconds", str(LEASE_SECONDS)])
+                  ["--agents-module", BENCH_MODULE, "--lease-seconds", str(LEASE_SECONDS)],
+                  rec)
     try:
         _standby_refuses_a_listener(formation, ha_db)
         roots = submit_work(store, SEED_ROOTS, LEADS, WRITERS)
@@ -104,14 +113,15 @@ def test_the_primary_dies_mid_run_and_nothing_is_lost(
         in_flight_at_kill = fake.in_flight
         old_port = formation.primary_port()
         _, killed_at = formation.kill_primary()
-        submits = _submits(fleet.env)
+        submits = _submits(fleet.env, rec)
         new_port = formation.wait_failover(old_port)
         promoted = time.time() - killed_at
+        rec.fault("kill", f"primary on port {old_port}", killed_at, time.time())
         first_done = wait_for(lambda: scalar(
             store, "SELECT extract(epoch FROM min(at)) FROM task_events "
                    "WHERE to_status = 'done' AND at > to_timestamp(:t)", t=killed_at),
             120, "a task completed on the new primary")
-        acked, refused = _acknowledged(submits)
+        acked, refused = _acknowledged(submits, rec)
         wait_for(lambda: roots_done(store, roots + acked), 400, "every root to finish",
                  interval=1.0)
         listening = wait_for(lambda: scalar(
@@ -120,6 +130,8 @@ def test_the_primary_dies_mid_run_and_nothing_is_lost(
             30, "the workers to listen on the new primary")
         history = check_history(store, roots + acked)
         twice = paid_twice([fake])
+        record_model_server(rec, fake)
+        report = audited(store, rec)
         crashed = [w for w in fleet.workers if not w.alive()]
         logs = {w.number: w.log(3000) for w in fleet.workers}
     finally:
@@ -144,3 +156,4 @@ def test_the_primary_dies_mid_run_and_nothing_is_lost(
     assert history["terminal_events_not_once"] == {}, history
     assert history["duplicate_children"] == []
     assert twice <= in_flight_at_kill, result
+    assert report.ok, report.text()

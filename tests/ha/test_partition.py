@@ -29,7 +29,8 @@ from typing import Any
 import pytest
 
 from bench.ha_cluster import Formation, Host
-from tests.chaos.helpers import REPO_ROOT, WorkerProc, cli
+from runtime.audit.history import Recorder
+from tests.chaos.helpers import REPO_ROOT, WorkerProc, audited, cli, record_model_server
 from tests.fake_ollama import FakeOllama
 from tests.ha.support import (
     BENCH_MODULE,
@@ -165,6 +166,7 @@ def test_a_host_cut_off_while_holding_leases_loses_nothing(
         workers += [_start_worker(hosts[n], envs[n], tmp_path / "logs", n)
                     for n in range(1, HOSTS)]
         in_flight_at_cut = models[0].in_flight
+        rec = Recorder(tmp_path / "history.jsonl", process="test")
         hosts[0].cut()
         cut_at = time.time()  # the link is down: nothing host 0 sends arrives after this
         held = _held(store, "host0")  # it can write nothing more from here
@@ -186,12 +188,16 @@ def test_a_host_cut_off_while_holding_leases_loses_nothing(
         started_on_host0 = set(models[0].seen)
         hosts[0].heal()
         healed_at = time.time()
+        rec.fault("partition", "host0", cut_at, healed_at)
         wait_for(lambda: roots_done(store, roots), 400, "every root to finish", interval=1.0)
         time.sleep(LEASE_SECONDS / 3 + 1)  # host 0's next heartbeat finds its leases gone
         late = _late_writes(store, held, cut_at)
         history = check_history(store, roots)
         twice = paid_twice(models)
         twice_elsewhere = set(answered_more_than_once(models)) - started_on_host0
+        for m in models:
+            record_model_server(rec, m)
+        report = audited(store, rec)
         logs = [w.log(10**8) for w in workers]  # the whole log: the first lines matter
         crashed = [w.number for w in workers if not w.alive()]
     finally:
@@ -231,3 +237,4 @@ def test_a_host_cut_off_while_holding_leases_loses_nothing(
     # Paid twice: only calls host 0 began before the cut and had not recorded (a recorded
     # reply is replayed when the task runs again, not paid): its calls in flight.
     assert twice_elsewhere == set(), result
+    assert report.ok, report.text()

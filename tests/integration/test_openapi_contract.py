@@ -1,0 +1,125 @@
+"""The HTTP API answers what its OpenAPI document says, checked by schemathesis.
+
+Schemathesis's own engine (what ``schemathesis run`` drives) against the ASGI app on a
+test database, bounded (``EXAMPLES`` cases per operation and phase, deterministic):
+its examples, coverage (boundary and malformed values, bodies that are not JSON),
+fuzzing (data that fits each schema and data that does not) and stateful phases (chains
+of calls following the document's links from the task ``POST /tasks`` or a fork answers
+to the operations that take its id). Whatever is sent, no answer is a server error and
+no status is one the document does not list for that operation.
+
+tests/integration/test_api_fuzz.py throws odder bytes and headers at the same app and
+checks the error bodies; this test holds the document to the answers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+
+import pytest
+import schemathesis
+from fastapi import FastAPI
+from schemathesis.config import SchemathesisConfig
+from schemathesis.engine import events, from_schema
+
+from runtime.config import load_settings
+from runtime.http.api import create_app
+from runtime.http.document import TASK_CREATORS, TASK_ID_PARAMETERS
+from runtime.store.store import Store
+from runtime.wiring import build_runtime
+
+#: Cases per operation in each generating phase: about 800 requests, 20-40 s.
+EXAMPLES = 15
+#: What must hold for every answer (every other check is off).
+CHECKS = ("not_a_server_error", "status_code_conformance")
+CONFIG = {
+    "checks": {"enabled": False, **{name: {"enabled": True} for name in CHECKS}},
+    "generation": {"max-examples": EXAMPLES, "deterministic": True},
+    # The stateful phase follows the document's links only (schemathesis would also guess
+    # links from Location headers and names), with data that fits, so tasks get made.
+    "phases": {"stateful": {"max-steps": 8, "inference": {"algorithms": []},
+                            "generation": {"mode": "positive"}}},
+}
+
+
+@pytest.fixture
+def app(db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch) -> FastAPI:
+    monkeypatch.delenv("ORGCHART_API_TOKEN", raising=False)
+    cfg = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
+                             "ORGCHART_LLM__BACKEND": "offline"})
+    runtime = build_runtime(cfg, ["tests.support_agents"], store=store)
+    return create_app(store=store, settings=cfg, registry=runtime.registry)
+
+
+def run_schemathesis(app: FastAPI) -> tuple[list[str], Counter[tuple[str, str, int]]]:
+    """One bounded run; the failures found, and the answers by (phase, operation, status)."""
+    with warnings.catch_warnings():  # starlette's notice about httpx2
+        warnings.filterwarnings("ignore", message=".*httpx2")
+        schema = schemathesis.openapi.from_asgi("/openapi.json", app,
+                                                config=SchemathesisConfig.from_dict(CONFIG))
+    failures: list[str] = []
+    answers: Counter[tuple[str, str, int]] = Counter()
+    for event in from_schema(schema).execute():
+        if isinstance(event, events.FatalError | events.NonFatalError):
+            failures.append(f"schemathesis error: {event}")
+        if not isinstance(event, events.ScenarioFinished):
+            continue
+        for case_id, interaction in event.recorder.interactions.items():
+            if interaction.response is not None:
+                label = event.recorder.cases[case_id].value.operation.label
+                answers[(event.phase.value, label, interaction.response.status_code)] += 1
+        for case_id, checks in event.recorder.checks.items():
+            label = event.recorder.cases[case_id].value.operation.label
+            failures += [f"{label}: {check.name}: {check.failure_info.failure.title} "
+                         f"({' '.join(check.failure_info.failure.message.split())[:200]})"
+                         for check in checks if check.failure_info is not None]
+    return failures, answers
+
+
+def test_every_answer_is_documented_and_none_is_a_server_error(app: FastAPI) -> None:
+    failures, answers = run_schemathesis(app)
+    assert not failures, "\n".join(sorted(set(failures)))
+    assert sum(answers.values()) > 300, answers
+    assert {phase for phase, _, _ in answers} >= {"coverage", "fuzzing", "stateful"}
+    # The stateful phase got past the 404s of operations that look a task up: it
+    # followed the links from a new task to them.
+    found = {label for _, label, status in answers if status == 404}
+    reached = {label for phase, label, status in answers
+               if phase == "stateful" and 200 <= status < 300 and label in found}
+    assert len(reached) >= 3, sorted(k for k in answers if k[0] == "stateful")
+
+
+def test_a_malformed_body_answers_the_documented_422_everywhere(app: FastAPI) -> None:
+    from fastapi.testclient import TestClient
+
+    document = app.openapi()
+    with TestClient(app) as client:
+        for path, item in document["paths"].items():
+            for method, operation in item.items():
+                if "requestBody" not in operation:
+                    continue
+                url = path.format_map({p: "00000000-0000-0000-0000-000000000000"
+                                       for p in TASK_ID_PARAMETERS})
+                for body in (b"{not json", b"\x9b\xff"):  # not JSON; not UTF-8
+                    response = client.request(method, url, content=body,
+                                              headers={"content-type": "application/json"})
+                    assert response.status_code == 422, (method, path, body, response.text)
+                    assert "422" in operation["responses"]
+                    assert "not valid JSON" in response.json()["error"]
+
+
+def test_a_new_task_links_to_every_operation_that_takes_its_id(app: FastAPI) -> None:
+    document = app.openapi()
+    takes_an_id = set()
+    for item in document["paths"].values():
+        for operation in item.values():
+            names = {p["name"] for p in operation.get("parameters", []) if p["in"] == "path"}
+            if names and names <= TASK_ID_PARAMETERS:
+                takes_an_id.add(operation["operationId"])
+    assert len(takes_an_id) >= 15
+    for method, path in TASK_CREATORS:
+        links = document["paths"][path][method]["responses"]["201"]["links"]
+        assert set(links) == takes_an_id, (path, takes_an_id ^ set(links))
+        for link in links.values():
+            assert set(link["parameters"].values()) == {"$response.body#/id"}
