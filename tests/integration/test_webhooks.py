@@ -347,3 +347,26 @@ def test_bench_webhooks_at_a_toy_size(server_url: str) -> None:
     assert figures["webhook_unsigned"] == 0
     for key in ("webhook_delivery_p50_ms", "webhook_delivery_p99_ms"):
         assert figures[key] >= 0  # figures are printed, never asserted on
+
+
+def test_a_worker_process_stores_its_configured_endpoint_and_delivers(
+        orgchart_env: dict[str, str], store: Store, receiver: Receiver, tmp_path: Path) -> None:
+    config = tmp_path / "hooks.toml"
+    config.write_text(f'[webhooks]\nallow_private = true\n[webhooks.ops]\nurl = "{receiver.url}"\n'
+                      'events = ["tree.finished"]\nsecret_env = "HOOK_SECRET"\n')
+    root = submit(store, "echo", {"goal": "say hi"})
+    env = {**orgchart_env, "ORGCHART_CONFIG": str(config), "HOOK_SECRET": SECRET,
+           "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "worker", "--agents",
+                             "echo,judge", "--agents-module", "tests.support_agents"],
+                            cwd=REPO_ROOT, env=env, stderr=subprocess.PIPE)
+    try:
+        _until(lambda: bool(receiver.received) or proc.poll() is not None, 60.0)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    assert receiver.received, stderr.decode()[-2000:]
+    [got] = receiver.received
+    assert got.event == "tree.finished" and got.data["root_id"] == str(root["id"])
+    assert got.data["status"] == store.get(root["id"])["status"]
+    assert [e["name"] for e in store.webhook_endpoints()] == ["ops"]
