@@ -204,6 +204,8 @@ def release_embedded() -> None:
         servers = list(_embedded.values())
         _embedded.clear()
     for server in servers:
+        if not server.pgdata.exists():  # removed already (a test's server, cleaned up)
+            continue
         try:
             _forget_dead_users(server)
             server.cleanup()  # stops the server when no other live process uses it
@@ -216,7 +218,10 @@ def _forget_dead_users(server: Any) -> None:
     """Strike the processes that no longer exist from ``server``'s list of users."""
     users = server.global_process_id_list
     with server._lock:  # the wheel's lock between processes over that list
-        users.put([pid for pid in users.get() if _alive(pid)])
+        pids = users.get()
+        alive = [pid for pid in pids if _alive(pid)]
+        if alive != pids:
+            users.put(alive)
 
 
 def _alive(pid: int) -> bool:
