@@ -17,13 +17,14 @@ Example::
 
         def run(self, ctx, task):
             reply = ctx.llm.complete(ctx.prompt("summarizer", text=task.input.text),
-                                     schema=SummaryOut)
-            return Result(reply.data)
+                                     schema=SummaryOut)  # a Completion[SummaryOut]
+            return Result(reply.output)
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import hashlib
 import inspect
 import linecache
@@ -89,10 +90,11 @@ class TextOutput(BaseModel):
     text: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ChildSpec:
-    """One child to delegate to.
+    """One child to delegate to: ``ChildSpec(agent=HaikuPoet, payload=..., key=...)``.
 
+    ``agent`` is the agent's class or its registered name (kept as the name).
     ``key`` makes the child unique under its parent: a parent that runs again (after a
     crash or a retry) never creates the same child twice. Budgets left as None are
     carved evenly from what the parent has left.
@@ -108,6 +110,20 @@ class ChildSpec:
     budget_usd: Decimal | None = None
     success_criteria: dict[str, Any] | None = None
     kill_criteria: dict[str, Any] | None = None
+
+    def __init__(self, agent: str | builtins.type[Agent], payload: dict[str, Any], key: str,
+                 type: str = "task", priority: int | None = None,
+                 budget_tokens: int | None = None, budget_seconds: int | None = None,
+                 budget_usd: Decimal | None = None,
+                 success_criteria: dict[str, Any] | None = None,
+                 kill_criteria: dict[str, Any] | None = None) -> None:
+        fields = {"agent": agent.name if isinstance(agent, builtins.type) else agent,
+                  "payload": payload, "key": key, "type": type, "priority": priority,
+                  "budget_tokens": budget_tokens, "budget_seconds": budget_seconds,
+                  "budget_usd": budget_usd, "success_criteria": success_criteria,
+                  "kill_criteria": kill_criteria}
+        for name, value in fields.items():  # frozen: set once, as a dataclass's own init
+            object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True)

@@ -5,16 +5,22 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from string import Template
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, overload
 
+from pydantic import BaseModel
+
+from agents.replies import Completion
 from agents.tasks import TaskView
 from agents.tools import RetryPolicy, Tool
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
+#: The pydantic class a structured call's output is an instance of.
+M = TypeVar("M", bound=BaseModel)
 
 
 class PromptNotFound(LookupError):
@@ -22,17 +28,61 @@ class PromptNotFound(LookupError):
 
 
 class LLM(Protocol):
-    """What ``ctx.llm`` offers (implemented by ``runtime.llm.handle.TaskLLM``)."""
+    """What ``ctx.llm`` offers (implemented by ``runtime.llm.handle.TaskLLM``).
 
-    def complete(self, prompt: str, *, schema: Any = None, system: str | None = None,
+    The reply's type follows ``schema=``: a pydantic class ``Plan`` gives a
+    ``Completion[Plan]`` (``reply.output`` is a ``Plan``), no schema a
+    ``Completion[str]`` (the text), a JSON schema dict a ``Completion[Any]``.
+    """
+
+    @overload
+    def complete(self, prompt: str, *, schema: type[M], system: str | None = None,
                  max_tokens: int | None = None, key: str | None = None,
-                 tools: Any = None, max_tool_rounds: int | None = None) -> Any:
-        """Call the model; see ``runtime.llm.handle.TaskLLM.complete``."""
+                 tools: Sequence[Tool] | None = None,
+                 max_tool_rounds: int | None = None) -> Completion[M]: ...
+
+    @overload
+    def complete(self, prompt: str, *, schema: dict[str, Any], system: str | None = None,
+                 max_tokens: int | None = None, key: str | None = None,
+                 tools: Sequence[Tool] | None = None,
+                 max_tool_rounds: int | None = None) -> Completion[Any]: ...
+
+    @overload
+    def complete(self, prompt: str, *, schema: None = None, system: str | None = None,
+                 max_tokens: int | None = None, key: str | None = None,
+                 tools: Sequence[Tool] | None = None,
+                 max_tool_rounds: int | None = None) -> Completion[str]: ...
+
+    def complete(self, prompt: str, *, schema: type[BaseModel] | dict[str, Any] | None = None,
+                 system: str | None = None, max_tokens: int | None = None,
+                 key: str | None = None, tools: Sequence[Tool] | None = None,
+                 max_tool_rounds: int | None = None) -> Completion[Any]:
+        """Call the model; see ``runtime.llm.handle.TaskLLM.acomplete``."""
         ...
 
-    async def acomplete(self, prompt: str, *, schema: Any = None, system: str | None = None,
+    @overload
+    async def acomplete(self, prompt: str, *, schema: type[M], system: str | None = None,
                         max_tokens: int | None = None, key: str | None = None,
-                        tools: Any = None, max_tool_rounds: int | None = None) -> Any:
+                        tools: Sequence[Tool] | None = None,
+                        max_tool_rounds: int | None = None) -> Completion[M]: ...
+
+    @overload
+    async def acomplete(self, prompt: str, *, schema: dict[str, Any],
+                        system: str | None = None, max_tokens: int | None = None,
+                        key: str | None = None, tools: Sequence[Tool] | None = None,
+                        max_tool_rounds: int | None = None) -> Completion[Any]: ...
+
+    @overload
+    async def acomplete(self, prompt: str, *, schema: None = None, system: str | None = None,
+                        max_tokens: int | None = None, key: str | None = None,
+                        tools: Sequence[Tool] | None = None,
+                        max_tool_rounds: int | None = None) -> Completion[str]: ...
+
+    async def acomplete(self, prompt: str, *,
+                        schema: type[BaseModel] | dict[str, Any] | None = None,
+                        system: str | None = None, max_tokens: int | None = None,
+                        key: str | None = None, tools: Sequence[Tool] | None = None,
+                        max_tool_rounds: int | None = None) -> Completion[Any]:
         """Call the model from an ``async`` agent; several may run at once (``gather``)."""
         ...
 

@@ -29,10 +29,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel
 
+from agents.replies import Completion
 from agents.tasks import DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
 from agents.tools import Tool
 from runtime.budget import TaskBudget
@@ -41,7 +42,7 @@ from runtime.errors import BadInput, LeaseLost
 from runtime.llm.backends.choice import build_backend
 from runtime.llm.call_records import HeldReplays, Rows
 from runtime.llm.charging import Charger
-from runtime.llm.completion import Completion, answered, is_offline
+from runtime.llm.completion import answered, is_offline
 from runtime.llm.durable_steps import TaskSteps
 from runtime.llm.gate import CallGate, TaskStop
 from runtime.llm.ledger import CallLedger, RecordReader, step_ledger
@@ -58,6 +59,8 @@ from runtime.llm.token_meter import TokenMeter
 from runtime.llm.tool_loop import ToolRound, run_with_tools
 
 T = TypeVar("T")
+#: The pydantic class a structured call's output is an instance of.
+M = TypeVar("M", bound=BaseModel)
 
 #: Threads for the ledger's blocking reads (record look-ups, queue depth).
 LEDGER_THREADS = 32
@@ -190,24 +193,60 @@ class TaskLLM:
         return self.budget.remaining_usd()
 
     # ------------------------------------------------------------------ the call
+    @overload
+    def complete(self, prompt: str, *, schema: type[M], system: str | None = None,
+                 max_tokens: int | None = None, key: str | None = None,
+                 tools: Sequence[Tool] | None = None,
+                 max_tool_rounds: int | None = None) -> Completion[M]: ...
+
+    @overload
+    def complete(self, prompt: str, *, schema: dict[str, Any], system: str | None = None,
+                 max_tokens: int | None = None, key: str | None = None,
+                 tools: Sequence[Tool] | None = None,
+                 max_tool_rounds: int | None = None) -> Completion[Any]: ...
+
+    @overload
+    def complete(self, prompt: str, *, schema: None = None, system: str | None = None,
+                 max_tokens: int | None = None, key: str | None = None,
+                 tools: Sequence[Tool] | None = None,
+                 max_tool_rounds: int | None = None) -> Completion[str]: ...
+
     def complete(self, prompt: str, *, schema: type[BaseModel] | dict[str, Any] | None = None,
                  system: str | None = None, max_tokens: int | None = None,
                  key: str | None = None, tools: Sequence[Tool] | None = None,
-                 max_tool_rounds: int | None = None) -> Completion:
+                 max_tool_rounds: int | None = None) -> Completion[Any]:
         """Call the model from synchronous code: :meth:`acomplete` run on the factory's loop.
 
         Takes the same arguments and raises the same errors as :meth:`acomplete`. Do not
         call it from a coroutine running on the factory's loop: await :meth:`acomplete`.
         """
         return self._factory.calls.run(self.acomplete(
-            prompt, schema=schema, system=system, max_tokens=max_tokens, key=key, tools=tools,
-            max_tool_rounds=max_tool_rounds))
+            prompt, schema=schema, system=system, max_tokens=max_tokens,  # type: ignore[arg-type]
+            key=key, tools=tools, max_tool_rounds=max_tool_rounds))
+
+    @overload
+    async def acomplete(self, prompt: str, *, schema: type[M], system: str | None = None,
+                        max_tokens: int | None = None, key: str | None = None,
+                        tools: Sequence[Tool] | None = None,
+                        max_tool_rounds: int | None = None) -> Completion[M]: ...
+
+    @overload
+    async def acomplete(self, prompt: str, *, schema: dict[str, Any],
+                        system: str | None = None, max_tokens: int | None = None,
+                        key: str | None = None, tools: Sequence[Tool] | None = None,
+                        max_tool_rounds: int | None = None) -> Completion[Any]: ...
+
+    @overload
+    async def acomplete(self, prompt: str, *, schema: None = None, system: str | None = None,
+                        max_tokens: int | None = None, key: str | None = None,
+                        tools: Sequence[Tool] | None = None,
+                        max_tool_rounds: int | None = None) -> Completion[str]: ...
 
     async def acomplete(self, prompt: str, *,
                         schema: type[BaseModel] | dict[str, Any] | None = None,
                         system: str | None = None, max_tokens: int | None = None,
                         key: str | None = None, tools: Sequence[Tool] | None = None,
-                        max_tool_rounds: int | None = None) -> Completion:
+                        max_tool_rounds: int | None = None) -> Completion[Any]:
         """Call the model for this task, within its budget, and charge the call.
 
         Parallel calls in one task: ``await asyncio.gather(llm.acomplete(a),
@@ -262,7 +301,7 @@ class TaskLLM:
                 self.tool_check, first_messages(prompt, system), max_tool_rounds)
         return await self._call(request(position))
 
-    async def _call(self, request: Request) -> Completion:
+    async def _call(self, request: Request) -> Completion[Any]:
         """One logical call through its stages: record, route, repair, retry, request."""
         replayed = await self._recorded.answer(request)
         if replayed is not None:

@@ -14,14 +14,16 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from decimal import Decimal
+from typing import Any
 
 from pydantic import ValidationError
 
+from agents.replies import Completion
 from runtime.config import Settings
 from runtime.llm.backends.offline import OfflineBackend
 from runtime.llm.call_records import HeldReplays
 from runtime.llm.charging import Charger
-from runtime.llm.completion import Completion, answered
+from runtime.llm.completion import answered
 from runtime.llm.ledger import RecordReader
 from runtime.llm.reply import BadModelReply, ModelReply, parse_structured, request_text
 from runtime.llm.request import Request
@@ -66,7 +68,7 @@ class RecordedReplies:
         """A reply of this task was recorded now: later calls look the record up."""
         self._may_replay = True
 
-    async def answer(self, request: Request) -> Completion | None:
+    async def answer(self, request: Request) -> Completion[Any] | None:
         """The recorded answer to ``request``, written as replayed; None: make the call.
 
         Sets ``request.record_keys`` (the request's hash per candidate model) when it

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from agents.replies import ToolCall as ToolCall  # defined with the reply agents see
 from runtime.errors import OrgchartError, TransientModelError
 
 #: How long ``auto`` waits for Ollama to answer at start.
@@ -30,30 +31,6 @@ NOT_RECORDED = "[not recorded]"
 #: One chat message: ``role`` and ``content``; an assistant message that called tools
 #: also has ``tool_calls``, a tool's answer has ``role: "tool"`` and ``tool_name``.
 Message = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One tool call a model's reply asked for (Ollama's ``message.tool_calls[i]``).
-
-    Attributes:
-        name: the tool's name.
-        arguments: the arguments the model gave (a dict when it gave JSON).
-        id: the call's id, stable across deliveries (``<position>.<round>.<index>``).
-
-    """
-
-    name: str
-    arguments: Any
-    id: str = ""
-
-    def as_json(self) -> dict[str, Any]:
-        """The call as recorded in ``model_calls.tool_calls``."""
-        return {"id": self.id, "name": self.name, "arguments": self.arguments}
-
-    def as_message_part(self) -> dict[str, Any]:
-        """The call as an assistant message's ``tool_calls`` entry sends it back."""
-        return {"function": {"name": self.name, "arguments": self.arguments}}
 
 
 @dataclass(frozen=True)

@@ -32,10 +32,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Protocol
 
+from agents.replies import ToolCall, ToolOutcome
 from agents.tools import BadToolArguments, Tool
 from runtime.errors import BadInput, OrgchartError
 from runtime.llm.durable_steps import StepResult, TaskSteps
-from runtime.llm.reply import Message, ToolCall
+from runtime.llm.reply import Message
 
 #: Rounds of tool calls one ``complete`` may run unless it says otherwise.
 DEFAULT_MAX_TOOL_ROUNDS = 8
@@ -71,28 +72,6 @@ def approval_detail(call_id: str, name: str, arguments: Any) -> str:
     """The hold's event detail: names the call and its arguments, for people."""
     shown = json.dumps(arguments, sort_keys=True, default=str)[:300]
     return f"tool call {call_id} ({name}) waits for a person's approval; arguments {shown}"
-
-
-@dataclass(frozen=True)
-class ToolOutcome:
-    """One tool call of a loop, as the agent sees it in ``Completion.tool_calls``.
-
-    Attributes:
-        id: the call's id (``<call>#<round>.<index>``), stable across deliveries.
-        name: the tool called.
-        arguments: the arguments the model gave.
-        result: the tool's JSON result (None on error).
-        error: why the call failed (bad arguments, not allowed, the tool raised), or None.
-        replayed: True when served from the record of an earlier delivery.
-
-    """
-
-    id: str
-    name: str
-    arguments: Any
-    result: Any
-    error: str | None
-    replayed: bool
 
 
 class RoundReply(Protocol):

@@ -49,7 +49,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "runtime.store": ("runtime.config", "runtime.errors", "runtime.budget", "runtime.jsoncodec",
                       "runtime.records"),
     "runtime.llm": ("runtime.config", "runtime.errors", "runtime.budget", "runtime.records",
-                    "agents.tasks", "agents.tools"),
+                    "agents.tasks", "agents.tools", "agents.replies"),
     "runtime.engine": (*_CORE, "runtime.budget", "runtime.jsoncodec", "runtime.records",
                        "runtime.store", "runtime.llm", "agents", "policies"),
     "runtime.telemetry": (*_CORE, "runtime.store"),
@@ -382,7 +382,7 @@ def test_the_checks_catch_a_circle_a_forbidden_import_and_a_dynamic_one() -> Non
     assert broken_imports(edges) == [
         "runtime.llm.c imports runtime.store.a: runtime.llm may import only "
         "runtime.config, runtime.errors, runtime.budget, runtime.records, agents.tasks, "
-        "agents.tools"]
+        "agents.tools, agents.replies"]
     assert dynamic_imports("x.py", "import importlib\ndef g(n):\n"
                            "    return importlib.import_module(n)\n") == {"x.py:g"}
     assert dynamic_imports("x.py", "m = __import__('os')\n") == {"x.py:<module>"}
