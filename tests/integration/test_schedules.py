@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from runtime.config import Settings
 from runtime.errors import BadInput
 from runtime.fleet.doctor import DoctorLimits, check
+from runtime.fleet.orchestrator import FIRE_LOCK_KEY, FireConfig, Orchestrator
 from runtime.schedules.commands import add_schedule, pause_schedule, resume_schedule, run_now
 from runtime.schedules.spec import ScheduleSpec, parse_cadence
 from runtime.schedules.ticker import Ticker, TickerConfig
@@ -232,3 +234,17 @@ def _fire_next(store: Store, name: str) -> Any:
     done = _ticker(store).run_once()
     assert done.fired == 1
     return done
+
+
+def test_a_scheduled_fire_that_cannot_run_finishes_its_row_saying_why(store: Store) -> None:
+    _store_schedule(store, "fire", every="1h", behind=3600, catchup=7200, fire=True)
+    started: list[int] = []
+    Ticker(store, TickerConfig(worker="t"), started.append).run_once()
+    orchestrator = Orchestrator(store, Settings(), FireConfig())
+    with store.fire_lock(FIRE_LOCK_KEY) as locked:  # another fire is running
+        assert locked
+        result = orchestrator.run_once(fire_id=started[0])
+    assert result.status == "locked" and result.fire_id == started[0]
+    fire = store.last_fire()
+    assert fire is not None and fire["id"] == started[0] and fire["finished_at"] is not None
+    assert fire["rollup"] == "another fire is running; nothing done"
