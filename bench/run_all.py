@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    audit,
     charge,
     claim_latency,
     control,
@@ -46,7 +47,8 @@ from bench.common import RESULTS_DIR, machine, server_url
 
 ORDER = ("reference", "drain", "pgqueuer", "drain_pair", "drain_parts", "pickup", "fanin",
          "claim_latency", "tree_read", "scrape", "worker_memory", "makespan", "sync_agents",
-         "fork", "charge", "transport", "ha", "control", "tools", "fairness", "experiments")
+         "fork", "charge", "transport", "ha", "control", "tools", "fairness", "experiments",
+         "audit")
 
 FULL: dict[str, dict[str, Any]] = {
     "reference": {"n": 20_000, "threads": 4},
@@ -71,6 +73,7 @@ FULL: dict[str, dict[str, Any]] = {
     "fairness": {"wide": 2000, "delay": 0.2, "window": 30.0, "share_writers": 2025,
                  "limit_writers": 200},
     "experiments": {"cases": 20, "delay": 0.05},
+    "audit": {"events": 200_000, "repeats": 3},
 }
 
 QUICK: dict[str, dict[str, Any]] = {
@@ -96,6 +99,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "fairness": {"wide": 90, "delay": 0.05, "window": 3.0, "share_writers": 900,
                  "limit_writers": 20},
     "experiments": {"cases": 2, "delay": 0.01},
+    "audit": {"events": 2_000, "repeats": 1},
 }
 
 MAINS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -120,6 +124,7 @@ MAINS: dict[str, Callable[..., dict[str, Any]]] = {
     "tools": tools.main,
     "fairness": fairness.main,
     "experiments": experiments.main,
+    "audit": audit.main,
 }
 
 
