@@ -2415,10 +2415,14 @@ ORDER BY s.name;
 SELECT *, now() AS db_now FROM schedules WHERE name = :name;
 
 -- schedule_set_paused --
--- Pause or resume a schedule. Resuming sets next_at to the first slot after now (given
--- by the caller, who reads the cadence): slots that passed while paused are not caught
--- up, since a paused schedule fires nothing.
-UPDATE schedules SET paused = :paused, next_at = coalesce(:next_at, next_at)
+-- Pause or resume a schedule. Resuming a paused one sets next_at to the first slot after
+-- now (given by the caller, who reads the cadence): slots that passed while paused are
+-- not caught up, since a paused schedule fires nothing. Resuming one that is not paused
+-- changes nothing (its due slots are still the ticks' to fire or count as missed).
+UPDATE schedules
+SET paused = :paused,
+    next_at = CASE WHEN paused AND NOT :paused THEN coalesce(:next_at, next_at)
+                   ELSE next_at END
 WHERE name = :name
 RETURNING *;
 

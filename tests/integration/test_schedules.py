@@ -248,3 +248,11 @@ def test_a_scheduled_fire_that_cannot_run_finishes_its_row_saying_why(store: Sto
     fire = store.last_fire()
     assert fire is not None and fire["id"] == started[0] and fire["finished_at"] is not None
     assert fire["rollup"] == "another fire is running; nothing done"
+
+
+def test_resuming_a_schedule_that_is_not_paused_keeps_its_due_slots(store: Store) -> None:
+    _store_schedule(store, "awake", every="1s", behind=5)
+    before = store.schedule("awake")["next_at"]
+    resume_schedule(store, "awake")
+    assert store.schedule("awake")["next_at"] == before
+    assert _ticker(store).run_once().fired >= 5
