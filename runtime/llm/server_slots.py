@@ -34,7 +34,8 @@ class ServerSlots:
 
     Args:
         calls: the loops calls run on (one set of slots per loop and server).
-        backend: names each route's server (``host_for``; else the backend's name).
+        backend: names each route's server (``host_for``; else the backend's name) and,
+            with ``parallel_for``, a limit of its own (the tighter one counts).
         settings: ``[ollama]`` (the per-server limits) and ``[tenants]`` (weights).
 
     """
@@ -42,6 +43,8 @@ class ServerSlots:
     def __init__(self, calls: CallLoop, backend: Backend, settings: Settings) -> None:
         self._calls = calls
         self._host_for = getattr(backend, "host_for", None)  # one server per route
+        # A backend's own limit (the embedded model's [embedded] max_parallel).
+        self._parallel_for = getattr(backend, "parallel_for", None)
         self._name = backend.name
         self._settings = settings
 
@@ -51,6 +54,8 @@ class ServerSlots:
         host = self._host_for(route) if self._host_for is not None else self._name
         ollama = self._settings.ollama
         limit = ollama.cloud_max_parallel if route == "cloud" else ollama.max_parallel
+        if self._parallel_for is not None:  # the tighter of the two
+            limit = min(limit, self._parallel_for(route))
         held = request.held
         estimate = held.prompt_tokens + held.completion_tokens if held is not None else 0
         return self._calls.slot(host, limit).ticket(
