@@ -148,6 +148,26 @@ async def bad_input_changes_nothing(session: ClientSession, runtime: Runtime) ->
     assert len(runtime.store.recent_roots(500)) == before
 
 
+async def steer_a_tree(session: ClientSession, runtime: Runtime, done_root: str) -> None:
+    """Idempotent submits, pause/resume/cancel, and a fork, as the CLI answers them."""
+    args = {"prompt": "steer me", "agent": "echo", "idempotency_key": f"k-{uuid.uuid4()}"}
+    first = payload(await session.call_tool("submit_goal", args))
+    again = payload(await session.call_tool("submit_goal", args))
+    assert (again["id"], again["created"]) == (first["id"], False)
+    paused = payload(await session.call_tool("pause", {"root_id": first["id"], "note": "hold"}))
+    assert paused["changed"] is True
+    twice = payload(await session.call_tool("pause", {"root_id": first["id"]}))
+    assert twice["changed"] is False and twice["message"]
+    assert payload(await session.call_tool("resume", {"root_id": first["id"]}))["changed"]
+    cancelled = payload(await session.call_tool("cancel", {"task_id": first["id"],
+                                                           "by": "bob"}))
+    assert cancelled["status"] == "cancelled"
+    assert runtime.store.events(uuid.UUID(first["id"]))[-1]["worker"] == "bob"
+    branch = payload(await session.call_tool("fork", {"task_id": done_root}))
+    assert branch["created"] is True and branch["id"] != done_root
+    assert runtime.store.get(uuid.UUID(branch["id"]))["status"] == "pending"
+
+
 # ---------------------------------------------------------------- stdio
 def test_stdio_runs_a_tree_and_answers_its_question(
         runtime: Runtime, orgchart_env: dict[str, str], agents_dir: Path) -> None:
@@ -176,6 +196,7 @@ def test_stdio_runs_a_tree_and_answers_its_question(
             task = await session.read_resource(f"orgchart://tasks/{root}")
             assert isinstance(task.contents[0], types.TextResourceContents)
             assert json.loads(task.contents[0].text)["status"] == "done"
+            await steer_a_tree(session, runtime, root)
             await bad_input_changes_nothing(session, runtime)
 
     anyio.run(main)
