@@ -168,6 +168,24 @@ async def steer_a_tree(session: ClientSession, runtime: Runtime, done_root: str)
     assert runtime.store.get(uuid.UUID(branch["id"]))["status"] == "pending"
 
 
+async def approve_and_reject(session: ClientSession, runtime: Runtime) -> None:
+    """Roots held for approval: approved once, rejected with a note (required)."""
+    runtime.store.approval_agents = ("echo",)
+    held = [payload(await session.call_tool("submit_goal", {"prompt": f"needs a yes {i}",
+                                                            "agent": "echo"}))
+            for i in range(2)]
+    assert [h["status"] for h in held] == ["awaiting_approval"] * 2
+    ok = payload(await session.call_tool("approve", {"task_id": held[0]["id"], "note": "ok"}))
+    assert ok["changed"] is True and ok["status"] == "pending"
+    again = payload(await session.call_tool("approve", {"task_id": held[0]["id"]}))
+    assert again["changed"] is False and "nothing to approve" in again["message"]
+    assert refusal(await session.call_tool("reject", {"task_id": held[1]["id"]}))
+    assert runtime.store.get(uuid.UUID(held[1]["id"]))["status"] == "awaiting_approval"
+    no = payload(await session.call_tool("reject", {"task_id": held[1]["id"],
+                                                    "note": "too dear"}))
+    assert no["status"] == "failed"
+
+
 # ---------------------------------------------------------------- stdio
 def test_stdio_runs_a_tree_and_answers_its_question(
         runtime: Runtime, orgchart_env: dict[str, str], agents_dir: Path) -> None:
@@ -303,6 +321,7 @@ def test_http_waits_for_the_tree_with_progress_and_resource_updates(
                     assert time.monotonic() < deadline, "no resources/updated notification"
                     await anyio.sleep(0.05)
             assert runtime.store.get(uuid.UUID(root))["status"] == "done"
+            await approve_and_reject(session, runtime)
             await bad_input_changes_nothing(session, runtime)
 
     anyio.run(main)
