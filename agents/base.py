@@ -23,14 +23,11 @@ Example::
 
 from __future__ import annotations
 
-import ast
 import builtins
-import hashlib
 import inspect
 import linecache
 import logging
 import sys
-import threading
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
@@ -172,106 +169,19 @@ class AgentError(Exception):
     """An agent-level failure: the task ends ``failed`` with this message."""
 
 
-def source_version(cls: type) -> str:
-    """A short hash of a class's source (its qualified name when the source is unknown)."""
-    try:
-        text = inspect.getsource(cls)
-    except (OSError, TypeError):
-        text = f"{cls.__module__}.{cls.__qualname__}"
-    return _short_hash(text)
+def module_lines(cls: type) -> list[str]:
+    """The lines of the file that defines ``cls``, as loaded (``inspect.findsource``'s read).
 
-
-def _short_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-class _SourceVersion:
-    """The default ``version`` of one agent class: :func:`source_version`, made on first read.
-
-    The module's lines are taken when the class is defined (``linecache``: one read of the
-    file per module), so the hash is of the code that was loaded, even if the file is
-    edited before the first read. Finding the class in them (an ``ast`` parse of the
-    module, ``inspect``'s way) waits for that read: done at import it cost about 3 ms a
-    class, 50 ms of every start-up for the built-in agents alone. The first reads may come
-    from many threads at once (a worker's first batch): one of them makes the hash under
-    :data:`_VERSION_LOCK`, the others wait for it. Parsing one module in many threads at
-    once is not safe on CPython 3.11 (``SystemError: AST constructor recursion depth
-    mismatch``), and the task that met it failed as an agent error.
+    Taken when an agent class is defined, so its default version
+    (``runtime/engine/agent_version.py``) hashes the code that was loaded even if the file
+    is edited before the version is first read (``linecache``: one read per module).
     """
-
-    __slots__ = ("_cls", "_lines", "_value")
-
-    def __init__(self, cls: type) -> None:
-        self._cls = cls
-        self._lines = _module_lines(cls)
-        self._value: str | None = None
-
-    def __get__(self, obj: object, owner: type | None = None) -> str:
-        if self._value is None:
-            with _VERSION_LOCK:
-                if self._value is None:
-                    self._value = _lines_version(self._cls, self._lines)
-        return self._value
-
-
-#: Held while an agent class's default version is made (:class:`_SourceVersion`).
-_VERSION_LOCK = threading.Lock()
-
-
-def _module_lines(cls: type) -> list[str]:
-    """The lines of the file that defines ``cls`` as ``inspect.findsource`` reads them."""
     try:
         file = inspect.getsourcefile(cls) or inspect.getfile(cls)
-    except TypeError:  # a built-in class: no file
+    except (OSError, TypeError):  # a built-in class, or one defined without a file
         return []
     module = sys.modules.get(cls.__module__)
     return linecache.getlines(file, module.__dict__ if module is not None else None)
-
-
-def _lines_version(cls: type, lines: list[str]) -> str:
-    """:func:`source_version` of ``cls``, its source cut from ``lines`` (``inspect.getsource``)."""
-    first = _first_line(cls, lines) if lines else None
-    text = (f"{cls.__module__}.{cls.__qualname__}" if first is None
-            else "".join(inspect.getblock(lines[first:])))
-    return _short_hash(text)
-
-
-def _first_line(cls: type, lines: list[str]) -> int | None:
-    """Where ``cls`` starts in ``lines`` (its first decorator), 0-based, as ``inspect`` finds it."""
-    known = getattr(cls, "__firstlineno__", None)  # Python 3.13 records it
-    if isinstance(known, int):
-        return known - 1
-    try:
-        tree = ast.parse("".join(lines))
-    except (SyntaxError, ValueError):
-        return None
-    finder = _ClassFinder(cls.__qualname__)
-    finder.visit(tree)
-    return finder.found
-
-
-class _ClassFinder(ast.NodeVisitor):
-    """The first class definition whose qualified name is ``qualname`` (``inspect``'s walk)."""
-
-    def __init__(self, qualname: str) -> None:
-        self.qualname = qualname
-        self.stack: list[str] = []
-        self.found: int | None = None
-
-    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        self.stack += [node.name, "<locals>"]
-        self.generic_visit(node)
-        del self.stack[-2:]
-
-    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        self.stack.append(node.name)
-        if self.found is None and ".".join(self.stack) == self.qualname:
-            self.found = (node.decorator_list[0].lineno if node.decorator_list
-                          else node.lineno) - 1
-        self.generic_visit(node)
-        self.stack.pop()
 
 
 class Agent:
@@ -289,8 +199,11 @@ class Agent:
             them, with the MCP tools configured for the agent (``[mcp.servers.*] agents``).
         register: set False on an abstract intermediate class.
         version: what a re-run compares (``orgchart diff``); recorded on every task the
-            agent runs. Default: a short hash of the class's source, so editing the class
-            changes it; set it to name versions yourself.
+            agent runs. Unset (``""``): the runtime records a short hash of the class's
+            source (``runtime/engine/agent_version.py``), so editing the class changes
+            it; set it to name versions yourself.
+        loaded_lines: the lines of the class's module as loaded (:func:`module_lines`),
+            which the runtime hashes the class's source from; set for every subclass.
     """
 
     name: ClassVar[str] = ""
@@ -304,11 +217,11 @@ class Agent:
     tools: ClassVar[tuple[Tool, ...]] = ()
     register: ClassVar[bool] = True
     version: ClassVar[str] = ""
+    loaded_lines: ClassVar[list[str]] = []
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "version" not in cls.__dict__:
-            cls.version = _SourceVersion(cls)  # type: ignore[assignment]
+        cls.loaded_lines = module_lines(cls)
         if cls.__dict__.get("register", True) and cls.__dict__.get("name"):
             from agents.registry import registry
 

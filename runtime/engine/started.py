@@ -22,6 +22,7 @@ from agents.base import Agent
 from agents.context import AgentContext
 from agents.tasks import TaskView
 from runtime.engine.actions import Action, DelegateAction
+from runtime.engine.agent_version import agent_version
 from runtime.llm.call_records import held_replays
 from runtime.store.rows import TERMINAL_STATUSES, RunOutcome, TaskRow
 
@@ -79,7 +80,7 @@ def stamped(started: Started, action: Action) -> Action:
 
 
 def _stamp(started: Started, llm: Any) -> dict[str, Any]:
-    return {"version": started.cls.version, "prompts": dict(started.ctx.prompt_hashes),
+    return {"version": agent_version(started.cls), "prompts": dict(started.ctx.prompt_hashes),
             "replays": held_replays(llm, True)}
 
 

@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from agents.registry import UnknownAgent
+from runtime.engine.agent_version import agent_version
 from runtime.engine.store_ledger import StoreLedger
 from runtime.errors import BadInput
 from runtime.forks import fork
@@ -96,7 +97,7 @@ def test_a_rerun_replays_every_call_and_leaves_the_original_byte_for_byte(
     assert new["/"]["result"] == old["/"]["result"]
     assert new["/"]["budget_tokens"] == old["/"]["budget_tokens"]
     assert Decimal(new["/"]["budget_usd"]) == Decimal(old["/"]["budget_usd"])
-    assert new["w1"]["agent_version"] == ForkWriter.version
+    assert new["w1"]["agent_version"] == agent_version(ForkWriter)
     assert runtime.store.events(branch["id"])[0]["detail"] == f"forked from {original}: re-run"
 
 

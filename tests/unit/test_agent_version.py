@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import tests.support_agents  # noqa: F401  (registers the support agents)
-from agents import base
-from agents.base import source_version
 from agents.loader import load_builtins
 from agents.registry import registry
+from runtime.engine import agent_version as version_module
+from runtime.engine.agent_version import agent_version, source_version
 
 
 def test_every_registered_agent_has_the_hash_inspect_gives() -> None:
@@ -27,7 +27,7 @@ def test_every_registered_agent_has_the_hash_inspect_gives() -> None:
         cls = registry.get(name)
         if "version" in vars(cls) and isinstance(vars(cls)["version"], str):
             continue  # named by its author
-        assert cls.version == source_version(cls), name
+        assert agent_version(cls) == source_version(cls), name
 
 
 SOURCE = '''
@@ -78,8 +78,8 @@ def test_the_version_is_of_the_loaded_code_even_if_the_file_changes(
     path.write_text(SOURCE.replace("return None", "return 'changed'"))
     linecache.checkcache(str(path))
     assert source_version(cls) != expected  # what reading the file now would give
-    assert cls.version == expected
-    assert local.version == expected_local
+    assert agent_version(cls) == expected
+    assert agent_version(local) == expected_local
 
 
 def test_threads_reading_a_new_version_at_once_make_it_once(
@@ -95,19 +95,19 @@ def test_threads_reading_a_new_version_at_once_make_it_once(
     monkeypatch.setattr(sys, "modules", dict(sys.modules))
     cls = _load(path, "threaded_agent").Outer.Edited  # type: ignore[attr-defined]
     made: list[str] = []
-    real = base._lines_version
+    real = version_module._lines_version
 
     def slow(cls: type, lines: list[str]) -> str:
         made.append(cls.__qualname__)
         time.sleep(0.05)
         return real(cls, lines)
 
-    monkeypatch.setattr(base, "_lines_version", slow)
+    monkeypatch.setattr(version_module, "_lines_version", slow)
     start = threading.Barrier(16)
 
     def read(_: int) -> str:
         start.wait()
-        return str(cls.version)
+        return agent_version(cls)
 
     with ThreadPoolExecutor(max_workers=16) as pool:
         versions = set(pool.map(read, range(16)))
