@@ -21,15 +21,26 @@ With ``--hot-path``, first the trigger's own cost: microseconds per ``task_event
 INSERT statement (1 row, 200 rows) with the trigger dropped, disabled, and enabled
 with no endpoint, measured inside the server (:func:`measure_trigger_cost`).
 
-    python -m bench.webhooks [--trees 1000] [--rate 200] [--hot-path --tasks 2000]
+**webhook_lost / webhook_unsigned** (``--chaos``): the same trees, sent by deliverer
+processes of which one is SIGKILLed every 2 s (and another started), to a receiver that
+answers 500 to one request in five and hangs past the sender's timeout on one in
+twenty: trees whose event never got a 2xx, requests that failed verification, and the
+duplicates (by ``webhook-id``). PostgreSQL is not restarted here (the chaos suite's
+servers are its own).
+
+    python -m bench.webhooks [--trees 1000] [--rate 200] [--hot-path --tasks 2000] [--chaos]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from bench import drain
@@ -52,6 +63,7 @@ from tests.webhook_receiver import SECRET, Receiver
 
 #: Not ORGCHART_*: bench.common.worker_env keeps the rest of the environment.
 SECRET_ENV = "BENCH_HOOK_SECRET"
+REPO_ROOT = Path(__file__).resolve().parents[1]
 BATCH = 5
 TIMEOUT_SECONDS = 120.0
 POLL_SECONDS = 0.01
@@ -216,10 +228,87 @@ def measure_trigger_cost(url: str, statements: int = 5000, rounds: int = 5) -> d
     return figures
 
 
+#: A deliverer process for the chaos run: the loop every worker runs, until it is killed.
+_DELIVERER = """
+import sys, threading
+from runtime.store import db
+from runtime.store.store import Store
+from runtime.webhooks import Deliverer, DeliveryConfig
+store = Store(db.create_db_engine(sys.argv[1], pool_size=20))
+config = DeliveryConfig(allow_private=True, timeout_seconds=float(sys.argv[2]),
+                        retry_base_seconds=0.05, retry_max_seconds=0.5, max_attempts=1000)
+Deliverer(store, config).start()
+threading.Event().wait()
+"""
+
+
+def _spawn_deliverer(url: str, timeout: float) -> subprocess.Popen[bytes]:
+    env = {**os.environ, SECRET_ENV: SECRET, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.Popen([sys.executable, "-c", _DELIVERER, url, str(timeout)],
+                            cwd=REPO_ROOT, env=env, stderr=subprocess.DEVNULL)
+
+
+def measure_chaos(url: str, trees: int = 300, deliverers: int = 3, kill_every: float = 2.0,
+                  rate: float = 50.0, timeout: float = 1.0) -> dict[str, Any]:
+    """Every committed event delivered, signed, while deliverers are SIGKILLed.
+
+    ``deliverers`` processes run the delivery loop; every ``kill_every`` seconds one is
+    SIGKILLed and another started. The receiver answers 500 to one request in five and
+    hangs past the deliverers' ``timeout`` on one in twenty (then answers 200: the sender
+    has given up, the event goes again). ``webhook_lost`` counts committed trees whose
+    ``tree.finished`` never got a 2xx; duplicates are counted by ``webhook-id``.
+    """
+    receiver = Receiver(answer=lambda n: 500 if n % 5 == 0 else 200,
+                        hang=lambda n: timeout + 0.5 if n % 20 == 0 else 0.0).start()
+    store = open_store(url, pool_size=4)
+    procs = [_spawn_deliverer(url, timeout) for _ in range(deliverers)]
+    kills = 0
+    try:
+        _subscribe(store, receiver.url, ("tree.finished",))
+        submit_noop(store, trees)
+        committed: dict[str, float] = {}
+        last_kill = time.monotonic()
+        deadline = time.monotonic() + TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if len(committed) < trees:
+                committed.update(_finish_paced(store, min(BATCH, trees - len(committed)), rate))
+            elif len({r.data["root_id"] for r in receiver.received}) >= trees:
+                break
+            else:
+                time.sleep(POLL_SECONDS)
+            if time.monotonic() - last_kill >= kill_every:
+                victim = procs.pop(0)
+                victim.send_signal(signal.SIGKILL)
+                victim.wait()
+                kills += 1
+                procs.append(_spawn_deliverer(url, timeout))
+                last_kill = time.monotonic()
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        receiver.stop()
+        store.dispose()
+    delivered = {r.data["root_id"] for r in receiver.received}
+    ids = [r.webhook_id for r in receiver.received]
+    return {
+        "webhook_lost": len(set(committed) - delivered),
+        "webhook_unsigned": receiver.unsigned,
+        "webhook_duplicates": len(ids) - len(set(ids)),
+        "webhook_chaos_trees": len(committed),
+        "webhook_chaos_requests": receiver.requests,
+        "webhook_chaos_kills": kills,
+    }
+
+
 def main(trees: int = 1000, rate: float = 200.0, hot_path: bool = False, tasks: int = 2000,
-         server: str | None = None) -> dict[str, Any]:
+         chaos: bool = False, server: str | None = None) -> dict[str, Any]:
     """Run in a scratch database; print and return the figures."""
     with scratch_database(f"webhooks_{uuid.uuid4().hex[:4]}", server) as url:
+        if chaos:
+            return report(f"webhooks under kills ({trees} trees, a deliverer SIGKILLed every "
+                          "2 s, 1 in 5 answered 500, 1 in 20 hung)",
+                          measure_chaos(url, trees))
         if hot_path:
             report("outbox trigger, no endpoint (task_events INSERT statements)",
                    measure_trigger_cost(url))
@@ -236,5 +325,6 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--hot-path", action="store_true")
     parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--chaos", action="store_true")
     a = parser.parse_args()
-    main(a.trees, a.rate, a.hot_path, a.tasks)
+    main(a.trees, a.rate, a.hot_path, a.tasks, a.chaos)

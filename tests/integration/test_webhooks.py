@@ -370,3 +370,11 @@ def test_a_worker_process_stores_its_configured_endpoint_and_delivers(
     assert got.event == "tree.finished" and got.data["root_id"] == str(root["id"])
     assert got.data["status"] == store.get(root["id"])["status"]
     assert [e["name"] for e in store.webhook_endpoints()] == ["ops"]
+
+
+def test_every_committed_event_arrives_signed_while_deliverers_are_killed(db_url: str) -> None:
+    from bench import webhooks as bench_webhooks
+
+    figures = bench_webhooks.measure_chaos(db_url, trees=30, deliverers=2, kill_every=1.0)
+    assert figures["webhook_chaos_trees"] == 30 and figures["webhook_chaos_kills"] >= 1
+    assert figures["webhook_lost"] == 0 and figures["webhook_unsigned"] == 0
