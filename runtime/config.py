@@ -177,7 +177,7 @@ class EmbeddedSettings(_Section):
     #: Calls in flight at once, each on its own context of the one file (mapped once).
     max_parallel: int = Field(1, ge=1, le=16)
     #: The sampler's repeat penalty (above 1 keeps a small model from looping).
-    repeat_penalty: float = Field(1.1, ge=1.0, le=2.0)
+    repeat_penalty: float = Field(1.3, ge=1.0, le=2.0)
     #: The sampler's temperature.
     temperature: float = Field(0.2, ge=0.0, le=2.0)
     #: The sampler's seed.
