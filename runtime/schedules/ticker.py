@@ -95,6 +95,7 @@ class Ticker:
         self.start_fire = start_fire
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failing: set[int] = set()
 
     # ------------------------------------------------------------------ entry points
     def run_once(self) -> Ticked:
@@ -109,8 +110,11 @@ class Ticker:
                         self._tick(tick, done)
             except Exception:
                 del done.fires[started:]
-                log.exception("schedule tick failed", extra={"schedule_id": schedule_id})
+                if schedule_id not in self._failing:  # once until it works again
+                    log.exception("schedule tick failed", extra={"schedule_id": schedule_id})
+                    self._failing.add(schedule_id)
                 continue
+            self._failing.discard(schedule_id)
             self._start_fires(done.fires[started:])
         return done
 
@@ -141,13 +145,20 @@ class Ticker:
             self._thread.join(timeout)
 
     def _loop(self) -> None:
+        failing = False
         while not self._stop.is_set():
             try:
                 done = self.run_once()
                 if done.fired or done.missed:
                     log.info("schedules ticked", extra=done.as_dict())
+                if failing:
+                    log.warning("schedule ticks work again")
+                failing = False
             except Exception as exc:  # the database is away: the next tick tries again
-                log.warning("schedule tick failed: %s", exc)
+                if not failing:  # once per outage, not twice a second
+                    log.warning("schedule tick failed (retrying every tick): %s",
+                                " ".join(str(exc).split())[:300])
+                failing = True
             # Jittered, so that the processes' ticks do not fall in step.
             self._stop.wait(self.config.interval_seconds * random.uniform(0.75, 1.25))
 

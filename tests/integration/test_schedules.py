@@ -256,3 +256,15 @@ def test_resuming_a_schedule_that_is_not_paused_keeps_its_due_slots(store: Store
     resume_schedule(store, "awake")
     assert store.schedule("awake")["next_at"] == before
     assert _ticker(store).run_once().fired >= 5
+
+
+def test_a_schedule_whose_root_cannot_be_inserted_holds_up_no_other(store: Store) -> None:
+    bad = _task()
+    _store_schedule(store, "broken", every="1s", behind=2,
+                    task=NewTask(bad.to_agent, bad.type, bad.payload,
+                                 budget_usd=Decimal("1000000000")))  # past numeric(16, 8)
+    _store_schedule(store, "fine", every="1s", behind=2)
+    before = store.schedule("broken")["next_at"]
+    done = _ticker(store).run_once()
+    assert done.fired >= 2 and all(r["state"] == "fired" for r in _runs(store, "fine"))
+    assert _runs(store, "broken") == [] and store.schedule("broken")["next_at"] == before
