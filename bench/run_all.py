@@ -41,6 +41,7 @@ from bench import (
     tools,
     transport,
     tree_read,
+    webhooks,
     worker_memory,
 )
 from bench.common import RESULTS_DIR, machine, server_url
@@ -48,7 +49,7 @@ from bench.common import RESULTS_DIR, machine, server_url
 ORDER = ("reference", "drain", "pgqueuer", "drain_pair", "drain_parts", "pickup", "fanin",
          "claim_latency", "tree_read", "scrape", "worker_memory", "makespan", "sync_agents",
          "fork", "charge", "transport", "ha", "control", "tools", "fairness", "experiments",
-         "audit")
+         "audit", "webhooks", "webhooks_chaos")
 
 FULL: dict[str, dict[str, Any]] = {
     "reference": {"n": 20_000, "threads": 4},
@@ -74,6 +75,8 @@ FULL: dict[str, dict[str, Any]] = {
                  "limit_writers": 200},
     "experiments": {"cases": 20, "delay": 0.05},
     "audit": {"events": 200_000, "repeats": 3},
+    "webhooks": {"trees": 1000, "rate": 200.0},
+    "webhooks_chaos": {"trees": 1000, "chaos": True},
 }
 
 QUICK: dict[str, dict[str, Any]] = {
@@ -100,6 +103,8 @@ QUICK: dict[str, dict[str, Any]] = {
                  "limit_writers": 20},
     "experiments": {"cases": 2, "delay": 0.01},
     "audit": {"events": 2_000, "repeats": 1},
+    "webhooks": {"trees": 20, "rate": 200.0},
+    "webhooks_chaos": {"trees": 20, "chaos": True},
 }
 
 MAINS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -125,6 +130,8 @@ MAINS: dict[str, Callable[..., dict[str, Any]]] = {
     "fairness": fairness.main,
     "experiments": experiments.main,
     "audit": audit.main,
+    "webhooks": webhooks.main,
+    "webhooks_chaos": webhooks.main,
 }
 
 

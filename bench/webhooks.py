@@ -125,8 +125,8 @@ def measure_delivery(url: str, trees: int = 1000, rate: float = 200.0) -> dict[s
         "webhook_delivery_max_ms": ms(max(latencies)),
         "webhook_trees": len(committed),
         "webhook_rate_per_s": rate,
-        "webhook_duplicates": len(ids) - len(set(ids)),
-        "webhook_unsigned": receiver.unsigned,
+        "webhook_delivery_duplicates": len(ids) - len(set(ids)),
+        "webhook_delivery_unsigned": receiver.unsigned,
     }
 
 
