@@ -1753,9 +1753,11 @@ FROM task_steps WHERE task_id = ANY(CAST(:ids AS uuid[])) ORDER BY task_id, id;
 -- deepest first, then by id: a finishing child locks itself, then its parent, so the
 -- cancel takes rows in the same order and the two do not deadlock. A row a worker
 -- finished while the cancel waited for its lock is re-checked after the wait and left
--- alone when no longer open. A delegation that committed while this statement ran has
--- children its snapshot missed: the caller repeats the statement (in the same
--- transaction) until it cancels nothing. NOTIFY 'cancel' wakes the workers' stop check.
+-- alone when no longer open. The caller holds the tree's steering lock (tree_lock_steer),
+-- which delegations and retries of children hold shared, so no child appears under this
+-- statement while it runs (found in a later pass, after its parent, it would be locked
+-- out of order). The caller still repeats it (in the same transaction) until it cancels
+-- nothing: a person may reopen a task meanwhile. NOTIFY 'cancel' wakes the workers.
 WITH RECURSIVE sub AS (
     SELECT id FROM tasks WHERE id = :id
     UNION ALL
@@ -1858,8 +1860,9 @@ WHERE t.id = ANY(CAST(:ids AS uuid[]));
 SELECT pg_advisory_xact_lock(:lock_class, hashtext(CAST(:root_id AS text)));
 
 -- tree_lock_steer_shared --
--- The model-call gate holds the steering locks of the trees of the given tasks, shared,
--- in key order (see tree_lock_steer); the gate's read runs after, in the same transaction.
+-- Hold the steering locks of the trees of the given tasks, shared, in key order (see
+-- tree_lock_steer): the model-call gate, before its read; a delegation and a retry of
+-- children, before any row (a cancel then never runs while they add or reopen tasks).
 SELECT count(*) FROM (
     SELECT pg_advisory_xact_lock_shared(:lock_class, k)
     FROM (SELECT DISTINCT hashtext(CAST(root_id AS text)) AS k FROM tasks

@@ -39,6 +39,12 @@ Delegation = (tuple[uuid.UUID, uuid.UUID, Sequence[ChildRow], str | None]
                       dict[str, Any] | None])
 
 
+#: The first key of the trees' steering locks (advisory, two-int form; the second is the
+#: hash of the root id): what a cancel or pause (exclusive), the model-call gate and the
+#: writes that add or reopen tasks in a tree (shared) meet on.
+STEER_LOCK_CLASS = 0x5354  # "ST"
+
+
 class StoreWrites(StoreReads):
     """Outcomes of leased work (finish, delegate, retry children) and the fan-in they cause."""
 
@@ -141,6 +147,21 @@ class StoreWrites(StoreReads):
                 )
 
     # ------------------------------------------------------------------ delegate
+    @staticmethod
+    def _hold_steering(conn: Connection, task_ids: Sequence[uuid.UUID]) -> None:
+        """Hold the steering locks of these tasks' trees, shared, to the transaction's end.
+
+        Taken before any row by the writes that add tasks to a tree or reopen them
+        (delegation, retry of children). A cancel takes its tree's lock exclusive, so it
+        runs wholly before such a write or wholly after it: its one statement then sees
+        every open task of the subtree and locks them all deepest first, then by id. It
+        used to wait for a delegating parent, lock it, and find the new children in a
+        later pass, after the parent; a worker finishing one of them (child, then parent)
+        then deadlocked with it (tests/integration/test_cancel_lock_order.py).
+        """
+        conn.execute(_TEXT["tree_lock_steer_shared"],
+                     {"ids": list(task_ids), "lock_class": STEER_LOCK_CLASS})
+
     def delegate(self, task_id: uuid.UUID, lease_token: uuid.UUID, children: Sequence[ChildRow],
                  worker: str, detail: str | None = None,
                  stamp: dict[str, Any] | None = None) -> tuple[bool, int]:
@@ -178,6 +199,7 @@ class StoreWrites(StoreReads):
             for task_id, token, children, detail, *rest in delegations
         ]
         with self.transaction() as conn:
+            self._hold_steering(conn, [d[0] for d in delegations])
             moved = {row.id: int(row.inserted) for row in conn.execute(
                 _TEXT["task_delegate_running_many"],
                 {"batch": canonical_json(batch), "worker": worker, **self.approval_params(),
@@ -199,6 +221,7 @@ class StoreWrites(StoreReads):
         """
         what = f"reassigned to {reassign_to}" if reassign_to else "retried"
         with self.transaction() as conn:
+            self._hold_steering(conn, [task_id])
             row = conn.execute(
                 _TEXT["task_retry_children"],
                 {"id": task_id, "token": lease_token, "child_ids": list(child_ids),

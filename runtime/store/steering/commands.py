@@ -23,14 +23,12 @@ from runtime.store.steering.types import (
     SteerOutcome,
     validate_answer,
 )
-from runtime.store.writes import StoreWrites
+from runtime.store.writes import STEER_LOCK_CLASS, StoreWrites
 
-#: How many times a cancel repeats its statement to catch children inserted by a
-#: delegation that committed while it ran (the second pass normally finds none).
+#: How many times a cancel repeats its statement to catch tasks that became open while it
+#: ran without taking the tree's steering lock (a person's resolve of an escalated task);
+#: delegations and retries of children hold the lock, so the second pass normally finds none.
 CANCEL_PASSES = 5
-#: The first key of the trees' steering locks (advisory, two-int form; the second is the
-#: hash of the root id): what a cancel or pause and the model-call gate meet on.
-STEER_LOCK_CLASS = 0x5354  # "ST"
 #: SQLSTATE of a deadlock: a cancel that lost one to a worker's batch is run again.
 DEADLOCK_SQLSTATE = "40P01"
 
