@@ -40,6 +40,9 @@ def test_the_cli_adds_lists_pauses_resumes_runs_and_removes(store: Store) -> Non
     assert ran["fired"] == 1 and len(ran["roots"]) == 1
     runs = json.loads(cli("runs", "morning", "--json").output)
     assert [r["root_id"] for r in runs] == ran["roots"]
+    text = cli("list")
+    assert text.exit_code == 0 and "morning" in text.output and "1/0/0" in text.output
+    assert ran["roots"][0] in cli("runs", "morning").output
     assert cli("remove", "morning").exit_code == 0
     assert [r["name"] for r in store.schedules()] == ["fire"]
 
