@@ -1315,28 +1315,6 @@ WITH RECURSIVE sub AS (
 -- The columns a tree read sums its totals from, after each node's JSON.
 n.status, n.own_tokens, n.own_usd, n.duration_seconds
 
--- task_tree_nodes --
--- A whole tree (at most :depth levels below the root) as JSON text built in the database,
--- one row per node, with the columns its totals are summed from; only the nodes of part
--- :part of :parts (by the last byte of their id: a big tree is read in parts on several
--- connections at once, building the JSON is the cost and it splits). Unordered: the
--- caller sorts the narrow keys (an ORDER BY here would sort the wide JSON text).
-SELECT n.id::text, n.parent_id::text, n.depth, n.created_at,
-       {fragment_task_node_json} AS node,
-       {fragment_node_totals}
-FROM tasks n
-WHERE n.root_id = :root_id AND n.depth <= COALESCE(CAST(:depth AS integer), 2147483647)
-  AND get_byte(uuid_send(n.id), 15) % :parts = :part;
-
--- task_subtree_nodes --
--- The subtree under :under (at most :depth levels below it) in task_tree_nodes' columns.
-{fragment_subtree_ids}
-SELECT n.id::text, n.parent_id::text, n.depth, n.created_at,
-       {fragment_task_node_json} AS node,
-       {fragment_node_totals}
-FROM tasks n JOIN sub USING (id)
-WHERE n.root_id = :root_id;  -- every task of the subtree is in the tree: root_id's index
-
 -- fragment_task_summary_json --
 -- One task as JSON text in the tree's summary shape (GET /trees/{id}?fields=summary): what
 -- a tree view draws, without what agents write (payload, result, verdict, criteria: about
@@ -1362,24 +1340,33 @@ concat('{"id":"', n.id, '","parent_id":', COALESCE('"' || n.parent_id || '"', 'n
        ',"model":', COALESCE(to_json(n.model)::text, 'null'),
        ',"forked_from":', COALESCE('"' || n.forked_from || '"', 'null'), '}')
 
--- task_tree_summary_nodes --
--- task_tree_nodes in the summary shape (fragment_task_summary_json): the same rows, parts
--- and columns, without the nodes' payloads and results.
-SELECT n.id::text, n.parent_id::text, n.depth, n.created_at,
-       {fragment_task_summary_json} AS node,
-       {fragment_node_totals}
+-- fragment_tree_node_row --
+-- One row of a tree read over a row ``n`` of tasks: the narrow keys the caller sorts by,
+-- the node as JSON text in the shape :summary asks for (fragment_task_summary_json, else
+-- fragment_task_node_json: a parameter known when the statement is planned, so only one
+-- is built), then the totals' sources (fragment_node_totals).
+n.id::text, n.parent_id::text, n.depth, n.created_at,
+CASE WHEN CAST(:summary AS boolean) THEN {fragment_task_summary_json}
+     ELSE {fragment_task_node_json} END AS node,
+{fragment_node_totals}
+
+-- task_tree_nodes --
+-- A whole tree (at most :depth levels below the root) as JSON text built in the database,
+-- one row per node (fragment_tree_node_row; :summary for the summary shape); only the
+-- nodes of part :part of :parts (by the last byte of their id: a big tree is read in
+-- parts on several connections at once, building the JSON is the cost and it splits).
+-- Unordered: the caller sorts the narrow keys (an ORDER BY here would sort the wide text).
+SELECT {fragment_tree_node_row}
 FROM tasks n
 WHERE n.root_id = :root_id AND n.depth <= COALESCE(CAST(:depth AS integer), 2147483647)
   AND get_byte(uuid_send(n.id), 15) % :parts = :part;
 
--- task_subtree_summary_nodes --
--- task_subtree_nodes in the summary shape (fragment_task_summary_json).
+-- task_subtree_nodes --
+-- The subtree under :under (at most :depth levels below it) in task_tree_nodes' rows.
 {fragment_subtree_ids}
-SELECT n.id::text, n.parent_id::text, n.depth, n.created_at,
-       {fragment_task_summary_json} AS node,
-       {fragment_node_totals}
+SELECT {fragment_tree_node_row}
 FROM tasks n JOIN sub USING (id)
-WHERE n.root_id = :root_id;
+WHERE n.root_id = :root_id;  -- every task of the subtree is in the tree: root_id's index
 
 -- task_tree_size --
 -- How many tasks a tree holds (an index-only count on root_id).

@@ -120,16 +120,15 @@ class StoreReads:
         :data:`TREE_READ_PARTS` parts on as many connections at once (building ten
         thousand nodes' JSON is the cost, and it splits over the server's cores); each
         part is its own snapshot, all taken after the cursor. With ``summary`` the
-        nodes are in the summary shape (``task_tree_summary_nodes``: no payload, result
-        or verdict).
+        nodes are in the summary shape (``fragment_task_summary_json``: no payload,
+        result or verdict).
         """
         with self.engine.connect() as conn:
             last_event_id = int(conn.execute(_TEXT["task_event_max_id"]).scalar_one())
             params = {"root_id": root_id, "under": under, "depth": depth,
                       "summary": summary}
             if under is not None:
-                name = "task_subtree_summary_nodes" if summary else "task_subtree_nodes"
-                rows = conn.execute(_TEXT[name], params).all()
+                rows = conn.execute(_TEXT["task_subtree_nodes"], params).all()
             else:
                 size = int(conn.execute(_TEXT["task_tree_size"], params).scalar_one())
                 parts = TREE_READ_PARTS if size >= PARALLEL_TREE_NODES else 1
@@ -155,8 +154,8 @@ class StoreReads:
         if conn is None:
             with self.engine.connect() as own:
                 return self._tree_part(own, params, part, parts)
-        name = "task_tree_summary_nodes" if params["summary"] else "task_tree_nodes"
-        return list(conn.execute(_TEXT[name], {**params, "part": part, "parts": parts}).all())
+        return list(conn.execute(_TEXT["task_tree_nodes"],
+                                 {**params, "part": part, "parts": parts}).all())
 
     def tree_changes(self, root_id: uuid.UUID, after: int, limit: int = 5000) -> list[Task]:
         """Transitions of a tree's tasks after ``task_events`` id ``after``, oldest first."""
@@ -175,34 +174,6 @@ class StoreReads:
     def model_calls(self, task_id: uuid.UUID) -> list[Task]:
         """Return the model calls made for a task."""
         return self.query("task_list_model_calls", id=task_id)
-
-    def recorded_call(self, task_id: uuid.UUID, phase: str, position: str,
-                      hashes: Sequence[str]) -> Task | None:
-        """The recorded successful reply of a durable model call, or None."""
-        rows = self.query("model_call_get_recorded", task_id=task_id, phase=phase,
-                          position=position, hashes=list(hashes))
-        return rows[0] if rows else None
-
-    def recorded_call_or_counterpart(self, task_id: uuid.UUID, counterpart: uuid.UUID,
-                                     phase: str, position: str,
-                                     hashes: Sequence[str]) -> Task | None:
-        """A fork's branch task's recorded reply: its own first, else its counterpart's."""
-        rows = self.query("model_call_get_recorded_or_counterpart", task_id=task_id,
-                          counterpart=counterpart, phase=phase, position=position,
-                          hashes=list(hashes))
-        return rows[0] if rows else None
-
-    def recorded_calls_many(self, lookups: Sequence[dict[str, Any]]) -> dict[int, Task]:
-        """Recorded replies of many durable calls in one statement: ``{n: row}``.
-
-        Each look-up is ``{"n", "task_id", "counterpart", "phase", "position", "hashes"}``
-        (``counterpart`` None outside a fork's branch); calls with no record are absent.
-        """
-        if not lookups:
-            return {}
-        rows = self.query("model_call_get_recorded_many",
-                          batch=json.dumps(list(lookups), default=str))
-        return {int(r["n"]): r for r in rows}
 
     def call_counts(self, root_id: uuid.UUID) -> dict[uuid.UUID, tuple[int, int]]:
         """Per task of a tree: ``(requests paid for, calls served from the record)``."""
