@@ -89,7 +89,7 @@ def test_every_problem_is_reported_at_once() -> None:
     assert len(check.problems) == 3
     assert set(check.as_dict()) == {"ok", "problems", "last_fire", "stranded",
                                     "oldest_escalation_age_seconds", "inbox_overdue",
-                                    "schedules"}
+                                    "schedules", "webhook_dead", "webhook_backlog"}
 
 
 # ---------------------------------------------------------------------- the command
