@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 import uuid
@@ -311,7 +312,9 @@ def send_test(store: Store, config: DeliveryConfig, name: str) -> dict[str, Any]
         NotFound: no endpoint of that name.
 
     """
-    queued = store.queue_webhook_test(name)
+    from runtime.webhooks.endpoints import NAME_PATTERN
+
+    queued = store.queue_webhook_test(name) if re.fullmatch(NAME_PATTERN, name) else None
     if queued is None:
         raise NotFound(f"no webhook endpoint named {name!r} (orgchart webhooks list)")
     deliverer = Deliverer(store, config)

@@ -63,6 +63,8 @@ def add_endpoint(store: Store, settings: Settings, name: str, url: str, events: 
             the SSRF rule refuses; nothing is stored then.
 
     """
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise BadInput(f"bad webhook name {name!r}: letters, digits, '_' or '-' (at most 64)")
     check_url(url, settings.webhooks.allow_private)  # the SSRF rule's message first
     try:
         entry = WebhookEndpointSettings(url=url, events=list(events), secret_env=secret_env,

@@ -35,10 +35,13 @@ def check_url(url: str, allow_private: bool, resolve: bool = True) -> None:
         BadInput: the scheme, the host, or an address it resolves to is refused.
 
     """
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:  # a bad port or bracket
+        raise BadInput(f"webhook URL {url!r} cannot be read: {exc}") from None
     if parts.scheme not in ("http", "https"):
         raise BadInput(f"webhook URL {url!r}: only http and https are allowed")
-    host = parts.hostname
     if not host:
         raise BadInput(f"webhook URL {url!r} names no host")
     if allow_private:
@@ -54,7 +57,7 @@ def check_url(url: str, allow_private: bool, resolve: bool = True) -> None:
             raise _private(url, host)
         return
     if resolve:
-        for address in _addresses(url, host, parts.port):
+        for address in _addresses(url, host, port):
             if _refused(address):
                 raise _private(url, str(address))
 
@@ -63,7 +66,7 @@ def _addresses(url: str, host: str, port: int | None
                ) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
     try:
         infos = socket.getaddrinfo(host, port or 443, type=socket.SOCK_STREAM)
-    except OSError as exc:
+    except (OSError, ValueError, UnicodeError) as exc:  # ValueError: a NUL in the name
         raise BadInput(f"webhook URL {url!r}: cannot resolve {host!r} ({exc})") from None
     return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
 

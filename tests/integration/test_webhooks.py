@@ -320,6 +320,14 @@ def test_api_add_list_test_deliveries_redeliver(store: Store, receiver: Receiver
     again = client.post(f"/webhooks/deliveries/{row['id']}/redeliver")
     assert again.status_code == 200 and again.json()["status"] == "pending"
     assert client.post("/webhooks/deliveries/999999/redeliver").status_code == 404
+    for body in ({"name": "a\x00b", "url": receiver.url, "events": ["tree.*"], "secret_env": "S"},
+                 {"name": "x", "url": "http://a\x00b/", "events": ["tree.*"], "secret_env": "S"},
+                 {"name": "x", "url": "http://[::1/", "events": ["tree.*"], "secret_env": "S"},
+                 {"name": "x", "url": receiver.url, "events": ["\x00"], "secret_env": "S"},
+                 {"name": "x", "url": receiver.url, "events": [], "secret_env": "S"}):
+        assert client.post("/webhooks", json=body).status_code == 422, body
+    assert client.post("/webhooks/deliveries/99999999999999999999/redeliver").status_code == 422
+    assert client.get("/webhooks/deliveries", params={"endpoint": "a\x00"}).status_code == 422
 
 
 def test_doctor_reports_dead_letters_and_a_backlog_past_alert_after(store: Store) -> None:
