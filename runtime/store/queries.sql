@@ -1039,18 +1039,6 @@ SELECT route, sum(cost_usd) AS cost_usd, sum(prompt_tokens + completion_tokens) 
        count(*) AS calls
 FROM model_calls GROUP BY route ORDER BY route;
 
--- model_call_get_recorded --
--- The recorded successful reply of one durable call: the task's phase, position and
--- request (one of the hashes), made by a real request (not itself a replay).
-SELECT id, request_hash, response, thinking, model, route, backend, prompt_tokens,
-       completion_tokens, tool_calls
-FROM model_calls
-WHERE task_id = :task_id AND phase = :phase AND position = :position
-  AND request_hash = ANY(CAST(:hashes AS text[]))
-  AND error IS NULL AND NOT replayed AND response IS NOT NULL
-ORDER BY id DESC
-LIMIT 1;
-
 -- model_call_count_kinds --
 -- Model call rows that were repairs, in-call retries, or served from the record.
 SELECT count(*) FILTER (WHERE attempt_kind = 'repair') AS repairs,
@@ -1994,27 +1982,15 @@ WITH ins AS (
 )
 SELECT ins.*, (SELECT count(*) FROM notify) AS notified FROM ins;
 
--- model_call_get_recorded_or_counterpart --
--- A branch task's recorded reply for one durable call: its own record first (a redelivery),
--- else its counterpart's at the same phase, position and request. The counterpart's
--- replayed rows count too (they hold the reply they were served): a branch of a branch
--- replays through the branch in between.
-SELECT id, request_hash, response, thinking, model, route, backend, prompt_tokens,
-       completion_tokens, tool_calls
-FROM model_calls
-WHERE task_id IN (:task_id, :counterpart) AND phase = :phase AND position = :position
-  AND request_hash = ANY(CAST(:hashes AS text[]))
-  AND error IS NULL AND response IS NOT NULL
-  AND (task_id = :counterpart OR NOT replayed)
-ORDER BY task_id = :task_id DESC, id DESC
-LIMIT 1;
-
 -- model_call_get_recorded_many --
 -- The recorded replies of a batch of durable calls (one JSON array: n, task_id,
--- counterpart, phase, position, hashes), one row per call that has one: as
--- model_call_get_recorded for a call without a counterpart, as
--- model_call_get_recorded_or_counterpart for a fork's branch task. A thousand calls
--- replayed at once (a re-run) are one statement, not a thousand.
+-- counterpart, phase, position, hashes), one row per call that has one: the newest
+-- successful reply made by a real request at the task's phase, position and request
+-- (one of the hashes). A fork's branch task (with a counterpart) looks in its own
+-- record first (a redelivery), else in its counterpart's, whose replayed rows count too
+-- (they hold the reply they were served: a branch of a branch replays through the
+-- branch in between). A thousand calls replayed at once (a re-run) are one statement,
+-- not a thousand.
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(CAST(:batch AS jsonb))
         AS i(n int, task_id uuid, counterpart uuid, phase text, position text, hashes text[])
