@@ -35,6 +35,9 @@ from runtime.schedules.ticker import Ticker, TickerConfig
 from runtime.store.store import Store
 
 NameArg = Annotated[str, typer.Argument(help="The schedule's name.")]
+#: Added to ``[orchestrator] wall_clock_seconds``: how long a scheduled fire may stay
+#: unfinished before the overlap policy takes it for dead.
+FIRE_MARGIN_SECONDS = 300.0
 
 
 def add(
@@ -191,6 +194,10 @@ def start_ticker(store: Store, config: Settings, host_fires: bool) -> Ticker:
                          kwargs={"fire_id": fire_id}, name=f"fire-{fire_id}",
                          daemon=True).start()
 
-    ticker = Ticker(store, TickerConfig(worker=worker), start_fire if host_fires else None)
+    # A fire lasts its wall clock plus start-up slack and kill grace: one unfinished
+    # much later than that died with its process, and holds up no later slot.
+    fire_open = config.orchestrator.wall_clock_seconds + FIRE_MARGIN_SECONDS
+    ticker = Ticker(store, TickerConfig(worker=worker, fire_open_seconds=fire_open),
+                    start_fire if host_fires else None)
     ticker.start()
     return ticker

@@ -49,6 +49,10 @@ TICK_INTERVAL_SECONDS = 0.5
 MAX_SLOTS_PER_TICK = 1000
 #: Most due schedules one tick reads (the rest are the next tick's).
 MAX_SCHEDULES_PER_TICK = 100
+#: A scheduled fire still unfinished after this long died with its process: the overlap
+#: policy no longer waits for it (a fire lasts its wall clock plus start-up and kill
+#: grace; ``start_ticker`` passes ``[orchestrator] wall_clock_seconds`` plus a margin).
+FIRE_OPEN_SECONDS = 3600.0
 
 #: Runs the fire a fire schedule's slot started (its ``fires`` row is committed).
 FireStarter = Callable[[int], None]
@@ -61,10 +65,13 @@ class TickerConfig:
     worker: str
     interval_seconds: float = TICK_INTERVAL_SECONDS
     max_slots_per_tick: int = MAX_SLOTS_PER_TICK
+    fire_open_seconds: float = FIRE_OPEN_SECONDS
 
     def __post_init__(self) -> None:
-        if self.interval_seconds <= 0 or self.max_slots_per_tick < 1:
-            raise ValueError("interval_seconds must be positive and max_slots_per_tick >= 1")
+        if self.interval_seconds <= 0 or self.max_slots_per_tick < 1 or \
+                self.fire_open_seconds <= 0:
+            raise ValueError("interval_seconds and fire_open_seconds must be positive and "
+                             "max_slots_per_tick >= 1")
 
 
 @dataclass
@@ -200,7 +207,7 @@ class Ticker:
 
     def _overlap_allows(self, tick: SlotWriter, slot: dt.datetime, done: Ticked) -> bool:
         """Apply ``skip`` or ``cancel_previous`` to what the schedule started that is open."""
-        open_runs = tick.open_runs()
+        open_runs = tick.open_runs(self.config.fire_open_seconds)
         if not open_runs:
             return True
         name = tick.row["name"]

@@ -2419,7 +2419,9 @@ SELECT *, now() AS db_now FROM schedules WHERE name = :name FOR UPDATE;
 
 -- schedule_runs_open --
 -- What the schedule started that is still open: roots not terminal, fires not finished,
--- among its last 100 fired slots (the overlap policy; older ones are long over).
+-- among its last 100 fired slots (the overlap policy; older ones are long over). A fire
+-- unfinished after :fire_open_seconds (longer than any fire lasts) died with its process
+-- and holds up nothing.
 SELECT r.slot_at, r.root_id, r.fire_id
 FROM (SELECT * FROM schedule_runs
       WHERE schedule_id = :id AND state = 'fired'
@@ -2428,7 +2430,8 @@ LEFT JOIN tasks t ON t.id = r.root_id
 LEFT JOIN fires f ON f.id = r.fire_id
 WHERE (r.root_id IS NOT NULL
        AND t.status NOT IN ('done', 'failed', 'escalated', 'cancelled'))
-   OR (r.fire_id IS NOT NULL AND f.id IS NOT NULL AND f.finished_at IS NULL)
+   OR (r.fire_id IS NOT NULL AND f.id IS NOT NULL AND f.finished_at IS NULL
+       AND f.started_at > now() - make_interval(secs => :fire_open_seconds))
 ORDER BY r.slot_at;
 
 -- schedule_run_insert --

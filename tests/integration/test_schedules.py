@@ -268,3 +268,18 @@ def test_a_schedule_whose_root_cannot_be_inserted_holds_up_no_other(store: Store
     done = _ticker(store).run_once()
     assert done.fired >= 2 and all(r["state"] == "fired" for r in _runs(store, "fine"))
     assert _runs(store, "broken") == [] and store.schedule("broken")["next_at"] == before
+
+
+def test_a_scheduled_fire_that_died_unfinished_holds_up_no_later_slot(store: Store) -> None:
+    _store_schedule(store, "fire", every="1s", fire=True, overlap="skip")
+    started: list[int] = []
+    config = TickerConfig(worker="t", fire_open_seconds=30.0)
+    _wait_next_slot(store, "fire")
+    assert Ticker(store, config, started.append).run_once().fired == 1
+    _wait_next_slot(store, "fire")  # its fire is unfinished, and young
+    assert Ticker(store, config, started.append).run_once().skipped == 1
+    with store.transaction() as conn:  # its process died long ago
+        conn.execute(sa.text("UPDATE fires SET started_at = now() - interval '1 hour'"))
+    _wait_next_slot(store, "fire")
+    assert Ticker(store, config, started.append).run_once().fired == 1
+    assert len(started) == 2

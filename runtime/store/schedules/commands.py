@@ -51,9 +51,13 @@ class SlotWriter:
         self.row = row
         self.worker = worker
 
-    def open_runs(self) -> list[Row]:
-        """What the schedule started that is still open (roots not terminal, fires running)."""
-        return _all(self.conn, "schedule_runs_open", id=self.row["id"])
+    def open_runs(self, fire_open_seconds: float) -> list[Row]:
+        """What the schedule started that is still open (roots not terminal, fires running).
+
+        A fire unfinished after ``fire_open_seconds`` is taken for dead (its process was).
+        """
+        return _all(self.conn, "schedule_runs_open", id=self.row["id"],
+                    fire_open_seconds=fire_open_seconds)
 
     def record(self, slot_at: dt.datetime, state: str, detail: str | None = None,
                slots: int = 1, root_id: uuid.UUID | None = None) -> bool:
