@@ -47,7 +47,7 @@ from policies.criteria import validate_criteria
 from runtime.budget import Ask, BudgetRefused, ChildSpend, TaskBudget, carve, check_retry
 from runtime.config import Settings
 from runtime.engine.actions import Action, DelegateAction, Dropped, RetryAction
-from runtime.engine.judge_stage import accepted, judge_task
+from runtime.engine.judge_stage import accepted, judge_task, undecided
 from runtime.engine.started import (
     RACED,
     LazyLLM,
@@ -448,8 +448,7 @@ class Executor:
             except Exception as exc:
                 return RunOutcome(row.id, row.lease, "escalated", result=result,
                                   error=f"judge error: {type(exc).__name__}: {exc}",
-                                  verdict={"passed": False, "score": 0.0, "judge": "rules",
-                                           "reasons": [f"the judge could not decide: {exc}"]})
+                                  verdict=undecided(f"the judge could not decide: {exc}"))
         why = " (no criteria to judge)" if nothing else ""
         return RunOutcome(row.id, row.lease, judgement.to_status, result=result,
                           error=judgement.error, verdict=judgement.verdict,
@@ -489,8 +488,7 @@ class Executor:
             return Dropped(row.id, f"judge interrupted: {type(exc).__name__}")
         except Exception as exc:
             return JudgeOutcome(row.id, row.lease, "escalated",
-                                {"passed": False, "score": 0.0, "judge": "rules",
-                                 "reasons": [f"the judge could not decide: {exc}"]},
+                                undecided(f"the judge could not decide: {exc}"),
                                 error=f"judge error: {type(exc).__name__}: {exc}")
         return JudgeOutcome(row.id, row.lease, judgement.to_status,
                             judgement.verdict, error=judgement.error,

@@ -56,6 +56,15 @@ def _verdict(passed: bool, score: float, reasons: list[str], judge: str = "rules
             "judge": judge, "checks": checks or [], **extra}
 
 
+def undecided(reason: str) -> dict[str, Any]:
+    """The verdict stored when none could be reached: not passed, score 0, the reason.
+
+    The judge raised, or the outcome it decided could not be stored; the task is
+    escalated (or failed) with this verdict, by the rules judge's name.
+    """
+    return _verdict(False, 0.0, [reason])
+
+
 def accepted() -> Judgement:
     """What the rules judge says of a task with no success criteria and no kill criteria."""
     return Judgement("done", _verdict(True, 1.0, ["no success criteria: accepted"]))

@@ -259,7 +259,3 @@ class StoreSteps(StoreReads):
     def steps(self, task_id: uuid.UUID) -> list[Task]:
         """The steps and tool calls of one task, in the order they first started."""
         return self.query("task_list_steps", id=task_id)
-
-    def steps_of(self, task_ids: Sequence[uuid.UUID]) -> list[dict[str, Any]]:
-        """The steps of several tasks, without results (spans and waterfall segments)."""
-        return self.query("step_list_by_tasks", ids=[str(i) for i in task_ids])

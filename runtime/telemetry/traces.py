@@ -45,7 +45,7 @@ import os
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -473,8 +473,3 @@ def finish_tree_export(root_id: uuid.UUID) -> int:
     """
     running = _take_running()
     return 0 if running is None else running.finish_tree(root_id)
-
-
-def spans_for_tree(store: Store, root_id: uuid.UUID) -> Sequence[Any]:
-    """The spans of one tree (for tests and tools)."""
-    return build_spans(store.trace_rows(store.tree_ids(root_id)))

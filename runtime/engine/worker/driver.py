@@ -154,10 +154,6 @@ class Worker:
         """Extend every lease held; flag tasks whose lease was lost. Returns how many held."""
         return self.leases.beat_once()
 
-    def stop_check_once(self) -> list[InFlight]:
-        """Stop the held tasks that were cancelled (their coroutines, their model calls)."""
-        return self.stopper.check_once()
-
     def maintain_once(self) -> bool:
         """One pass of the reaper, the watchdog and the fan-in sweeper; False when skipped."""
         return self.steps.maintain_once()

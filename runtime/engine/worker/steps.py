@@ -25,6 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from runtime.engine.actions import Action, DelegateAction, Dropped, RetryAction
+from runtime.engine.judge_stage import undecided
 from runtime.engine.maintenance import Maintenance, MaintenanceConfig
 from runtime.engine.worker.config import WorkerConfig, WorkerStats
 from runtime.engine.worker.state import InFlight
@@ -166,9 +167,8 @@ class Steps:
                     [RunOutcome(bad.task_id, bad.lease_token, "failed", error=reason)],
                     self.config.worker_id)
             else:
-                verdict = {"passed": False, "score": 0.0, "judge": "rules", "reasons": [reason]}
                 done = self.store.finish_judging(
-                    [JudgeOutcome(bad.task_id, bad.lease_token, "escalated", verdict,
+                    [JudgeOutcome(bad.task_id, bad.lease_token, "escalated", undecided(reason),
                                   error=reason)], self.config.worker_id)
         self._count(outcomes, done.applied, done.stale)
 
