@@ -33,7 +33,7 @@ MIN_EVERY_SECONDS = 1
 #: catch-up window: a tick that is merely late (a busy host, a slow transaction) fires it.
 MIN_CATCHUP_SECONDS = 10.0
 #: Most slots a missed run is counted up to, one by one, for a cron line (an ``every``
-#: cadence counts by arithmetic); past it the count says "at least".
+#: cadence counts by arithmetic); past it the count stops, and its row says "at least".
 MAX_COUNTED_SLOTS = 100_000
 
 

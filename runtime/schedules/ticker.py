@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.schedules.slots import plan_slots
+from runtime.schedules.slots import MAX_COUNTED_SLOTS, plan_slots
 from runtime.schedules.spec import cadence_of, task_of
 from runtime.store.rows import NotFound
 from runtime.store.schedules import SlotWriter
@@ -175,9 +175,10 @@ class Ticker:
         plan = plan_slots(cadence_of(row), row["next_at"], row["db_now"],
                           row["catchup_seconds"], self.config.max_slots_per_tick)
         if plan.missed and plan.missed_from is not None:
+            many = "at least " if plan.missed >= MAX_COUNTED_SLOTS else ""
             tick.record(plan.missed_from, "missed", slots=plan.missed,
-                        detail=f"{plan.missed} slot(s) passed while no process ticked, older "
-                               f"than the catch-up window ({row['catchup_seconds']:g}s)")
+                        detail=f"{many}{plan.missed} slot(s) passed while no process ticked, "
+                               f"older than the catch-up window ({row['catchup_seconds']:g}s)")
             done.missed += plan.missed
         self._fire_slots(tick, plan.due, done)
         tick.advance(plan.next_at)
