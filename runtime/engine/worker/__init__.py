@@ -9,7 +9,7 @@ One event loop per worker process, in pieces, one module each:
 - :mod:`~runtime.engine.worker.listener`: wakes the claim loop on LISTEN/NOTIFY (the
   store's task channel), behind the :class:`Notifier` seam;
 - :mod:`~runtime.engine.worker.agent_threads`: sync agents and the judge in threads;
-- :mod:`~runtime.engine.worker.steps`: the blocking steps (claim a batch, write actions,
+- :mod:`~runtime.engine.worker.db_steps`: the blocking steps (claim a batch, write actions,
   maintenance) both the loop and the step API run;
 - :mod:`~runtime.engine.worker.state`: what is held and how the pieces signal;
 - :mod:`~runtime.engine.worker.driver`: the :class:`Worker` that puts them together

@@ -13,7 +13,7 @@ On the worker's one event loop:
   :class:`~runtime.engine.worker.agent_threads.SyncAgentRunner`'s threads, their futures
   handing the actions on;
 - **the writer**: actions that arrive within :data:`WRITE_WINDOW_SECONDS` are written
-  together (:meth:`~runtime.engine.worker.steps.Steps.apply`); a task stays held (and
+  together (:meth:`~runtime.engine.worker.db_steps.Steps.apply`); a task stays held (and
   heartbeated) until its outcome is written;
 - **maintenance**: one pass of reaper, watchdog and sweeper per interval across workers.
 
@@ -52,9 +52,9 @@ from runtime.engine.worker.config import (
     WRITE_WINDOW_SECONDS,
     WorkerConfig,
 )
+from runtime.engine.worker.db_steps import Steps
 from runtime.engine.worker.dispatch import Dispatch
 from runtime.engine.worker.state import DbHealth, Held, InFlight, Pace, Wake
-from runtime.engine.worker.steps import Steps
 from runtime.store import db
 
 log = logging.getLogger(__name__)
