@@ -149,3 +149,65 @@ class Judge(Agent):
         return Result(JudgeOutput(score=scored.score, passed=scored.passed,
                                   reasons=scored.reasons,
                                   uncertain=scored.uncertain).model_dump())
+
+
+# --------------------------------------------------------------------------- pairwise
+PAIRWISE_SYSTEM = (
+    "You are a strict, fair evaluator comparing two answers to one goal. Answer only in "
+    "the requested JSON schema. Set uncertain to true when you cannot tell."
+)
+
+
+class PairwiseInput(BaseModel):
+    """Two answers to one goal, in the order they are shown, and what makes one better."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    goal: str = ""
+    rubric: str = DEFAULT_RUBRIC
+    first: Any = None
+    second: Any = None
+
+
+class PairwiseOutput(BaseModel):
+    """Which answer is better: ``first``, ``second`` or ``tie``."""
+
+    preferred: str = Field(pattern="^(first|second|tie)$",
+                           description="The better answer: first, second, or tie")
+    reasons: list[str] = Field(default_factory=list, description="Short reasons")
+    uncertain: bool = Field(False, description="True when the judge cannot tell")
+
+
+class PairwiseJudge(Agent):
+    """Compares two answers to one goal (an experiment's pairwise scorer submits these).
+
+    The order the answers are shown in is chosen by the caller (at random, and recorded),
+    since a model judge tends to favour one position. An answer that does not fit
+    :class:`PairwiseOutput`, or one from the offline backend, comes back uncertain.
+    """
+
+    name = "pairwise_judge"
+    types = ("judge",)
+    description = "Says which of two answers to one goal is better, with one model call."
+    input_model = PairwiseInput
+    output_model = PairwiseOutput
+
+    def run(self, ctx: AgentContext, task: TaskView) -> Result:
+        """Ask the model which answer is better."""
+        given = task.input if isinstance(task.input, PairwiseInput) else None
+        pair = given or PairwiseInput.model_validate(task.payload)
+        prompt = ctx.prompt(self.name, goal=pair.goal.strip() or "(not stated)",
+                            rubric=pair.rubric.strip(), first=result_text(pair.first),
+                            second=result_text(pair.second))
+        completion = ctx.llm.complete(prompt, schema=PairwiseOutput, system=PAIRWISE_SYSTEM)
+        if getattr(completion, "offline", False):
+            return Result(PairwiseOutput(preferred="tie", reasons=[OFFLINE_REASON],
+                                         uncertain=True).model_dump())
+        try:
+            answer = PairwiseOutput.model_validate(_answer_data(completion))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "(root)"
+            answer = PairwiseOutput(preferred="tie", uncertain=True, reasons=[
+                f"the judge's answer did not fit the schema: {where}: {first['msg']}"])
+        return Result(answer.model_dump())

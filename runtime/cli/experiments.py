@@ -141,9 +141,9 @@ def _fail_rule(value: str | None) -> tuple[str, float] | None:
     if not value:
         return None
     name, _, margin = value.partition(":")
-    from runtime.experiments.scorers import scorer
+    from runtime.experiments.judges import lookup
 
-    scorer(name)
+    lookup(name)
     try:
         return name, float(margin) if margin else 0.0
     except ValueError:
@@ -189,7 +189,8 @@ def experiment_run(
         "--budget-usd", help="What all the experiment's trees may spend together.")] = None,
     tenant: Annotated[str, typer.Option("--tenant", help="The trees' tenant.")] = "default",
     scorer_names: Annotated[list[str] | None, typer.Option(
-        "--scorer", help="Scorers to run (default: all built in).")] = None,
+        "--scorer", help="Scorers to run (default: all that need no model; "
+                         "'rubric' and 'pairwise' ask one).")] = None,
     fail_if_worse: Annotated[str | None, typer.Option(
         "--fail-if-worse", help="SCORER[:MARGIN]: exit 1 when a variant is worse.")] = None,
     submit_only: Annotated[bool, typer.Option(
@@ -198,12 +199,13 @@ def experiment_run(
     agents_module: ModulesOpt = None, json_: JsonOpt = False,
 ) -> None:
     """Run a dataset under variants (baseline first, the others forks of it); print the report."""
+    from runtime.experiments.judges import lookup
     from runtime.experiments.runner import ExperimentPlan, ExperimentRunner
-    from runtime.experiments.scorers import DEFAULT_SCORERS, scorer
+    from runtime.experiments.scorers import DEFAULT_SCORERS
     from runtime.experiments.variants import check_variants
 
     rule = _fail_rule(fail_if_worse)
-    chosen = [scorer(n) for n in (scorer_names or DEFAULT_SCORERS)]
+    chosen = [lookup(n) for n in (scorer_names or DEFAULT_SCORERS)]
     budget = _budget(budget_usd)
     plan_variants = _variants(variants, only)
     runtime = _runtime(agents_module)
@@ -328,15 +330,17 @@ def experiment_rescore(
     json_: JsonOpt = False, agents_module: ModulesOpt = None,
 ) -> None:
     """Score an experiment's finished trees again with these scorers (no tree runs)."""
+    from runtime.experiments.judges import lookup
     from runtime.experiments.runner import ExperimentRunner
-    from runtime.experiments.scorers import scorer
 
-    chosen = [scorer(n) for n in scorer_names]
+    chosen = [lookup(n) for n in scorer_names]
     runtime = _runtime(agents_module)
     experiment = runtime.store.experiment_get(key)
     if experiment is None:
         raise NotFound(f"no experiment {key!r}")
-    written = ExperimentRunner(runtime).score(experiment["id"], chosen)
+    runner = ExperimentRunner(runtime)
+    install_stop_signals(runner.stop)  # judge scorers run trees
+    written = runner.score(experiment["id"], chosen, tenant=experiment["tenant"])
     err.print(f"{written} score row(s) written", style="dim", markup=False, highlight=False)
     _show(runtime, key, json_)
 

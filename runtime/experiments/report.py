@@ -167,10 +167,11 @@ def run_outcomes(store: Store, experiment_id: uuid.UUID) -> list[RunOutcome]:
     if experiment is None:
         raise NotFound(f"no experiment {experiment_id}")
     cases = store.dataset_cases(experiment["dataset_id"])
+    variants = {v["name"] for v in experiment["variants"]}  # not the judges' trees
     return [RunOutcome(cases[row["position"]], row["variant"], row["repetition"], row,
                        Decimal(row["replayed_cost_usd"]), int(row["replayed_tokens"]))
             for row in store.experiment_runs(experiment_id)
-            if row["status"] in TERMINAL_STATUSES]
+            if row["status"] in TERMINAL_STATUSES and row["variant"] in variants]
 
 
 def load_report(store: Store, key: str) -> dict[str, Any]:

@@ -37,14 +37,17 @@ from typing import Any
 
 from runtime.errors import BadInput
 from runtime.experiments.datasets import Case
+from runtime.experiments.judges import TreeScorer
 from runtime.experiments.report import run_outcomes
-from runtime.experiments.scorers import RunOutcome, Scorer
+from runtime.experiments.scorers import RunOutcome, Score, Scorer
 from runtime.experiments.variants import Variant
 from runtime.forks.branch import plan_fork
 from runtime.wiring import Runtime, build_root
 
 log = logging.getLogger(__name__)
 
+#: How long a rescore waits for its judge trees.
+JUDGE_TIMEOUT_SECONDS = 1800.0
 #: How often the runner looks at its trees while they run (one indexed read).
 POLL_SECONDS = 0.05
 
@@ -57,7 +60,7 @@ class ExperimentPlan:
     dataset_id: uuid.UUID
     cases: list[Case]
     variants: list[Variant]
-    scorers: list[Scorer]
+    scorers: list[Scorer | TreeScorer]
     repeat: int = 1
     budget_usd: Decimal | None = None
     tenant: str = "default"
@@ -135,22 +138,22 @@ class ExperimentRunner:
         try:
             baselines = self._start_baselines(plan, summary)
             if not submit_only:
-                self._wait(plan, summary, list(baselines.values()), deadline)
+                self._wait(summary, list(baselines.values()), deadline, plan.budget_usd)
                 if phase_done is not None:
                     phase_done("baselines")
             forks = [] if summary.stopped else self._start_forks(plan, summary, baselines)
             if not submit_only and not summary.stopped:
-                self._wait(plan, summary, forks, deadline)
+                self._wait(summary, forks, deadline, plan.budget_usd)
                 if phase_done is not None:
                     phase_done("variants")
+            if not submit_only:  # judge trees only while the budget and the time last
+                self.score(experiment["id"], plan.scorers, tenant=plan.tenant,
+                           summary=None if summary.stopped else summary,
+                           deadline=deadline, budget=plan.budget_usd)
         finally:
-            if self._worker is not None and self._thread is not None:
-                self._worker.stop("experiment finished")
-                self._thread.join(timeout=60)
-                self._worker = self._thread = None
+            self._stop_worker()
         if submit_only:
             return summary
-        self.score(experiment["id"], plan.scorers)
         if summary.stopped:
             self.store.experiment_set_status(experiment["id"], "stopped", summary.stopped)
         else:
@@ -158,15 +161,15 @@ class ExperimentRunner:
         return summary
 
     # ---------------------------------------------------------------- starting trees
-    def _budget_left(self, plan: ExperimentPlan, summary: RunSummary) -> bool:
+    def _budget_left(self, budget: Decimal | None, summary: RunSummary) -> bool:
         if summary.stopped:
             return False
-        if plan.budget_usd is None:
+        if budget is None:
             return True
         spent = self.store.experiment_spend(summary.experiment_id)
-        if spent >= plan.budget_usd:
+        if spent >= budget:
             summary.stopped = (f"budget reached: ${spent:.5f} spent of "
-                               f"${plan.budget_usd:.5f}; no new tree started")
+                               f"${budget:.5f}; no new tree started")
             return False
         return True
 
@@ -181,7 +184,7 @@ class ExperimentRunner:
                 if known is not None:
                     roots[key], summary.resumed = known, summary.resumed + 1
                     continue
-                if not self._budget_left(plan, summary):
+                if not self._budget_left(plan.budget_usd, summary):
                     return roots
                 root, started = self.store.experiment_start(
                     summary.experiment_id, case.position, "baseline", repetition,
@@ -204,7 +207,7 @@ class ExperimentRunner:
                     roots.append(known)
                     summary.resumed += 1
                     continue
-                if not self._budget_left(plan, summary):
+                if not self._budget_left(plan.budget_usd, summary):
                     return roots
                 root, started = self.store.experiment_start(
                     summary.experiment_id, position, variant.name, repetition,
@@ -230,8 +233,14 @@ class ExperimentRunner:
                                         daemon=True)
         self._thread.start()
 
-    def _wait(self, plan: ExperimentPlan, summary: RunSummary, roots: Sequence[uuid.UUID],
-              deadline: float) -> None:
+    def _stop_worker(self) -> None:
+        if self._worker is not None and self._thread is not None:
+            self._worker.stop("experiment finished")
+            self._thread.join(timeout=60)
+        self._worker = self._thread = None
+
+    def _wait(self, summary: RunSummary, roots: Sequence[uuid.UUID], deadline: float,
+              budget: Decimal | None = None) -> None:
         """Until every tree of ``roots`` ended (or the budget or the time ran out)."""
         wanted = set(roots)
         while wanted:
@@ -239,7 +248,7 @@ class ExperimentRunner:
                                 & wanted)
             if not open_roots:
                 return
-            if plan.budget_usd is not None and not self._budget_left(plan, summary):
+            if budget is not None and not self._budget_left(budget, summary):
                 for root in open_roots:
                     self.store.cancel(root, actor="experiment", note=summary.stopped)
                 summary.stopped = (summary.stopped or "") + (
@@ -250,8 +259,8 @@ class ExperimentRunner:
                                    " run the experiment again to resume it")
                 return
             if time.monotonic() > deadline:
-                summary.stopped = (f"timed out after {plan.timeout_seconds:g} s with "
-                                   f"{len(open_roots)} tree(s) still open")
+                summary.stopped = (f"timed out with {len(open_roots)} tree(s) still open; "
+                                   "run the experiment again to resume it")
                 return
             time.sleep(POLL_SECONDS)
 
@@ -260,15 +269,57 @@ class ExperimentRunner:
         """Every finished tree of the experiment as the scorers read it."""
         return run_outcomes(self.store, experiment_id)
 
-    def score(self, experiment_id: uuid.UUID, scorers: Sequence[Scorer]) -> int:
-        """Score every finished tree with ``scorers``; write the rows; return how many."""
-        rows = []
-        for run in self.outcomes(experiment_id):
-            for s in scorers:
-                result = s(run)
-                rows.append({"position": run.root["position"], "variant": run.variant,
-                             "repetition": run.repetition, "scorer": s.name,
-                             "value": None if result is None else result.value,
-                             "explanation": None if result is None else result.explanation})
+    def score(self, experiment_id: uuid.UUID, scorers: Sequence[Scorer | TreeScorer], *,
+              tenant: str = "default", summary: RunSummary | None = None,
+              deadline: float | None = None, budget: Decimal | None = None) -> int:
+        """Score every finished tree with ``scorers``; write the rows; return how many.
+
+        Judge scorers (:mod:`runtime.experiments.judges`) start their judge trees and wait
+        for them, with this runner's worker (one is started when none runs). Without a
+        ``summary`` (an experiment stopped by its budget) they are left out.
+        """
+        outcomes = self.outcomes(experiment_id)
+        rows = [_row(run, s.name, s(run)) for run in outcomes
+                for s in scorers if isinstance(s, Scorer)]
+        judges = [s for s in scorers if isinstance(s, TreeScorer)]
+        if judges and (summary is not None or deadline is None):
+            rows += self._judged(experiment_id, outcomes, judges, tenant,
+                                 summary or RunSummary(experiment_id),
+                                 deadline or time.monotonic() + JUDGE_TIMEOUT_SECONDS, budget)
         self.store.experiment_scores_put(experiment_id, rows)
         return len(rows)
+
+    def _judged(self, experiment_id: uuid.UUID, outcomes: Sequence[RunOutcome],
+                judges: Sequence[TreeScorer], tenant: str, summary: RunSummary,
+                deadline: float, budget: Decimal | None) -> list[dict[str, Any]]:
+        """Start the judge trees (each once), wait for them, read their scores."""
+        started_worker = self._worker is None
+        if started_worker:
+            self._start_worker()
+        try:
+            requests = [(j, r) for j in judges
+                        for r in j.requests(experiment_id, outcomes, tenant)]
+            roots = []
+            for _, r in requests:
+                if not self._budget_left(budget, summary):
+                    break
+                root, _ = self.store.experiment_start(
+                    experiment_id, r.outcome.root["position"], r.run_variant,
+                    r.outcome.repetition, new=r.task)
+                roots.append(root)
+            self._wait(summary, roots, deadline, budget)
+        finally:
+            if started_worker:
+                self._stop_worker()
+        rows = []
+        for (judge, request), root in zip(requests, roots, strict=False):
+            rows.append(_row(request.outcome, judge.name,
+                             judge.score(request, self.store.get(root))))
+        return rows
+
+
+def _row(run: RunOutcome, scorer: str, result: Score | None) -> dict[str, Any]:
+    return {"position": run.root["position"], "variant": run.variant,
+            "repetition": run.repetition, "scorer": scorer,
+            "value": None if result is None else result.value,
+            "explanation": None if result is None else result.explanation}

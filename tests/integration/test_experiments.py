@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
+from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
@@ -17,12 +19,14 @@ import pytest
 from runtime.config import load_settings
 from runtime.errors import BadInput
 from runtime.experiments.datasets import parse_cases, read_cases, version_of
+from runtime.experiments.judges import lookup, shown_first
 from runtime.experiments.report import build_report, worse_than_baseline
 from runtime.experiments.runner import ExperimentPlan, ExperimentRunner
-from runtime.experiments.scorers import DEFAULT_SCORERS, SCORERS, scorer
+from runtime.experiments.scorers import DEFAULT_SCORERS, SCORERS, RunOutcome, scorer
 from runtime.experiments.variants import check_variants, parse_variants, read_variants
 from runtime.store.store import Store
 from runtime.wiring import Runtime, build_runtime
+from tests.fake_ollama import FakeOllama, fake_ollama_server  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "experiments"
@@ -192,3 +196,50 @@ def test_the_worked_example_runs_from_the_command_line(orgchart_env: dict[str, s
                            env=orgchart_env, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["id"] == report["id"]
+
+
+def test_model_judges_run_as_trees_recorded_once_with_the_order_shown(
+        db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch,
+        fake_ollama: FakeOllama) -> None:
+    monkeypatch.chdir(ROOT)
+    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
+                                  "ORGCHART_LLM__BACKEND": "ollama",
+                                  "ORGCHART_OLLAMA__URL": fake_ollama.url})
+    runtime = build_runtime(settings, [MODULE], store=store)
+    plan = _plan(runtime, "judged")
+    plan = ExperimentPlan(**{**plan.__dict__,
+                             "scorers": [lookup("done"), lookup("rubric"), lookup("pairwise")]})
+    runner = ExperimentRunner(runtime)
+    summary = runner.run(plan)
+    runs = store.experiment_runs(summary.experiment_id)
+    judged = Counter(r["variant"] for r in runs)
+    # One rubric judge per tree, one pairwise judge per variant tree.
+    assert judged == {"baseline": 3, "sharper_trends": 3, "rubric:baseline": 3,
+                      "rubric:sharper_trends": 3, "pairwise:sharper_trends": 3}
+    agents = {store.get(r["root_id"])["to_agent"] for r in runs if ":" in r["variant"]}
+    assert agents == {"judge", "pairwise_judge"}
+    scores = store.experiment_scores(summary.experiment_id)
+    rubric = [s for s in scores if s["scorer"] == "rubric"]
+    assert len(rubric) == 6
+    assert all(s["value"] is None or 0 <= s["value"] <= 1 for s in rubric)
+    pairwise = [s for s in scores if s["scorer"] == "pairwise"]
+    assert {s["variant"] for s in pairwise} == {"sharper_trends"}
+    for s in pairwise:
+        assert s["value"] is None or s["value"] in (0.0, 0.5, 1.0)
+        if s["explanation"]:
+            assert s["explanation"].split(" shown first")[0] in ("variant", "baseline")
+    # Rescoring with the judges again starts no judge tree twice.
+    before = len(store.experiment_runs(summary.experiment_id))
+    runner.score(summary.experiment_id, [lookup("rubric"), lookup("pairwise")])
+    assert len(store.experiment_runs(summary.experiment_id)) == before
+    report = _report(runtime, "judged")
+    assert [v["name"] for v in report["variants"]] == ["baseline", "sharper_trends"]
+    assert report["variants"][0]["trees"] == 3  # the judges' trees are not the variant's
+
+
+def test_the_order_a_pair_is_shown_in_is_drawn_at_random_and_kept() -> None:
+    experiment = uuid.uuid4()
+    outcomes = [RunOutcome({"goal": "g"}, "v2", 0, {"position": i}) for i in range(40)]
+    first = [shown_first(experiment, o) for o in outcomes]
+    assert first == [shown_first(experiment, o) for o in outcomes]  # the same on a resume
+    assert 5 < first.count("variant") < 35  # both orders are drawn

@@ -71,8 +71,12 @@ class WorkerConfig:
 
     @property
     def run_agents(self) -> list[str]:
-        """Agents whose pending tasks this worker claims (``judge`` means the judge stage)."""
-        return [a for a in self.agents if a != JUDGE]
+        """Agents whose pending tasks this worker claims.
+
+        ``judge`` means the judge stage and also the built-in ``judge`` agent, whose
+        tasks (a rubric submitted or delegated to it) are claimed like any other's.
+        """
+        return list(self.agents)
 
     @property
     def judges(self) -> bool:
