@@ -25,8 +25,11 @@ from runtime.webhooks.targets import check_url
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"
 
 
-def endpoint_row(name: str, entry: WebhookEndpointSettings, allow_private: bool) -> EndpointRow:
+def endpoint_row(name: str, entry: WebhookEndpointSettings, allow_private: bool,
+                 resolve: bool = True) -> EndpointRow:
     """The row of one configured endpoint, its name and URL checked.
+
+    With ``resolve`` the host's addresses are checked too, else a literal address only.
 
     Raises:
         BadInput: a bad name, or a URL the SSRF rule refuses.
@@ -34,7 +37,7 @@ def endpoint_row(name: str, entry: WebhookEndpointSettings, allow_private: bool)
     """
     if not re.fullmatch(NAME_PATTERN, name):
         raise BadInput(f"bad webhook name {name!r}: letters, digits, '_' or '-' (at most 64)")
-    check_url(entry.url, allow_private)
+    check_url(entry.url, allow_private, resolve)
     return EndpointRow(name=name, url=entry.url, events=tuple(entry.events),
                        secret_env=entry.secret_env, tenant=entry.tenant)
 
@@ -45,11 +48,14 @@ def sync_configured(store: Store, settings: Settings) -> list[str]:
     Returns the names of the endpoints forgotten.
 
     Raises:
-        BadInput: an endpoint the SSRF rule refuses (nothing is stored then).
+        BadInput: an endpoint the SSRF rule refuses by its scheme or a literal
+            address (nothing is stored then).
 
     """
     hooks = settings.webhooks
-    rows = [endpoint_row(name, entry, hooks.allow_private)
+    # No lookup here: a receiver's DNS being down must not stop a worker from starting
+    # (every delivery checks the addresses the name resolves to then).
+    rows = [endpoint_row(name, entry, hooks.allow_private, resolve=False)
             for name, entry in sorted(hooks.endpoints.items())]
     return store.upsert_endpoints(rows, source="config", prune=True)
 
