@@ -2606,8 +2606,3 @@ WHERE status = 'pending' AND created_at < now() - make_interval(secs => :alert_a
 -- Subscribe to the webhook channel: the outbox trigger, a test event and a redelivery
 -- notify it, so a deliverer sends within milliseconds instead of at its next poll.
 LISTEN orgchart_webhooks;
-
--- ---------------------------------------------------------------------- experiments
--- Experiments (runtime/experiments, docs/experiments.md): a dataset's cases run under
--- named variants. Each tree's run row is written in the transaction that inserts its root,
--- so a resumed run finds every tree it started and never starts one twice.
