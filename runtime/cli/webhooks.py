@@ -42,6 +42,9 @@ def add(name: Annotated[str, typer.Argument(help="The endpoint's name.")],
                     "tenant": row.tenant, "secret_env": row.secret_env})
         return
     out.print(f"webhook {escape(row.name)} -> {escape(row.url)}: {', '.join(row.events)}")
+    out.print(f"[dim]the workers and serve deliver with {row.secret_env} set in their "
+              "environment; one started before the first endpoint existed delivers after "
+              "its restart[/]")
 
 
 def list_(json_: JsonOpt = False) -> None:
