@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -115,21 +115,22 @@ def seed_tree(server: str | None = None) -> dict[str, Any]:
         env = {**worker_env(url), "ORGCHART_LLM__BACKEND": "embedded"}
         started = time.monotonic()
         done = subprocess.run([sys.executable, "-c", "from runtime.cli.app import main; main()",
-                               "run", GOAL], env=env, cwd=str(REPO_ROOT), capture_output=True,
-                              text=True, timeout=3600, check=False)
+                               "run", GOAL, "--json"], env=env, cwd=str(REPO_ROOT),
+                              capture_output=True, text=True, timeout=3600, check=False)
         wall = time.monotonic() - started
-        found = re.search(r"root ([0-9a-f-]{36}) ended (\w+)", done.stdout)
-        if found is None:
+        try:
+            outcome = json.loads(done.stdout)
+        except ValueError:
             raise RuntimeError(f"orgchart run printed no outcome: {done.stdout[-2000:]}"
-                               f"{done.stderr[-2000:]}")
-        root = uuid.UUID(found.group(1))
+                               f"{done.stderr[-2000:]}") from None
+        root = uuid.UUID(outcome["id"])
         store = open_store(url)
         try:
             tasks = store.tree_rows(root)
             calls = store.query("model_call_list_tree", root_id=root)
         finally:
             store.engine.dispose()
-    return _tree_figures(found.group(2), wall, tasks, calls)
+    return _tree_figures(outcome["status"], wall, tasks, calls)
 
 
 def _tree_figures(outcome: str, wall: float, tasks: list[Any],
@@ -168,10 +169,11 @@ def main(samples: int = 8, loads: int = 3, tree: bool = True,
     figures["embedded_tokens_per_s"] = tokens_per_s(backend)
     figures["embedded_structured_first_try"] = first_try(backend, samples)
     backend.close()
-    figures["embedded_threads"] = os.cpu_count()
+    figures["embedded_cpus"] = os.cpu_count()
+    report("embedded", figures)
     if tree:
-        figures.update(seed_tree(server))
-    return report("embedded", figures)
+        figures.update(report("embedded_seed_tree", seed_tree(server)))
+    return figures
 
 
 if __name__ == "__main__":
