@@ -144,6 +144,7 @@ def upgrade() -> None:
                     postgresql_where=sa.text("status = 'pending'"))
     op.create_index("ix_webhook_outbox_dead", "webhook_outbox", ["id"],
                     postgresql_where=sa.text("status = 'dead'"))
+    op.create_index("ix_webhook_outbox_root_id", "webhook_outbox", ["root_id"])
     op.execute(_FUNCTION)
     op.execute(_TRIGGER)
 

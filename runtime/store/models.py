@@ -492,6 +492,7 @@ class WebhookOutbox(Base):
         Index("ix_webhook_outbox_order", "endpoint", "root_id", "id",
               postgresql_where=text("status = 'pending'")),
         Index("ix_webhook_outbox_dead", "id", postgresql_where=text("status = 'dead'")),
+        Index("ix_webhook_outbox_root_id", "root_id"),  # prune: a tree's events go with it
     )
 
 

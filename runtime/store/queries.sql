@@ -1058,7 +1058,8 @@ WHERE p.status = 'waiting'
                   AND c.status NOT IN ('done', 'failed', 'escalated', 'cancelled'));
 
 -- task_delete_finished_trees --
--- Remove whole finished trees whose root completed before :before, with their events.
+-- Remove whole finished trees whose root completed before :before, with their events and
+-- their delivered webhook events (and the delivered ones of no tree sent before :before).
 -- Every row of a candidate tree is locked first, SKIP LOCKED: a tree with a row another
 -- transaction holds (a resolution reopening a task) is passed over, never waited for,
 -- and a tree is deleted only when all its rows were locked here and are still finished.
@@ -1084,6 +1085,15 @@ WITH candidates AS (
 ), gone_events AS (
     -- task_events has no foreign key (see the model): its rows go with their tasks here.
     DELETE FROM task_events e USING gone g WHERE e.task_id = g.id
+), gone_hooks AS (
+    -- The outbox has no foreign key to tasks either (ix_webhook_outbox_root_id). A pending
+    -- or dead event stays: it still goes out, or waits for a person to look at it.
+    DELETE FROM webhook_outbox w USING old_roots o
+    WHERE w.root_id = o.id AND w.status = 'delivered'
+), gone_rootless_hooks AS (
+    -- Fire rollups and test events belong to no tree: by their age.
+    DELETE FROM webhook_outbox w
+    WHERE w.root_id IS NULL AND w.status = 'delivered' AND w.delivered_at < :before
 )
 SELECT (SELECT count(*) FROM old_roots) AS trees, (SELECT count(*) FROM gone) AS tasks;
 

@@ -386,3 +386,20 @@ def test_every_committed_event_arrives_signed_while_deliverers_are_killed(db_url
     figures = bench_webhooks.measure_chaos(db_url, trees=30, deliverers=2, kill_every=1.0)
     assert figures["webhook_chaos_trees"] == 30 and figures["webhook_chaos_kills"] >= 1
     assert figures["webhook_lost"] == 0 and figures["webhook_unsigned"] == 0
+
+
+def test_prune_takes_a_trees_delivered_events_and_leaves_the_rest(store: Store,
+                                                                  receiver: Receiver) -> None:
+    import datetime as dt
+
+    _subscribe(store, receiver.url, ("tree.finished", "fire.rollup"))
+    old, failing = submit(store), submit(store)
+    _finish(store, old)
+    _finish(store, failing)
+    store.fire_finished(store.fire_started({}), {}, {}, "note")
+    _deliverer(store).run_once()
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE webhook_outbox SET status = 'dead' WHERE root_id = :r"),
+                     {"r": failing["id"]})
+    assert store.prune(dt.timedelta(seconds=-60)) == (2, 2)
+    assert [(r["root_id"], r["status"]) for r in _outbox(store)] == [(failing["id"], "dead")]
