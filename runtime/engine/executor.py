@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from decimal import Decimal
 from typing import Any, Protocol
 
@@ -123,6 +123,20 @@ async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
 
+def _run_to_end(work: Coroutine[Any, Any, Action]) -> Action:
+    """Run in this thread a coroutine whose steps block instead of suspending.
+
+    :meth:`Executor.execute`'s steps never give the loop a turn (there is none: a worker
+    thread), so one ``send`` runs the coroutine to its end.
+    """
+    try:
+        work.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    work.close()
+    raise RuntimeError("a blocking step of a task suspended without an event loop")
+
+
 def _typed(row: TaskRow | dict[str, Any]) -> TaskRow:
     """The engine works on typed rows; a mapping (a test, a caller by hand) is typed here."""
     return row if isinstance(row, TaskRow) else TaskRow.from_mapping(row)
@@ -200,24 +214,17 @@ class Executor:
     def execute(self, row: TaskRow | dict[str, Any], lease_lost: threading.Event) -> Action:
         """Run (or aggregate) one claimed ``running`` task and return its action.
 
-        Blocking: meant for a worker thread. An ``async def`` agent method is run to the
-        end on a private event loop (the worker awaits those with :meth:`aexecute`).
+        Blocking: meant for a worker thread. The children are read here; an ``async def``
+        agent method is run to the end on a private event loop (the worker awaits those
+        with :meth:`aexecute`). The same body as :meth:`aexecute` (:meth:`_work`).
         """
-        started = self._start(_typed(row), lease_lost)
-        if not isinstance(started, Started):
-            return started
-        try:
-            children: list[TaskRow] = []
-            if reads_children(started):
-                children = self.store.child_rows(started.row.id)
-                if started.view.phase == "aggregate" and raced(children):
-                    return started.outcome("waiting", detail=RACED)
-            decision = self._call(started, children)
-            if inspect.isawaitable(decision):
-                decision = asyncio.run(_awaited(decision))
-            return stamped(started, self._decide(started, decision, children))
-        except Exception as exc:
-            return stamped(started, self._failed(started, exc))
+        async def read_children(task_id: uuid.UUID) -> list[TaskRow]:
+            return self.store.child_rows(task_id)  # blocks: this is a worker thread
+
+        async def on_private_loop(decision: Awaitable[Any]) -> Any:
+            return asyncio.run(_awaited(decision))
+
+        return _run_to_end(self._work(_typed(row), lease_lost, read_children, on_private_loop))
 
     async def aexecute(self, row: TaskRow, lease_lost: threading.Event,
                        blocking: Callable[..., Awaitable[Any]]) -> Action:
@@ -227,18 +234,32 @@ class Executor:
         returns its result. The decision's checks (the policies, the inline judge) run on
         the loop, as the input's do: they read nothing from the database.
         """
-        started = self._start(_typed(row), lease_lost)
+        async def read_children(task_id: uuid.UUID) -> list[TaskRow]:
+            return await blocking(self.store.child_rows, task_id)
+
+        return await self._work(_typed(row), lease_lost, read_children, _awaited)
+
+    async def _work(self, row: TaskRow, lease_lost: threading.Event,
+                    read_children: Callable[[uuid.UUID], Awaitable[list[TaskRow]]],
+                    resolve: Callable[[Awaitable[Any]], Awaitable[Any]]) -> Action:
+        """The one body of :meth:`execute` and :meth:`aexecute`: start, call, decide.
+
+        They differ in how the children are read (``read_children``) and how an async
+        agent's decision is waited for (``resolve``); every error the agent's work raises
+        becomes the task's action here.
+        """
+        started = self._start(row, lease_lost)
         if not isinstance(started, Started):
             return started
         try:
             children: list[TaskRow] = []
             if reads_children(started):
-                children = await blocking(self.store.child_rows, started.row.id)
+                children = await read_children(started.row.id)
                 if started.view.phase == "aggregate" and raced(children):
                     return started.outcome("waiting", detail=RACED)
             decision = self._call(started, children)
             if inspect.isawaitable(decision):
-                decision = await decision
+                decision = await resolve(decision)
             return stamped(started, self._decide(started, decision, children))
         except Exception as exc:
             return stamped(started, self._failed(started, exc))
