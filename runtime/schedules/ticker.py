@@ -85,6 +85,15 @@ class Ticked:
     roots: list[uuid.UUID] = field(default_factory=list)
     fires: list[int] = field(default_factory=list)
 
+    def add(self, other: Ticked) -> None:
+        """Count ``other``'s slots too."""
+        self.fired += other.fired
+        self.skipped += other.skipped
+        self.missed += other.missed
+        self.cancelled += other.cancelled
+        self.roots += other.roots
+        self.fires += other.fires
+
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready view."""
         return {"fired": self.fired, "skipped": self.skipped, "missed": self.missed,
@@ -110,19 +119,19 @@ class Ticker:
         done = Ticked()
         for schedule_id in self.store.schedules_due(self.start_fire is not None,
                                                     MAX_SCHEDULES_PER_TICK):
-            started = len(done.fires)
+            one = Ticked()  # counted only once its transaction committed
             try:
                 with self.store.schedule_tick(self.config.worker, schedule_id) as tick:
                     if tick is not None:
-                        self._tick(tick, done)
+                        self._tick(tick, one)
             except Exception:
-                del done.fires[started:]
                 if schedule_id not in self._failing:  # once until it works again
                     log.exception("schedule tick failed", extra={"schedule_id": schedule_id})
                     self._failing.add(schedule_id)
                 continue
             self._failing.discard(schedule_id)
-            self._start_fires(done.fires[started:])
+            self._start_fires(one.fires)
+            done.add(one)
         return done
 
     def run_now(self, name: str) -> Ticked:
