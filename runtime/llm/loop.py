@@ -6,8 +6,9 @@ thread. Synchronous code (a sync agent or the judge in a
 worker thread, a script) submits with :meth:`CallLoop.run` to the loop *attached* by a
 running worker (:meth:`CallLoop.attach`), or, when none is, to a loop the model layer
 starts in a daemon thread, stopped by :meth:`CallLoop.close`. So in a worker every call
-runs on one loop, and the semaphores of :meth:`CallLoop.slot` (one set per loop) bound
-all the calls in flight per (server, route) of the process.
+runs on one loop, and the fair slots of :meth:`CallLoop.slot` (one set per loop) bound
+all the calls in flight per server of the process (``[ollama] max_parallel``; the cloud
+route's server has ``cloud_max_parallel``).
 
 A thread that waits in :meth:`CallLoop.run` is *parked*: it holds no slot and runs no
 Python until the reply comes. A thread pool can count its parked threads (and start
