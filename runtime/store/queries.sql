@@ -2481,7 +2481,7 @@ SELECT *, now() AS db_now FROM schedules WHERE NOT paused ORDER BY next_at;
 -- webhook_endpoint_upsert --
 -- Store an endpoint, or replace the one of that name (from the configuration or `webhooks add`).
 INSERT INTO webhook_endpoints (name, url, events, tenant, secret_env, source)
-VALUES (:name, :url, CAST(:events AS text[]), :tenant, :secret_env, :source)
+VALUES (:endpoint, :url, CAST(:events AS text[]), :tenant, :secret_env, :source)
 ON CONFLICT (name) DO UPDATE
 SET url = EXCLUDED.url, events = EXCLUDED.events, tenant = EXCLUDED.tenant,
     secret_env = EXCLUDED.secret_env, source = EXCLUDED.source
@@ -2512,7 +2512,7 @@ WITH ins AS (
     INSERT INTO webhook_outbox (endpoint, event, payload)
     SELECT name, 'webhook.test',
            jsonb_build_object('event', 'webhook.test', 'endpoint', name, 'at', now())
-    FROM webhook_endpoints WHERE name = :name
+    FROM webhook_endpoints WHERE name = :endpoint
     RETURNING id, message_id, endpoint, event, status, attempts, created_at
 ), wake AS (
     SELECT pg_notify('orgchart_webhooks', '') FROM ins
@@ -2578,7 +2578,7 @@ RETURNING status;
 SELECT id, message_id, endpoint, event, root_id, task_id, status, attempts, created_at,
        next_attempt_at, delivered_at, last_status, last_error, last_response
 FROM webhook_outbox
-WHERE (:endpoint IS NULL OR endpoint = :endpoint)
+WHERE (CAST(:endpoint AS text) IS NULL OR endpoint = :endpoint)
   AND (NOT :failed OR status = 'dead' OR (status = 'pending' AND last_error IS NOT NULL))
 ORDER BY id DESC
 LIMIT :n;
