@@ -345,13 +345,23 @@ def experiment_rescore(
     _show(runtime, key, json_)
 
 
-def experiment_delete(key: Annotated[str, typer.Argument(help="An experiment's name or id.")],
-                      ) -> None:
-    """Remove an experiment with its runs and scores; its trees and their history stay."""
+def experiment_delete(
+    key: Annotated[str, typer.Argument(help="An experiment's name or id.")],
+    prune_trees: Annotated[bool, typer.Option(
+        "--prune-trees", help="Delete its finished trees and their history too.")] = False,
+) -> None:
+    """Remove an experiment with its runs and scores; its trees stay unless --prune-trees."""
     store = _store()
     experiment = store.experiment_get(key)
     if experiment is None:
         fail(f"no experiment {key!r}")
+    roots = [r["root_id"] for r in store.experiment_runs(experiment["id"])]
     store.experiment_delete(experiment["id"])
-    out.print(f"experiment {experiment['name']} removed (its trees stay: orgchart prune)",
+    if not prune_trees:
+        out.print(f"experiment {experiment['name']} removed; its {len(roots)} trees stay "
+                  "(--prune-trees deletes them)", highlight=False)
+        return
+    trees, tasks = store.prune_trees(roots)
+    out.print(f"experiment {experiment['name']} removed with {trees} trees ({tasks} tasks)"
+              + (f"; {len(roots) - trees} still open stay" if trees < len(roots) else ""),
               highlight=False)

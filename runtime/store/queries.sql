@@ -1058,8 +1058,10 @@ WHERE p.status = 'waiting'
                   AND c.status NOT IN ('done', 'failed', 'escalated', 'cancelled'));
 
 -- task_delete_finished_trees --
--- Remove whole finished trees whose root completed before :before, with their events and
--- their delivered webhook events (and the delivered ones of no tree sent before :before).
+-- Remove whole finished trees whose root completed before :before (or, with :before NULL,
+-- the finished trees whose roots :roots names: a deleted experiment's), with their events
+-- and their delivered webhook events (and the delivered ones of no tree sent before
+-- :before).
 -- Every row of a candidate tree is locked first, SKIP LOCKED: a tree with a row another
 -- transaction holds (a resolution reopening a task) is passed over, never waited for,
 -- and a tree is deleted only when all its rows were locked here and are still finished.
@@ -1068,7 +1070,8 @@ WITH candidates AS (
     FROM tasks r
     WHERE r.parent_id IS NULL
       AND r.status IN ('done', 'failed', 'escalated', 'cancelled')
-      AND r.completed_at < :before
+      AND (CAST(:before AS timestamptz) IS NULL OR r.completed_at < :before)
+      AND (CAST(:roots AS uuid[]) IS NULL OR r.id = ANY(CAST(:roots AS uuid[])))
 ), locked AS (
     SELECT t.id, t.root_id, t.status
     FROM tasks t
@@ -1094,6 +1097,7 @@ WITH candidates AS (
     -- Fire rollups and test events belong to no tree: by their age.
     DELETE FROM webhook_outbox w
     WHERE w.root_id IS NULL AND w.status = 'delivered' AND w.delivered_at < :before
+      AND CAST(:before AS timestamptz) IS NOT NULL
 )
 SELECT (SELECT count(*) FROM old_roots) AS trees, (SELECT count(*) FROM gone) AS tasks;
 

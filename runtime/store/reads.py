@@ -298,7 +298,15 @@ class StoreReads:
         """
         before = dt.datetime.now(dt.UTC) - older_than
         with self.transaction() as conn:
-            row = conn.execute(_TEXT["task_delete_finished_trees"], {"before": before}).one()
+            row = conn.execute(_TEXT["task_delete_finished_trees"],
+                               {"before": before, "roots": None}).one()
+        return int(row.trees), int(row.tasks)
+
+    def prune_trees(self, roots: Sequence[uuid.UUID]) -> tuple[int, int]:
+        """Delete the finished trees of ``roots`` (an open tree stays); ``(trees, tasks)``."""
+        with self.transaction() as conn:
+            row = conn.execute(_TEXT["task_delete_finished_trees"],
+                               {"before": None, "roots": list(roots)}).one()
         return int(row.trees), int(row.tasks)
 
     # ------------------------------------------------------------------ fires

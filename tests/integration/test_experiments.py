@@ -243,3 +243,31 @@ def test_the_order_a_pair_is_shown_in_is_drawn_at_random_and_kept() -> None:
     first = [shown_first(experiment, o) for o in outcomes]
     assert first == [shown_first(experiment, o) for o in outcomes]  # the same on a resume
     assert 5 < first.count("variant") < 35  # both orders are drawn
+
+
+def test_deleting_an_experiment_keeps_its_trees_unless_asked(runtime: Runtime) -> None:
+    from typer.testing import CliRunner
+
+    from runtime.cli.app import app
+
+    kept = ExperimentRunner(runtime).run(_plan(runtime, "kept"))
+    pruned = ExperimentRunner(runtime).run(_plan(runtime, "pruned"))
+    kept_roots = [r["root_id"] for r in runtime.store.experiment_runs(kept.experiment_id)]
+    pruned_roots = [r["root_id"] for r in runtime.store.experiment_runs(pruned.experiment_id)]
+    env = {"ORGCHART_DATABASE_URL": runtime.settings.database.url or "",
+           "ORGCHART_LLM__BACKEND": "offline"}
+    cli = CliRunner()
+    first = cli.invoke(app, ["experiment", "delete", "kept"], env=env)
+    assert first.exit_code == 0, first.output
+    assert "6 trees stay" in first.output
+    second = cli.invoke(app, ["experiment", "delete", "pruned", "--prune-trees"], env=env)
+    assert second.exit_code == 0, second.output
+    assert "with 6 trees" in second.output
+    assert runtime.store.experiment_get("kept") is None
+    assert all(runtime.store.get(r)["status"] == "done" for r in kept_roots)
+    with runtime.store.engine.connect() as conn:
+        left = conn.exec_driver_sql(
+            "SELECT count(*) FROM tasks WHERE root_id = ANY(%(r)s)",
+            {"r": pruned_roots}).scalar()
+    assert left == 0
+    assert cli.invoke(app, ["experiment", "delete", "kept"], env=env).exit_code == 2
