@@ -27,6 +27,7 @@ from bench import (
     drain,
     drain_pair,
     drain_parts,
+    embedded,
     experiments,
     fairness,
     fanin,
@@ -49,7 +50,7 @@ from bench.common import RESULTS_DIR, machine, server_url
 ORDER = ("reference", "drain", "pgqueuer", "drain_pair", "drain_parts", "pickup", "fanin",
          "claim_latency", "tree_read", "scrape", "worker_memory", "makespan", "sync_agents",
          "fork", "charge", "transport", "ha", "control", "tools", "fairness", "experiments",
-         "audit", "webhooks", "webhooks_chaos")
+         "audit", "webhooks", "webhooks_chaos", "embedded")
 
 FULL: dict[str, dict[str, Any]] = {
     "reference": {"n": 20_000, "threads": 4},
@@ -77,6 +78,7 @@ FULL: dict[str, dict[str, Any]] = {
     "audit": {"events": 200_000, "repeats": 3},
     "webhooks": {"trees": 1000, "rate": 200.0},
     "webhooks_chaos": {"trees": 1000, "chaos": True},
+    "embedded": {"samples": 8, "loads": 3},  # skipped, saying so, without the extra
 }
 
 QUICK: dict[str, dict[str, Any]] = {
@@ -105,6 +107,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "audit": {"events": 2_000, "repeats": 1},
     "webhooks": {"trees": 20, "rate": 200.0},
     "webhooks_chaos": {"trees": 20, "chaos": True},
+    "embedded": {"samples": 1, "loads": 1, "tree": False},
 }
 
 MAINS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -132,6 +135,7 @@ MAINS: dict[str, Callable[..., dict[str, Any]]] = {
     "audit": audit.main,
     "webhooks": webhooks.main,
     "webhooks_chaos": webhooks.main,
+    "embedded": embedded.main,
 }
 
 
