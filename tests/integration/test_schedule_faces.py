@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
@@ -87,3 +88,20 @@ def test_the_api_serves_the_same_schedules(store: Store) -> None:
     assert client.post("/schedules/nope/pause").status_code == 404
     assert client.delete("/schedules/hourly").status_code == 204
     assert client.get("/schedules").json() == []
+
+
+@pytest.mark.usefixtures("orgchart_env")
+def test_doctor_exits_1_naming_a_late_schedule_and_reads_the_fire_interval_from_it(
+        store: Store) -> None:
+    assert cli("add", "fire", "--every", "1h", "--fire").exit_code == 0
+    with store.transaction() as conn:  # the last fire: two hours ago, finished
+        conn.execute(sa.text("INSERT INTO fires (started_at, finished_at) VALUES "
+                             "(now() - interval '2 hours', now() - interval '2 hours')"))
+        conn.execute(sa.text("UPDATE schedules SET next_at = now() - interval '10 minutes'"))
+    result = CliRunner().invoke(app, ["doctor", "--json"])
+    assert result.exit_code == 1
+    report = json.loads(result.output)
+    fire, late = [p for p in report["problems"] if "fire" in p][:2]
+    assert "one is expected every 61m" in fire  # the schedule's hour plus a minute
+    assert "schedule 'fire' is late" in late
+    assert report["schedules"][0]["late_seconds"] >= 600
