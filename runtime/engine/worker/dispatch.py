@@ -1,17 +1,20 @@
 """How a held task is worked on: one path from the claim to the writer's queue.
 
-A mixin of :class:`~runtime.engine.worker.scheduler.Scheduler`:
+:class:`Dispatcher`, held by the :class:`~runtime.engine.worker.scheduler.Scheduler`:
 
 - an ``async def`` agent is awaited on the loop, one asyncio task per task
-  (:meth:`Dispatch.action_for`);
+  (:meth:`Dispatcher.action_for`);
 - a sync agent and the judge run in the agent threads; the thread's future is the task's
-  ``job`` and a callback hands its action to the writer (:meth:`Dispatch._settled`): no
+  ``job`` and a callback hands its action to the writer (:meth:`Dispatcher._settled`): no
   coroutine and no asyncio task per task. Cancelling the future (``InFlight.abort``)
   ends the task as ``Dropped`` at once, as cancelling an asyncio task does; the agent's
   thread runs to its end and its result is ignored.
 
-The step API (``Worker.run_once``) drives :meth:`Dispatch.step`: the same
-:meth:`Dispatch.action_for`, with the agent runner inline.
+Its lifecycle: :meth:`~Dispatcher.start` on the worker's loop (it returns the writer's
+queue), :meth:`~Dispatcher.submit` for each task claimed, :meth:`~Dispatcher.stop` once
+the scheduler has drained what it held (an agent thread that ends later hands nothing
+on). The step API (``Worker.run_once``) needs none of it: :meth:`Dispatcher.step` runs
+the same :meth:`Dispatcher.action_for`, with the agent runner inline.
 """
 
 from __future__ import annotations
@@ -29,14 +32,33 @@ from runtime.store.rows import RunOutcome
 log = logging.getLogger(__name__)
 
 
-class Dispatch:
-    """Runs held tasks to their actions and queues them for the writer (see the module doc)."""
+class Dispatcher:
+    """Runs held tasks to their actions and queues them for the writer (see the module doc).
 
-    agents: SyncAgentRunner
-    executor: Executor
-    held: Held
-    async_agents: bool
-    _queue: asyncio.Queue[InFlight] | None
+    Args:
+        executor: runs one task (``aexecute`` on the loop for async agents).
+        agents: the agent threads (sync agents and the judge).
+        held: the tasks the worker holds; a submitted task is added to it.
+        async_agents: whether any agent served is an ``async def`` one.
+
+    """
+
+    def __init__(self, executor: Executor, agents: SyncAgentRunner, held: Held,
+                 async_agents: bool) -> None:
+        self.executor = executor
+        self.agents = agents
+        self.held = held
+        self.async_agents = async_agents
+        self._queue: asyncio.Queue[InFlight] | None = None
+
+    def start(self) -> asyncio.Queue[InFlight]:
+        """Begin on the running loop; return the queue the actions arrive on."""
+        self._queue = asyncio.Queue()
+        return self._queue
+
+    def stop(self) -> None:
+        """End: what finishes from now on (a thread past the stop grace) is not queued."""
+        self._queue = None
 
     def _on_loop(self, item: InFlight) -> bool:
         """Whether the task's agent is an ``async def`` one, awaited on the loop."""
@@ -61,7 +83,8 @@ class Dispatch:
         """The actions of ``items``, worked on together (the step API's pass)."""
         return list(await asyncio.gather(*(self.action_for(i) for i in items)))
 
-    def _start(self, item: InFlight) -> None:
+    def submit(self, item: InFlight) -> None:
+        """Hold ``item`` and start its work; its action will arrive on the queue."""
         self.held.add(item)
         if not self._on_loop(item):
             # A sync agent or the judge: the thread's future is the task's job, its
@@ -75,7 +98,8 @@ class Dispatch:
 
     def _settled(self, item: InFlight, future: asyncio.Future[Action]) -> None:
         """A sync task's thread ended (or its future was cancelled): hand on its action."""
-        assert self._queue is not None
+        if self._queue is None:
+            return  # stopped: the task was handed back already
         if future.cancelled():
             if item.abort_reason is None:
                 return  # the worker is stopping: the task is released, not written
@@ -89,7 +113,6 @@ class Dispatch:
 
     async def _work(self, item: InFlight) -> None:
         """Run one task to its action and hand the action to the writer."""
-        assert self._queue is not None
         try:
             action = await self.action_for(item)
         except asyncio.CancelledError:
@@ -97,4 +120,5 @@ class Dispatch:
                 raise  # the worker is stopping: the task is released, not written
             action = Dropped(item.row.id, item.abort_reason)
         item.action = action
-        self._queue.put_nowait(item)
+        if self._queue is not None:  # else stopped: the task was handed back already
+            self._queue.put_nowait(item)

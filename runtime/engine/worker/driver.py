@@ -140,14 +140,14 @@ class Worker:
     def run_once(self) -> int:
         """Claim one batch, work it as the loop would, write the outcomes; return its size.
 
-        The scheduler's :meth:`~Scheduler.step` on a loop of its own, with the agent
+        The dispatcher's :meth:`~Dispatcher.step` on a loop of its own, with the agent
         runner inline (sync agents run in this thread). Used by tests and by anything that
         wants to step the runtime by hand.
         """
         self.steps.judging_may_wait.set()  # stepping by hand: always look at both queues
         items = self.steps.claim_batch(self.config.batch_size)
         if items:
-            self.steps.apply(run_to_end(self.scheduler.step(items)))
+            self.steps.apply(run_to_end(self.scheduler.dispatch.step(items)))
         return len(items)
 
     def heartbeat_once(self) -> int:

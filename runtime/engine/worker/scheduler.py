@@ -7,7 +7,8 @@ On the worker's one event loop:
   held at once. It wakes on a notification, on room freed, and polls every
   ``poll_interval_seconds`` as a fallback (a room smaller than the claim threshold is
   filled at the next poll);
-- **the work of each task** (:mod:`runtime.engine.worker.dispatch`): an ``async def``
+- **the work of each task** (:class:`~runtime.engine.worker.dispatch.Dispatcher`, started
+  and stopped with the loop): an ``async def``
   agent is awaited on the loop (its model calls run in parallel), one coroutine per task;
   a sync agent and the judge run in the
   :class:`~runtime.engine.worker.agent_threads.SyncAgentRunner`'s threads, their futures
@@ -18,8 +19,8 @@ On the worker's one event loop:
 - **maintenance**: one pass of reaper, watchdog and sweeper per interval across workers.
 
 Blocking database calls run in :data:`DB_THREADS` threads, off the loop. The step API
-(``Worker.run_once``) drives :meth:`Scheduler.step`: the same :meth:`action_for`, with the
-agent runner inline.
+(``Worker.run_once``) drives :meth:`Dispatcher.step <runtime.engine.worker.dispatch.
+Dispatcher.step>`: the same ``action_for``, with the agent runner inline.
 
 Failure modes: a database error in the claims, the writer or maintenance is counted,
 logged once per streak and retried with backoff. Outcomes that could not be written are
@@ -53,7 +54,7 @@ from runtime.engine.worker.config import (
     WorkerConfig,
 )
 from runtime.engine.worker.db_steps import Steps
-from runtime.engine.worker.dispatch import Dispatch
+from runtime.engine.worker.dispatch import Dispatcher
 from runtime.engine.worker.state import DbHealth, Held, InFlight, Pace, Wake
 from runtime.store import db
 
@@ -62,7 +63,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class Scheduler(Dispatch):
+class Scheduler:
     """Claims, dispatches and writes on one event loop (see the module doc)."""
 
     def __init__(self, steps: Steps, agents: SyncAgentRunner, config: WorkerConfig,
@@ -80,6 +81,8 @@ class Scheduler(Dispatch):
         self.hurry = threading.Event()
         self.stop = stop
         self.async_agents = serves_async_agents(self.executor, config.run_agents)
+        #: Works each claimed task to its action (started and stopped by :meth:`run`).
+        self.dispatch = Dispatcher(self.executor, agents, held, self.async_agents)
         self._db_threads: ThreadRunner | None = None
         self._queue: asyncio.Queue[InFlight] | None = None
         self.pace = Pace()
@@ -138,7 +141,7 @@ class Scheduler(Dispatch):
     async def run(self) -> None:
         """Claim, work and write until stopped; then drain, release, and stop the threads."""
         self._db_threads = ThreadRunner(DB_THREADS, "db")
-        self._queue = asyncio.Queue()
+        self._queue = self.dispatch.start()
         loop = asyncio.get_running_loop()
         background = [loop.create_task(self._writer_loop(), name="writer")]
         if self.config.maintenance:
@@ -148,6 +151,7 @@ class Scheduler(Dispatch):
         finally:
             self.stopping.set()
             await self._drain()
+            self.dispatch.stop()
             for job in background:
                 job.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -192,7 +196,7 @@ class Scheduler(Dispatch):
                     backoff = min(backoff * 2, DB_RETRY_MAX_SECONDS)
                     continue
             for item in items:
-                self._start(item)
+                self.dispatch.submit(item)
             if items and len(items) >= min(room, self._claim_size(room)) and self.room() > 0:
                 # The queue had more than we took: claim again at once. The claim goes to
                 # a database thread before the tasks just started take the loop, so the
