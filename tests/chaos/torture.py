@@ -36,6 +36,7 @@ MIX = (
     "tests/chaos/test_durable_calls.py",
     "tests/chaos/test_steps_under_crash.py",
     "tests/chaos/test_tenant_limits.py::test_a_sigkilled_worker_never_leaves_the_tenants_count_high",
+    "tests/chaos/test_answers_under_restart.py",
 )
 #: A round that outlives this is stopped and counted as failed.
 ROUND_TIMEOUT_SECONDS = 600
