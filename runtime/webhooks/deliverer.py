@@ -119,9 +119,9 @@ def request_body(row: Mapping[str, Any], public_url: str) -> bytes:
     if root:
         data["url"] = f"{public_url}/ui/trees/{root}"
     if row["event"] == "task.question" and task:
-        data["answer"] = {"command": f"orgchart answer {task} '<json answer>'",
+        data["answer"] = {"command": f"orgchart answer {task} --json '<answer as JSON>'",
                           "url": f"{public_url}/tasks/{task}/answer", "method": "POST",
-                          "body": {"answer": "<json answer>", "by": "<who>"}}
+                          "body": {"answer": "<answer as JSON>", "by": "<who>"}}
     created: dt.datetime = row["created_at"]
     envelope = {"type": row["event"], "timestamp": created.isoformat(), "data": data}
     return json.dumps(envelope, separators=(",", ":"), default=str).encode()

@@ -118,7 +118,7 @@ def test_a_question_carries_its_schema_and_the_answer_command(store: Store,
     [got] = receiver.received
     assert got.event == "task.question" and got.data["question"] == "Ship it?"
     assert got.data["answer_schema"] == {"type": "boolean"}
-    assert got.data["answer"]["command"].startswith(f"orgchart answer {task['id']}")
+    assert got.data["answer"]["command"].startswith(f"orgchart answer {task['id']} --json ")
     assert got.data["answer"]["url"].endswith(f"/tasks/{task['id']}/answer")
 
 
