@@ -221,7 +221,7 @@ class Deliverer:
                 if 200 <= resp.status_code < 300:
                     return resp.status_code, None, answer
                 return resp.status_code, f"HTTP {resp.status_code}", answer
-        except httpx.HTTPError as exc:
+        except Exception as exc:  # any failure to send is a failed attempt, never a lost one
             return None, f"{type(exc).__name__}: {exc}".rstrip(": "), None
 
     def _record(self, row: Mapping[str, Any], token: uuid.UUID, status: int | None,
