@@ -71,7 +71,7 @@ def test_agents_json_lists_the_seed_org_and_human_with_schemas(
     assert res.returncode == 0, res.stderr
     agents = {a["name"]: a for a in json.loads(res.stdout)}
     assert set(agents) == {"ceo", "intel_director", "competitor_scout", "market_researcher",
-                           "trend_analyst", "judge", "human"}
+                           "trend_analyst", "judge", "pairwise_judge", "human"}
     assert all(a["input_schema"]["type"] == "object" and a["output_schema"]["properties"]
                for name, a in agents.items() if name != "human")
     # A person answers whatever the question's own answer_schema asks for.
