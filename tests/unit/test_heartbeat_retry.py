@@ -9,8 +9,8 @@ from typing import Any
 
 import psycopg
 
-from runtime.engine.worker.config import WorkerStats
 from runtime.engine.worker.leases import RETRY_SECONDS, LeaseKeeper
+from runtime.engine.worker.settings import WorkerStats
 from runtime.engine.worker.state import DbHealth, Held, InFlight
 
 

@@ -6,13 +6,13 @@ import threading
 from types import SimpleNamespace
 
 from runtime.engine.worker.agent_threads import SyncAgentRunner
-from runtime.engine.worker.config import (
+from runtime.engine.worker.scheduler import Scheduler
+from runtime.engine.worker.settings import (
     HOLD_AHEAD_SECONDS,
     SYNC_PREFETCH,
     WorkerConfig,
     WorkerStats,
 )
-from runtime.engine.worker.scheduler import Scheduler
 from runtime.engine.worker.state import DbHealth, Held, Pace, Wake
 
 

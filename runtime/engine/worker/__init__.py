@@ -13,7 +13,8 @@ One event loop per worker process, in pieces, one module each:
   maintenance) both the loop and the step API run;
 - :mod:`~runtime.engine.worker.state`: what is held and how the pieces signal;
 - :mod:`~runtime.engine.worker.driver`: the :class:`Worker` that puts them together
-  (``run()`` on a loop, ``run_once()`` by hand); :mod:`~runtime.engine.worker.config`.
+  (``run()`` on a loop, ``run_once()`` by hand);
+- :mod:`~runtime.engine.worker.settings`: its options, what it did, its constants.
 
 Options (:class:`WorkerConfig`): agents, max in flight, sync threads, batch size, lease,
 task cap, wall clock, ``once`` (exit when the queue is empty). It stops on ``stop()``
@@ -22,10 +23,10 @@ finish and be written, whatever is left is released back to the queue (at once w
 ``stop(now=True)``: a second signal).
 """
 
-from runtime.engine.worker.config import JUDGE, WorkerConfig, WorkerStats, new_worker_id
 from runtime.engine.worker.driver import Worker
 from runtime.engine.worker.leases import LeaseKeeper
 from runtime.engine.worker.listener import Listener, Notifier
+from runtime.engine.worker.settings import JUDGE, WorkerConfig, WorkerStats, new_worker_id
 from runtime.engine.worker.state import InFlight
 
 __all__ = ["JUDGE", "InFlight", "LeaseKeeper", "Listener", "Notifier", "Worker",

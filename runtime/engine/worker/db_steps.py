@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from runtime.engine.actions import Action, DelegateAction, Dropped, RetryAction
 from runtime.engine.judge_stage import undecided
 from runtime.engine.maintenance import Maintenance, MaintenanceConfig
-from runtime.engine.worker.config import WorkerConfig, WorkerStats
+from runtime.engine.worker.settings import WorkerConfig, WorkerStats
 from runtime.engine.worker.state import InFlight
 from runtime.store.rows import JudgeOutcome, RunOutcome
 from runtime.store.store import Store

@@ -24,11 +24,11 @@ from runtime.engine.actions import Action
 from runtime.engine.executor import Executor
 from runtime.engine.maintenance import Maintenance
 from runtime.engine.worker.agent_threads import SyncAgentRunner
-from runtime.engine.worker.config import JUDGE, WorkerConfig, WorkerStats
 from runtime.engine.worker.db_steps import Steps
 from runtime.engine.worker.leases import LeaseKeeper
 from runtime.engine.worker.listener import Listener, NotifierFactory
 from runtime.engine.worker.scheduler import Scheduler
+from runtime.engine.worker.settings import JUDGE, WorkerConfig, WorkerStats
 from runtime.engine.worker.state import DbHealth, Held, InFlight, Wake
 from runtime.engine.worker.stopper import CANCEL_NOTE, PAUSE_NOTE, StopWatcher
 from runtime.store.notify import TaskChannel

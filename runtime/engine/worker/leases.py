@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable
 
 from runtime.engine.threads import ThreadRunner
-from runtime.engine.worker.config import DB_ERRORS
+from runtime.engine.worker.settings import DB_ERRORS
 from runtime.engine.worker.state import DbHealth, Held, InFlight
 from runtime.store.db import create_db_engine
 from runtime.store.store import Store

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from runtime.engine.worker.config import DB_ERRORS
+from runtime.engine.worker.settings import DB_ERRORS
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,9 @@ from typing import Any, TypeVar
 from runtime.engine.actions import Action
 from runtime.engine.threads import ThreadRunner
 from runtime.engine.worker.agent_threads import SyncAgentRunner, serves_async_agents
-from runtime.engine.worker.config import (
+from runtime.engine.worker.db_steps import Steps
+from runtime.engine.worker.dispatch import Dispatcher
+from runtime.engine.worker.settings import (
     CLAIMS_AT_ONCE,
     DB_ERRORS,
     DB_RETRY_MAX_SECONDS,
@@ -53,8 +55,6 @@ from runtime.engine.worker.config import (
     WRITE_WINDOW_SECONDS,
     WorkerConfig,
 )
-from runtime.engine.worker.db_steps import Steps
-from runtime.engine.worker.dispatch import Dispatcher
 from runtime.engine.worker.state import DbHealth, Held, InFlight, Pace, Wake
 from runtime.store import db
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.engine.actions import Action
-from runtime.engine.worker.config import WorkerStats
+from runtime.engine.worker.settings import WorkerStats
 from runtime.store import db
 from runtime.store.rows import TaskRow
 

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Protocol
 
-from runtime.engine.worker.config import DB_ERRORS
+from runtime.engine.worker.settings import DB_ERRORS
 from runtime.engine.worker.state import DbHealth, Held, InFlight
 from runtime.store.store import Store
 
