@@ -1,0 +1,337 @@
+"""Run each runtime's tree and chain in a process of its own, measure it, crash it.
+
+For every runtime (orgchart; LangGraph in its default ``async`` durability and its most
+durable, ``sync``; DBOS) and client (``shared``, then ``ollama``: see
+:mod:`bench.peers.shape`), in a fresh scratch database on the same server and against a
+fresh ``bench.model_server``:
+
+- the tree: makespan (from the go to the root's answer) over the critical path (two
+  calls), peak calls in flight at the server, the process's CPU and peak RSS, and the
+  database's cost per model call: rows written (``pg_stat_database``), WAL bytes
+  (``pg_current_wal_lsn()`` deltas: the whole server's, so run it on a quiet one) and the
+  PostgreSQL server's CPU (``bench.common.server_cpu_seconds``);
+- with the shared client only: the tree again, SIGKILLed once half the writers' calls
+  have been answered at the server, restarted as its docs say; calls made again (at the
+  server), answers durable at the kill (from the runtime's own tables), calls in flight at
+  the kill (answered but not durable, or not yet answered), and the makespan with the
+  restart; and the chain: makespan minus the model's delays, per level.
+
+The orgchart process is one ``orgchart worker`` (its tasks submitted by this process);
+the peers' is :mod:`bench.peers.child`.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    REPO_ROOT,
+    connect,
+    open_store,
+    proc_cpu_seconds,
+    scratch_database,
+    server_cpu_seconds,
+    wait_serving,
+    worker_env,
+)
+from bench.makespan import TERMINAL, WORKER_BOOT, _get, _vm_kb, start_model_server
+from bench.peers import orgchart_tree
+from bench.peers.shape import Shape, code_lines
+from runtime.store import db
+
+PEERS_DIR = Path(__file__).resolve().parent
+#: No run may take longer (seconds, restart included).
+RUN_TIMEOUT = 600.0
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """One runtime as measured: its label, package, option (durability) and tree module."""
+
+    label: str
+    runtime: str
+    option: str
+    module: str
+
+
+RUNTIMES = (
+    Runtime("orgchart", "orgchart", "-", "orgchart_tree.py"),
+    Runtime("langgraph", "langgraph", "async", "langgraph_tree.py"),
+    Runtime("langgraph_sync", "langgraph", "sync", "langgraph_tree.py"),
+    Runtime("dbos", "dbos", "-", "dbos_tree.py"),
+)
+#: The SQL that counts the writers' answers a runtime holds durably (read after a kill).
+DURABLE = {"orgchart": "SELECT count(*) FROM model_calls"}
+
+
+def installed(runtime: str) -> bool:
+    """Whether ``runtime``'s packages import here."""
+    names = {"orgchart": (), "langgraph": ("langgraph", "langgraph.checkpoint.postgres"),
+             "dbos": ("dbos",)}[runtime]
+    try:
+        for name in names:
+            __import__(name)
+    except ImportError:
+        return False
+    return True
+
+
+class Process:
+    """One runtime's process: an ``orgchart worker`` or a :mod:`bench.peers.child`."""
+
+    def __init__(self, rt: Runtime, url: str, model_url: str, client: str, shape: Shape,
+                 resume: bool = False) -> None:
+        self.rt, self.url, self.shape, self.resume = rt, url, shape, resume
+        self.lines: list[str] = []
+        self.root: str | None = None
+        self.result: dict[str, Any] | None = None
+        if rt.runtime == "orgchart":
+            env = worker_env(url)
+            env.update({"ORGCHART_LLM__BACKEND": "ollama", "ORGCHART_OLLAMA__URL": model_url,
+                        "ORGCHART_OLLAMA__MAX_PARALLEL": "2000",
+                        "ORGCHART_OLLAMA__CLOUD_MAX_PARALLEL": "2000"})
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", WORKER_BOOT, "worker", "--agents",
+                 "pe_planner,pe_lead,pe_writer,pe_link,judge",
+                 "--agents-module", "bench.peers.orgchart_tree"],
+                env=env, cwd=str(REPO_ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True)
+            return
+        cmd = [sys.executable, "-m", "bench.peers.child", rt.runtime, rt.option,
+               "--db", db.libpq_url(url), "--model", model_url, "--client", client,
+               "--kind", shape.kind, "--leads", str(shape.leads), "--writers",
+               str(shape.writers), "--depth", str(shape.depth)] + (["--resume"] if resume else [])
+        self.proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("ready"):
+                self.ready.set()
+            elif line.startswith("done "):
+                self.result = json.loads(line[5:])
+
+    def _drain_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def wait_ready(self) -> None:
+        """Until the runtime is set up (the worker serves; the child says ``ready``)."""
+        if self.rt.runtime == "orgchart":
+            wait_serving(self.proc, self.lines, 60)
+            time.sleep(1.0)  # its LISTEN connection and first poll
+        elif not self.ready.wait(120):
+            self.kill()
+            raise RuntimeError(f"{self.rt.label} did not start:\n" + "".join(self.lines[-20:]))
+
+    def go(self) -> None:
+        """Start the work (or, for a restarted peer, its resumption)."""
+        if self.rt.runtime != "orgchart":
+            assert self.proc.stdin is not None
+            self.proc.stdin.write("go\n")
+            self.proc.stdin.flush()
+        elif not self.resume:
+            store = open_store(self.url)
+            try:
+                self.root = str(store.submit(orgchart_tree.root_task(self.shape))[0]["id"])
+            finally:
+                store.dispose()
+
+    def finished(self, root: str | None) -> bool:
+        """Whether the work's root has its answer (raises if the process died)."""
+        if self.rt.runtime == "orgchart":
+            with connect(self.url) as conn:
+                row = conn.execute("SELECT status FROM tasks WHERE id = %s", (root,)).fetchone()
+            return row is not None and row[0] in TERMINAL
+        if self.result is None and self.proc.poll() is not None:
+            time.sleep(0.2)  # the reader thread's last line
+            if self.result is None:
+                raise RuntimeError(f"{self.rt.label} exited:\n" + "".join(self.lines[-30:]))
+        return self.result is not None
+
+    def kill(self) -> None:
+        """SIGKILL it."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        """Let it end (a peer ends by itself; the worker is asked to), SIGKILL past 30 s."""
+        if self.rt.runtime == "orgchart":
+            self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+def _counters(url: str) -> tuple[int, int, float | None]:
+    """The server's WAL position, this database's rows written so far, the server's CPU."""
+    with connect(url) as conn:
+        lsn, rows = conn.execute(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint, "
+            "tup_inserted + tup_updated + tup_deleted FROM pg_stat_database "
+            "WHERE datname = current_database()").fetchone()  # type: ignore[misc]
+    return int(lsn), int(rows), server_cpu_seconds(url)
+
+
+def _durable(rt: Runtime, url: str) -> int:
+    if rt.runtime == "orgchart":
+        sql = DURABLE["orgchart"]
+    elif rt.runtime == "langgraph":
+        from bench.peers.langgraph_tree import DURABLE_ANSWERS as sql
+    else:
+        from bench.peers.dbos_tree import DURABLE_ANSWERS as sql
+    with connect(url) as conn:
+        return int(conn.execute(sql).fetchone()[0])  # type: ignore[index]
+
+
+def _crash(proc: Process, rt: Runtime, url: str, model_url: str, client: str,
+           shape: Shape) -> tuple[Process, dict[str, Any]]:
+    """SIGKILL ``proc``; read what was durable; start its successor and resume."""
+    at_kill = _get(model_url + "/stats")
+    proc.kill()
+    killed_at = time.monotonic()
+    durable = _durable(rt, url)
+    successor = Process(rt, url, model_url, client, shape, resume=True)
+    successor.root = proc.root
+    successor.wait_ready()
+    successor.go()
+    return successor, {
+        "answered_at_kill": at_kill["answered"],
+        "durable_at_kill": durable,
+        # sent and not yet durably recorded: answered but not recorded, or not answered
+        "in_flight_at_kill": at_kill["answered"] - durable + at_kill["in_flight"],
+        "restart_seconds": round(time.monotonic() - killed_at, 3),
+    }
+
+
+def run_once(rt: Runtime, client: str, shape: Shape, delay: float, server: str | None,
+             crash: bool = False) -> dict[str, Any]:
+    """One run of ``shape`` on ``rt``; its figures (see the module's docstring)."""
+    with scratch_database("peers", server) as url:
+        model_proc, model_url = start_model_server(delay)
+        proc = Process(rt, url, model_url, client, shape)
+        try:
+            proc.wait_ready()
+            time.sleep(1.5)  # the set-up's statistics reach pg_stat_database
+            wal0, rows0, pg_cpu0 = _counters(url)
+            idle_kb, cpu0 = _vm_kb(proc.proc.pid, "VmRSS") or 0, proc_cpu_seconds(proc.proc.pid)
+            _get(model_url + "/stats/reset")
+            started = time.monotonic()
+            proc.go()
+            root, crashed = proc.root, None
+            while not proc.finished(root):
+                if time.monotonic() - started > RUN_TIMEOUT:
+                    raise RuntimeError(f"{rt.label}: no answer in {RUN_TIMEOUT} s")
+                if crash and crashed is None and \
+                        _get(model_url + "/stats")["answered"] >= shape.leads * shape.writers // 2:
+                    proc, crashed = _crash(proc, rt, url, model_url, client, shape)
+                time.sleep(0.02)
+            makespan = time.monotonic() - started
+            wal1, _, pg_cpu1 = _counters(url)
+            peak_kb = _vm_kb(proc.proc.pid, "VmHWM") or 0
+            cpu = proc_cpu_seconds(proc.proc.pid) - cpu0
+            counts = _get(model_url + "/stats")
+            proc.stop()
+        finally:
+            if proc.proc.poll() is None:
+                proc.kill()
+            model_proc.kill()
+            model_proc.wait()
+        time.sleep(1.0)  # the last backends' statistics
+        rows = _counters(url)[1] - rows0
+    if proc.result is not None:  # a peer measures itself (it may end before it is read)
+        makespan = proc.result["seconds"] if crashed is None else makespan
+        cpu, peak_kb = proc.result["cpu_seconds"], proc.result["peak_rss_kb"]
+    calls = counts["answered"] + counts["aborted"]
+    figures: dict[str, Any] = {
+        "makespan_seconds": round(makespan, 3), "model_calls": calls,
+        "peak_calls_in_flight": counts["peak"],
+        "rows_per_call": round(rows / calls, 2),
+        "wal_bytes_per_call": round((wal1 - wal0) / calls),
+        "pg_cpu_ms_per_call": (round((pg_cpu1 - pg_cpu0) / calls * 1000, 3)
+                               if pg_cpu0 is not None and pg_cpu1 is not None else None),
+    }
+    if crashed is not None:
+        return {"crash_makespan_seconds": figures["makespan_seconds"],
+                "crash_model_calls": calls, "repaid_calls": calls - shape.calls, **crashed}
+    figures.update({"client_cpu_ms_per_call": round(cpu / calls * 1000, 3),
+                    "peak_rss_mb": round(peak_kb / 1024, 1),
+                    "rss_per_call_in_flight_kb": round((peak_kb - idle_kb) / counts["peak"], 1)})
+    return figures
+
+
+def measure(runtimes: tuple[Runtime, ...], tree: Shape, delay: float, chain: Shape,
+            chain_delay: float, server: str | None, crash: bool) -> dict[str, dict[str, Any]]:
+    """Every figure of every runtime: ``{label: {figure: value}}``."""
+    out: dict[str, dict[str, Any]] = {}
+    for rt in runtimes:
+        figures: dict[str, Any] = {"durability": rt.option,
+                                   "code_lines": code_lines(PEERS_DIR / rt.module)}
+        for client in ("shared", "ollama"):
+            run = run_once(rt, client, tree, delay, server)
+            run["vs_critical_path"] = round(run["makespan_seconds"] / (2 * delay), 3)
+            figures.update({f"{client}_{key}": value for key, value in run.items()})
+        if crash:
+            figures.update(run_once(rt, "shared", tree, delay, server, crash=True))
+        run = run_once(rt, "shared", chain, chain_delay, server)
+        figures["chain_makespan_seconds"] = run["makespan_seconds"]
+        figures["chain_overhead_ms_per_level"] = round(
+            (run["makespan_seconds"] - chain.depth * chain_delay) / chain.depth * 1000, 2)
+        out[rt.label] = figures
+        print(f"  {rt.label}: {figures}", file=sys.stderr, flush=True)
+    return out
+
+
+def goals(runs: dict[str, dict[str, Any]], floor_seconds: float | None) -> dict[str, Any]:
+    """The issue's measures, orgchart against the best peer (shared-transport runs)."""
+    ours = runs.get("orgchart")
+    peers = {label: f for label, f in runs.items() if label != "orgchart"}
+    if ours is None:
+        return {}
+    out: dict[str, Any] = {}
+    if floor_seconds is not None:
+        out["engine_overhead_seconds"] = round(ours["shared_makespan_seconds"] - floor_seconds, 3)
+        out["makespan_floor_bare_seconds"] = floor_seconds
+    if not peers:
+        return out
+    out["peer_makespan_ratio"] = round(ours["shared_makespan_seconds"] / min(
+        f["shared_makespan_seconds"] for f in peers.values()), 3)
+    for key, name in (("repaid_calls", "peer_repaid_calls"),
+                      ("shared_wal_bytes_per_call", "peer_wal_bytes_per_call"),
+                      ("chain_overhead_ms_per_level", "chain_overhead_ms_per_level")):
+        if key in ours:
+            out[name] = {label: f.get(key) for label, f in runs.items()}
+    return out
+
+
+COLUMNS = (("makespan s", "shared_makespan_seconds"), ("x crit", "shared_vs_critical_path"),
+           ("peak", "shared_peak_calls_in_flight"), ("rows/call", "shared_rows_per_call"),
+           ("WAL B/call", "shared_wal_bytes_per_call"), ("pg ms/call", "shared_pg_cpu_ms_per_call"),
+           ("cpu ms/call", "shared_client_cpu_ms_per_call"), ("RSS MB", "shared_peak_rss_mb"),
+           ("ollama s", "ollama_makespan_seconds"), ("repaid", "repaid_calls"),
+           ("durable", "durable_at_kill"), ("in flight", "in_flight_at_kill"),
+           ("crash s", "crash_makespan_seconds"), ("chain ms/lvl", "chain_overhead_ms_per_level"),
+           ("lines", "code_lines"))
+
+
+def table(runs: dict[str, dict[str, Any]]) -> str:
+    """One row per runtime, one column per figure."""
+    rows = [["runtime"] + [title for title, _ in COLUMNS]]
+    rows += [[label] + [str(f.get(key, "-")) for _, key in COLUMNS] for label, f in runs.items()]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True))
+                     for row in rows)
