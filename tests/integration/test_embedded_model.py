@@ -7,9 +7,11 @@ asserted here (bench/embedded.py measures them).
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +24,7 @@ from runtime.engine.store_ledger import StoreLedger
 from runtime.llm.backends.choice import build_backend
 from runtime.llm.backends.embedded import EmbeddedBackend, default_model_path, extra_installed
 from runtime.llm.handle import LLMFactory, TaskLLM
-from runtime.llm.reply import BadModelReply
+from runtime.llm.reply import BadModelReply, first_messages
 from runtime.llm.tool_loop import ToolRoundLimit
 from runtime.store.rows import NewTask
 from runtime.store.store import Store
@@ -80,6 +82,24 @@ def test_tokens_are_generated_on_this_machine() -> None:
         f"reinstall with 'make install-embedded'): {done.stderr[-2000:]}")
     completion, prompt = (int(n) for n in done.stdout.split())
     assert completion > 0 and prompt > 0
+
+
+def test_a_call_in_flight_stops_between_tokens_when_cancelled(model: EmbeddedBackend) -> None:
+    async def cancel_mid_generation() -> int:
+        before = model.generations
+        call = asyncio.create_task(model.achat(
+            "m", first_messages("Write a very long story about the sea.", None), None, 4000))
+        deadline = time.monotonic() + 120
+        while model.generations == before and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # until a context took it
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call  # 4000 tokens would outlast the test's timeout: it stopped early
+        return model.generations - before
+
+    assert asyncio.run(cancel_mid_generation()) == 1
+    # The context is free again: the next call runs.
+    assert model.chat("m", "Say hi.", None, None, 4).completion_tokens > 0
 
 
 def test_a_structured_call_returns_schema_valid_data(store: Store,
