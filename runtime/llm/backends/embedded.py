@@ -425,7 +425,8 @@ class EmbeddedBackend:
         try:
             if job.stop.is_set():  # cancelled while it waited for the context
                 return {}
-            self.generations += 1
+            with self._grammar_lock:  # (several contexts may start at once)
+                self.generations += 1
             chat = _formatter(context)(messages=job.messages)
             prompt = context.tokenize(chat.prompt.encode("utf-8"),
                                       add_bos=not chat.added_special, special=True)
