@@ -33,6 +33,8 @@ depends_on: str | Sequence[str] | None = None
 #: The trigger's function: task_events rows -> outbox rows for the subscribed endpoints.
 #: One event may report several things (a root escalated: ``task.escalated`` and
 #: ``tree.finished``); a cancelled subtree reports its top only (``task.cancelled``).
+#: It notifies ``orgchart_webhooks``: ``runtime.store.queries.WEBHOOKS_CHANNEL`` at this
+#: revision (a revision never imports the code it outlives).
 _FUNCTION = """
 CREATE FUNCTION webhook_outbox_from_events() RETURNS trigger
 LANGUAGE plpgsql AS $$

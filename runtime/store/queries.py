@@ -25,6 +25,11 @@ _BLOCK = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
 #: the agent name (``judge`` for the judge stage). Listen with ``channel_listen_tasks``.
 TASKS_CHANNEL = "orgchart_tasks"
 _CHANNEL_TOKEN = "{tasks_channel}"
+#: The channel on which new webhook events are announced (the outbox trigger of migration
+#: 0013, a test event, a redelivery); the webhook deliverers listen with
+#: ``channel_listen_webhooks``. ``{webhooks_channel}`` in the SQL.
+WEBHOOKS_CHANNEL = "orgchart_webhooks"
+_WEBHOOKS_TOKEN = "{webhooks_channel}"
 #: Blocks named ``fragment_...`` are pieces of SQL, not statements: ``{fragment_x}`` in a
 #: statement is replaced by the block ``fragment_x`` at load time (one definition of,
 #: say, a task's JSON shape shared by two reads).
@@ -35,9 +40,11 @@ Task = dict[str, Any]
 
 def load_queries(path: Path = QUERIES_FILE) -> dict[str, LiteralString]:
     """Parse ``queries.sql`` into ``{name: sql}``."""
-    if not re.fullmatch(r"[a-z_][a-z0-9_]*", TASKS_CHANNEL):
-        raise ValueError(f"TASKS_CHANNEL {TASKS_CHANNEL!r} is not a plain identifier")
-    text = path.read_text(encoding="utf-8").replace(_CHANNEL_TOKEN, TASKS_CHANNEL)
+    for channel in (TASKS_CHANNEL, WEBHOOKS_CHANNEL):
+        if not re.fullmatch(r"[a-z_][a-z0-9_]*", channel):
+            raise ValueError(f"channel {channel!r} is not a plain identifier")
+    text = (path.read_text(encoding="utf-8").replace(_CHANNEL_TOKEN, TASKS_CHANNEL)
+            .replace(_WEBHOOKS_TOKEN, WEBHOOKS_CHANNEL))
     parts = _BLOCK.split(text)
     queries: dict[str, LiteralString] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):

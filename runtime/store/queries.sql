@@ -1124,7 +1124,7 @@ WITH upd AS (
     FROM upd u JOIN webhook_endpoints w ON 'fire.rollup' = ANY(w.events) AND w.tenant IS NULL
     RETURNING 1
 ), wake AS (
-    SELECT pg_notify('orgchart_webhooks', '') WHERE EXISTS (SELECT 1 FROM hook)
+    SELECT pg_notify('{webhooks_channel}', '') WHERE EXISTS (SELECT 1 FROM hook)
 )
 -- A CTE nobody reads is not run: the count makes the notify happen, the row stays the same.
 SELECT upd.* FROM upd WHERE (SELECT count(*) FROM wake) >= 0;
@@ -2519,7 +2519,7 @@ WITH ins AS (
     FROM webhook_endpoints WHERE name = :endpoint
     RETURNING id, message_id, endpoint, event, status, attempts, created_at
 ), wake AS (
-    SELECT pg_notify('orgchart_webhooks', '') FROM ins
+    SELECT pg_notify('{webhooks_channel}', '') FROM ins
 )
 SELECT ins.*, (SELECT count(*) FROM wake) AS notified FROM ins;
 
@@ -2597,7 +2597,7 @@ WITH upd AS (
     WHERE id = :id AND status IN ('delivered', 'dead')
     RETURNING id, message_id, endpoint, event, status
 ), wake AS (
-    SELECT pg_notify('orgchart_webhooks', '') FROM upd
+    SELECT pg_notify('{webhooks_channel}', '') FROM upd
 )
 SELECT upd.*, (SELECT count(*) FROM wake) AS notified FROM upd;
 
@@ -2619,4 +2619,4 @@ WHERE status = 'pending' AND created_at < now() - make_interval(secs => :alert_a
 -- channel_listen_webhooks --
 -- Subscribe to the webhook channel: the outbox trigger, a test event and a redelivery
 -- notify it, so a deliverer sends within milliseconds instead of at its next poll.
-LISTEN orgchart_webhooks;
+LISTEN {webhooks_channel};

@@ -55,14 +55,17 @@ def test_statement_timeout_zero_means_none(db_url: str) -> None:
 
 
 def test_the_channel_is_named_once_in_python_and_never_in_the_sql() -> None:
-    from runtime.store.queries import QUERIES_FILE, TASKS_CHANNEL
+    from runtime.store.queries import QUERIES_FILE, TASKS_CHANNEL, WEBHOOKS_CHANNEL
 
-    assert TASKS_CHANNEL not in QUERIES_FILE.read_text(encoding="utf-8")
+    text = QUERIES_FILE.read_text(encoding="utf-8")
+    assert TASKS_CHANNEL not in text and WEBHOOKS_CHANNEL not in text
     notifying = [name for name, sql in QUERIES.items() if "pg_notify(" in sql]
     assert len(notifying) >= 10
     for name in notifying:
-        assert f"pg_notify('{TASKS_CHANNEL}'" in QUERIES[name], name
+        assert (f"pg_notify('{TASKS_CHANNEL}'" in QUERIES[name]
+                or f"pg_notify('{WEBHOOKS_CHANNEL}'" in QUERIES[name]), name
     assert QUERIES["channel_listen_tasks"].endswith(f"\nLISTEN {TASKS_CHANNEL};")
+    assert QUERIES["channel_listen_webhooks"].rstrip().endswith(f"\nLISTEN {WEBHOOKS_CHANNEL};")
 
 
 def test_migration_lock_and_version_check_are_named_statements() -> None:
