@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from runtime.audit.history import Recorder
 from runtime.store.store import Store
-from tests.chaos.helpers import REPO_ROOT, cli, cli_env
+from tests.chaos.helpers import REPO_ROOT, assert_audited, cli, cli_env, record_model_server
 from tests.fake_ollama import FakeOllama, fake_ollama_server  # noqa: F401
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
@@ -44,7 +45,8 @@ def _scores(report: dict) -> dict[str, dict[str, float | None]]:
 
 
 def test_a_killed_experiment_run_resumes_to_the_same_report(
-        store: Store, orgchart_env: dict[str, str], fake_ollama: FakeOllama) -> None:
+        store: Store, orgchart_env: dict[str, str], fake_ollama: FakeOllama,
+        history: Recorder) -> None:
     fake_ollama.delay_seconds = 0.2
     env = cli_env(orgchart_env, ORGCHART_LLM__BACKEND="ollama",
                   ORGCHART_OLLAMA__URL=fake_ollama.url,
@@ -60,6 +62,7 @@ def test_a_killed_experiment_run_resumes_to_the_same_report(
         time.sleep(0.02)
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)
+    history.fault("kill", f"experiment run pid {first.pid}")
     asked_at_kill = len(fake_ollama.requests)
 
     again = subprocess.run(_command("killed"), cwd=REPO_ROOT, env=env, capture_output=True,
@@ -85,6 +88,9 @@ def test_a_killed_experiment_run_resumes_to_the_same_report(
     # (at most MAX_PARALLEL on each route's server; both routes are this one server here).
     assert len(fake_ollama.requests) - len(paid) <= 2 * MAX_PARALLEL, (
         len(fake_ollama.requests), len(paid), asked_at_kill)
+
+    record_model_server(history, fake_ollama)
+    assert_audited(store, history)  # the promises hold on every tree, the judges' included
 
     clean = subprocess.run(_command("clean"), cwd=REPO_ROOT, env=env, capture_output=True,
                            text=True, timeout=240)
