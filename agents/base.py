@@ -44,6 +44,7 @@ from agents.tasks import (
     TaskView,
 )
 from agents.tools import Tool
+from runtime.config import HUMAN_AGENT
 
 if TYPE_CHECKING:
     from agents.context import AgentContext
@@ -268,8 +269,8 @@ def agent_logger(name: str) -> logging.Logger:
 # ``budget_seconds`` is the question's deadline: past it, the task fails with
 # ``error = 'no answer: deadline'`` and the parent decides, as for any failed child.
 
-#: The agent's name (the ``to_agent`` of every question); the store knows it too.
-HUMAN = "human"
+#: The agent's name (the ``to_agent`` of every question), as the store knows it.
+HUMAN = HUMAN_AGENT
 
 
 class Question(BaseModel):

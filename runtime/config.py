@@ -49,6 +49,10 @@ DEFAULT_BUDGET_TOKENS = 50_000
 DEFAULT_BUDGET_SECONDS = 300
 #: Dollars a task's subtree may spend when the submitter names no budget.
 DEFAULT_BUDGET_USD = Decimal("1.0")
+#: The agent that stands for a person (``agents.base.Human``): its tasks are questions no
+#: worker claims. Defined here, which both the agents and the store read (the store's
+#: SQL says ``'human'`` too).
+HUMAN_AGENT = "human"
 
 #: Defaults for forbidden output patterns: private keys, API-key shapes, e-mail addresses.
 DEFAULT_FORBIDDEN_PATTERNS: tuple[str, ...] = (

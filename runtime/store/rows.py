@@ -20,6 +20,9 @@ from runtime.config import (
     Settings,
 )
 
+# The agent that stands for a person (its tasks are questions no worker claims).
+from runtime.config import HUMAN_AGENT as HUMAN_AGENT
+
 # The records the model layer passes the store live in runtime/records.py (neither's);
 # the store's modules name them from here too.
 from runtime.records import ModelCharge as ModelCharge
@@ -37,8 +40,6 @@ STATUSES: tuple[str, ...] = (
 TERMINAL_STATUSES: tuple[str, ...] = ("done", "failed", "escalated", "cancelled")
 #: Statuses a cancel ends: every one that is not terminal.
 OPEN_STATUSES: tuple[str, ...] = tuple(s for s in STATUSES if s not in TERMINAL_STATUSES)
-#: The built-in agent that stands for a person: its tasks are questions no worker claims.
-HUMAN_AGENT = "human"
 
 
 class IdempotencyConflict(ValueError):
