@@ -91,7 +91,7 @@ class Command:
             assert self.proc.poll() is None, f"exited {self.proc.returncode}:\n{self.output()}"
             return line in self.output()
 
-        wait_until(printed, START_TIMEOUT, f"{line!r} in {self.proc.args}")
+        wait_until(printed, START_TIMEOUT, f"{line!r} in the output of {self.proc.args!r}")
 
     def stop(self, signum: int) -> int | None:
         """Send ``signum`` and wait for the exit; its return code."""
