@@ -35,8 +35,11 @@ def add_experiment_routes(app: FastAPI, store: Store,
 
     @app.get("/experiments/{key}", tags=["experiments"], responses=_ERRORS)
     def get_experiment(key: str) -> dict[str, Any]:
-        """An experiment's report: per variant its scores with intervals, cost paid and
-        replayed, the difference from the baseline; the cases that regressed."""
+        """An experiment's report (``orgchart experiment show --json``).
+
+        Per variant its scores with intervals, cost paid and replayed, the difference
+        from the baseline; the cases that regressed.
+        """
         return load_report(store, key)
 
     @app.get("/ui/experiments/{key}", include_in_schema=False)

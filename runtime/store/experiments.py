@@ -60,8 +60,9 @@ class StoreExperiments(StoreReads):
                           agents_modules: list[str]) -> Task | None:
         """A new experiment, or None when the name is taken."""
         with self.transaction() as conn:
-            rows = self._rows(conn, "experiment_insert", experiment_name=name, dataset_id=dataset_id,
-                              variants=canonical_json(variants), repeat=repeat,
+            rows = self._rows(conn, "experiment_insert", experiment_name=name,
+                              dataset_id=dataset_id, variants=canonical_json(variants),
+                              repeat=repeat,
                               budget_usd=budget_usd, tenant=tenant,
                               agents_modules=canonical_json(agents_modules))
         return rows[0] if rows else None

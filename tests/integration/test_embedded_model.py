@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -174,3 +175,20 @@ def test_a_durable_call_replays_without_calling_the_model(store: Store,
                                                    max_tokens=24)
     assert second.replayed and second.text == first.text and second.cost_usd == 0
     assert model.generations == ran
+
+
+def test_a_cloud_routed_call_is_recorded_under_the_file_at_its_own_price(
+        store: Store, model: EmbeddedBackend) -> None:
+    # A long prompt takes the cloud route; qwen3:14b never runs, the GGUF file does.
+    settings = Settings.model_validate({"embedded": {"price_per_token": "0.000002"}})
+    backend = EmbeddedBackend(settings.embedded)
+    backend._contexts, backend._loaded = model._contexts, True  # the loaded model, shared
+    row = claim_new(store)
+    reply = llm_for(store, row, backend, settings).complete(
+        "Say hi. " + "x" * (settings.routing.prompt_threshold + 1), max_tokens=4)
+    (call,) = store.model_calls(row["id"])
+    assert call["route"] == "cloud" and call["model"] == model.path.name
+    tokens = call["prompt_tokens"] + call["completion_tokens"]
+    assert call["cost_usd"] == reply.cost_usd == Decimal("0.000002") * tokens
+    # Unset, the price is 0: a configured price, not the cloud route's rate.
+    assert Settings().embedded.price_per_token == 0
