@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -88,6 +88,19 @@ def _answer_data(completion: Any) -> Any:
     return data
 
 
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _fitted(schema: type[_M], completion: Any) -> tuple[_M | None, str]:
+    """The model's answer as ``schema``, or None and why it did not fit."""
+    try:
+        return schema.model_validate(_answer_data(completion)), ""
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(root)"
+        return None, f"the judge's answer did not fit the schema: {where}: {first['msg']}"
+
+
 def score_rubric(llm: LLM, *, rubric: str, result: Any, goal: str = "",
                  threshold: float = 0.7, prompts_dir: Path = PROMPTS_DIR) -> RubricScore:
     """Ask the model to score ``result`` against ``rubric``.
@@ -117,13 +130,9 @@ def score_rubric(llm: LLM, *, rubric: str, result: Any, goal: str = "",
     model = str(getattr(completion, "model", None) or "unknown")
     if getattr(completion, "offline", False):
         return RubricScore(0.0, False, [OFFLINE_REASON], True, model, offline=True)
-    try:
-        answer = JudgeOutput.model_validate(_answer_data(completion))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(root)"
-        return RubricScore(0.0, False, [f"the judge's answer did not fit the schema: "
-                                        f"{where}: {first['msg']}"], True, model)
+    answer, misfit = _fitted(JudgeOutput, completion)
+    if answer is None:
+        return RubricScore(0.0, False, [misfit], True, model)
     return RubricScore(answer.score, answer.score >= threshold, list(answer.reasons),
                        answer.uncertain, model)
 
@@ -203,11 +212,7 @@ class PairwiseJudge(Agent):
         if getattr(completion, "offline", False):
             return Result(PairwiseOutput(preferred="tie", reasons=[OFFLINE_REASON],
                                          uncertain=True).model_dump())
-        try:
-            answer = PairwiseOutput.model_validate(_answer_data(completion))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "(root)"
-            answer = PairwiseOutput(preferred="tie", uncertain=True, reasons=[
-                f"the judge's answer did not fit the schema: {where}: {first['msg']}"])
+        answer, misfit = _fitted(PairwiseOutput, completion)
+        if answer is None:
+            answer = PairwiseOutput(preferred="tie", uncertain=True, reasons=[misfit])
         return Result(answer.model_dump())

@@ -85,6 +85,16 @@ def settings() -> Settings:
     return load_settings()
 
 
+def open_runtime(modules: list[str] | None) -> Any:
+    """Build every part (the model backend too) and say on stderr which backend runs."""
+    from runtime.wiring import build_runtime
+
+    runtime = build_runtime(settings(), modules or [])
+    if getattr(runtime.llm_factory, "announcement", None):
+        err.print(runtime.llm_factory.announcement, style="dim", markup=False, highlight=False)
+    return runtime
+
+
 def server_name(config: Settings | None = None) -> str:
     """The database server a command talks to, for messages: its URL (password hidden).
 

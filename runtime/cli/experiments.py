@@ -25,21 +25,13 @@ from runtime.cli.common import (
     err,
     fail,
     install_stop_signals,
+    open_runtime,
     out,
     print_json,
     settings,
 )
 from runtime.errors import BadInput
 from runtime.store.rows import NotFound
-
-
-def _runtime(modules: list[str] | None) -> Any:
-    from runtime.wiring import build_runtime
-
-    runtime = build_runtime(settings(), modules or [])
-    if getattr(runtime.llm_factory, "announcement", None):
-        err.print(runtime.llm_factory.announcement, style="dim", markup=False, highlight=False)
-    return runtime
 
 
 def _store() -> Any:
@@ -208,7 +200,7 @@ def experiment_run(
     chosen = [lookup(n) for n in (scorer_names or DEFAULT_SCORERS)]
     budget = _budget(budget_usd)
     plan_variants = _variants(variants, only)
-    runtime = _runtime(agents_module)
+    runtime = open_runtime(agents_module)
     check_variants(plan_variants, runtime.registry, runtime.settings)
     dataset_id, cases = _dataset(runtime.store, dataset)
     for case in cases:  # every case's root is checked before anything runs
@@ -305,7 +297,7 @@ def _show(runtime: Any, key: str, json_: bool, rule: tuple[str, float] | None = 
 def experiment_show(key: Annotated[str, typer.Argument(help="An experiment's name or id.")],
                     json_: JsonOpt = False, agents_module: ModulesOpt = None) -> None:
     """Print an experiment's report: scores with intervals, cost, regressions."""
-    _show(_runtime(agents_module), key, json_)
+    _show(open_runtime(agents_module), key, json_)
 
 
 def experiment_list(json_: JsonOpt = False) -> None:
@@ -334,7 +326,7 @@ def experiment_rescore(
     from runtime.experiments.runner import ExperimentRunner
 
     chosen = [lookup(n) for n in scorer_names]
-    runtime = _runtime(agents_module)
+    runtime = open_runtime(agents_module)
     experiment = runtime.store.experiment_get(key)
     if experiment is None:
         raise NotFound(f"no experiment {key!r}")

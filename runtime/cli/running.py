@@ -27,6 +27,7 @@ from runtime.cli.common import (
     err,
     fail,
     install_stop_signals,
+    open_runtime,
     out,
     print_json,
     settings,
@@ -127,15 +128,6 @@ def with_goal_options(fn: F) -> F:
     return command  # type: ignore[return-value]
 
 
-def _runtime(modules: list[str] | None) -> Any:
-    from runtime.wiring import build_runtime
-
-    runtime = build_runtime(settings(), modules or [])
-    if getattr(runtime.llm_factory, "announcement", None):
-        err.print(runtime.llm_factory.announcement, style="dim", markup=False, highlight=False)
-    return runtime
-
-
 @with_goal_options
 def submit(goal: str, options: GoalOptions, json_: JsonOpt = False) -> None:
     """Submit a root goal; print its id (the root id)."""
@@ -172,7 +164,7 @@ def run(goal: str, options: GoalOptions, json_: JsonOpt = False,
             help="Most tasks held at once (default [worker] max_in_flight).")] = None,
         ) -> None:
     """Submit a goal and drain it in this process, drawing the tree live; print the result."""
-    runtime = _runtime(options.agents_module)
+    runtime = open_runtime(options.agents_module)
     from runtime.wiring import submit_root
 
     task, _ = submit_root(runtime.store,
@@ -263,7 +255,7 @@ def worker(
     """Claim and run tasks until stopped (SIGTERM/SIGINT), a cap, or an empty queue."""
     if concurrency is not None:
         fail("--concurrency was retired: use --sync-threads (threads for sync agents)")
-    runtime = _runtime(agents_module)
+    runtime = open_runtime(agents_module)
     names = [a.strip() for a in agents.split(",") if a.strip()] if agents else None
     w = runtime.worker(names, sync_threads=sync_threads, max_in_flight=max_in_flight,
                        batch_size=batch_size,

@@ -166,9 +166,10 @@ def fork(
             raise BadInput(f"--budget-usd {budget_usd!r} is not a number") from None
     config = settings()
     if run:
-        from runtime.cli.running import _runtime, drain
+        from runtime.cli.common import open_runtime
+        from runtime.cli.running import drain
 
-        runtime = _runtime(agents_module)
+        runtime = open_runtime(agents_module)
         store, registry = runtime.store, runtime.registry
     else:
         store, registry = open_store(config), load_registry(config, agents_module or [])

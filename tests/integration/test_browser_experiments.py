@@ -11,9 +11,7 @@ from typing import Any
 
 import pytest
 
-from runtime.config import load_settings
-from runtime.store.store import Store
-from runtime.wiring import Runtime, build_runtime
+from runtime.wiring import Runtime
 from tests.integration.test_browser import (
     ARTIFACTS,
     CHROMIUM,
@@ -21,7 +19,10 @@ from tests.integration.test_browser import (
     browser,  # noqa: F401  (the fixture)
     serve,
 )
-from tests.integration.test_experiments import MODULE, ROOT, _plan
+from tests.integration.test_experiments import (
+    _plan,
+    runtime,  # noqa: F401  (the fixture)
+)
 
 pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
 pytestmark = [
@@ -31,16 +32,8 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def runtime(db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch) -> Runtime:
-    monkeypatch.chdir(ROOT)
-    settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
-                                  "ORGCHART_LLM__BACKEND": "offline"})
-    return build_runtime(settings, [MODULE], store=store)
-
-
 def test_the_experiment_page_shows_the_table_the_chart_and_a_regressions_diff(
-        browser: Any, runtime: Runtime) -> None:  # noqa: F811
+        browser: Any, runtime: Runtime) -> None:  # noqa: F811  (the fixtures)
     from runtime.experiments.runner import ExperimentRunner
 
     ExperimentRunner(runtime).run(_plan(runtime, "page"))
