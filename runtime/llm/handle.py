@@ -102,7 +102,7 @@ class LLMFactory:
         #: The start gate of every request: cancelled tasks and paused trees (gate.py).
         self.gate = CallGate(ledger.gate_calls, self.in_ledger)
         self.records = RecordReader(ledger)  # durable calls' look-ups, batched
-        self.router = Router(settings, lambda: self.in_ledger(ledger.pending_depth))
+        self.router = Router(settings, lambda: self.in_ledger(ledger.pending_depth), backend)
         self.slots = ServerSlots(self.calls, backend, settings)
 
     async def in_ledger(self, fn: Callable[..., T], *args: Any) -> T:
@@ -171,7 +171,8 @@ class TaskLLM:
         charger = Charger(factory.ledger.acharge, rows)
         self.replays = HeldReplays(factory.ledger, lease_lost)  # for the outcome's write
         self._recorded = RecordedReplies(self._settings, factory.records, task_row,
-                                         self.phase, charger, self.replays, self.offline)
+                                         self.phase, charger, self.replays, self.offline,
+                                         served=factory.router.served_model)
         fair = Fair(task_row.get("tenant") or "default", task_row.get("root_id"),
                     int(task_row.get("priority") or 5))
         stop = TaskStop(self.task_id, lease_lost, factory.gate.is_stopped)

@@ -43,12 +43,16 @@ class RecordedReplies:
         phase: the phase the task's calls belong to.
         charger / replays: where a replayed row is written, or held for the outcome.
         offline: the backend is offline (a replayed answer is not a model's work either).
+        served: the model the backend runs on every route (the embedded model), if any:
+            its calls were recorded under it.
 
     """
 
     def __init__(self, settings: Settings, reader: RecordReader, task_row: dict[str, object],
-                 phase: str, charger: Charger, replays: HeldReplays, offline: bool) -> None:
+                 phase: str, charger: Charger, replays: HeldReplays, offline: bool, *,
+                 served: str | None = None) -> None:
         self._settings = settings
+        self._served = served
         self._reader = reader
         self._charger = charger
         self._replays = replays
@@ -78,7 +82,8 @@ class RecordedReplies:
         if not (llm.durable and llm.record and self._may_replay):
             return None
         # Either route may have answered before: look for a reply to either model.
-        models = ((self.model_override,) if self.model_override
+        models = ((self._served,) if self._served
+                  else (self.model_override,) if self.model_override
                   else (self._settings.models.local, self._settings.models.cloud))
         request.record_keys = request.hashes(models)
         recorded = await self._reader.read(  # batched with other calls' reads

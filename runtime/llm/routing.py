@@ -7,7 +7,9 @@ strict: a prompt of exactly ``prompt_threshold`` characters stays local. The dec
 carries a short sentence saying why, stored with the task (``route_reason``).
 
 :class:`Router` is the route stage of one model call: it decides the route (a fork may
-have set the model), prices it (``[cost]``) and names the request's record key.
+have set the model), prices it (``[cost]``) and names the request's record key. A
+backend that runs one model of its own whatever the route (the embedded model: its
+``served_model``) records and prices every call under that model and its own price.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from runtime.config import Settings
 from runtime.errors import UnknownPrice
@@ -112,14 +114,23 @@ class Router:
     Args:
         settings: the configuration (``[routing]``, ``[models]``, ``[cost]``, ``[llm]``).
         read_depth: reads the pending queue's depth (the ledger's, off the loop).
+        backend: the backend the calls go to; one with a ``served_model`` (its model's
+            name and price per token) runs that model on every route.
 
     """
 
-    def __init__(self, settings: Settings, read_depth: Callable[[], Awaitable[int]]) -> None:
+    def __init__(self, settings: Settings, read_depth: Callable[[], Awaitable[int]],
+                 backend: Any = None) -> None:
         self._settings = settings
+        self._served: tuple[str, Decimal] | None = getattr(backend, "served_model", None)
         self._read_depth = read_depth
         self._depth: tuple[float, int] | None = None
         self._depth_reads: dict[asyncio.AbstractEventLoop, asyncio.Future[int]] = {}
+
+    @property
+    def served_model(self) -> str | None:
+        """The model the backend runs on every route (the embedded model's file), if any."""
+        return self._served[0] if self._served else None
 
     async def pending_depth(self) -> int:
         """The pending queue's depth for routing: one read per TTL and loop, shared."""
@@ -147,8 +158,13 @@ class Router:
         if model_override:
             route = Route(route.route, model_override,
                           f"{route.reason}; model {model_override} set by a fork")
+        if self._served is not None:  # the model that really runs, at its own price
+            model, price = self._served
+            route = Route(route.route, model, f"{route.reason}; served by {model}")
+            request.price = price
+        else:
+            request.price = price_of(self._settings, route)
         request.route = route
-        request.price = price_of(self._settings, route)
         request.request_hash = (request.record_keys.get(route.model)
                                 or request.hashes([route.model])[route.model])
         prompt, system, schema = request.prompt, request.system, request.json_schema

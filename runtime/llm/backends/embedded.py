@@ -27,8 +27,11 @@ and what it costs).
   ``[embedded] tool_rounds`` rounds (default 1) the model is asked for its answer only:
   offered tools again, a small model calls them until the loop's limit.
 - **Counts.** Prompt and completion tokens come from the model's own tokenizer (what
-  llama.cpp evaluated and generated); the duration is measured here. Cost is the model
-  layer's, from ``[cost]`` rates like any backend's.
+  llama.cpp evaluated and generated); the duration is measured here.
+- **Model and price.** Whatever the route, the model that runs is the GGUF file: its
+  calls are recorded under the file's name and priced at ``[embedded] price_per_token``
+  (:attr:`EmbeddedBackend.served_model`; default 0, a configured price), never at the
+  ``[cost]`` rate of a routed model that did not run.
 
 This is the only module that imports ``llama_cpp``.
 """
@@ -44,6 +47,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -329,6 +333,15 @@ class EmbeddedBackend:
     def host_for(self, route: str) -> str:
         """Every route's calls go to the one model in this process."""
         return f"embedded:{self.path.name}"
+
+    @property
+    def served_model(self) -> tuple[str, Decimal]:
+        """The model every call runs (the GGUF file's name) and its price per token.
+
+        The router records and prices a call under these instead of the route's model
+        (``[models]``) and rate (``[cost]``): that model never runs here.
+        """
+        return self.path.name, self.settings.price_per_token
 
     def parallel_for(self, route: str) -> int:
         """How many calls may run at once (``[embedded] max_parallel``)."""
