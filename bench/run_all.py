@@ -46,11 +46,12 @@ from bench import (
     worker_memory,
 )
 from bench.common import RESULTS_DIR, machine, server_url
+from bench.peers import run as peers
 
 ORDER = ("reference", "drain", "pgqueuer", "drain_pair", "drain_parts", "pickup", "fanin",
          "claim_latency", "tree_read", "scrape", "worker_memory", "makespan", "sync_agents",
          "fork", "charge", "transport", "ha", "control", "tools", "fairness", "experiments",
-         "audit", "webhooks", "webhooks_chaos", "embedded")
+         "audit", "webhooks", "webhooks_chaos", "embedded", "peers")
 
 FULL: dict[str, dict[str, Any]] = {
     "reference": {"n": 20_000, "threads": 4},
@@ -79,6 +80,7 @@ FULL: dict[str, dict[str, Any]] = {
     "webhooks": {"trees": 1000, "rate": 200.0},
     "webhooks_chaos": {"trees": 1000, "chaos": True},
     "embedded": {"samples": 8, "loads": 3},  # skipped, saying so, without the extra
+    "peers": {},  # each peer skipped, saying so, without the bench extra
 }
 
 QUICK: dict[str, dict[str, Any]] = {
@@ -108,6 +110,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "webhooks": {"trees": 20, "rate": 200.0},
     "webhooks_chaos": {"trees": 20, "chaos": True},
     "embedded": {"samples": 1, "loads": 1, "tree": False},
+    "peers": {"leads": 2, "writers": 3, "delay": 0.1, "depth": 3, "crash": False},
 }
 
 MAINS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -136,6 +139,7 @@ MAINS: dict[str, Callable[..., dict[str, Any]]] = {
     "webhooks": webhooks.main,
     "webhooks_chaos": webhooks.main,
     "embedded": embedded.main,
+    "peers": peers.main,
 }
 
 
