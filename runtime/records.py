@@ -12,6 +12,7 @@ the project's parts.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -127,6 +128,17 @@ class RecordedCall:
     prompt_tokens: int
     completion_tokens: int
     tool_calls: list[dict[str, Any]] | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> RecordedCall:
+        """A ``model_calls`` row (a look-up's result, or a claim's ``counterpart_calls``)."""
+        return cls(
+            call_id=int(row["id"]), request_hash=str(row["request_hash"]),
+            response=str(row["response"]), thinking=row.get("thinking"),
+            model=str(row["model"]), route=str(row["route"]), backend=str(row["backend"]),
+            prompt_tokens=int(row["prompt_tokens"] or 0),
+            completion_tokens=int(row["completion_tokens"] or 0),
+            tool_calls=row.get("tool_calls"))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 from runtime.errors import BadInput
-from runtime.store.rows import TERMINAL_STATUSES, NotFound
+from runtime.store.rows import TERMINAL_STATUSES, NotFound, served_totals
 from runtime.store.store import Store
 
 TASK_FIELDS = (
@@ -65,6 +65,8 @@ def task_json(row: dict[str, Any]) -> dict[str, Any]:
         "route": row.get("route"),
         "route_reason": row.get("route_reason"),
         "model": row.get("model"),
+        "served_by": row.get("served_by"),
+        "cost_estimated": bool(row.get("cost_estimated")),
         "created_at": _scalar(row.get("created_at")),
         "started_at": _scalar(row.get("started_at")),
         "completed_at": _scalar(row.get("completed_at")),
@@ -106,6 +108,8 @@ def tree_json(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         "spent_tokens": sum(int(r.get("own_tokens") or 0) for r in rows),
         "spent_usd": money(sum((Decimal(r.get("own_usd") or 0) for r in rows), Decimal(0))),
         "duration_seconds": round(sum(float(r.get("duration_seconds") or 0) for r in rows), 6),
+        **served_totals((r.get("served_by"), r.get("cost_estimated"), r.get("own_usd"))
+                        for r in rows),
     }
     return root
 
@@ -392,6 +396,8 @@ class TreeFollower:
                                    Decimal(0))),
             "duration_seconds": round(sum(float(n.get("duration_seconds") or 0)
                                           for n in nodes), 6),
+            **served_totals((n.get("served_by"), n.get("cost_estimated"), n.get("own_usd"))
+                            for n in nodes),
         }
 
     def refresh(self) -> dict[str, Any]:

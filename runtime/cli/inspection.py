@@ -32,7 +32,7 @@ from runtime.cli.common import (
     print_json,
     settings,
 )
-from runtime.cli.render import STATUS_STYLE, render_tree
+from runtime.cli.render import STATUS_STYLE, render_tree, served_text
 from runtime.http.auth import API_TOKEN_ENV, api_token, is_loopback
 from runtime.store.rows import TERMINAL_STATUSES
 from runtime.views import (
@@ -144,6 +144,7 @@ def _detail_fields(d: dict[str, Any]) -> Table:
                    f"${d['budget_usd']}"),
         ("duration", f"{d['duration_seconds']:.3f} s"),
         ("route", escape(f"{d['route']}:{d['model']}") if d.get("route") else "-"),
+        ("served by", escape(served_text(d)) or "-"),
         ("deliveries", f"{d['delivery_count']} (retries {d['retry_count']})"),
         ("created", str(d["created_at"])), ("started", str(d["started_at"] or "-")),
         ("completed", str(d["completed_at"] or "-")),

@@ -76,7 +76,8 @@ class StoreLedger(CallLedger):
         rows = await self.step_writer.fetch_all(
             _RECORDED_MANY, {"batch": dumps_fast(_lookups(lookups))})
         found = {int(r.n): r._asdict() for r in rows}
-        return [_recorded(found[n]) if n in found else None for n in range(len(lookups))]
+        return [RecordedCall.from_row(found[n]) if n in found else None
+                for n in range(len(lookups))]
 
     def gate_calls(self, task_ids: Sequence[uuid.UUID]
                    ) -> tuple[dict[uuid.UUID, tuple[str | None, bool, uuid.UUID | None]],
@@ -131,14 +132,3 @@ def _lookups(lookups: Sequence[RecordLookup]) -> list[dict[str, Any]]:
              "counterpart": None if lk.counterpart is None else str(lk.counterpart),
              "phase": lk.phase, "position": lk.position, "hashes": lk.hashes}
             for n, lk in enumerate(lookups)]
-
-
-def _recorded(row: dict[str, Any]) -> RecordedCall:
-    """A ``model_calls`` row as the model layer's :class:`RecordedCall`."""
-    return RecordedCall(
-        call_id=int(row["id"]), request_hash=str(row["request_hash"]),
-        response=str(row["response"]), thinking=row.get("thinking"),
-        model=str(row["model"]), route=str(row["route"]), backend=str(row["backend"]),
-        prompt_tokens=int(row["prompt_tokens"] or 0),
-        completion_tokens=int(row["completion_tokens"] or 0),
-        tool_calls=row.get("tool_calls"))

@@ -7,6 +7,8 @@ made the call; for a fork's branch task, its counterpart did), the reply is retu
 once, charged zero, and a row marked ``replayed`` is written (``[llm] durable``; with
 the task's outcome when the executor defers it: :class:`runtime.llm.call_records.HeldReplays`).
 A record that no longer fits the call's schema is not served: the call is made again.
+A branch task's claim carries its counterpart's replies (``counterpart_calls``): with
+none of its own on record, its calls are matched against those without a look-up.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ class RecordedReplies:
         settings: ``[llm] durable`` and ``record`` (both needed), ``[models]``.
         reader: the batched look-ups of recorded replies.
         task_row: the task (its id, phase, ``forked_from`` and ``model_override``,
-            ``recorded_calls``: whether any reply of this phase is on record).
+            ``recorded_calls``: whether any reply of this phase is on record;
+            ``counterpart_calls``: a branch task's counterpart's replies, from its claim).
         phase: the phase the task's calls belong to.
         charger / replays: where a replayed row is written, or held for the outcome.
         offline: the backend is offline (a replayed answer is not a model's work either).
@@ -65,12 +68,20 @@ class RecordedReplies:
         override = task_row.get("model_override")
         self.model_override = str(override) if override else None
         # No reply of this phase on record (the claim says): no look-up until one is made.
-        self._may_replay = bool(task_row.get("recorded_calls", True)) or \
-            self.counterpart is not None
+        own = bool(task_row.get("recorded_calls", True))
+        self._may_replay = own or self.counterpart is not None
+        #: A branch task's counterpart's replies, read with the claim: with no reply of its
+        #: own on record (a redelivery's own replies come first: the reader prefers them),
+        #: its calls are answered from these without a look-up.
+        claimed = task_row.get("counterpart_calls")
+        self._claimed: list[dict[str, Any]] | None = (
+            claimed if isinstance(claimed, list) and self.counterpart is not None and not own
+            else None)
 
     def recorded(self) -> None:
         """A reply of this task was recorded now: later calls look the record up."""
         self._may_replay = True
+        self._claimed = None  # its own reply now comes first: the reader's look-up
 
     async def answer(self, request: Request) -> Completion[Any] | None:
         """The recorded answer to ``request``, written as replayed; None: make the call.
@@ -86,9 +97,12 @@ class RecordedReplies:
                   else (self.model_override,) if self.model_override
                   else (self._settings.models.local, self._settings.models.cloud))
         request.record_keys = request.hashes(models)
-        recorded = await self._reader.read(  # batched with other calls' reads
-            self._task_id, self._phase, request.position,
-            sorted(set(request.record_keys.values())), self.counterpart)
+        hashes = sorted(set(request.record_keys.values()))
+        if self._claimed is not None:
+            recorded = claimed_record(self._claimed, request.position, hashes)
+        else:
+            recorded = await self._reader.read(  # batched with other calls' reads
+                self._task_id, self._phase, request.position, hashes, self.counterpart)
         if recorded is None:
             return None
         replay = replay_of(recorded, request)
@@ -98,6 +112,21 @@ class RecordedReplies:
         if not self._replays.hold(self._charger.rows, served, reply):  # not held: write now
             await self._charger.replayed(served, reply)
         return answered(served, reply, reply.data, self._offline, replayed=True)
+
+
+def claimed_record(rows: list[dict[str, Any]], position: str,
+                   hashes: list[str]) -> RecordedCall | None:
+    """The newest of a claim's ``counterpart_calls`` at ``position`` for one of ``hashes``.
+
+    What ``model_call_get_recorded_many`` finds in the counterpart's record: the same
+    position and request (a changed request has another hash: it is not replayed).
+    """
+    found = None
+    for row in rows:
+        if row["position"] == position and row["request_hash"] in hashes and (
+                found is None or row["id"] > found["id"]):
+            found = row
+    return None if found is None else RecordedCall.from_row(found)
 
 
 def replay_of(recorded: RecordedCall,

@@ -116,9 +116,25 @@ claimed AS (
 )
 -- recorded_calls: whether a durable reply of this phase is on record (the model layer
 -- looks replies up only then: a first delivery makes no lookup per call).
+-- counterpart_calls (a fork's branch task only): its counterpart's successful replies of
+-- this phase, the rows model_call_get_recorded_many would search there (replayed ones
+-- too), read with the claim: a re-run's calls are answered without a look-up statement
+-- and its round trip on their path. NULL for every other task (no subquery). json, not
+-- jsonb: built as text, as it is sent (no binary form to make and print again).
 SELECT c.*, EXISTS (SELECT 1 FROM model_calls m
                     WHERE m.task_id = c.id AND m.phase = c.phase AND m.error IS NULL
-                      AND NOT m.replayed AND m.response IS NOT NULL) AS recorded_calls
+                      AND NOT m.replayed AND m.response IS NOT NULL) AS recorded_calls,
+       CASE WHEN c.forked_from IS NOT NULL THEN (
+           SELECT COALESCE(json_agg(json_build_object(
+                      'id', m.id, 'position', m.position, 'request_hash', m.request_hash,
+                      'response', m.response, 'thinking', m.thinking, 'model', m.model,
+                      'route', m.route, 'backend', m.backend,
+                      'prompt_tokens', m.prompt_tokens,
+                      'completion_tokens', m.completion_tokens,
+                      'tool_calls', m.tool_calls) ORDER BY m.id), '[]'::json)
+           FROM model_calls m
+           WHERE m.task_id = c.forked_from AND m.phase = c.phase
+             AND m.error IS NULL AND m.response IS NOT NULL) END AS counterpart_calls
 FROM claimed c
 ORDER BY c.priority, c.fair_at
 
@@ -973,16 +989,20 @@ WITH upd AS (
 SELECT count(*) AS n FROM upd;
 
 -- task_get --
--- One task by id.
-SELECT * FROM tasks WHERE id = :id;
+-- One task by id, with which backends served its calls (fragment_task_served).
+SELECT n.*, s.served_by, s.cost_estimated
+FROM tasks n CROSS JOIN LATERAL {fragment_task_served} s WHERE n.id = :id;
 
 -- task_list_children --
 -- The children of one task, in creation order.
 SELECT * FROM tasks WHERE parent_id = :id ORDER BY created_at, id;
 
 -- task_list_tree --
--- Every node of one tree, parents before children (one index scan on root_id).
-SELECT * FROM tasks WHERE root_id = :root_id ORDER BY depth, created_at, id;
+-- Every node of one tree, parents before children (one index scan on root_id), with
+-- which backends served each one's calls (fragment_task_served).
+SELECT n.*, s.served_by, s.cost_estimated
+FROM tasks n CROSS JOIN LATERAL {fragment_task_served} s
+WHERE n.root_id = :root_id ORDER BY n.depth, n.created_at, n.id;
 
 -- task_list_events --
 -- The history of one task, oldest first.
@@ -1289,6 +1309,8 @@ concat('{"id":"', n.id, '","root_id":"', n.root_id,
        ',"route":', COALESCE(to_json(n.route)::text, 'null'),
        ',"route_reason":', COALESCE(to_json(n.route_reason)::text, 'null'),
        ',"model":', COALESCE(to_json(n.model)::text, 'null'),
+       ',"served_by":', COALESCE(s.served_by::text, 'null'),
+       ',"cost_estimated":', CASE WHEN s.cost_estimated THEN 'true' ELSE 'false' END,
        ',"from_agent":', COALESCE(to_json(n.from_agent)::text, 'null'),
        ',"key":', CASE WHEN n.parent_id IS NOT NULL
                        THEN COALESCE(to_json(n.idempotency_key)::text, 'null') ELSE 'null' END,
@@ -1314,8 +1336,9 @@ WITH RECURSIVE sub AS (
 )
 
 -- fragment_node_totals --
--- The columns a tree read sums its totals from, after each node's JSON.
-n.status, n.own_tokens, n.own_usd, n.duration_seconds
+-- The columns a tree read sums its totals from, after each node's JSON (``s``:
+-- fragment_task_served).
+n.status, n.own_tokens, n.own_usd, n.duration_seconds, s.served_by, s.cost_estimated
 
 -- fragment_task_summary_json --
 -- One task as JSON text in the tree's summary shape (GET /trees/{id}?fields=summary): what
@@ -1340,7 +1363,24 @@ concat('{"id":"', n.id, '","parent_id":', COALESCE('"' || n.parent_id || '"', 'n
        ',"error":', COALESCE(to_json(left(n.error, 500))::text, 'null'),
        ',"route":', COALESCE(to_json(n.route)::text, 'null'),
        ',"model":', COALESCE(to_json(n.model)::text, 'null'),
+       ',"served_by":', COALESCE(s.served_by::text, 'null'),
+       ',"cost_estimated":', CASE WHEN s.cost_estimated THEN 'true' ELSE 'false' END,
        ',"forked_from":', COALESCE('"' || n.forked_from || '"', 'null'), '}')
+
+-- fragment_task_served --
+-- Which backends served one task's model calls, as a lateral join over a row ``n`` of
+-- tasks (``CROSS JOIN LATERAL {fragment_task_served} s``; views.task_json shows them).
+-- served_by: calls per backend as a jsonb object ({"offline": 2}; a call answered from
+-- the record counts as "replay"), NULL without calls. cost_estimated: a charged call was
+-- served by a backend that did not run the routed model (offline, or a replay of a
+-- recorded run), so its cost is that model's configured price, an estimate; budgets
+-- count it all the same. One probe of the task's calls (ix_model_calls_task_id_attempt).
+(SELECT jsonb_object_agg(x.served, x.calls) AS served_by,
+        COALESCE(bool_or(x.estimated), false) AS cost_estimated
+ FROM (SELECT CASE WHEN m.replayed THEN 'replay' ELSE m.backend END AS served,
+              count(*) AS calls,
+              bool_or(m.cost_usd > 0 AND m.backend IN ('offline', 'replay')) AS estimated
+       FROM model_calls m WHERE m.task_id = n.id GROUP BY 1) x)
 
 -- fragment_tree_node_row --
 -- One row of a tree read over a row ``n`` of tasks: the narrow keys the caller sorts by,
@@ -1359,7 +1399,7 @@ CASE WHEN CAST(:summary AS boolean) THEN {fragment_task_summary_json}
 -- parts on several connections at once, building the JSON is the cost and it splits).
 -- Unordered: the caller sorts the narrow keys (an ORDER BY here would sort the wide text).
 SELECT {fragment_tree_node_row}
-FROM tasks n
+FROM tasks n CROSS JOIN LATERAL {fragment_task_served} s
 WHERE n.root_id = :root_id AND n.depth <= COALESCE(CAST(:depth AS integer), 2147483647)
   AND get_byte(uuid_send(n.id), 15) % :parts = :part;
 
@@ -1367,7 +1407,7 @@ WHERE n.root_id = :root_id AND n.depth <= COALESCE(CAST(:depth AS integer), 2147
 -- The subtree under :under (at most :depth levels below it) in task_tree_nodes' rows.
 {fragment_subtree_ids}
 SELECT {fragment_tree_node_row}
-FROM tasks n JOIN sub USING (id)
+FROM tasks n JOIN sub USING (id) CROSS JOIN LATERAL {fragment_task_served} s
 WHERE n.root_id = :root_id;  -- every task of the subtree is in the tree: root_id's index
 
 -- task_tree_size --
@@ -1391,8 +1431,11 @@ ORDER BY e.id
 LIMIT :limit;
 
 -- task_list_by_ids --
--- The current rows of the given tasks (the ones a change feed names).
-SELECT * FROM tasks WHERE id = ANY(CAST(:ids AS uuid[])) ORDER BY depth, created_at, id;
+-- The current rows of the given tasks (the ones a change feed names), with which
+-- backends served each one's calls (fragment_task_served).
+SELECT n.*, s.served_by, s.cost_estimated
+FROM tasks n CROSS JOIN LATERAL {fragment_task_served} s
+WHERE n.id = ANY(CAST(:ids AS uuid[])) ORDER BY n.depth, n.created_at, n.id;
 
 -- metrics_live_tasks --
 -- Unfinished tasks by status and agent, with the oldest claimable one's creation time

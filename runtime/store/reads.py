@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection, Engine
 from runtime.store import db
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
-from runtime.store.rows import NotFound, Tenancy, canonical_json
+from runtime.store.rows import NotFound, Tenancy, canonical_json, served_totals
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +142,13 @@ class StoreReads:
                 for other in others:
                     rows += other.result()
         # Node rows are (id, parent_id, depth, created_at, json_text, status, own_tokens,
-        # own_usd, duration_seconds); the totals are summed here, column by column.
+        # own_usd, duration_seconds, served_by, cost_estimated); the totals are summed
+        # here, column by column.
         totals = {"tasks": len(rows), "by_status": dict(Counter(r[5] for r in rows)),
                   "spent_tokens": sum(r[6] or 0 for r in rows),
                   "spent_usd": f"{sum((r[7] or Decimal(0) for r in rows), Decimal(0)):.8f}",
-                  "duration_seconds": round(sum(r[8] or 0.0 for r in rows), 6)}
+                  "duration_seconds": round(sum(r[8] or 0.0 for r in rows), 6),
+                  **served_totals((r[9], r[10], r[7]) for r in rows)}
         return [(None, None, -1, None, json.dumps(totals), last_event_id), *rows]
 
     def _tree_part(self, conn: Connection | None, params: dict[str, Any], part: int,

@@ -7,6 +7,7 @@ import datetime as dt
 import hashlib
 import json
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -127,6 +128,9 @@ class TaskRow:
     #: From a claim: whether a durable model reply of the claimed phase is on record
     #: (True when unknown: the model layer then looks replies up call by call).
     recorded_calls: bool = True
+    #: From a claim, for a fork's branch task: its counterpart's successful replies of the
+    #: claimed phase (``model_calls`` rows as dicts; None when not read with the claim).
+    counterpart_calls: list[dict[str, Any]] | None = None
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> TaskRow:
@@ -424,3 +428,26 @@ class Finished:
 def canonical_json(value: Any) -> str:
     """Stable JSON (sorted keys, no spaces) for hashing and storing."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def served_totals(nodes: Iterable[tuple[Mapping[str, int] | None, bool | None, Any]]
+                  ) -> dict[str, Any]:
+    """A tree's totals of which backends served its calls, from each node's columns.
+
+    Args:
+        nodes: per task, its ``served_by`` (calls per backend), ``cost_estimated`` and
+            ``own_usd`` (queries.sql ``fragment_task_served``).
+
+    Returns:
+        ``served_by``: calls per backend over the tree (None without calls);
+        ``estimated_usd``: the part of the spend priced for a model that did not run.
+
+    """
+    served: Counter[str] = Counter()
+    estimated = Decimal(0)
+    for by, is_estimate, usd in nodes:
+        served.update(by or {})
+        if is_estimate:
+            estimated += Decimal(usd or 0)
+    return {"served_by": dict(sorted(served.items())) or None,
+            "estimated_usd": f"{estimated:.8f}"}

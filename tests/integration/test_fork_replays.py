@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import threading
 from decimal import Decimal
+from typing import Any
+
+import pytest
 
 from runtime.forks import fork
 from runtime.llm.backends.ollama import OllamaBackend
+from runtime.llm.ledger import RecordReader
 from runtime.store.rows import RunOutcome
 from runtime.wiring import Runtime
 from tests.factories import expire_leases, submit
@@ -118,3 +122,55 @@ def test_a_branch_replays_tool_calls_with_unchanged_arguments_and_runs_changed_o
     assert [t.replayed for t in changed.tool_results] == [True, False]
     steps = {s["tool_call_id"]: s for s in store.steps(other["id"])}
     assert (steps["0#0.0"]["replays"], steps["0#1.0"]["starts"]) == (1, 1)
+
+
+def test_a_branch_claim_carries_its_counterparts_replies_and_needs_no_look_up(
+        runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    store = runtime.store
+    reads: list[str] = []
+    read = RecordReader.read
+
+    async def counted(self: RecordReader, task_id: Any, phase: str, position: str,
+                      hashes: Any, counterpart: Any = None) -> Any:
+        reads.append(position)
+        return await read(self, task_id, phase, position, hashes, counterpart)
+
+    monkeypatch.setattr(RecordReader, "read", counted)
+    original = submit(store, "fork_writer", {"goal": "one part"})
+    drain(runtime)
+    (paid,) = store.model_calls(original["id"])
+    reads.clear()
+
+    # An unchanged re-run: the claim brings the counterpart's reply; no look-up is made.
+    branch = fork(store, runtime.registry, runtime.settings, original["id"])
+    (row,) = store.claim(["fork_writer"], 1, "w-1", 30)
+    assert row.recorded_calls is False and row.counterpart_calls is not None
+    (carried,) = row.counterpart_calls
+    assert (carried["id"], carried["position"], carried["request_hash"]) == (
+        paid["id"], paid["position"], paid["request_hash"])
+    action = runtime.executor().execute(row, threading.Event())
+    assert isinstance(action, RunOutcome) and action.stamp is not None
+    (held,) = action.stamp["replays"]
+    assert held["request_hash"] == paid["request_hash"] and reads == []
+
+    # A changed request is not replayed from the carried rows: its call is made (paid).
+    changed = fork(store, runtime.registry, runtime.settings, original["id"],
+                   payload={"goal": "another part"})
+    (row,) = store.claim(["fork_writer"], 1, "w-2", 30)
+    assert row.id == changed["id"] and row.counterpart_calls
+    action = runtime.executor().execute(row, threading.Event())
+    assert isinstance(action, RunOutcome) and action.stamp is not None
+    assert action.stamp.get("replays") in (None, [])
+    (own,) = store.model_calls(changed["id"])
+    assert not own["replayed"] and own["request_hash"] != paid["request_hash"]
+
+    # Its redelivery has a reply of its own on record: it is looked up (own first).
+    expire_leases(store, where=f"id = '{changed['id']}'")
+    store.reap(max_delivery=10)
+    (row,) = store.claim(["fork_writer"], 1, "w-3", 30)
+    assert row.id == changed["id"] and row.recorded_calls is True
+    action = runtime.executor().execute(row, threading.Event())
+    assert isinstance(action, RunOutcome) and action.stamp is not None
+    (held,) = action.stamp["replays"]
+    assert held["request_hash"] == own["request_hash"] and reads == [own["position"]]
+    assert store.get(branch["id"])["status"] == "running"  # its outcome was not applied

@@ -180,7 +180,8 @@ def test_a_big_tree_read_in_parts_equals_the_python_one(
 SUMMARY_FIELDS = {
     "id", "parent_id", "agent", "type", "status", "depth", "spent_tokens", "spent_usd",
     "own_tokens", "own_usd", "duration_seconds", "goal", "has_result", "verdict_passed",
-    "verdict_score", "error", "route", "model", "forked_from", "tenant", "children",
+    "verdict_score", "error", "route", "model", "served_by", "cost_estimated", "forked_from",
+    "tenant", "children",
 }
 #: The summary's fields taken as they are from the full shape.
 SHARED_FIELDS = SUMMARY_FIELDS - {"goal", "has_result", "verdict_passed", "verdict_score",

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: agents (their context), the policies, the budget rules.
 ENGINE_CODE = ["runtime/engine", "runtime/llm", "agents", "policies", "runtime/budget.py"]
 #: Computed by the claim itself, not columns of tasks.
-COMPUTED = {"claimed_from", "recorded_calls"}
+COMPUTED = {"claimed_from", "recorded_calls", "counterpart_calls"}
 
 
 def claimed_columns() -> set[str]:
