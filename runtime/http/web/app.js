@@ -198,6 +198,33 @@
     return el("div", { className: "extras" }, [box]);
   }
 
+  // Which backend(s) served a task's calls, as `orgchart tree` says it (render.py
+  // served_text): "offline (est.)" when its cost is the price of a model that did not run.
+  const NOT_RUN_BACKENDS = ["offline", "replay"];
+  function servedText(node) {
+    const served = node.served_by || {};
+    const backends = Object.keys(served).sort();
+    if (!backends.length) return "";
+    let text;
+    if (backends.length === 1) {
+      text = backends[0];
+      if (!NOT_RUN_BACKENDS.includes(text) && node.route) text += " " + node.route + ":" + node.model;
+    } else {
+      text = backends.map((b) => b + " " + served[b]).join(", ");
+    }
+    return text + (node.cost_estimated ? " (est.)" : "");
+  }
+
+  function servedTotalsText(t) {
+    const served = t.served_by || {};
+    const backends = Object.keys(served).sort();
+    if (!backends.length) return "";
+    let text = " · served by " + backends.map((b) => b + " " + served[b] +
+      (served[b] === 1 ? " call" : " calls")).join(", ");
+    if (Number(t.estimated_usd || 0)) text += " (" + usd(t.estimated_usd) + " est.)";
+    return text;
+  }
+
   function renderNode(node) {
     const verdictValue = verdictOf(node);
     const verdict = verdictText(verdictValue);
@@ -210,7 +237,12 @@
         " tokens, " + usd(node.own_usd) + ")",
         text: node.spent_tokens + " tok · " + usd(node.spent_usd) }),
       el("span", { className: "duration", text: seconds(node.duration_seconds) }),
-      node.route ? el("span", { className: "route", text: node.route + ":" + node.model }) : null,
+      servedText(node) ? el("span", {
+        className: "served" + (node.cost_estimated ? " estimated" : ""),
+        title: node.cost_estimated
+          ? "an estimate: the configured price of " + node.model + ", which did not run (budgets count it)"
+          : "the backend that served this task's model calls",
+        text: servedText(node) }) : null,
       verdict ? el("span", { className: "verdict " + (verdictValue.passed ? "pass" : "fail"),
         text: verdict }) : null,
       el("code", { className: "id", title: node.id, text: node.id.slice(0, 8) }),
@@ -305,7 +337,7 @@
       .join(", ");
     document.getElementById("totals").textContent = "tenant " + (tree.tenant || "default") +
       " · " + (t.tasks || 0) + " tasks (" + byStatus + ") · " + (t.spent_tokens || 0) + " tokens · " +
-      usd(t.spent_usd) + " · " + seconds(t.duration_seconds) + " of work";
+      usd(t.spent_usd) + " · " + seconds(t.duration_seconds) + " of work" + servedTotalsText(t);
     document.title = "orgchart: " + tree.status + " " + (goalOf(tree) || state.rootId);
   }
 
@@ -410,8 +442,13 @@
       parent.children.sort(byCreation);
       state.nodes.set(node.id, node);
     }
-    const totals = { tasks: 0, by_status: {}, spent_tokens: 0, spent_usd: 0, duration_seconds: 0 };
+    const totals = { tasks: 0, by_status: {}, spent_tokens: 0, spent_usd: 0, duration_seconds: 0,
+      served_by: {}, estimated_usd: 0 };
     for (const node of state.nodes.values()) {
+      for (const [backend, calls] of Object.entries(node.served_by || {})) {
+        totals.served_by[backend] = (totals.served_by[backend] || 0) + calls;
+      }
+      if (node.cost_estimated) totals.estimated_usd += Number(node.own_usd || 0);
       totals.tasks += 1;
       totals.by_status[node.status] = (totals.by_status[node.status] || 0) + 1;
       totals.spent_tokens += Number(node.own_tokens || 0);
