@@ -17,6 +17,11 @@ it answers: the paid calls are counted there, not in our tables.
   model call (they return at once); ``rerun_vs_noop`` divides the two (goal <= 1.2).
   Three rounds, alternating a no-op tree and a re-run; the best of each (the machine is
   shared), with every sample and the ratio of the medians (``rerun_vs_noop_median``).
+- ``rerun_worker_cpu_ms_per_task`` / ``noop_worker_cpu_ms_per_task``: the worker
+  process's CPU per task of the tree (median of the rounds), and the server's
+  (``..._server_cpu_ms_per_task``, every backend of the server: other clients' work
+  counts too): what a replayed call costs beside a no-op, less moved by the machine's
+  load than the makespans.
 """
 
 from __future__ import annotations
@@ -32,7 +37,16 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bench.common import REPO_ROOT, open_store, report, scratch_database, wait_serving, worker_env
+from bench.common import (
+    REPO_ROOT,
+    open_store,
+    proc_cpu_seconds,
+    report,
+    scratch_database,
+    server_cpu_seconds,
+    wait_serving,
+    worker_env,
+)
 from bench.makespan import WORKER_BOOT, start_model_server
 from runtime.config import load_settings
 from runtime.forks import fork
@@ -109,7 +123,7 @@ def measure(leads: int, writers: int, delay: float, server: str | None) -> dict[
         try:
             figures = _fork_one_writer(store, registry, settings, model_url, lines)
             figures.update(_rerun(store, registry, settings, model_url, lines, leads,
-                                  writers, delay))
+                                  writers, delay, _Cpu(worker.pid, url)))
         finally:
             worker.terminate()
             try:
@@ -140,8 +154,39 @@ def _fork_one_writer(store: Store, registry: Any, settings: Any, model_url: str,
             "fork_replayed_calls": replayed}
 
 
+class _Cpu:
+    """CPU seconds of the worker process and of the server, sampled around each tree."""
+
+    def __init__(self, pid: int, url: str) -> None:
+        self.pid, self.url = pid, url
+        self.samples: dict[str, list[tuple[float, float]]] = {"noop": [], "rerun": []}
+        self._at = (0.0, 0.0)
+
+    def _now(self) -> tuple[float, float]:
+        return proc_cpu_seconds(self.pid), server_cpu_seconds(self.url) or 0.0
+
+    def start(self) -> None:
+        """Before a tree."""
+        self._at = self._now()
+
+    def stop(self, kind: str) -> None:
+        """After a tree of ``kind`` (``noop`` or ``rerun``)."""
+        worker, server = self._now()
+        self.samples[kind].append((worker - self._at[0], server - self._at[1]))
+
+    def figures(self, tasks: int) -> dict[str, Any]:
+        """Median CPU milliseconds per task of each kind, the worker's and the server's."""
+        out: dict[str, Any] = {}
+        for kind, samples in self.samples.items():
+            for i, side in enumerate(("worker", "server")):
+                out[f"{kind}_{side}_cpu_ms_per_task"] = round(
+                    statistics.median(s[i] for s in samples) * 1000 / tasks, 4)
+        return out
+
+
 def _rerun(store: Store, registry: Any, settings: Any, model_url: str, lines: list[str],
-           leads: int, writers: int, delay: float, rounds: int = 3) -> dict[str, Any]:
+           leads: int, writers: int, delay: float, cpu: _Cpu,
+           rounds: int = 3) -> dict[str, Any]:
     """The original tree once; then, ``rounds`` times, a no-op tree and a re-run, in turn.
 
     The machine is shared: each figure is the best of its rounds (every sample is
@@ -155,11 +200,15 @@ def _rerun(store: Store, registry: Any, settings: Any, model_url: str, lines: li
     noops: list[float] = []
     paid_at_server = replayed = 0
     for _ in range(rounds):
+        cpu.start()
         noop = _submit(store, "mk_planner", {**shape, "simulate": NOOP_SECONDS})
         noops.append(_wait(store, noop, lines))
+        cpu.stop("noop")
         before = _answered(model_url)
+        cpu.start()
         branch = fork(store, registry, settings, root, actor="bench")
         reruns.append(_wait(store, branch["id"], lines))
+        cpu.stop("rerun")
         paid_at_server += _answered(model_url) - before
         replayed += _calls(store, branch["id"])[1]
     return {"rerun_tree_tasks": tasks,
@@ -174,7 +223,8 @@ def _rerun(store: Store, registry: Any, settings: Any, model_url: str, lines: li
             "rerun_vs_noop_median": round(statistics.median(reruns)
                                           / statistics.median(noops), 3),
             "rerun_makespan_samples": [round(x, 3) for x in reruns],
-            "noop_makespan_samples": [round(x, 3) for x in noops]}
+            "noop_makespan_samples": [round(x, 3) for x in noops],
+            **cpu.figures(tasks)}
 
 
 def main(leads: int = 30, writers: int = 30, delay: float = 1.0,
