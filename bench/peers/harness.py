@@ -7,7 +7,7 @@ fresh ``bench.model_server``:
 
 - the tree: makespan (from the go to the root's answer) over the critical path (two
   calls), peak calls in flight at the server, the process's CPU and peak RSS, and the
-  database's cost per model call: rows written (``pg_stat_database``), WAL bytes
+  database's cost per model call: rows written (``pg_stat_user_tables``), WAL bytes
   (``pg_current_wal_lsn()`` deltas: the whole server's, so run it on a quiet one) and the
   PostgreSQL server's CPU (``bench.common.server_cpu_seconds``);
 - with the shared client only: the tree again, SIGKILLed once half the writers' calls
@@ -43,6 +43,7 @@ from bench.common import (
     worker_env,
 )
 from bench.makespan import TERMINAL, WORKER_BOOT, _get, _vm_kb, start_model_server
+from bench.makespan import _timeline as makespan_timeline
 from bench.peers import orgchart_tree
 from bench.peers.shape import Shape, code_lines
 from runtime.store import db
@@ -177,14 +178,33 @@ class Process:
             self.kill()
 
 
-def _counters(url: str) -> tuple[int, int, float | None]:
-    """The server's WAL position, this database's rows written so far, the server's CPU."""
+def _counters(url: str) -> tuple[int, float | None, dict[str, int]]:
+    """The server's WAL position (bytes), its CPU seconds and this database's rows so far."""
     with connect(url) as conn:
-        lsn, rows = conn.execute(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint, "
-            "tup_inserted + tup_updated + tup_deleted FROM pg_stat_database "
-            "WHERE datname = current_database()").fetchone()  # type: ignore[misc]
-    return int(lsn), int(rows), server_cpu_seconds(url)
+        lsn = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
+                           ).fetchone()[0]  # type: ignore[index]
+    return int(lsn), server_cpu_seconds(url), _table_rows(url)
+
+
+def _table_rows(url: str) -> dict[str, int]:
+    """Rows written so far into each table of this database (``pg_stat_user_tables``).
+
+    Inserted, updated and deleted rows; the catalogs' (the set-up's DDL) are not counted.
+    """
+    with connect(url) as conn:
+        return {f"{schema}.{name}": int(n) for schema, name, n in conn.execute(
+            "SELECT schemaname, relname, n_tup_ins + n_tup_upd + n_tup_del "
+            "FROM pg_stat_user_tables")}
+
+
+def _timeline(url: str) -> list[str]:
+    """orgchart's transitions, first and last, from the submit (``bench.makespan``'s)."""
+    store = open_store(url)
+    try:
+        with store.engine.connect() as conn:
+            return makespan_timeline(conn)
+    finally:
+        store.dispose()
 
 
 def _durable(rt: Runtime, url: str) -> int:
@@ -227,7 +247,7 @@ def run_once(rt: Runtime, client: str, shape: Shape, delay: float, server: str |
         try:
             proc.wait_ready()
             time.sleep(1.5)  # the set-up's statistics reach pg_stat_database
-            wal0, rows0, pg_cpu0 = _counters(url)
+            wal0, pg_cpu0, tables0 = _counters(url)
             idle_kb, cpu0 = _vm_kb(proc.proc.pid, "VmRSS") or 0, proc_cpu_seconds(proc.proc.pid)
             _get(model_url + "/stats/reset")
             started = time.monotonic()
@@ -241,10 +261,11 @@ def run_once(rt: Runtime, client: str, shape: Shape, delay: float, server: str |
                     proc, crashed = _crash(proc, rt, url, model_url, client, shape)
                 time.sleep(0.02)
             makespan = time.monotonic() - started
-            wal1, _, pg_cpu1 = _counters(url)
+            wal1, pg_cpu1, _ = _counters(url)
             peak_kb = _vm_kb(proc.proc.pid, "VmHWM") or 0
             cpu = proc_cpu_seconds(proc.proc.pid) - cpu0
             counts = _get(model_url + "/stats")
+            timeline = _timeline(url) if rt.runtime == "orgchart" else None
             proc.stop()
         finally:
             if proc.proc.poll() is None:
@@ -252,7 +273,7 @@ def run_once(rt: Runtime, client: str, shape: Shape, delay: float, server: str |
             model_proc.kill()
             model_proc.wait()
         time.sleep(1.0)  # the last backends' statistics
-        rows = _counters(url)[1] - rows0
+        tables = {name: n - tables0.get(name, 0) for name, n in _counters(url)[2].items()}
     if proc.result is not None:  # a peer measures itself (it may end before it is read)
         makespan = proc.result["seconds"] if crashed is None else makespan
         cpu, peak_kb = proc.result["cpu_seconds"], proc.result["peak_rss_kb"]
@@ -260,7 +281,10 @@ def run_once(rt: Runtime, client: str, shape: Shape, delay: float, server: str |
     figures: dict[str, Any] = {
         "makespan_seconds": round(makespan, 3), "model_calls": calls,
         "peak_calls_in_flight": counts["peak"],
-        "rows_per_call": round(rows / calls, 2),
+        "rows_per_call": round(sum(tables.values()) / calls, 2),
+        "rows_per_call_by_table": {name: round(n / calls, 2) for name, n in sorted(
+            tables.items(), key=lambda item: -item[1]) if n},
+        **({"timeline_seconds": timeline} if timeline else {}),
         "wal_bytes_per_call": round((wal1 - wal0) / calls),
         "pg_cpu_ms_per_call": (round((pg_cpu1 - pg_cpu0) / calls * 1000, 3)
                                if pg_cpu0 is not None and pg_cpu1 is not None else None),
