@@ -32,10 +32,10 @@ _EVENT = sa.text(
     "INSERT INTO task_events (task_id, from_status, to_status, at, worker, detail) "
     "VALUES (:task_id, :from_status, :to_status, :at, 'w-test', :detail)")
 _CALL = sa.text(
-    "INSERT INTO model_calls (task_id, attempt, call_index, backend, route, model, prompt, "
-    "response, prompt_tokens, completion_tokens, duration_seconds, cost_usd, created_at) "
-    "VALUES (:task_id, 1, 0, 'ollama', 'local', 'qwen3:0.6b', 'prompt', '{}', :pt, :ct, "
-    ":duration, :usd, :at)")
+    "INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model, "
+    "prompt, response, prompt_tokens, completion_tokens, duration_seconds, cost_usd, "
+    "created_at) SELECT :task_id, t.root_id, 1, 0, 'ollama', 'local', 'qwen3:0.6b', 'prompt', "
+    "'{}', :pt, :ct, :duration, :usd, :at FROM tasks t WHERE t.id = :task_id")
 
 
 @dataclass

@@ -7,6 +7,7 @@ here changes a task.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 import uuid
@@ -142,13 +143,13 @@ class StoreReads:
                 for other in others:
                     rows += other.result()
         # Node rows are (id, parent_id, depth, created_at, json_text, status, own_tokens,
-        # own_usd, duration_seconds, served_by, cost_estimated); the totals are summed
-        # here, column by column.
+        # own_usd, duration_seconds, served_by as JSON text, cost_estimated); the totals
+        # are summed here, column by column.
         totals = {"tasks": len(rows), "by_status": dict(Counter(r[5] for r in rows)),
                   "spent_tokens": sum(r[6] or 0 for r in rows),
                   "spent_usd": f"{sum((r[7] or Decimal(0) for r in rows), Decimal(0)):.8f}",
                   "duration_seconds": round(sum(r[8] or 0.0 for r in rows), 6),
-                  **served_totals((r[9], r[10], r[7]) for r in rows)}
+                  **served_totals((_served(r[9]), r[10], r[7]) for r in rows)}
         return [(None, None, -1, None, json.dumps(totals), last_event_id), *rows]
 
     def _tree_part(self, conn: Connection | None, params: dict[str, Any], part: int,
@@ -377,3 +378,9 @@ class StoreReads:
             return []
         return self.query("task_event_count_failures", after_id=after_id,
                           prefixes=list(prefixes), limit=limit)
+
+
+@functools.lru_cache(maxsize=256)
+def _served(text: str | None) -> dict[str, int] | None:
+    """A node's ``served_by`` JSON text as a dict (few distinct texts in a tree: cached)."""
+    return json.loads(text) if text and text != "null" else None

@@ -42,10 +42,10 @@ def serve_calls(store: Store) -> TimedTree:
             "UPDATE model_calls SET backend = 'offline', route = 'cloud', model = 'qwen3:14b' "
             "WHERE task_id = CAST(:id AS uuid)"), {"id": str(ids["lead-0"])})
         conn.execute(sa.text(
-            "INSERT INTO model_calls (task_id, attempt, call_index, backend, route, model, "
-            "prompt, prompt_tokens, completion_tokens, cost_usd) "
-            "VALUES (CAST(:id AS uuid), 1, 1, 'offline', 'cloud', 'qwen3:14b', 'p', 10, 10, "
-            "0.002)"), {"id": str(ids["lead-0"])})
+            "INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, "
+            "model, prompt, prompt_tokens, completion_tokens, cost_usd) "
+            "SELECT id, root_id, 1, 1, 'offline', 'cloud', 'qwen3:14b', 'p', 10, 10, 0.002 "
+            "FROM tasks WHERE id = CAST(:id AS uuid)"), {"id": str(ids["lead-0"])})
         conn.execute(sa.text(
             "UPDATE model_calls SET backend = 'embedded', model = :gguf, cost_usd = 0 "
             "WHERE task_id = CAST(:id AS uuid)"), {"id": str(ids["writer-0-0"]), "gguf": GGUF})
@@ -55,9 +55,9 @@ def serve_calls(store: Store) -> TimedTree:
             "UPDATE model_calls SET backend = 'offline' WHERE task_id = CAST(:id AS uuid)"),
             {"id": str(ids["writer-0-1"])})
         conn.execute(sa.text(
-            "INSERT INTO model_calls (task_id, attempt, call_index, backend, route, model, "
-            "prompt, cost_usd, replayed) VALUES (CAST(:id AS uuid), 2, 0, 'offline', "
-            "'local', 'qwen3:0.6b', 'p', 0, true)"), {"id": str(ids["writer-0-1"])})
+            "INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, "
+            "model, prompt, cost_usd, replayed) SELECT id, root_id, 2, 0, 'offline', 'local', "
+            "'qwen3:0.6b', 'p', 0, true FROM tasks WHERE id = CAST(:id AS uuid)"), {"id": str(ids["writer-0-1"])})
     return tree
 
 
