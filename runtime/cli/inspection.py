@@ -318,6 +318,13 @@ def metrics(json_: JsonOpt = False) -> None:
         routes.add_row(escape(str(route)), str(m.get("tokens_by_route", {}).get(route, "")),
                        cost)
     out.print(routes)
+    backends = Table("served by", "calls", "tokens", "cost (USD)", "of it estimated",
+                     title="spend by backend (estimated: the price of a model that did not "
+                           "run; budgets count it)")
+    for backend, row in sorted(m.get("cost_by_backend", {}).items()):
+        backends.add_row(escape(backend), str(row["calls"]), str(row["tokens"]),
+                         row["cost_usd"], row["estimated_usd"])
+    out.print(backends)
 
 def prune(
     older_than: Annotated[str, typer.Option(

@@ -1061,6 +1061,17 @@ SELECT route, sum(cost_usd) AS cost_usd, sum(prompt_tokens + completion_tokens) 
        count(*) AS calls
 FROM model_calls GROUP BY route ORDER BY route;
 
+-- model_call_cost_by_backend --
+-- Calls, tokens and cost of model calls per backend that served them (a call answered
+-- from the record counts as "replay"), and the part of the cost that is an estimate: the
+-- price of a routed model that did not run (offline, a replay of a recorded run; budgets
+-- count it all the same).
+SELECT CASE WHEN replayed THEN 'replay' ELSE backend END AS backend, count(*) AS calls,
+       sum(prompt_tokens + completion_tokens) AS tokens, sum(cost_usd) AS cost_usd,
+       COALESCE(sum(cost_usd) FILTER (WHERE backend IN ('offline', 'replay')), 0)
+           AS estimated_usd
+FROM model_calls GROUP BY 1 ORDER BY 1;
+
 -- model_call_count_kinds --
 -- Model call rows that were repairs, in-call retries, or served from the record.
 SELECT count(*) FILTER (WHERE attempt_kind = 'repair') AS repairs,

@@ -214,6 +214,7 @@ class StoreReads:
             by_status = {r.status: int(r.n) for r in conn.execute(_TEXT["task_count_by_status"])}
             m = conn.execute(_TEXT["task_metrics"]).one()
             routes = conn.execute(_TEXT["model_call_cost_by_route"]).all()
+            backends = conn.execute(_TEXT["model_call_cost_by_backend"]).all()
             kinds = conn.execute(_TEXT["model_call_count_kinds"]).one()
         return {
             "by_status": by_status,
@@ -222,6 +223,10 @@ class StoreReads:
             "avg_duration_seconds": round(float(m.avg_duration_seconds), 6),
             "cost_by_route": {r.route: f"{Decimal(r.cost_usd):.8f}" for r in routes},
             "tokens_by_route": {r.route: int(r.tokens) for r in routes},
+            "cost_by_backend": {b.backend: {
+                "calls": int(b.calls), "tokens": int(b.tokens),
+                "cost_usd": f"{Decimal(b.cost_usd):.8f}",
+                "estimated_usd": f"{Decimal(b.estimated_usd):.8f}"} for b in backends},
             "model_repairs": int(kinds.repairs),
             "model_retries": int(kinds.retries),
             "model_replays": int(kinds.replays),

@@ -133,3 +133,18 @@ def test_get_task_says_who_served(client: Any, store: Store) -> None:
     assert task["served_by"] == {"embedded": 1} and task["cost_estimated"] is False
     assert task["model"] == GGUF
     assert client.get(f"/tasks/{uuid.uuid4()}").status_code == 404
+
+
+def test_metrics_spend_by_backend_says_what_is_estimated(cli_runtime: Runtime) -> None:
+    serve_calls(cli_runtime.store)
+    result = runner.invoke(app, ["metrics", "--json"])
+    assert result.exit_code == 0, result.output
+    by_backend = json.loads(result.stdout)["cost_by_backend"]
+    offline, embedded = by_backend["offline"], by_backend["embedded"]
+    assert offline["calls"] == 3 and offline["estimated_usd"] == offline["cost_usd"] != "0.00000000"
+    assert embedded == {"calls": 1, "tokens": embedded["tokens"], "cost_usd": "0.00000000",
+                        "estimated_usd": "0.00000000"}
+    assert by_backend["replay"]["cost_usd"] == "0.00000000"
+    assert by_backend["ollama"]["estimated_usd"] == "0.00000000"
+    text = runner.invoke(app, ["metrics"], env={"COLUMNS": "200"}).stdout
+    assert "spend by backend" in text and "offline" in text
