@@ -1382,7 +1382,7 @@ concat('{"id":"', n.id, '","parent_id":', COALESCE('"' || n.parent_id || '"', 'n
 
 -- fragment_task_served --
 -- Which backends served one task's model calls, over a row ``n`` of tasks, as
--- ``CROSS JOIN LATERAL {fragment_task_served} s`` (for one task or a few; a whole tree
+-- a lateral join named ``s`` (for one task or a few; a whole tree
 -- reads fragment_tree_served). Columns: ``lo`` and ``hi``, the first and last backend by
 -- name (a call answered from the record counts as "replay"; NULL without calls), ``calls``,
 -- and ``estimated``: a charged call was served by a backend that did not run the routed
