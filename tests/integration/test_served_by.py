@@ -57,7 +57,8 @@ def serve_calls(store: Store) -> TimedTree:
         conn.execute(sa.text(
             "INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, "
             "model, prompt, cost_usd, replayed) SELECT id, root_id, 2, 0, 'offline', 'local', "
-            "'qwen3:0.6b', 'p', 0, true FROM tasks WHERE id = CAST(:id AS uuid)"), {"id": str(ids["writer-0-1"])})
+            "'qwen3:0.6b', 'p', 0, true FROM tasks WHERE id = CAST(:id AS uuid)"),
+            {"id": str(ids["writer-0-1"])})
     return tree
 
 
