@@ -14,6 +14,9 @@ checks the error bodies; this test holds the document to the answers.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import pkgutil
 import warnings
 from collections import Counter
 
@@ -28,6 +31,23 @@ from runtime.http.api import create_app
 from runtime.http.document import TASK_CREATORS, TASK_ID_PARAMETERS
 from runtime.store.store import Store
 from runtime.wiring import build_runtime
+
+
+def _import_all_of_schemathesis() -> None:
+    """Import schemathesis's modules now, at collection, in the main thread, alone.
+
+    It imports most of them lazily, during a run, through pytest's assertion rewriting
+    (schemathesis is a pytest plugin), which parses each with ``ast``. CPython 3.11's
+    parser is not safe against two threads parsing at once, and a thread left by an
+    earlier test (a worker's agents) may be parsing: the import then failed with
+    ``SystemError: AST constructor recursion depth mismatch`` (seen once in a full run).
+    """
+    for module in pkgutil.walk_packages(schemathesis.__path__, "schemathesis."):
+        with contextlib.suppress(Exception):  # an optional extra that is not installed
+            importlib.import_module(module.name)
+
+
+_import_all_of_schemathesis()
 
 #: Cases per operation in each generating phase: about 800 requests, 20-40 s.
 EXAMPLES = 15
