@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -86,8 +87,8 @@ class RecordedReplies:
     async def answer(self, request: Request) -> Completion[Any] | None:
         """The recorded answer to ``request``, written as replayed; None: make the call.
 
-        Sets ``request.record_keys`` (the request's hash per candidate model) when it
-        looks.
+        Sets ``request.record_keys`` (the request's hash per candidate model it compared)
+        when it looks.
         """
         llm = self._settings.llm
         if not (llm.durable and llm.record and self._may_replay):
@@ -96,13 +97,13 @@ class RecordedReplies:
         models = ((self._served,) if self._served
                   else (self.model_override,) if self.model_override
                   else (self._settings.models.local, self._settings.models.cloud))
-        request.record_keys = request.hashes(models)
-        hashes = sorted(set(request.record_keys.values()))
         if self._claimed is not None:
-            recorded = claimed_record(self._claimed, request.position, hashes)
+            recorded = claimed_record(self._claimed, request, models)
         else:
+            request.record_keys = request.hashes(models)
             recorded = await self._reader.read(  # batched with other calls' reads
-                self._task_id, self._phase, request.position, hashes, self.counterpart)
+                self._task_id, self._phase, request.position,
+                sorted(set(request.record_keys.values())), self.counterpart)
         if recorded is None:
             return None
         replay = replay_of(recorded, request)
@@ -114,16 +115,31 @@ class RecordedReplies:
         return answered(served, reply, reply.data, self._offline, replayed=True)
 
 
-def claimed_record(rows: list[dict[str, Any]], position: str,
-                   hashes: list[str]) -> RecordedCall | None:
-    """The newest of a claim's ``counterpart_calls`` at ``position`` for one of ``hashes``.
+def claimed_record(rows: list[dict[str, Any]], request: Request,
+                   models: Sequence[str]) -> RecordedCall | None:
+    """The newest of a claim's ``counterpart_calls`` that answered ``request``.
 
-    What ``model_call_get_recorded_many`` finds in the counterpart's record: the same
-    position and request (a changed request has another hash: it is not replayed).
+    What ``model_call_get_recorded_many`` finds in the counterpart's record: a row at the
+    request's position whose hash is the request's for one of ``models`` (a changed
+    request has another hash: it is not replayed). The request is hashed per model only
+    as needed (into ``request.record_keys``): a row made by one of ``models`` is first
+    checked against that model's hash, so a replayed call hashes its request once, not
+    once per candidate model (a third of a replay's Python, measured in the worker).
     """
+    keys = request.record_keys
+
+    def key(model: str) -> str:
+        if model not in keys:
+            keys[model] = request.hashes((model,))[model]
+        return keys[model]
+
     found = None
     for row in rows:
-        if row["position"] == position and row["request_hash"] in hashes and (
+        if row["position"] != request.position:
+            continue
+        own = row["model"] in models and row["request_hash"] == key(row["model"])
+        # Else it may still be another candidate's hash: every model is asked.
+        if (own or row["request_hash"] in {key(m) for m in models}) and (
                 found is None or row["id"] > found["id"]):
             found = row
     return None if found is None else RecordedCall.from_row(found)
