@@ -120,21 +120,19 @@ claimed AS (
 -- this phase, the rows model_call_get_recorded_many would search there (replayed ones
 -- too), read with the claim: a re-run's calls are answered without a look-up statement
 -- and its round trip on their path. NULL for every other task (no subquery). json, not
--- jsonb: built as text, as it is sent (no binary form to make and print again).
+-- jsonb: built as text, as it is sent (no binary form to make and print again); each
+-- row's keys are its column names (json_agg of the row: the statement stays within
+-- psycopg's query cache, MAX_SENT_CHARS).
 SELECT c.*, EXISTS (SELECT 1 FROM model_calls m
                     WHERE m.task_id = c.id AND m.phase = c.phase AND m.error IS NULL
                       AND NOT m.replayed AND m.response IS NOT NULL) AS recorded_calls,
        CASE WHEN c.forked_from IS NOT NULL THEN (
-           SELECT COALESCE(json_agg(json_build_object(
-                      'id', m.id, 'position', m.position, 'request_hash', m.request_hash,
-                      'response', m.response, 'thinking', m.thinking, 'model', m.model,
-                      'route', m.route, 'backend', m.backend,
-                      'prompt_tokens', m.prompt_tokens,
-                      'completion_tokens', m.completion_tokens,
-                      'tool_calls', m.tool_calls) ORDER BY m.id), '[]'::json)
-           FROM model_calls m
-           WHERE m.task_id = c.forked_from AND m.phase = c.phase
-             AND m.error IS NULL AND m.response IS NOT NULL) END AS counterpart_calls
+           SELECT COALESCE(json_agg(r ORDER BY r.id), '[]') FROM (
+               SELECT m.id, m.position, m.request_hash, m.response, m.thinking, m.model,
+                      m.route, m.backend, m.prompt_tokens, m.completion_tokens, m.tool_calls
+               FROM model_calls m
+               WHERE m.task_id = c.forked_from AND m.phase = c.phase
+                 AND m.error IS NULL AND m.response IS NOT NULL) r) END AS counterpart_calls
 FROM claimed c
 ORDER BY c.priority, c.fair_at
 
