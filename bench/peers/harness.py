@@ -98,7 +98,9 @@ class Process:
             env = worker_env(url)
             env.update({"ORGCHART_LLM__BACKEND": "ollama", "ORGCHART_OLLAMA__URL": model_url,
                         "ORGCHART_OLLAMA__MAX_PARALLEL": "2000",
-                        "ORGCHART_OLLAMA__CLOUD_MAX_PARALLEL": "2000"})
+                        "ORGCHART_OLLAMA__CLOUD_MAX_PARALLEL": "2000",
+                        # a chain level is a task one level deeper ([policies] max_depth: 5)
+                        "ORGCHART_POLICIES__MAX_DEPTH": str(min(shape.depth + 1, 100))})
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", WORKER_BOOT, "worker", "--agents",
                  "pe_planner,pe_lead,pe_writer,pe_link,judge",
@@ -156,7 +158,9 @@ class Process:
         if self.rt.runtime == "orgchart":
             with connect(self.url) as conn:
                 row = conn.execute("SELECT status FROM tasks WHERE id = %s", (root,)).fetchone()
-            return row is not None and row[0] in TERMINAL
+            if row is not None and row[0] in TERMINAL and row[0] != "done":
+                raise RuntimeError(f"orgchart's root ended {row[0]}:\n" + "".join(self.lines[-30:]))
+            return row is not None and row[0] == "done"
         if self.result is None and self.proc.poll() is not None:
             time.sleep(0.2)  # the reader thread's last line
             if self.result is None:
@@ -278,6 +282,8 @@ def run_once(rt: Runtime, client: str, shape: Shape, delay: float, server: str |
         makespan = proc.result["seconds"] if crashed is None else makespan
         cpu, peak_kb = proc.result["cpu_seconds"], proc.result["peak_rss_kb"]
     calls = counts["answered"] + counts["aborted"]
+    if calls < shape.calls:
+        raise RuntimeError(f"{rt.label}: {calls} model calls, the work makes {shape.calls}")
     figures: dict[str, Any] = {
         "makespan_seconds": round(makespan, 3), "model_calls": calls,
         "peak_calls_in_flight": counts["peak"],
