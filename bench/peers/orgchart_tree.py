@@ -86,7 +86,10 @@ class Link(Agent):
         reply = await ctx.llm.acomplete(link_prompt(level), max_tokens=8)
         if level >= depth:
             return Result({"text": reply.text})
-        return Delegate([ChildSpec("pe_link", {"level": level + 1, "depth": depth}, key="next")])
+        # a child without a budget gets half of what is left: 50 levels would run dry
+        return Delegate([ChildSpec("pe_link", {"level": level + 1, "depth": depth}, key="next",
+                                   budget_tokens=task.budget_tokens - 100,
+                                   budget_usd=task.budget_usd - Decimal("0.01"))])
 
     async def aggregate(self, ctx: AgentContext, task: TaskView,
                         children: list[ChildView]) -> Result:
