@@ -37,6 +37,7 @@ from bench import (
     pgqueuer_drain,
     pickup,
     reference,
+    schedules,
     scrape,
     sync_agents,
     tools,
@@ -51,7 +52,7 @@ from bench.peers import run as peers
 ORDER = ("reference", "drain", "pgqueuer", "drain_pair", "drain_parts", "pickup", "fanin",
          "claim_latency", "tree_read", "scrape", "worker_memory", "makespan", "sync_agents",
          "fork", "charge", "transport", "ha", "control", "tools", "fairness", "experiments",
-         "audit", "webhooks", "webhooks_chaos", "embedded", "peers")
+         "audit", "webhooks", "webhooks_chaos", "schedules", "embedded", "peers")
 
 FULL: dict[str, dict[str, Any]] = {
     "reference": {"n": 20_000, "threads": 4},
@@ -80,6 +81,7 @@ FULL: dict[str, dict[str, Any]] = {
     "webhooks": {"trees": 1000, "rate": 200.0},
     "webhooks_chaos": {"trees": 1000, "chaos": True},
     "embedded": {"samples": 8, "loads": 3},  # skipped, saying so, without the extra
+    "schedules": {"seconds": 60.0, "kill_every": 10.0, "workers": 3},
     "peers": {},  # each peer skipped, saying so, without the bench extra
 }
 
@@ -110,6 +112,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "webhooks": {"trees": 20, "rate": 200.0},
     "webhooks_chaos": {"trees": 20, "chaos": True},
     "embedded": {"samples": 1, "loads": 1, "tree": False},
+    "schedules": {"seconds": 4.0, "kill_every": 2.0, "workers": 1},
     "peers": {"leads": 2, "writers": 3, "delay": 0.1, "depth": 3, "crash": False},
 }
 
@@ -139,6 +142,7 @@ MAINS: dict[str, Callable[..., dict[str, Any]]] = {
     "webhooks": webhooks.main,
     "webhooks_chaos": webhooks.main,
     "embedded": embedded.main,
+    "schedules": schedules.main,
     "peers": peers.main,
 }
 
