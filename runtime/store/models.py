@@ -229,7 +229,8 @@ class TaskEvent(Base):
 
     No foreign key to ``tasks``: every event is inserted by the very statement that
     changes its task, so it cannot point at a missing row, and the per-row FK trigger
-    cost about a fifth of the hot path's throughput (docs/performance.md). Pruning
+    cost about a fifth of the hot path's throughput (measured when it was dropped; the
+    run is in the history of docs/performance.md). Pruning
     deletes a tree's events with the tree.
     """
 
