@@ -50,7 +50,7 @@ mcp-inspector: ## Install the MCP Inspector CLI the MCP server's tests drive (np
 	    "@modelcontextprotocol/inspector@$(MCP_INSPECTOR_VERSION)"; \
 	fi
 
-demo: install ## Run the main job end to end (embedded Postgres, offline model if no Ollama)
+demo: install ## Run the main job end to end (embedded Postgres; Ollama, else the embedded model, else offline)
 	$(BIN)/orgchart run "Assess the market for durable agent runtimes"
 
 test: install ## Run the test suite (embedded Postgres unless ORGCHART_TEST_DATABASE_URL is set)
