@@ -31,7 +31,7 @@ def drain(runtime: Runtime, agents: Sequence[str] | None = None, rounds: int = 6
 
 
 def wait_until(condition: Callable[[], Any], timeout: float = 15.0,
-               what: str = "the condition") -> Any:
+               what: str = "the condition", interval: float = POLL_SECONDS) -> Any:
     """Poll ``condition`` until it returns something truthy and return that.
 
     Raises:
@@ -45,4 +45,4 @@ def wait_until(condition: Callable[[], Any], timeout: float = 15.0,
             return value
         if time.monotonic() >= deadline:
             raise AssertionError(f"waited {timeout:g} s for {what}")
-        time.sleep(POLL_SECONDS)
+        time.sleep(interval)

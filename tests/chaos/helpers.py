@@ -37,6 +37,7 @@ from runtime.audit.history import Recorder, load
 from runtime.audit.report import Report
 from runtime.store import db
 from runtime.store.store import Store
+from tests.support import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = ("done", "failed", "escalated")
@@ -183,19 +184,6 @@ class Fleet:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def wait_until(condition: Callable[[], Any], timeout: float, what: str,
-               interval: float = 0.05) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
 
 
 # ---------------------------------------------------------------------- server faults
