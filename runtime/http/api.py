@@ -76,7 +76,8 @@ WEB_DIR = Path(__file__).with_name("web")
 #: Static files the pages load (a whitelist: nothing else in ``web/`` is served).
 STATIC_FILES = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8",
                 "diff.js": "text/javascript; charset=utf-8",
-                "experiment.js": "text/javascript; charset=utf-8"}
+                "experiment.js": "text/javascript; charset=utf-8",
+                "dom.js": "text/javascript; charset=utf-8"}
 #: Paths where ``?token=`` is accepted instead of the header (a browser cannot set it).
 _PAGE_PREFIXES = ("/ui/", "/docs", "/openapi.json")
 _PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "

@@ -35,20 +35,7 @@
     return data;
   }
 
-  function el(tag, attrs, children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(attrs || {})) {
-      if (value === null || value === undefined) continue;
-      if (key === "text") node.textContent = String(value);
-      else if (key === "className") node.className = value;
-      else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
-      else node.setAttribute(key, String(value));
-    }
-    for (const child of children || []) {
-      if (child !== null && child !== undefined && child !== false) node.append(child);
-    }
-    return node;
-  }
+  const el = window.orgchartDom.el;
 
   function statusBadge(status) {
     return el("span", { className: "status", "data-status": status, text: status });

@@ -5,19 +5,7 @@
 (function () {
   const token = new URLSearchParams(window.location.search).get("token");
 
-  function el(tag, attrs, children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(attrs || {})) {
-      if (value === null || value === undefined) continue;
-      if (key === "text") node.textContent = String(value);
-      else if (key === "className") node.className = value;
-      else node.setAttribute(key, String(value));
-    }
-    for (const child of children || []) {
-      if (child !== null && child !== undefined && child !== false) node.append(child);
-    }
-    return node;
-  }
+  const el = window.orgchartDom.el;
 
   function signed(value, digits, unit) {
     const n = Number(value || 0);

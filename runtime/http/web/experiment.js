@@ -8,19 +8,7 @@
   const query = token ? "?token=" + encodeURIComponent(token) : "";
   const SVG = "http://www.w3.org/2000/svg";
 
-  function el(tag, attrs, children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(attrs || {})) {
-      if (value === null || value === undefined) continue;
-      if (key === "text") node.textContent = String(value);
-      else if (key === "className") node.className = value;
-      else node.setAttribute(key, String(value));
-    }
-    for (const child of children || []) {
-      if (child !== null && child !== undefined && child !== false) node.append(child);
-    }
-    return node;
-  }
+  const el = window.orgchartDom.el;
 
   function svg(tag, attrs, text) {
     const node = document.createElementNS(SVG, tag);
