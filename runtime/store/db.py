@@ -54,7 +54,7 @@ DEFAULT_HOME = ".orgchart"
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 #: The newest migration; a test keeps it equal to Alembic's head. Lets every process skip
 #: loading Alembic when the database is already current.
-HEAD_REVISION = "0015"
+HEAD_REVISION = "0016"
 
 _embedded_lock = threading.Lock()
 _embedded: dict[Path, Any] = {}

@@ -245,8 +245,30 @@ class TaskEvent(Base):
     )
     worker: Mapped[str | None] = mapped_column(Text)
     detail: Mapped[str | None] = mapped_column(Text)
+    #: The delivery (lease token) the transition was written under, when it had one.
+    lease_token: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
 
     __table_args__ = (Index("ix_task_events_task_id_id", "task_id", "id"),)
+
+
+class WorkerSession(Base):
+    """A live worker incarnation, as its lock-holding session registered it (migration 0016).
+
+    The session holds a session-level advisory lock keyed by ``lock_key`` for as long as
+    the process lives; PostgreSQL drops the lock when the session ends. A task leased by
+    ``owner`` whose row names this server's start time and whose lock is free belongs to
+    a dead process and is taken back at once.
+    """
+
+    __tablename__ = "worker_sessions"
+
+    owner: Mapped[str] = mapped_column(Text, primary_key=True)
+    lock_key: Mapped[int] = mapped_column(Integer, nullable=False)
+    server_started_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False)
+    backend_pid: Mapped[int] = mapped_column(Integer, nullable=False)
+    registered_at: Mapped[dt.datetime] = mapped_column(
+        TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")
+    )
 
 
 class ModelCall(Base):
