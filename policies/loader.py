@@ -1,10 +1,11 @@
 """Build the active rule set from the configuration: built-ins plus the user's modules.
 
 A rule is active when it is built in, or defined in a module listed in ``[policies]
-modules`` (or ``[agents] modules``: one user module may hold agents and rules), or in a
-submodule of one; unless ``[policies] disabled`` names it or its own settings switch it
-off (``delegation_edges = false``, an empty ``forbidden_patterns``). An unknown name in
-``disabled`` is an error suggesting the closest rule.
+modules`` (or ``[agents] modules``, or given to ``--agents-module`` on the command line: one
+user module may hold agents and rules), or in a submodule of one; unless ``[policies]
+disabled`` names it or its own settings switch it off (``delegation_edges = false``, an
+empty ``forbidden_patterns``). An unknown name in ``disabled`` is an error suggesting the
+closest rule.
 
 :class:`PolicySet` runs the active rules in order and returns the first violation. A
 rule that raises is itself a violation (fail closed): a broken check must not wave a
@@ -151,8 +152,12 @@ def _in_modules(cls: type[Policy], modules: Iterable[str]) -> bool:
     return any(cls.__module__ == m or cls.__module__.startswith(m + ".") for m in modules)
 
 
-def import_policy_modules(modules: Iterable[str]) -> None:
+def import_policy_modules(modules: Iterable[str], where: str = "[policies] modules") -> None:
     """Import the user's rule modules.
+
+    Args:
+        modules: the module names.
+        where: where they were named, for the error (``--agents-module``...).
 
     Raises:
         ConfigError: a module cannot be imported (the module and the reason are named).
@@ -162,15 +167,19 @@ def import_policy_modules(modules: Iterable[str]) -> None:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise ConfigError(f"[policies] modules: cannot import {module!r}: {exc}") from exc
+            raise ConfigError(f"{where}: cannot import {module!r}: {exc}") from exc
 
 
-def load_policy_set(settings: Settings, registry: Registry | None) -> PolicySet:
+def load_policy_set(settings: Settings, registry: Registry | None,
+                    extra_modules: Sequence[str] = ()) -> PolicySet:
     """Build the active rule set for ``settings``.
 
     Args:
         settings: the configuration (``[policies]`` and, for ``model_price``, ``[cost]``).
         registry: the agent registry, for rules that look at agent classes.
+        extra_modules: the modules given to ``--agents-module``: their rules are on too
+            (the option imports "agents (and policies)"; a rule imported but off would be
+            a safety check silently skipped).
 
     Raises:
         ConfigError: a module cannot be imported, ``disabled`` names an unknown or a
@@ -178,7 +187,8 @@ def load_policy_set(settings: Settings, registry: Registry | None) -> PolicySet:
 
     """
     import_policy_modules(settings.policies.modules)
-    user_modules = [*settings.policies.modules, *settings.agents.modules]
+    import_policy_modules(extra_modules, "--agents-module")
+    user_modules = [*settings.policies.modules, *settings.agents.modules, *extra_modules]
     candidates: list[type[Policy]] = list(BUILTIN_POLICIES)
     candidates += [
         cls for cls in base.registry

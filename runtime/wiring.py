@@ -149,7 +149,7 @@ def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
 
     registry = load_registry(settings, extra_modules)
     store = store or open_store(settings)
-    policies = load_policy_set(settings, registry)
+    policies = load_policy_set(settings, registry, extra_modules)
     from policies.approval import holds
 
     # A store given by the caller gets the rule's settings too (open_store sets its own).

@@ -65,7 +65,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 # ---------------------------------------------------------------------- shared options
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 ModulesOpt = Annotated[list[str] | None, typer.Option(
-    "--agents-module", help="Import agents (and policies) from this module; repeatable.")]
+    "--agents-module",
+    help="Import agents and policy rules from this module (its rules are on); repeatable.")]
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:

@@ -2,7 +2,8 @@
 
 Active rules first (in the order they run), then the rules known but switched off, each
 with the reason (``[policies] disabled``, ``delegation_edges = false``...). ``--json``
-prints :meth:`policies.loader.PolicySet.describe`. A configuration error (unknown rule in
+prints :meth:`policies.loader.PolicySet.describe`. ``--agents-module M`` lists M's rules as
+a worker given the same option runs them. A configuration error (unknown rule in
 ``disabled``, a module that cannot be imported, a bad pattern) exits 2 naming it.
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from runtime.cli.common import JsonOpt, out, print_json
+from runtime.cli.common import JsonOpt, ModulesOpt, out, print_json
 from runtime.errors import BadInput
 
 
@@ -29,8 +30,11 @@ def _settings_text(settings: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def describe_policies() -> list[dict[str, Any]]:
+def describe_policies(modules: list[str] | None = None) -> list[dict[str, Any]]:
     """Load the configuration, the agents and the rules; return the rule descriptions.
+
+    Args:
+        modules: the ``--agents-module`` modules (their rules are active, as in a worker).
 
     Raises:
         ConfigError: the configuration or a rule's settings are invalid.
@@ -42,8 +46,9 @@ def describe_policies() -> list[dict[str, Any]]:
     from runtime.config import load_settings
 
     settings = load_settings()
-    registry = load_modules(settings.agents.modules)
-    return load_policy_set(settings, registry).describe()
+    extra = list(modules or [])
+    registry = load_modules([*settings.agents.modules, *extra])
+    return load_policy_set(settings, registry, extra).describe()
 
 
 def policies_table(rows: list[dict[str, Any]]) -> Table:
@@ -63,10 +68,10 @@ def policies_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-def policies(as_json: JsonOpt = False) -> None:
+def policies(as_json: JsonOpt = False, agents_module: ModulesOpt = None) -> None:
     """List the policy rules: active or not, source, settings."""
     try:
-        rows = describe_policies()
+        rows = describe_policies(agents_module)
     except ValueError as exc:  # a rule's own settings (a bad pattern...): bad input
         raise BadInput(str(exc)) from exc
     if as_json:
