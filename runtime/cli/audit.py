@@ -17,9 +17,8 @@ import typer
 
 from runtime.audit.checker import SLACK_SECONDS, audit
 from runtime.audit.history import load
-from runtime.cli.common import EXIT_FAILED, JsonOpt, opened_store, out, print_json
+from runtime.cli.common import EXIT_FAILED, JsonOpt, TaskRef, opened_store, out, print_json
 from runtime.errors import BadInput
-from runtime.views import parse_task_id
 
 
 def _since(text: str | None) -> dt.datetime | None:
@@ -44,7 +43,7 @@ def audit_command(
     json_: JsonOpt = False,
 ) -> None:
     """Check what the database holds (and what clients were told) against the promises."""
-    roots = [parse_task_id(r, "root id") for r in root] if root else None
+    refs = [TaskRef.parse(r, "root id") for r in root] if root else None
     when = _since(since)
     if history is not None:
         try:
@@ -52,6 +51,7 @@ def audit_command(
         except (OSError, ValueError) as exc:
             raise BadInput(f"--history: {exc}") from None
     with opened_store() as store:
+        roots = [r.resolve(store) for r in refs] if refs is not None else None
         report = audit(store, roots, when, parsed if history is not None else None, slack)
     if json_:
         print_json(report.as_json())

@@ -19,10 +19,13 @@ import functools
 import json
 import logging
 import os
+import re
 import signal
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import click
@@ -38,6 +41,7 @@ from runtime.errors import BadInput
 from runtime.store.db import HOME_ENV, DatabaseUnavailable, redacted, sqlalchemy_url
 from runtime.store.rows import IdempotencyConflict, NotFound, ResolveRefused
 from runtime.store.steering import SteeringRefused
+from runtime.views import parse_task_id
 
 if TYPE_CHECKING:
     from runtime.store.store import Store
@@ -94,6 +98,68 @@ def open_runtime(modules: list[str] | None) -> Any:
     if getattr(runtime.llm_factory, "announcement", None):
         err.print(runtime.llm_factory.announcement, style="dim", markup=False, highlight=False)
     return runtime
+
+
+#: The shortest id prefix a command accepts (``tree`` prints 8 characters).
+ID_PREFIX_MIN = 4
+#: How many candidates an ambiguous prefix lists.
+ID_CANDIDATES_SHOWN = 10
+_HEX = re.compile(r"^[0-9a-f]+$")
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """A task id as a person typed it: a whole UUID, or a prefix of one (``925c0b5f``).
+
+    Read with :meth:`parse` before the database is opened (a malformed id fails at once);
+    :meth:`resolve` then turns a prefix into the one id it starts (the HTTP API and MCP
+    keep taking whole ids only).
+    """
+
+    text: str
+    what: str
+    exact: uuid.UUID | None
+    lo: uuid.UUID | None = None
+    hi: uuid.UUID | None = None
+
+    @classmethod
+    def parse(cls, text: str, what: str = "task id") -> TaskRef:
+        """Read ``text``; raise :class:`BadInput` unless it is a UUID or a long enough prefix."""
+        try:
+            return cls(text, what, parse_task_id(text, what))
+        except BadInput:
+            hexits = text.strip().lower().replace("-", "")
+            if not (ID_PREFIX_MIN <= len(hexits) < 32 and _HEX.match(hexits)):
+                raise BadInput(
+                    f"{what} {text!r} is not a UUID, nor a prefix of one of "
+                    f"{ID_PREFIX_MIN} or more hex characters (as 'orgchart tree' prints "
+                    "ids: 925c0b5f)") from None
+            pad = 32 - len(hexits)
+            return cls(text, what, None, uuid.UUID(hexits + "0" * pad),
+                       uuid.UUID(hexits + "f" * pad))
+
+    def resolve(self, store: Store) -> uuid.UUID:
+        """The id: the UUID given, or the one task id the prefix starts.
+
+        Raises:
+            NotFound: no task id starts with the prefix.
+            BadInput: several do (they are listed, up to :data:`ID_CANDIDATES_SHOWN`).
+
+        """
+        if self.exact is not None:
+            return self.exact
+        rows = store.query("task_find_by_id_prefix", lo=self.lo, hi=self.hi,
+                           limit=ID_CANDIDATES_SHOWN + 1)
+        if not rows:
+            raise NotFound(f"no task id starts with {self.text.strip()!r}")
+        if len(rows) == 1:
+            return uuid.UUID(str(rows[0]["id"]))
+        shown = "; ".join(f"{r['id']} ({r['to_agent']}, {r['status']}"
+                          + (", a root)" if r["parent_id"] is None else ")")
+                          for r in rows[:ID_CANDIDATES_SHOWN])
+        more = " and more" if len(rows) > ID_CANDIDATES_SHOWN else ""
+        raise BadInput(f"{self.what} {self.text.strip()!r} is ambiguous: it starts {shown}"
+                       f"{more}; give more characters")
 
 
 def server_name(config: Settings | None = None) -> str:

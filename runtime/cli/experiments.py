@@ -22,6 +22,7 @@ from runtime.cli.common import (
     EXIT_FAILED,
     JsonOpt,
     ModulesOpt,
+    TaskRef,
     err,
     fail,
     install_stop_signals,
@@ -83,14 +84,11 @@ def dataset_from_roots(name: Annotated[str, typer.Argument(help="The dataset's n
     store = _store()
     bodies = []
     for raw in roots:
-        try:
-            root = store.get(uuid.UUID(raw))
-        except ValueError:
-            raise BadInput(f"{raw!r} is not a task id") from None
+        root = store.get(TaskRef.parse(raw, "root id").resolve(store))
         if root["parent_id"] is not None:
-            raise BadInput(f"{raw} is not a root (its root is {root['root_id']})")
+            raise BadInput(f"{root['id']} is not a root (its root is {root['root_id']})")
         if root["status"] != "done":
-            raise BadInput(f"root {raw} is {root['status']}: only trees that ended done "
+            raise BadInput(f"root {root['id']} is {root['status']}: only trees that ended done "
                            "make cases")
         body: dict[str, Any] = {"agent": root["to_agent"], "payload": root["payload"],
                                 "expected": root["result"]}

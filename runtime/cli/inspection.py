@@ -25,6 +25,7 @@ from runtime.cli.common import (
     EXIT_BAD_INPUT,
     JsonOpt,
     ModulesOpt,
+    TaskRef,
     err,
     fail,
     opened_store,
@@ -39,7 +40,6 @@ from runtime.views import (
     TreeFollower,
     critical_path_summary,
     escalation_json,
-    parse_task_id,
     task_detail_json,
     task_json,
 )
@@ -85,8 +85,9 @@ def tree(
         help="Seconds between redraws with --watch.", min=0.1)] = WATCH_INTERVAL_SECONDS,
 ) -> None:
     """Draw a task tree: statuses, agents, spend, durations, verdicts, errors."""
-    rid = parse_task_id(root_id, "root id")
+    ref = TaskRef.parse(root_id, "root id")
     with opened_store() as store:
+        rid = ref.resolve(store)
         follow = TreeFollower(store, rid).refresh  # --watch reads what changed only
         current = follow()
         if watch and not json_ and out.is_terminal:
@@ -117,9 +118,9 @@ def tree(
 def show(task_id: Annotated[str, typer.Argument(help="The task's id.")],
          json_: JsonOpt = False) -> None:
     """One task: its fields, result, history of transitions, children and model calls."""
-    tid = parse_task_id(task_id)
+    ref = TaskRef.parse(task_id)
     with opened_store() as store:
-        detail = task_detail_json(store, tid)
+        detail = task_detail_json(store, ref.resolve(store))
     if json_:
         print_json(detail)
         return
@@ -282,12 +283,13 @@ def resolve(
         fail("give exactly one of --retry, --done, --fail, --reassign AGENT"
              + (f" (got {', '.join('--' + c for c in chosen)})" if chosen else ""),
              EXIT_BAD_INPUT)
-    tid = parse_task_id(task_id)
+    ref = TaskRef.parse(task_id)
     if reassign is not None:
         from runtime.wiring import load_registry
 
         load_registry(settings(), agents_module or []).get(reassign)  # unknown: exit 2
     with opened_store() as store:
+        tid = ref.resolve(store)
         before = store.get(tid)["status"]
         task = store.resolve(tid, chosen[0], actor="cli", note=note, reassign_to=reassign)
     if json_:

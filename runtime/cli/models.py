@@ -13,13 +13,12 @@ id, no such task, a bad configuration).
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from runtime.cli.common import JsonOpt, fail, opened_store, settings
+from runtime.cli.common import JsonOpt, TaskRef, fail, opened_store, settings
 from runtime.llm.backends.choice import build_backend
 from runtime.llm.backends.replay import records_from_calls, write_replay_file
 from runtime.llm.reply import BackendConfigError
@@ -53,15 +52,13 @@ def record(
 ) -> None:
     """Write a replay file from the model calls of every task in a tree."""
     config = settings()
-    try:
-        root = uuid.UUID(root_id)
-    except ValueError:
-        fail(f"not a task id: {root_id!r}")
+    ref = TaskRef.parse(root_id, "root id")
     with opened_store(config) as store:
         try:
+            root = ref.resolve(store)
             task = store.get(root)
-        except NotFound:
-            fail(f"no task {root}")
+        except NotFound as exc:
+            fail(str(exc))
         if task["parent_id"] is not None:
             fail(f"task {root} is not a root; record its tree with its root id "
                  f"{task['root_id']}")

@@ -5,7 +5,8 @@
 Each command is one call of :class:`runtime.store.steering.StoreSteering` and prints
 what it did (``--json``: the shape of ``runtime.views.steer_json``, as the HTTP API
 answers). A no-op (cancelling a finished task, a second approve, pausing a paused tree)
-exits 0 and says so; an unknown task, a malformed id or an answer that does not fit its
+exits 0 and says so. An id is a whole UUID or a unique prefix of one (as ``tree`` prints
+it). An unknown task, a malformed or ambiguous id or an answer that does not fit its
 question exits 2 and changes nothing.
 
 ``fork TASK_ID`` creates a branch, a new tree that re-runs TASK_ID's tree from its root
@@ -25,9 +26,18 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from runtime.cli.common import JsonOpt, ModulesOpt, err, opened_store, out, print_json, settings
+from runtime.cli.common import (
+    JsonOpt,
+    ModulesOpt,
+    TaskRef,
+    err,
+    opened_store,
+    out,
+    print_json,
+    settings,
+)
 from runtime.errors import BadInput
-from runtime.views import inbox_json, parse_task_id, steer_json, task_json
+from runtime.views import inbox_json, steer_json, task_json
 from runtime.wiring import check_storable, parse_json_option
 
 NoteOpt = Annotated[str | None, typer.Option("--note", help="Why (kept in the history).")]
@@ -45,27 +55,27 @@ def _say(outcome: Any, json_: bool) -> None:
 def cancel(task_id: Annotated[str, typer.Argument(help="The task to cancel, with its subtree.")],
            note: NoteOpt = None, by: ByOpt = "cli", json_: JsonOpt = False) -> None:
     """Cancel a task and every open task below it (they end ``cancelled``)."""
-    tid = parse_task_id(task_id)
+    ref = TaskRef.parse(task_id)
     check_storable(note, "--note")
     with opened_store() as store:
-        _say(store.cancel(tid, actor=by, note=note), json_)
+        _say(store.cancel(ref.resolve(store), actor=by, note=note), json_)
 
 
 def pause(root_id: Annotated[str, typer.Argument(help="The root of the tree to pause.")],
           note: NoteOpt = None, by: ByOpt = "cli", json_: JsonOpt = False) -> None:
     """Pause a tree: its tasks are not claimed and start no model call until resumed."""
-    rid = parse_task_id(root_id, "root id")
+    ref = TaskRef.parse(root_id, "root id")
     check_storable(note, "--note")
     with opened_store() as store:
-        _say(store.pause(rid, actor=by, note=note), json_)
+        _say(store.pause(ref.resolve(store), actor=by, note=note), json_)
 
 
 def resume(root_id: Annotated[str, typer.Argument(help="The root of the paused tree.")],
            by: ByOpt = "cli", json_: JsonOpt = False) -> None:
     """Resume a paused tree where it stood."""
-    rid = parse_task_id(root_id, "root id")
+    ref = TaskRef.parse(root_id, "root id")
     with opened_store() as store:
-        _say(store.resume(rid, actor=by), json_)
+        _say(store.resume(ref.resolve(store), actor=by), json_)
 
 
 def inbox(json_: JsonOpt = False) -> None:
@@ -95,30 +105,30 @@ def answer(task_id: Annotated[str, typer.Argument(help="The question's task id."
                "--json", metavar="JSON", help="The answer, as JSON.")],
            by: ByOpt = "cli") -> None:
     """Answer a question to ``human``: checked against its schema, then ``done``."""
-    tid = parse_task_id(task_id)
+    ref = TaskRef.parse(task_id)
     value = parse_json_option("--json", json_text)
     check_storable(value, "the answer")
     with opened_store() as store:
-        _say(store.answer(tid, value, actor=by), False)
+        _say(store.answer(ref.resolve(store), value, actor=by), False)
 
 
 def approve(task_id: Annotated[str, typer.Argument(help="The task awaiting approval.")],
             note: NoteOpt = None, by: ByOpt = "cli", json_: JsonOpt = False) -> None:
     """Let a task held for approval run (an approval is used once)."""
-    tid = parse_task_id(task_id)
+    ref = TaskRef.parse(task_id)
     check_storable(note, "--note")
     with opened_store() as store:
-        _say(store.approve(tid, actor=by, note=note), json_)
+        _say(store.approve(ref.resolve(store), actor=by, note=note), json_)
 
 
 def reject(task_id: Annotated[str, typer.Argument(help="The task awaiting approval.")],
            note: Annotated[str, typer.Option("--note", help="Why (required).")] = "",
            by: ByOpt = "cli", json_: JsonOpt = False) -> None:
     """Fail a task held for approval with a note; its parent decides as for any failure."""
-    tid = parse_task_id(task_id)
+    ref = TaskRef.parse(task_id)
     check_storable(note, "--note")
     with opened_store() as store:
-        _say(store.reject(tid, note=note, actor=by), json_)
+        _say(store.reject(ref.resolve(store), note=note, actor=by), json_)
 
 
 def _payload(text: str | None) -> dict[str, object] | None:
@@ -157,7 +167,7 @@ def fork(
     from runtime.forks.branch import fork as fork_tree
     from runtime.wiring import load_registry, open_store
 
-    tid = parse_task_id(task_id)
+    ref = TaskRef.parse(task_id)
     usd = None
     if budget_usd is not None:
         try:
@@ -173,9 +183,9 @@ def fork(
         store, registry = runtime.store, runtime.registry
     else:
         store, registry = open_store(config), load_registry(config, agents_module or [])
-    branch = fork_tree(store, registry, config, tid, actor="cli", payload=_payload(payload),
-                       agent=agent, model=model, note=note, budget_tokens=budget_tokens,
-                       budget_usd=usd)
+    branch = fork_tree(store, registry, config, ref.resolve(store), actor="cli",
+                       payload=_payload(payload), agent=agent, model=model, note=note,
+                       budget_tokens=budget_tokens, budget_usd=usd)
     if run:
         err.print(f"branch {branch['id']} of {branch['forked_from']}", style="dim",
                   markup=False, highlight=False)
@@ -198,9 +208,9 @@ def diff(
     """Compare two trees task by task (paired by path of child keys)."""
     from runtime.forks.diff import diff_lines, diff_trees
 
-    a, b = parse_task_id(root_a, "root id"), parse_task_id(root_b, "root id")
+    a, b = TaskRef.parse(root_a, "root id"), TaskRef.parse(root_b, "root id")
     with opened_store() as store:
-        result = diff_trees(store, a, b)
+        result = diff_trees(store, a.resolve(store), b.resolve(store))
     if json_:
         print_json(result)
         return

@@ -992,6 +992,18 @@ SELECT n.*, CAST({fragment_served_by_json} AS jsonb) AS served_by,
        COALESCE(s.estimated, false) AS cost_estimated
 FROM tasks n CROSS JOIN LATERAL {fragment_task_served} s WHERE n.id = :id;
 
+-- task_find_by_id_prefix --
+-- The tasks whose id starts with a prefix a person typed (an id as `tree` prints it: 8
+-- hex characters), at most :limit, in id order; the CLI resolves a unique one.
+-- The prefix arrives as the range [:lo, :hi] (padded with 0s and with fs): a range on
+-- the uuid is answered by the primary key, where id::text LIKE 'abcd%' reads every row.
+-- uuid order is byte order, the order of the hex text, so the range is exactly the prefix.
+SELECT id, root_id, parent_id, to_agent, status, created_at
+FROM tasks
+WHERE id >= CAST(:lo AS uuid) AND id <= CAST(:hi AS uuid)
+ORDER BY id
+LIMIT :limit;
+
 -- task_list_children --
 -- The children of one task, in creation order.
 SELECT * FROM tasks WHERE parent_id = :id ORDER BY created_at, id;

@@ -286,7 +286,7 @@ def test_cli_record_writes_a_replay_file_and_check_says_why(
     assert f"wrote 1 responses from 1 model calls of 1 tasks in tree {row['id']}" in result.output
     assert json.loads(out.read_text().splitlines()[0])["route"] == "local"
     bad = runner.invoke(app, ["llm", "record", "not-a-uuid", "--out", str(out)])
-    assert bad.exit_code == 2 and "not a task id" in bad.output
+    assert bad.exit_code == 2 and "is not a UUID" in bad.output
     missing = runner.invoke(app, ["llm", "record", str(uuid.uuid4()), "--out", str(out)])
     assert missing.exit_code == 2 and "no task" in missing.output
     check = runner.invoke(app, ["llm", "check", "--json"])
