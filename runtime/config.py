@@ -715,4 +715,16 @@ def load_settings(path: str | os.PathLike[str] | None = None,
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(part) for part in first["loc"])
-        raise ConfigError(f"{where}: bad value for '{loc}': {first['msg']}") from None
+        raise ConfigError(f"{_blamed(first['loc'], sources, where)}: bad value for '{loc}': "
+                          f"{first['msg']}") from None
+
+
+def _blamed(loc: tuple[Any, ...], sources: Mapping[str, str], where: str) -> str:
+    """Who set the value at ``loc``: the environment variable that did, else ``where``.
+
+    An ``ORGCHART_LLM__BACKEND=olama`` must not be blamed on a file that never names it.
+    """
+    origin = sources.get(".".join(str(part) for part in loc[:2]))
+    if origin is None or origin == where:
+        return where
+    return f"environment variable {origin}"

@@ -84,6 +84,19 @@ def test_unknown_env_key_is_an_error() -> None:
         load_settings(env={"ORGCHART_OLLAMA__URI": "x"})
 
 
+def test_a_bad_env_value_is_blamed_on_the_variable_not_the_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "orgchart.toml"
+    cfg.write_text('[retry]\nmax_retry = 5\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(cfg, env={"ORGCHART_LLM__BACKEND": "olama"})
+    assert str(info.value).startswith(
+        "environment variable ORGCHART_LLM__BACKEND: bad value for 'llm.backend'")
+    assert str(cfg) not in str(info.value)
+    cfg.write_text('[llm]\nbackend = "olama"\n')
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(cfg))}: bad value for 'llm.backend'"):
+        load_settings(cfg, env={})
+
+
 def test_malformed_toml_and_missing_file_are_clear(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[retry\n")
