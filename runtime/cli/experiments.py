@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from runtime.cli.common import (
@@ -231,46 +233,67 @@ def _report(runtime: Any, key: str) -> dict[str, Any]:
     return load_report(runtime.store, key)
 
 
-def _fmt(value: float | None, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}g}"
+def figure(value: float | None, digits: int = 3, sign: bool = False) -> str:
+    """A figure for a report, never in exponent notation; ``-`` for None.
+
+    Integers print as integers (4,460, not 4.46e+03), as does any figure of 10**digits or
+    more; others with ``digits`` significant digits.
+    """
+    if value is None:
+        return "-"
+    plus = "+" if sign else ""
+    if float(value).is_integer() or abs(value) >= 10 ** digits:
+        return f"{value:{plus},.0f}"
+    return f"{value:{plus}.{digits}g}"
+
 
 
 def _score_cell(row: dict[str, Any], scorer: str) -> str:
     s = row["scores"].get(scorer, {})
-    cell = f"{_fmt(s.get('mean'))} [{_fmt(s.get('ci_low'))}, {_fmt(s.get('ci_high'))}]"
+    cell = f"{figure(s.get('mean'))} [{figure(s.get('ci_low'))}, {figure(s.get('ci_high'))}]"
     cmp = row["vs_baseline"].get(scorer)
     if cmp and cmp["diff"] is not None:
-        cell += (f"\n{cmp['diff']:+.3g} [{_fmt(cmp['ci_low'])}, {_fmt(cmp['ci_high'])}] "
-                 f"p={_fmt(cmp['p_value'], 2)} {cmp['direction']}")
+        cell += (f"\n{figure(cmp['diff'], sign=True)} [{figure(cmp['ci_low'])}, "
+                 f"{figure(cmp['ci_high'])}] p={figure(cmp['p_value'], 2)} {cmp['direction']}")
     return cell
 
 
-def _print_report(report: dict[str, Any]) -> None:
-    out.print(f"experiment {report['name']} ({report['status']}) on dataset "
-              f"{report['dataset']['name']} {report['dataset']['version']}: "
-              f"{report['dataset']['cases']} cases x {report['repeat']}", highlight=False)
+def print_report(report: dict[str, Any], console: Console | None = None) -> None:
+    """Print an experiment's report (:func:`runtime.experiments.report.build_report`).
+
+    Names, notes and cells are text, never rich markup: ``[interval]`` stays on screen.
+    """
+    from runtime.experiments.report import SAME_WITHIN
+
+    out_ = console or out
+    out_.print(f"experiment {report['name']} ({report['status']}) on dataset "
+               f"{report['dataset']['name']} {report['dataset']['version']}: "
+               f"{report['dataset']['cases']} cases x {report['repeat']}", highlight=False,
+               markup=False)
     if report.get("note"):
-        out.print(f"note: {report['note']}", highlight=False)
+        out_.print(f"note: {report['note']}", highlight=False, markup=False)
     runs = Table("variant", "trees", "failed", "calls paid", "replayed", "$ paid", "$ replayed",
                  "p50 s", "p90 s", "passed")
     for row in report["variants"]:
-        runs.add_row(row["name"], str(row["trees"]), str(row["failed"]),
+        runs.add_row(escape(row["name"]), str(row["trees"]), str(row["failed"]),
                      str(row["paid_calls"]), str(row["replayed_calls"]),
                      f"{row['cost_paid_usd']:.5f}", f"{row['cost_replayed_usd']:.5f}",
-                     _fmt(row["latency_p50"]), _fmt(row["latency_p90"]),
-                     _fmt(row["pass_rate"]))
-    out.print(runs)
-    scores = Table("scorer", *(row["name"] for row in report["variants"]))
+                     figure(row["latency_p50"]), figure(row["latency_p90"]),
+                     figure(row["pass_rate"]))
+    out_.print(runs)
+    scores = Table("scorer", *(escape(row["name"]) for row in report["variants"]))
     for scorer in report["scorers"]:
-        scores.add_row(scorer, *(_score_cell(row, scorer) for row in report["variants"]))
-    out.print(scores)
-    out.print("mean [95% interval]; against the baseline: difference [interval], paired "
-              "Wilcoxon p-value", style="dim", highlight=False)
+        scores.add_row(escape(scorer),
+                       *(escape(_score_cell(row, scorer)) for row in report["variants"]))
+    out_.print(scores)
+    out_.print("mean [95% interval]; against the baseline: difference [interval], paired "
+               f"Wilcoxon p-value; within {SAME_WITHIN:.0%} of the baseline is the same",
+               style="dim", highlight=False, markup=False)
     regressions = [c for c in report["cases"] if c["kind"] == "regression"]
     for c in regressions[:20]:
-        out.print(f"regression: {c['variant']} on {c['case_name']!r} ({c['scorer']} "
-                  f"{c['baseline']:.3g} -> {c['value']:.3g}): {c['diff_command']}",
-                  highlight=False, soft_wrap=True)
+        out_.print(f"regression: {c['variant']} on {c['case_name']!r} ({c['scorer']} "
+                   f"{figure(c['baseline'])} -> {figure(c['value'])}): {c['diff_command']}",
+                   highlight=False, soft_wrap=True, markup=False)
 
 
 def _show(runtime: Any, key: str, json_: bool, rule: tuple[str, float] | None = None) -> None:
@@ -281,12 +304,12 @@ def _show(runtime: Any, key: str, json_: bool, rule: tuple[str, float] | None = 
     if json_:
         print_json({**report, **({"worse": worse} if rule else {})})
     else:
-        _print_report(report)
+        print_report(report)
     if worse:
         for w in worse:
             err.print(f"{w['variant']} is worse than the baseline on {rule[0]} "  # type: ignore[index]
-                      f"({w['diff']:+.3g}, interval [{_fmt(w['ci_low'])}, "
-                      f"{_fmt(w['ci_high'])}], p={_fmt(w['p_value'], 2)}); "
+                      f"({figure(w['diff'], sign=True)}, interval [{figure(w['ci_low'])}, "
+                      f"{figure(w['ci_high'])}], p={figure(w['p_value'], 2)}); "
                       f"{len(w['regressions'])} case(s) regressed", markup=False,
                       highlight=False)
         raise typer.Exit(EXIT_FAILED)

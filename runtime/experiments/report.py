@@ -12,7 +12,7 @@ from the baseline, case by case.
 "latency_p50", "latency_p90", "pass_rate", "scores": {SCORER: {"mean", "ci_low",
 "ci_high", "n"}}, "vs_baseline": {SCORER: {"diff", "ci_low", "ci_high", "p_value", "n",
 "direction"}}}``; each entry of ``cases`` a regression or an improvement of one variant on
-one case and scorer, with the two trees to diff.
+one case and scorer beyond :func:`is_same`, with the two trees to diff.
 
 Repetitions of a case are averaged before cases are paired, so a case counts once
 however often it ran. Intervals: :mod:`runtime.experiments.stats`.
@@ -34,6 +34,19 @@ from runtime.store.store import Store
 #: A difference is called better or worse only when its interval excludes zero and the
 #: paired test's p-value is at most this (with three cases, no p-value is below 0.25).
 SIGNIFICANCE = 0.05
+#: A difference within this share of the baseline's value is the same (a tree of 4,460
+#: tokens against one of 4,461 did not regress). One rule for the table's ``same`` and
+#: for the cases listed as regressions or improvements (:func:`is_same`).
+SAME_WITHIN = 0.01
+
+
+def is_same(diff: float, baseline: float) -> bool:
+    """Whether a difference from ``baseline`` is too small to call better or worse.
+
+    Zero, or within :data:`SAME_WITHIN` of the baseline's magnitude: a 0/1 scorer (``done``)
+    still changes by its whole value, a token count does not by one token.
+    """
+    return abs(diff) <= SAME_WITHIN * abs(baseline)
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
@@ -96,7 +109,9 @@ def _against_baseline(name: str, scorer: str,
     better = _higher_is_better(scorer)
     direction = "same"
     significant = paired.p_value is None or paired.p_value <= SIGNIFICANCE
-    if paired.excludes_zero and significant and d.mean is not None:
+    base_mean = sum(base[p] for p in shared) / len(shared)
+    if (paired.excludes_zero and significant and d.mean is not None
+            and not is_same(d.mean, base_mean)):
         direction = "better" if (d.mean > 0) == better else "worse"
     return {"diff": d.mean, "ci_low": d.low, "ci_high": d.high, "p_value": paired.p_value,
             "n": d.n, "direction": direction, "higher_is_better": better}
@@ -112,7 +127,7 @@ def _case_changes(variants: Sequence[str], scorers: Sequence[str], runs: Sequenc
             base, mine = by_case.get((scorer, "baseline"), {}), by_case.get((scorer, name), {})
             for position in sorted(set(base) & set(mine)):
                 diff = mine[position] - base[position]
-                if diff == 0:
+                if is_same(diff, base[position]):
                     continue
                 better = (diff > 0) == _higher_is_better(scorer)
                 a, b = roots.get(("baseline", position)), roots.get((name, position))
