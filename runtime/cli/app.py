@@ -6,6 +6,9 @@ module adds each one to the app wrapped in the one error handler,
 :func:`runtime.cli.common.handled`. Exit status: 0 on success, 1 when a run's root ended
 failed or escalated, the database cannot be reached or the runtime failed, 2 on bad
 input. Every listing has ``--json``.
+
+Help is text, not rich markup: ``[worker]`` and ``[tenants.<name>]`` name configuration
+sections and stay on screen (:class:`TextHelpCommand`); a flag shows no ``<bool>``.
 """
 
 from __future__ import annotations
@@ -14,9 +17,13 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from importlib import metadata
 from typing import Annotated, Any
 
+import click
 import typer
+from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from runtime.cli import (
     audit,
@@ -33,26 +40,69 @@ from runtime.cli import (
 )
 from runtime.cli.common import handled
 
-app = typer.Typer(
+
+class _TextHelp:
+    """Help texts are escaped once, when the command is built; flags show no type.
+
+    Typer renders help as rich markup, where ``[worker]`` is a style tag and vanishes.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        me: Any = self
+        me.help = escape(me.help) if me.help else me.help
+        me.short_help = escape(me.short_help) if me.short_help else me.short_help
+        for param in me.params:
+            if getattr(param, "help", None):
+                param.help = escape(param.help)
+            _no_bool_metavar(param)
+
+    def get_help_option(self, ctx: click.Context) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            _no_bool_metavar(option)
+        return option
+
+
+def _no_bool_metavar(param: click.Parameter) -> None:
+    descriptor = getattr(param, "type_descriptor", None)
+    flag = getattr(param, "is_flag", False) or getattr(descriptor, "annotation", None) is bool
+    if param.param_type_name == "option" and flag and param.metavar is None:
+        param.metavar = ""  # not "<bool>": a flag takes no value
+
+
+class TextHelpCommand(_TextHelp, TyperCommand):
+    """A command whose help is text (see :class:`_TextHelp`)."""
+
+
+class TextHelpGroup(_TextHelp, TyperGroup):
+    """A group whose help is text (see :class:`_TextHelp`)."""
+
+
+def _typer(**options: Any) -> typer.Typer:
+    return typer.Typer(cls=TextHelpGroup, **options)
+
+
+app = _typer(
     name="orgchart",
     help="A durable runtime for hierarchical multi-agent systems on PostgreSQL.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-db_app = typer.Typer(help="Database commands.", no_args_is_help=True)
-llm_app = typer.Typer(help="Model backends: check which one runs; record a run for replay.",
+db_app = _typer(help="Database commands.", no_args_is_help=True)
+llm_app = _typer(help="Model backends: check which one runs; record a run for replay.",
                       no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(llm_app, name="llm")
-webhooks_app = typer.Typer(help="Webhooks: endpoints, deliveries, tests.", no_args_is_help=True)
+webhooks_app = _typer(help="Webhooks: endpoints, deliveries, tests.", no_args_is_help=True)
 app.add_typer(webhooks_app, name="webhooks")
-schedule_app = typer.Typer(help="Schedules in the database: recurring goals and the fire.",
+schedule_app = _typer(help="Schedules in the database: recurring goals and the fire.",
                            no_args_is_help=True)
 app.add_typer(schedule_app, name="schedule")
 
-dataset_app = typer.Typer(help="Datasets of cases for experiments.", no_args_is_help=True)
-experiment_app = typer.Typer(help="Experiments: a dataset under variants, scored against "
+dataset_app = _typer(help="Datasets of cases for experiments.", no_args_is_help=True)
+experiment_app = _typer(help="Experiments: a dataset under variants, scored against "
                              "the baseline.", no_args_is_help=True)
 app.add_typer(dataset_app, name="dataset")
 app.add_typer(experiment_app, name="experiment")
@@ -111,13 +161,30 @@ COMMANDS: tuple[tuple[typer.Typer, str, Callable[..., Any]], ...] = (
 )
 
 for _group, _name, _command in COMMANDS:
-    _group.command(_name)(handled(_command))
+    _group.command(_name, cls=TextHelpCommand)(handled(_command))
+
+
+def version_text() -> str:
+    """``orgchart X.Y.Z``, from the installed package's metadata."""
+    try:
+        return f"orgchart {metadata.version('orgchart')}"
+    except metadata.PackageNotFoundError:
+        return "orgchart (not installed: no package metadata; pip install -e .)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(version_text())
+        raise typer.Exit()
 
 
 @app.callback()
 def main_options(
     config: Annotated[str | None, typer.Option("--config", help="Path to orgchart.toml.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
+    version: Annotated[bool, typer.Option(
+        "--version", help="Print the installed version and exit.", is_eager=True,
+        callback=_print_version)] = False,
 ) -> None:
     """Global options."""
     if config:

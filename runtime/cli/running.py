@@ -245,8 +245,9 @@ def worker(
     wall_clock: Annotated[float | None, typer.Option(help="Exit after S seconds.")] = None,
     lease_seconds: Annotated[float | None, typer.Option(help="Lease length.")] = None,
     once: Annotated[bool, typer.Option(help="Exit when the queue is empty.")] = False,
-    no_maintenance: Annotated[bool, typer.Option(
-        help="Do not run the reaper, watchdog and sweeper.")] = False,
+    maintenance: Annotated[bool, typer.Option(
+        "--maintenance/--no-maintenance",
+        help="Run the reaper, watchdog and sweeper (and tick schedules) here.")] = True,
     worker_id: Annotated[str | None, typer.Option(
         help="Name written as lease_owner and in task_events (default host:pid:random).")]
     = None,
@@ -261,7 +262,7 @@ def worker(
                        batch_size=batch_size,
                        task_cap=task_cap, wall_clock_seconds=wall_clock,
                        lease_seconds=lease_seconds, once=once,
-                       maintenance=not no_maintenance, worker_id=worker_id)
+                       maintenance=maintenance, worker_id=worker_id)
     install_stop_signals(w.stop)
     err.print(f"worker {w.config.worker_id} serving {', '.join(w.config.agents)}",
               style="dim", markup=False, highlight=False)
@@ -269,8 +270,8 @@ def worker(
     from runtime.cli.schedules import start_ticker
 
     # Schedules tick beside the worker's maintenance (a disposable worker runs no fire).
-    ticker = None if no_maintenance else start_ticker(runtime.store, runtime.settings,
-                                                      host_fires=not once)
+    ticker = start_ticker(runtime.store, runtime.settings,
+                          host_fires=not once) if maintenance else None
     try:
         stats = w.run()
     finally:
