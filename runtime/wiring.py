@@ -266,9 +266,10 @@ def build_root(registry: Registry, settings: Settings, *, goal: str | None, agen
                tenant: str = DEFAULT_TENANT) -> NewTask:
     """Validate a root goal and return the task to insert; raise :class:`BadInput` if bad.
 
-    Checks, before anything is written: the agent exists, the payload matches its input
-    schema, its size is within ``[policies] max_payload_bytes``, budgets are sane, and the
-    success and kill criteria are well formed.
+    Checks, before anything is written: the agent exists, the goal is not blank nor too
+    long, the payload matches its input schema, its size is within ``[policies]
+    max_payload_bytes``, budgets are sane, and the success and kill criteria are well
+    formed.
     """
     from agents.registry import InvalidInput, UnknownAgent
     from policies.builtin import payload_bytes
@@ -280,6 +281,8 @@ def build_root(registry: Registry, settings: Settings, *, goal: str | None, agen
         raise BadInput(str(exc)) from None
     if goal is not None and len(goal) > MAX_GOAL_CHARS:
         raise BadInput(f"the goal is {len(goal)} characters; the limit is {MAX_GOAL_CHARS}")
+    if goal is not None and not goal.strip():  # "   " would run a whole tree on nothing
+        raise BadInput("the goal is blank: say what the tree should do")
     if payload is not None and not isinstance(payload, dict):
         raise BadInput("--payload must be a JSON object")
     body: dict[str, Any] = dict(payload or {})
