@@ -86,7 +86,10 @@ def fire(
 
 
 def doctor(json_: JsonOpt = False) -> None:
-    """Exit 1 naming each problem (overdue fire, stranded work, old escalations); else 0."""
+    """Exit 1 naming each problem (overdue fire, stranded work, old escalations); else 0.
+
+    Notes (no fire has ever run: fine with always-on workers) are printed, never failed on.
+    """
     from runtime.fleet.doctor import DoctorLimits, check
 
     s = settings()
@@ -94,9 +97,11 @@ def doctor(json_: JsonOpt = False) -> None:
         checkup = check(store, DoctorLimits.from_settings(s.orchestrator, s.doctor, s.webhooks))
     if json_:
         print_json(checkup.as_dict())
-    elif checkup.ok:
-        out.print(checkup.summary(), highlight=False)
     else:
+        for note in checkup.notes:  # information: not a reason to exit 1
+            out.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+        if checkup.ok:
+            out.print(checkup.summary(), highlight=False, markup=False)
         for problem in checkup.problems:
             out.print(f"problem: {problem}", highlight=False, markup=False, soft_wrap=True)
     if not checkup.ok:

@@ -4,8 +4,10 @@ An orchestrated fleet has one heartbeat, the fire, and its failure mode is absen
 cron line that stopped firing makes no noise. ``doctor`` turns absence into an exit
 status for a monitor to alert on. It reports a problem (one line each) when:
 
-- there was never a fire, or the last one started more than
-  ``[orchestrator] expected_interval_seconds`` ago (or started and never finished);
+- the last fire started more than ``[orchestrator] expected_interval_seconds`` ago (or
+  started and never finished); that no fire has ever run is information, not a problem
+  (always-on workers are a way to run: their maintenance reaps and sweeps; a fire
+  schedule that stops firing is caught by the schedule rule below);
 - work is stranded: leases that expired with nobody to reap them, waiting parents
   whose children are all terminal (``Store.stranded``);
 - the oldest open escalation has waited longer than ``escalation_max_age_seconds``;
@@ -66,6 +68,8 @@ class Checkup:
     """The doctor's findings: ``ok`` when there are no problems."""
 
     problems: list[str] = field(default_factory=list)
+    #: What a reader should know that is not wrong (``no fire has ever run``).
+    notes: list[str] = field(default_factory=list)
     last_fire: dict[str, Any] | None = None
     stranded: int = 0
     oldest_escalation_age_seconds: float | None = None
@@ -84,7 +88,8 @@ class Checkup:
 
     def as_dict(self) -> dict[str, Any]:
         """The ``--json`` shape."""
-        return {"ok": self.ok, "problems": list(self.problems), "last_fire": self.last_fire,
+        return {"ok": self.ok, "problems": list(self.problems), "notes": list(self.notes),
+                "last_fire": self.last_fire,
                 "schedules": self.schedules,
                 "stranded": self.stranded,
                 "oldest_escalation_age_seconds": self.oldest_escalation_age_seconds,
@@ -94,7 +99,8 @@ class Checkup:
     def summary(self) -> str:
         """A short all-clear line (when ``ok``)."""
         fire = self.last_fire
-        when = f"last fire {fire['id']} {_age(fire['age_seconds'])} ago" if fire else "no fire"
+        when = (f"last fire {fire['id']} {_age(fire['age_seconds'])} ago" if fire
+                else "no fire has run")
         return f"all clear: {when}, nothing stranded, no escalation overdue"
 
 
@@ -114,8 +120,9 @@ def diagnose(last_fire: Mapping[str, Any] | None, stranded: Sequence[Mapping[str
     check = Checkup(stranded=len(stranded))
     expected = limits.expected_interval_seconds
     if last_fire is None:
-        check.problems.append(f"no fire has ever run (expected one every {_age(expected)}): "
-                              "schedule `orgchart fire`")
+        check.notes.append("no fire has ever run: fine with always-on workers (`orgchart "
+                           "worker`); with a fleet, schedule `orgchart fire` (expected every "
+                           f"{_age(expected)})")
     else:
         age = (now - last_fire["started_at"]).total_seconds()
         finished = last_fire.get("finished_at")
