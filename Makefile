@@ -8,13 +8,29 @@ BIN := $(VENV)/bin
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
 
-$(BIN)/orgchart: pyproject.toml
+# Two levels of install, each with its stamp in the venv (not $(BIN)/orgchart, which both
+# create): the package alone for the demo, the package with the dev and bench extras
+# (pytest, LangGraph, DBOS, Playwright, scipy, schemathesis...) for the tests. So `make
+# test` after `make demo` still installs the extras, and `make demo` after `make install`
+# installs nothing.
+BASE_STAMP := $(VENV)/.installed-base
+DEV_STAMP := $(VENV)/.installed-dev
+
+$(BASE_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	@touch $@
+
+$(DEV_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e ".[dev,bench]"
-	@touch $@
+	@touch $@ $(BASE_STAMP)
 
-install: $(BIN)/orgchart ## Create .venv and install orgchart with its dev and bench tools
+install: $(DEV_STAMP) ## Create .venv and install orgchart with its dev and bench tools
+
+install-base: $(BASE_STAMP) ## Create .venv and install orgchart alone (what the demo needs)
 
 # The embedded model's binding, built once per machine for any x86-64 CPU with AVX2 (never
 # for this CPU's own features: GGML_NATIVE dies with SIGILL where a VM hides some), kept in
@@ -25,7 +41,7 @@ LLAMA_CPP_VERSION := 0.3.36
 WHEELS ?= $(HOME)/.cache/orgchart/wheels
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 
-install-embedded: install ## Add the in-process model (builds llama.cpp once: ~7 min on 2 cores)
+install-embedded: install-base ## Add the in-process model (builds llama.cpp once: ~7 min on 2 cores)
 	@wheel=$$(ls $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl 2>/dev/null | head -1); \
 	if [ -z "$$wheel" ]; then \
 	  echo "building llama-cpp-python $(LLAMA_CPP_VERSION) portably (once per machine, ~7 min)"; \
@@ -50,7 +66,7 @@ mcp-inspector: ## Install the MCP Inspector CLI the MCP server's tests drive (np
 	    "@modelcontextprotocol/inspector@$(MCP_INSPECTOR_VERSION)"; \
 	fi
 
-demo: install ## Run the main job end to end (embedded Postgres; Ollama, else the embedded model, else offline)
+demo: install-base ## Run the main job end to end (embedded Postgres; Ollama, else the embedded model, else offline)
 	$(BIN)/orgchart run "Assess the market for durable agent runtimes"
 
 test: install ## Run the test suite (embedded Postgres unless ORGCHART_TEST_DATABASE_URL is set)
@@ -78,4 +94,4 @@ ha: install ## Only the high-availability tests (a formation, network namespaces
 clean: ## Remove the virtualenv and local data
 	rm -rf $(VENV) .orgchart
 
-.PHONY: help install install-embedded mcp-inspector demo test lint bench chaos torture ha-demo ha clean
+.PHONY: help install install-base install-embedded mcp-inspector demo test lint bench chaos torture ha-demo ha clean
