@@ -60,7 +60,7 @@ def dataset_add(name: Annotated[str, typer.Argument(help="The dataset's name.")]
         print_json(result)
     else:
         out.print(f"dataset {name} version {version}: {len(cases)} cases"
-                  + ("" if created else " (already stored)"), highlight=False)
+                  + ("" if created else " (already stored)"), highlight=False, markup=False)
 
 
 def dataset_list(json_: JsonOpt = False) -> None:
@@ -72,7 +72,8 @@ def dataset_list(json_: JsonOpt = False) -> None:
         return
     table = Table("name", "version", "cases", "source", "stored")
     for r in rows:
-        table.add_row(r["name"], r["version"], str(r["cases"]), r["source"] or "-",
+        table.add_row(escape(r["name"]), r["version"], str(r["cases"]),
+                      escape(r["source"] or "-"),
                       r["created_at"].strftime("%Y-%m-%d %H:%M"))
     out.print(table)
 
@@ -108,7 +109,7 @@ def dataset_from_roots(name: Annotated[str, typer.Argument(help="The dataset's n
                     "cases": len(cases), "created": created})
     else:
         out.print(f"dataset {name} version {version}: {len(cases)} cases from finished trees",
-                  highlight=False)
+                  highlight=False, markup=False)
 
 
 # --------------------------------------------------------------------------- experiments
@@ -332,7 +333,8 @@ def experiment_list(json_: JsonOpt = False) -> None:
         return
     table = Table("name", "status", "dataset", "trees", "created")
     for r in rows:
-        table.add_row(r["name"], r["status"], f"{r['dataset_name']} {r['dataset_version']}",
+        table.add_row(escape(r["name"]), r["status"],
+                      escape(f"{r['dataset_name']} {r['dataset_version']}"),
                       str(r["trees"]), r["created_at"].strftime("%Y-%m-%d %H:%M"))
     out.print(table)
 
@@ -372,9 +374,9 @@ def experiment_delete(
     store.experiment_delete(experiment["id"])
     if not prune_trees:
         out.print(f"experiment {experiment['name']} removed; its {len(roots)} trees stay "
-                  "(--prune-trees deletes them)", highlight=False)
+                  "(--prune-trees deletes them)", highlight=False, markup=False)
         return
     trees, tasks = store.prune_trees(roots)
     out.print(f"experiment {experiment['name']} removed with {trees} trees ({tasks} tasks)"
               + (f"; {len(roots) - trees} still open stay" if trees < len(roots) else ""),
-              highlight=False)
+              highlight=False, markup=False)

@@ -78,11 +78,11 @@ def fire(
     if json_:
         print_json(result.as_dict())
     elif result.status in ("locked", "capped"):
-        out.print(result.message, highlight=False)
+        out.print(result.message, highlight=False, markup=False)
     else:
         out.print(result.rollup, highlight=False, markup=False, soft_wrap=True)
         if result.status == "dry_run":
-            err.print(f"[dim]{result.message}[/]", highlight=False)
+            err.print(result.message, style="dim", highlight=False, markup=False)
 
 
 def doctor(json_: JsonOpt = False) -> None:
