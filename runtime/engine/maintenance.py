@@ -4,11 +4,14 @@ Each service has a frozen config, a ``run_once()`` that the worker's loop, the
 orchestrator's hygiene step and the tests call, and returns what it did.
 
 - **Reaper.** A worker that dies (SIGKILL, OOM, lost machine) stops renewing its leases.
-  Once a lease expires, ``run_once()`` releases the task: ``pending`` for a run,
-  ``ready_to_aggregate`` for an aggregate, an unleased ``judging`` for the judge stage. A
-  task already delivered ``max_delivery`` times is poison and ends ``failed`` with an
-  error that says so. Two reapers at once skip each other's rows (SKIP LOCKED), and a
-  heartbeat that lands first keeps its task (the expiry is re-checked in the UPDATE).
+  Where PostgreSQL saw its session end, every live worker's liveness pass takes its tasks
+  back within about a second (:mod:`runtime.engine.worker.liveness`; the combined pass
+  below runs it too). Otherwise, once a lease expires, ``run_once()`` releases the task:
+  ``pending`` for a run, ``ready_to_aggregate`` for an aggregate, an unleased ``judging``
+  for the judge stage. A task already delivered ``max_delivery`` times is poison and
+  ends ``failed`` with an error that says so. Two reapers at once skip each other's
+  rows (SKIP LOCKED), and a heartbeat that lands first keeps its task (the expiry is
+  re-checked in the UPDATE).
 - **Watchdog** (seed 003). Fails tasks running past their ``budget_seconds`` with
   ``error = 'timeout'`` and clears the lease token, so the late worker's completion
   matches no row and changes nothing. The parent's fan-in follows in the same

@@ -1,7 +1,9 @@
 """Maintenance: the reaper, the watchdog and the fan-in sweeper; the locks that elect a process.
 
 A mixin of :class:`runtime.store.store.Store`. One pass runs all three in one transaction
-under a transaction-level advisory lock, so one worker runs it and the others skip. A
+under a transaction-level advisory lock, so one worker runs it and the others skip; it
+takes back the tasks of dead workers too (:meth:`StoreHygiene.reap_dead`, which each
+worker also runs on its own about twice a second: :mod:`runtime.store.sessions`). A
 job that one process at a time should do for as long as it lives (the trace exporter)
 holds a :class:`SessionLock` instead.
 """
@@ -13,12 +15,14 @@ import hashlib
 import logging
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.rows import Reaped, Swept, TimedOut
+from runtime.store.sessions import LIVENESS_NAMESPACE
 from runtime.store.writes import StoreWrites
 
 #: The advisory lock key of the maintenance pass (distinct from the orchestrator's fire lock).
@@ -106,6 +110,12 @@ class StoreHygiene(StoreWrites):
             if began is None:
                 return None
             reaped = self._reap(conn, max_delivery, "reaper", reap_limit)
+            # The liveness pass runs here too (every worker also runs it on its own,
+            # ungated, about twice a second): the orchestrator's hygiene sees dead workers.
+            dead = self._reap_dead(conn, max_delivery, "reaper", reap_limit)
+            reaped = Reaped(released=reaped.released + dead.released,
+                            poisoned=reaped.poisoned + dead.poisoned,
+                            ids=reaped.ids + dead.ids)
             timed_out = self._time_out(conn, "watchdog", timeout_limit)
             swept = self._sweep(conn, "sweeper", sweep_limit)
             late = conn.execute(_TEXT["task_fail_unanswered"],  # questions past their deadline
@@ -122,6 +132,33 @@ class StoreHygiene(StoreWrites):
         rows = conn.execute(_TEXT["task_reap_expired"],
                             {"max_delivery": max_delivery, "worker": worker,
                              "limit": limit}).all()
+        return self._reaped(conn, rows, worker)
+
+    def reap_dead(self, max_delivery: int, worker: str = "reaper", limit: int = 1000, *,
+                  on: Connection | None = None) -> Reaped:
+        """Take back the tasks of workers whose session ended while this server ran.
+
+        ``task_reap_dead_owners``: an owner whose ``worker_sessions`` row names this
+        server's start and whose liveness lock nobody holds is dead; its tasks go back as
+        the reaper sends expired ones, poison rule included. ``on``: run on this
+        connection (a worker's liveness session, see :mod:`runtime.store.sessions`) in a
+        transaction of its own, instead of one from the pool.
+        """
+        if on is None:
+            with self.transaction() as conn:
+                return self._reap_dead(conn, max_delivery, worker, limit)
+        with on.begin():
+            return self._reap_dead(on, max_delivery, worker, limit)
+
+    def _reap_dead(self, conn: Connection, max_delivery: int, worker: str,
+                   limit: int) -> Reaped:
+        rows = conn.execute(_TEXT["task_reap_dead_owners"],
+                            {"max_delivery": max_delivery, "worker": worker, "limit": limit,
+                             "namespace": LIVENESS_NAMESPACE}).all()
+        return self._reaped(conn, rows, worker)
+
+    def _reaped(self, conn: Connection, rows: list[Any], worker: str) -> Reaped:
+        """What a reap returned; the parents of the tasks it poisoned hear of it (fan-in)."""
         self._children_ended(conn, [r for r in rows if r.to_status == "failed"], worker)
         poisoned = sum(1 for r in rows if r.to_status == "failed")
         return Reaped(released=len(rows) - poisoned, poisoned=poisoned,

@@ -896,6 +896,117 @@ WITH expired AS (
 SELECT id, parent_id, from_status, to_status, (SELECT count(*) FROM notify) AS notified
 FROM upd;
 
+-- worker_session_register --
+-- Take a worker incarnation's liveness lock and, only if taken, write its worker_sessions row.
+-- The lock is session-level (two int4 keys: :namespace, :key) and lives as long as this
+-- connection's session: when the process dies, PostgreSQL ends the session and frees it,
+-- and task_reap_dead_owners takes the owner's tasks back. The row is written from this
+-- very session, with the server's start time (a restart or a failover changes it) and
+-- this backend, so whenever the row is visible its lock is held. A key another session
+-- holds (a hash collision, or this owner's previous session not yet ended) returns no
+-- row: the caller tries the next key (the row names the key it holds).
+WITH lock AS (
+    SELECT pg_try_advisory_lock(:namespace, :key) AS locked
+)
+INSERT INTO worker_sessions AS s (owner, lock_key, server_started_at, backend_pid,
+                                  registered_at)
+SELECT :owner, :key, pg_postmaster_start_time(), pg_backend_pid(), clock_timestamp()
+FROM lock WHERE locked
+ON CONFLICT (owner) DO UPDATE
+SET lock_key = EXCLUDED.lock_key,
+    server_started_at = EXCLUDED.server_started_at,
+    backend_pid = EXCLUDED.backend_pid,
+    registered_at = EXCLUDED.registered_at
+RETURNING s.owner, s.lock_key, s.server_started_at, s.backend_pid;
+
+-- task_reap_dead_owners --
+-- Take back at once the tasks of worker processes that died while this server ran.
+-- SIGKILL, an OOM kill, a crash: instead of waiting for their leases to expire. An owner
+-- (tasks.lease_owner) whose worker_sessions row names this server's start time and whose
+-- liveness lock (worker_session_register) nobody holds has lost its session: its process
+-- is gone (or its connection broke, and fencing refuses what it writes later). Its tasks
+-- go back where they were claimed from, as in task_reap_expired (the same states, the
+-- same poison rule, SKIP LOCKED against other passes). After a restart or a failover the
+-- start time differs: live workers that have not reconnected yet are not taken for
+-- dead, and leases decide. A task claimed after this statement began is not taken
+-- (claimed_at < now()): an incarnation reusing a dead owner's name registers, so takes
+-- its lock, before it claims. Rows of unlocked owners are deleted (see gone), each only
+-- as it was read (registered_at): a worker that registered again meanwhile keeps its.
+WITH locks AS (
+    -- The liveness locks held now. A two-int4 advisory lock shows as classid = key 1,
+    -- objid = key 2 (as oid: a negative key reads as its unsigned value) and objsubid = 2
+    -- (PostgreSQL 15 and 18); advisory locks belong to one database.
+    SELECT l.objid
+    FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+      AND l.classid = CAST(:namespace AS oid)
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), unlocked AS (
+    SELECT s.owner, s.registered_at,
+           s.server_started_at = pg_postmaster_start_time() AS this_run
+    FROM worker_sessions s
+    WHERE NOT EXISTS (SELECT 1 FROM locks l WHERE l.objid = CAST(s.lock_key AS oid))
+), lost AS (
+    SELECT t.id, t.status, t.lease_token
+    FROM tasks t
+    WHERE t.lease_token IS NOT NULL
+      AND t.lease_owner IN (SELECT owner FROM unlocked WHERE this_run)
+      AND t.claimed_at < now()
+      -- Nobody dead (the usual case): a one-time filter, the tasks are not read at all.
+      AND EXISTS (SELECT 1 FROM unlocked WHERE this_run)
+    ORDER BY t.lease_expires_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE tasks t
+    SET status = CASE
+            WHEN t.delivery_count >= :max_delivery THEN 'failed'
+            WHEN t.status = 'judging' THEN 'judging'
+            WHEN t.phase = 'aggregate' THEN 'ready_to_aggregate'
+            ELSE 'pending' END,
+        error = CASE
+            WHEN t.delivery_count >= :max_delivery
+            THEN 'poison: delivered ' || t.delivery_count
+                 || ' times; its worker died on the last (retry.max_delivery = '
+                 || :max_delivery || ')'
+            ELSE t.error END,
+        completed_at = CASE WHEN t.delivery_count >= :max_delivery THEN now()
+                            ELSE t.completed_at END,
+        lease_owner = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        updated_at = now()
+    FROM lost l
+    WHERE t.id = l.id
+    RETURNING t.id, t.parent_id, t.to_agent, l.status AS from_status, t.status AS to_status,
+              t.delivery_count, l.lease_token
+), ev AS (
+    -- "released" and "poison:" start the details the audit knows as not the holder's.
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail, lease_token)
+    SELECT id, from_status, to_status, :worker,
+           CASE WHEN to_status = 'failed'
+                THEN 'poison: its worker''s session ended on delivery ' || delivery_count
+                ELSE 'released: its worker''s session ended on delivery ' || delivery_count
+           END,
+           lease_token
+    FROM upd
+), notify AS (
+    SELECT pg_notify('{tasks_channel}', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
+    FROM (SELECT DISTINCT to_status AS s, to_agent AS a FROM upd WHERE to_status <> 'failed') d
+), gone AS (
+    -- An unlocked row of another server run goes at once (its owner's tasks are the
+    -- leases' to decide; a live owner registers again as it reconnects); one of this run
+    -- once its owner holds nothing (the next pass, for the tasks this one took back).
+    DELETE FROM worker_sessions s
+    USING unlocked u
+    WHERE s.owner = u.owner AND s.registered_at = u.registered_at
+      AND (NOT u.this_run
+           OR NOT EXISTS (SELECT 1 FROM tasks t
+                          WHERE t.lease_owner = u.owner AND t.lease_token IS NOT NULL))
+)
+SELECT id, parent_id, from_status, to_status, (SELECT count(*) FROM notify) AS notified
+FROM upd;
+
 -- maintenance_pass_begin --
 -- Start a maintenance pass (reaper, watchdog, sweeper) if no other worker is running one
 -- (a transaction-level advisory lock: the others skip, and it is released at commit) and

@@ -9,7 +9,10 @@ notification listener. The step API (:meth:`Worker.run_once`, :meth:`Worker.clai
 Model calls run on the worker's loop too: an async agent's ``await ctx.llm.acomplete``
 directly, a sync agent's or the judge's ``complete`` submitted from its thread (the worker
 attaches its loop to the model layer and detaches it, closing its model connections, when
-it ends). SIGKILL loses nothing: the leases expire and the reaper hands the tasks back.
+it ends). SIGKILL loses nothing: the worker's liveness session ends with the process and
+any live worker takes its tasks back within about a second
+(:mod:`~runtime.engine.worker.liveness`); where PostgreSQL cannot see the death (a host
+cut off), the leases expire and the reaper hands the tasks back.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from runtime.engine.worker.agent_threads import SyncAgentRunner
 from runtime.engine.worker.db_steps import Steps
 from runtime.engine.worker.leases import LeaseKeeper
 from runtime.engine.worker.listener import Listener, NotifierFactory
+from runtime.engine.worker.liveness import Liveness
 from runtime.engine.worker.scheduler import Scheduler
 from runtime.engine.worker.settings import JUDGE, WorkerConfig, WorkerStats
 from runtime.engine.worker.state import DbHealth, Held, InFlight, Wake
@@ -50,6 +54,7 @@ class Worker:
     Attributes:
         held: the tasks held (claimed, outcome not yet written).
         leases: the heartbeat (:meth:`LeaseKeeper.on_lost` to hear of tasks taken away).
+        liveness: the session PostgreSQL sees die, and the dead-owner pass.
         scheduler: the claim loop, the dispatch and the writer.
         listener: the notification listener (None when ``listen`` is off).
 
@@ -71,6 +76,7 @@ class Worker:
         self.agents = SyncAgentRunner(executor, config.sync_threads,
                                       config.max_in_flight + config.sync_threads, self.wake)
         self.leases = LeaseKeeper(store, self.held, config.lease_seconds, health)
+        self.liveness = Liveness(store, config, self.stats, health)
         self.scheduler = Scheduler(self.steps, self.agents, config, self.held, self.wake,
                                    health, self._stopping, self.stop)
         # Cancelled tasks stop within a second: polled, and poked by the heartbeat (a lease
@@ -181,17 +187,25 @@ class Worker:
             self.listener.start()
         beat = loop.create_task(self.leases.run(), name="heartbeat")
         stops = loop.create_task(self.stopper.run(), name="stop-check")
+        self.liveness.start()
+        live = None
         try:
+            # Before the first claim: what dead workers left is taken back, then this
+            # incarnation registers (its lock is how PostgreSQL sees it die).
+            await self.liveness.begin()
+            live = loop.create_task(self.liveness.run(), name="liveness")
             await self.scheduler.run()
         finally:
             self._stopping.set()
-            beat.cancel()
-            stops.cancel()
-            await asyncio.gather(beat, stops, return_exceptions=True)
+            background = [beat, stops] + ([live] if live is not None else [])
+            for job in background:
+                job.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
             detach = getattr(self.executor.llm_factory, "detach", None)
             if detach is not None:
                 await detach()
             self.leases.close()
+            self.liveness.close()  # after the drain: the session ends, the lock with it
             self.wake.unbind()
 
 
