@@ -384,6 +384,27 @@ def held_by(store: Store, pid: int) -> list[dict[str, Any]]:
         pattern=f"%:{pid}:%")]
 
 
+def held_at_death(store: Store, pid: int) -> list[dict[str, Any]]:
+    """What the worker process ``pid`` held when it died, read just after its SIGKILL.
+
+    :func:`held_by`, plus the running tasks a live worker's dead-owner pass already took
+    back from it (within a second of the kill, maybe before this read): those are known
+    by their release event following a claim of ``pid``'s.
+    """
+    held = held_by(store, pid)
+    known = {t["id"] for t in held}
+    return held + [dict(r._mapping) for r in _all(
+        store, "SELECT e.task_id AS id, e.from_status AS status, t.to_agent, t.phase, "
+               "c.worker AS lease_owner, NULL AS held_seconds "
+               "FROM task_events e JOIN tasks t ON t.id = e.task_id "
+               "CROSS JOIN LATERAL (SELECT worker FROM task_events c "
+               "  WHERE c.task_id = e.task_id AND c.id < e.id AND c.to_status = 'running' "
+               "  ORDER BY c.id DESC LIMIT 1) c "
+               "WHERE e.worker = 'reaper' AND e.detail LIKE :ended "
+               "AND c.worker LIKE :pattern",
+        ended=REAPED_DETAILS[1] + "%", pattern=f"%:{pid}:%") if r.id not in known]
+
+
 def duplicate_children(store: Store) -> list[tuple[uuid.UUID, str, int]]:
     """``(parent_id, idempotency_key, copies)`` for every child that exists twice."""
     return [(r.parent_id, r.idempotency_key, int(r.n)) for r in _all(
@@ -428,11 +449,16 @@ def events_of(store: Store, task_id: uuid.UUID) -> list[dict[str, Any]]:
                "WHERE task_id = :id ORDER BY id", id=task_id)]
 
 
+#: How the reaper's releases begin: a lease expired, or the holder's session ended.
+REAPED_DETAILS = ("lease expired", "released: its worker's session ended")
+
+
 def after_reaping(store: Store, task_id: uuid.UUID) -> list[dict[str, Any]]:
-    """A task's events after the reaper released it (its lease expired); fails if never."""
+    """A task's events after the reaper released it (its lease expired, or its worker's
+    session ended: the worker died); fails if never."""
     history = events_of(store, task_id)
     reaped = [i for i, e in enumerate(history)
-              if e["worker"] == "reaper" and e["detail"].startswith("lease expired")]
+              if e["worker"] == "reaper" and e["detail"].startswith(REAPED_DETAILS)]
     assert reaped, f"task {task_id} was never reaped: {history}"
     after = history[reaped[0] + 1:]
     assert after, f"nothing happened to task {task_id} after it was reaped: {history}"

@@ -22,6 +22,7 @@ from tests.chaos.helpers import (
     cli_env,
     duplicate_children,
     events_of,
+    held_at_death,
     held_by,
     status_counts,
     submit_goals,
@@ -71,7 +72,7 @@ def test_a_sigkilled_workers_tasks_are_reaped_and_finished_once_by_another(
 
     victim = wait_until(busy, 30, "a worker to hold a running echo task")
     fleet.sigkill(victim)
-    held = held_by(store, victim.pid)  # exactly what it held when it died
+    held = held_at_death(store, victim.pid)  # exactly what it held when it died
     assert held, "the killed worker held nothing when it died"
     victim_id = held[0]["lease_owner"]
     fleet.start()  # a replacement
@@ -91,8 +92,8 @@ def test_a_sigkilled_workers_tasks_are_reaped_and_finished_once_by_another(
     assert {tid: n for tid, n in counts.items() if n != 1} == {}
     # No parent got the same child twice.
     assert duplicate_children(store) == []
-    # What the dead worker held: its lease expired, the reaper released it, and another
-    # worker claimed it and wrote its outcome.
+    # What the dead worker held: its session ended (or its lease expired), the reaper
+    # released it, and another worker claimed it and wrote its outcome.
     for task in held:
         after = after_reaping(store, task["id"])
         assert all(e["worker"] != victim_id for e in after), after
