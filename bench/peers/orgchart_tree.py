@@ -4,8 +4,9 @@
 model call; a lead aggregates without one, the planner with one. ``pe_link`` makes one call,
 then delegates the next level; the last level returns its answer, and every aggregate hands
 it up. One ``orgchart worker`` runs them; a task is submitted to start the work, and a
-SIGKILLed worker's tasks are taken again by a new worker once their leases expire (the
-model calls already recorded are replayed, not made again).
+SIGKILLed worker's tasks are taken back by the new worker as it starts (PostgreSQL ended
+the dead one's session: docs/operations.md), not when their leases expire (the model
+calls already recorded are replayed, not made again).
 """
 
 from __future__ import annotations
