@@ -69,6 +69,11 @@ mcp-inspector: ## Install the MCP Inspector CLI the MCP server's tests drive (np
 demo: install-base ## Run the main job end to end (embedded Postgres; Ollama, else the embedded model, else offline)
 	$(BIN)/orgchart run "Assess the market for durable agent runtimes"
 
+# The seed's tree on the real model in the process (SmolLM2-135M by default), whatever
+# Ollama answers: what a user without a model server sees (docs/models.md).
+demo-model: install-embedded ## Run the main job on the embedded model (llama.cpp in the process)
+	ORGCHART_LLM__BACKEND=embedded $(BIN)/orgchart run "Assess the market for durable agent runtimes"
+
 test: install ## Run the test suite (embedded Postgres unless ORGCHART_TEST_DATABASE_URL is set)
 	$(BIN)/python -m pytest -q
 
@@ -94,4 +99,4 @@ ha: install ## Only the high-availability tests (a formation, network namespaces
 clean: ## Remove the virtualenv and local data
 	rm -rf $(VENV) .orgchart
 
-.PHONY: help install install-base install-embedded mcp-inspector demo test lint bench chaos torture ha-demo ha clean
+.PHONY: help install install-base install-embedded mcp-inspector demo demo-model test lint bench chaos torture ha-demo ha clean
