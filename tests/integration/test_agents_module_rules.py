@@ -9,6 +9,7 @@ rule as active, and ``[policies] disabled`` still switches it off by name.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -23,6 +24,7 @@ from runtime.wiring import Runtime
 from tests.factories import submit
 from tests.support import drain
 
+REPO = Path(__file__).resolve().parents[2]
 RULE = "no_guarantees"
 AGENT = "t_promiser"
 
@@ -92,10 +94,15 @@ def test_disabled_still_switches_the_modules_rule_off(
     assert runtime.store.get(root["id"])["status"] == "done"
 
 
+def on_path(env: dict[str, str], where: Path) -> dict[str, str]:
+    """``env`` with the user's module and this checkout first on the path."""
+    return {**env, "PYTHONPATH": f"{where}{os.pathsep}{REPO}"}
+
+
 def policies_json(env: dict[str, str], cwd: Path, *extra: str) -> list[dict[str, object]]:
     done = subprocess.run([sys.executable, "-m", "runtime.cli.app", "policies", "--json", *extra],
-                          env={**env, "PYTHONPATH": str(cwd)}, cwd=cwd, capture_output=True,
-                          text=True, timeout=120, check=False)
+                          env=on_path(env, cwd), cwd=cwd, capture_output=True, text=True,
+                          timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     rows: list[dict[str, object]] = json.loads(done.stdout)
     return rows
@@ -114,3 +121,17 @@ def test_policies_lists_the_modules_rule_as_active(orgchart_env: dict[str, str],
         "--agents-module", "my_org")}
     assert off[RULE]["active"] is False
     assert off[RULE]["inactive_reason"] == "[policies] disabled"
+
+
+def test_run_with_the_module_ends_the_over_promise_escalated(orgchart_env: dict[str, str],
+                                                             tmp_path: Path) -> None:
+    # The issue's case as the user met it: `orgchart run ... --agents-module my_org`.
+    (tmp_path / "my_org.py").write_text(MODULE, encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "runtime.cli.app", "run", "how reliable?",
+                           "--agent", AGENT, "--agents-module", "my_org", "--json"],
+                          env=on_path(orgchart_env, tmp_path), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1, done.stderr
+    tree = json.loads(done.stdout)
+    assert tree["status"] == "escalated"
+    assert tree["error"] == f"policy {RULE}: the result over-promises"
