@@ -51,8 +51,8 @@ def fire(
     dry_run: Annotated[bool, typer.Option(
         help="Print the plan; run no hygiene, no workers, write nothing.")] = False,
     agents_module: Annotated[list[str] | None, typer.Option(
-        "--agents-module", help="Import agents from this module (passed to the workers); "
-                                "repeatable.")] = None,
+        "--agents-module", help="Import agents and policy rules from this module (passed "
+                                "to the workers: its rules are on); repeatable.")] = None,
     json_: JsonOpt = False,
 ) -> None:
     """One fire: lock, daily cap, hygiene, plan, fan out capped workers, print the rollup."""
