@@ -14,7 +14,16 @@ verdict with reasons: about 1 KB of agent JSON per node), read in both shapes, b
 default) from uvicorn on loopback, the whole body read by ``http.client``; and
 ``GET /tasks/{id}`` of one leaf (what the page asks when a node is opened).
 
-    python -m bench.tree_read [--nodes 10101] [--repeats 7] [--write]
+First, ``tree_read_fresh_*``: the real tree read over HTTP right after it ends, before any
+ANALYZE, in a database of its own (each task with two model calls and three transitions,
+autovacuum off there so no analyze runs behind the read): PostgreSQL has no statistics
+for any of its rows, as for a new tree in a big table (issue 44; on PostgreSQL 15 this read
+took 3.5-5.3 s when the plan rested on statistics). ``tree_read_fresh_full_ms`` and
+``tree_read_fresh_summary_ms`` are medians of ``repeats`` reads (``_first_ms``: the very
+first read of each shape; ``tree_read_fresh_analyzed`` says whether anything analyzed it),
+then ``tree_read_analyzed_*_ms``: the same reads after ``ANALYZE``, to compare.
+
+    python -m bench.tree_read [--nodes 10101] [--repeats 7] [--write] [--fresh-only]
 
 ``--write`` merges the figures into ``bench/results/latest.json`` (keeping the others).
 """
@@ -98,10 +107,34 @@ REAL_LEAF = {
 }
 
 
-def build_tree(url: str, nodes: int, real: bool = False) -> uuid.UUID:
+#: Model calls (``%(calls)s`` per task, the first offline) and the three transitions of
+#: every task of tree ``%(root)s``, as a real tree leaves them.
+CALLS_AND_EVENTS = """
+WITH everyone AS (SELECT id FROM tasks WHERE root_id = %(root)s), calls AS (
+    INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model,
+                             prompt, response, prompt_tokens, completion_tokens, cost_usd,
+                             phase, position, request_hash)
+    SELECT e.id, %(root)s, 1, i, CASE WHEN i = 1 THEN 'offline' ELSE 'ollama' END, 'fast',
+           'm', 'a prompt', 'an answer', 30, 20, 0.0001, 'run', 'p' || i,
+           md5(e.id::text || i)
+    FROM everyone e, generate_series(1, %(calls)s) AS i
+)
+INSERT INTO task_events (task_id, from_status, to_status, worker)
+SELECT e.id, s.f, s.t, 'bench'
+FROM everyone e,
+     (VALUES (NULL, 'pending', 1), ('pending', 'running', 2), ('running', 'done', 3))
+         AS s(f, t, o)
+ORDER BY e.id, s.o
+"""
+
+
+def build_tree(url: str, nodes: int, real: bool = False, calls: int = 0,
+               analyze: bool = True) -> uuid.UUID:
     """Write one finished tree of exactly ``nodes`` nodes (root, middles, leaves).
 
-    ``real`` gives the leaves the payload, result and verdict of :data:`REAL_LEAF`.
+    ``real`` gives the leaves the payload, result and verdict of :data:`REAL_LEAF`;
+    ``calls`` gives every task that many model calls and its transitions
+    (:data:`CALLS_AND_EVENTS`); ``analyze`` ends with ``VACUUM ANALYZE tasks``.
     """
     if nodes < 3:
         raise ValueError("a tree bench needs at least 3 nodes")
@@ -120,7 +153,10 @@ def build_tree(url: str, nodes: int, real: bool = False) -> uuid.UUID:
                 "SELECT gen_random_uuid(), %(root)s, %(root)s, 'echo', 'task', '{}', 'done', 1, "
                 "1, 'extra-' || i, now() FROM generate_series(1, %(n)s) AS i",
                 {"root": root, "n": extra})
-        conn.execute("VACUUM ANALYZE tasks")
+        if calls:
+            conn.execute(CALLS_AND_EVENTS, {"root": root, "calls": calls})
+        if analyze:
+            conn.execute("VACUUM ANALYZE tasks")
     return root
 
 
@@ -244,12 +280,56 @@ def measure_real(url: str, nodes: int = 10_101, repeats: int = 7) -> dict[str, A
     return {**figures, "tree_real_nodes": nodes}
 
 
+def measure_fresh(url: str, nodes: int = 10_101, repeats: int = 7) -> dict[str, Any]:
+    """The real tree read over HTTP just after it is written, with no ANALYZE of its rows."""
+    with connect(url) as conn:
+        for table in ("tasks", "model_calls", "task_events", "task_steps"):
+            conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+    root = build_tree(url, nodes, real=True, calls=2, analyze=False)
+    store = open_store(url, pool_size=4)
+    figures: dict[str, Any] = {}
+    try:
+        with serving(store) as address:
+            for fields in ("full", "summary"):
+                path = f"/trees/{root}?fields={fields}"
+                first = http_get(address, path)[0]
+                runs = [first] + [http_get(address, path)[0] for _ in range(repeats - 1)]
+                figures[f"tree_read_fresh_{fields}_ms"] = ms(median(runs))
+                figures[f"tree_read_fresh_{fields}_first_ms"] = ms(first)
+                figures[f"tree_read_fresh_{fields}_max_ms"] = ms(max(runs))
+            figures["tree_read_fresh_analyzed"] = analyzed(url)
+            with connect(url) as conn:  # the same reads once statistics exist, to compare
+                conn.execute("ANALYZE tasks, model_calls, task_events, task_steps")
+            for fields in ("full", "summary"):
+                path = f"/trees/{root}?fields={fields}"
+                runs = [http_get(address, path)[0] for _ in range(repeats)]
+                figures[f"tree_read_analyzed_{fields}_ms"] = ms(median(runs))
+    finally:
+        store.dispose()
+    return figures
+
+
+def analyzed(url: str) -> bool:
+    """Whether anything analyzed ``tasks`` or ``model_calls`` in this database yet."""
+    with connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_user_tables WHERE relname IN ('tasks', 'model_calls') "
+            "AND (last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL)").fetchone()
+    return bool(row and row[0])
+
+
 def main(nodes: int = 10_101, repeats: int = 7, server: str | None = None,
-         write: bool = False) -> dict[str, Any]:
-    """Run in a scratch database; print and return the figures (merged into latest.json)."""
-    with scratch_database("tree", server) as url:
-        figures = measure(url, nodes, repeats)
-        figures.update(measure_real(url, nodes, repeats))
+         write: bool = False, fresh_only: bool = False) -> dict[str, Any]:
+    """Run in scratch databases; print and return the figures (merged into latest.json).
+
+    ``fresh_only`` measures the ``tree_read_fresh_*`` figures alone.
+    """
+    with scratch_database("treefresh", server) as url:
+        figures = measure_fresh(url, nodes, repeats)
+    if not fresh_only:
+        with scratch_database("tree", server) as url:
+            figures.update(measure(url, nodes, repeats))
+            figures.update(measure_real(url, nodes, repeats))
     if write:
         path = RESULTS_DIR / "latest.json"
         latest = json.loads(path.read_text()) if path.exists() else {}
@@ -268,5 +348,7 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--write", action="store_true",
                         help="merge the figures into bench/results/latest.json")
+    parser.add_argument("--fresh-only", action="store_true",
+                        help="only the read before any ANALYZE (tree_read_fresh_*)")
     a = parser.parse_args()
-    main(a.nodes, a.repeats, write=a.write)
+    main(a.nodes, a.repeats, write=a.write, fresh_only=a.fresh_only)

@@ -1319,8 +1319,9 @@ SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
 -- model_call_list_tree --
 -- Every model call made by any task of one tree, in the order they were made (replay files).
 SELECT m.*, t.to_agent AS agent
-FROM model_calls m JOIN tasks t ON t.id = m.task_id
-WHERE t.root_id = :root_id
+FROM model_calls m
+CROSS JOIN LATERAL (SELECT x.to_agent FROM tasks x WHERE x.id = m.task_id OFFSET 0) t
+WHERE m.root_id = :root_id
 ORDER BY m.id;
 
 -- fire_lock_try --
@@ -1460,18 +1461,23 @@ concat('{"id":"', n.id, '","root_id":"', n.root_id,
 
 -- fragment_subtree_ids --
 -- The ids of the subtree under :under in tree :root_id, at most :depth levels below it
--- (``rel``: levels below :under), as the CTE ``sub``.
+-- (``rel``: levels below :under), as the CTE ``sub``. Each level's children are found by
+-- a lateral probe of the parent_id index per task (never a join planned on statistics).
 WITH RECURSIVE sub AS (
-    SELECT id, 0 AS rel FROM tasks
-    WHERE id = CAST(:under AS uuid) AND root_id = :root_id
+    -- :under by its primary key, then checked to be in the tree (the fence keeps root_id's
+    -- index out: on a fresh tree it looks like one row and would be scanned whole)
+    SELECT u.id, 0 AS rel
+    FROM (SELECT id, root_id FROM tasks WHERE id = CAST(:under AS uuid) OFFSET 0) u
+    WHERE u.root_id = :root_id
     UNION ALL
-    SELECT c.id, s.rel + 1 FROM sub s JOIN tasks c ON c.parent_id = s.id
+    SELECT c.id, s.rel + 1 FROM sub s
+    CROSS JOIN LATERAL (SELECT x.id FROM tasks x WHERE x.parent_id = s.id OFFSET 0) c
     WHERE s.rel < COALESCE(CAST(:depth AS integer), 2147483647)
 )
 
 -- fragment_node_totals --
 -- The columns a tree read sums its totals from, after each node's JSON (``s``:
--- fragment_tree_served or fragment_task_served; served_by as JSON text).
+-- fragment_task_served; served_by as JSON text).
 n.status, n.own_tokens, n.own_usd, n.duration_seconds, {fragment_served_by_json}, s.estimated
 
 -- fragment_task_summary_json --
@@ -1503,38 +1509,28 @@ concat('{"id":"', n.id, '","parent_id":', COALESCE('"' || n.parent_id || '"', 'n
 
 -- fragment_task_served --
 -- Which backends served one task's model calls, over a row ``n`` of tasks, as
--- a lateral join named ``s`` (for one task or a few; a whole tree
--- reads fragment_tree_served). Columns: ``lo`` and ``hi``, the first and last backend by
+-- a lateral join named ``s`` (CROSS JOIN LATERAL this fragment, for one task or every
+-- task of a tree). Columns: ``lo`` and ``hi``, the first and last backend by
 -- name (a call answered from the record counts as "replay"; NULL without calls), ``calls``,
 -- and ``estimated``: a charged call was served by a backend that did not run the routed
 -- model (offline, or a replay of a recorded run), so its cost is that model's configured
 -- price, an estimate (budgets count it all the same). One probe of the task's calls
--- (ix_model_calls_task_id_attempt).
+-- (ix_model_calls_task_id_attempt), and always exactly one row.
+-- Why a probe per task and not one GROUP BY over the tree's calls joined to its tasks:
+-- an aggregate cannot take the task as a parameter, so when PostgreSQL has no statistics
+-- for a new tree's rows (it takes each side for one row) its only nested loop re-ran the
+-- whole aggregate for every task: 51 million pairs and 3.5-5.3 s on a fresh 10,101-task
+-- tree (PostgreSQL 15), against 0.2 s after ANALYZE. A lateral aggregate has no other
+-- plan than this index probe, whatever the statistics; it costs about 3-6 us a task.
 (SELECT min(m.served) AS lo, max(m.served) AS hi, count(*) AS calls,
         bool_or(m.estimated) AS estimated
  FROM (SELECT CASE WHEN c.replayed THEN 'replay' ELSE c.backend END AS served,
               c.cost_usd > 0 AND c.backend IN ('offline', 'replay') AS estimated
        FROM model_calls c WHERE c.task_id = n.id) m)
 
--- fragment_tree_served --
--- fragment_task_served's columns for each task of tree :root_id that made calls, as the
--- CTE ``served`` (``LEFT JOIN served s ON s.task_id = n.id``), for the tasks of part
--- :part of :parts only (task_tree_nodes' split). One pass over the tree's calls
--- (ix_model_calls_root_id) and a hash aggregate: a probe per task took 16 ms on 2,000
--- tasks of two calls each, this 4.5 ms.
-served AS (
-    SELECT m.task_id, min(m.served) AS lo, max(m.served) AS hi, count(*) AS calls,
-           bool_or(m.estimated) AS estimated
-    FROM (SELECT c.task_id, CASE WHEN c.replayed THEN 'replay' ELSE c.backend END AS served,
-                 c.cost_usd > 0 AND c.backend IN ('offline', 'replay') AS estimated
-          FROM model_calls c
-          WHERE c.root_id = :root_id
-            AND get_byte(uuid_send(c.task_id), 15) % :parts = :part) m
-    GROUP BY m.task_id)
-
 -- fragment_served_by_json --
--- A task's ``served_by`` as JSON text over its row ``s`` of fragment_task_served (or
--- fragment_tree_served) and ``n`` of tasks: calls per backend ({"offline": 2}), 'null'
+-- A task's ``served_by`` as JSON text over its row ``s`` of fragment_task_served
+-- and ``n`` of tasks: calls per backend ({"offline": 2}), 'null'
 -- without calls. Written as text when one backend served every call (a jsonb_object_agg
 -- per task tripled the read); a task served by several reads its calls again.
 CASE WHEN s.lo IS NULL THEN 'null'
@@ -1560,9 +1556,11 @@ CASE WHEN CAST(:summary AS boolean) THEN {fragment_task_summary_json}
 -- nodes of part :part of :parts (by the last byte of their id: a big tree is read in
 -- parts on several connections at once, building the JSON is the cost and it splits).
 -- Unordered: the caller sorts the narrow keys (an ORDER BY here would sort the wide text).
-WITH {fragment_tree_served}
+-- No join whose plan rests on statistics: one scan of the tree's tasks, then a lateral
+-- probe per task (fragment_task_served says why), so a tree read just after it ends,
+-- before any ANALYZE has seen its rows, is planned as it is afterwards.
 SELECT {fragment_tree_node_row}
-FROM tasks n LEFT JOIN served s ON s.task_id = n.id
+FROM tasks n CROSS JOIN LATERAL {fragment_task_served} s
 WHERE n.root_id = :root_id AND n.depth <= COALESCE(CAST(:depth AS integer), 2147483647)
   AND get_byte(uuid_send(n.id), 15) % :parts = :part;
 
@@ -1570,8 +1568,9 @@ WHERE n.root_id = :root_id AND n.depth <= COALESCE(CAST(:depth AS integer), 2147
 -- The subtree under :under (at most :depth levels below it) in task_tree_nodes' rows.
 {fragment_subtree_ids}
 SELECT {fragment_tree_node_row}
-FROM tasks n JOIN sub USING (id) CROSS JOIN LATERAL {fragment_task_served} s
-WHERE n.root_id = :root_id;  -- every task of the subtree is in the tree: root_id's index
+FROM sub
+CROSS JOIN LATERAL (SELECT * FROM tasks x WHERE x.id = sub.id OFFSET 0) n
+CROSS JOIN LATERAL {fragment_task_served} s;
 
 -- task_tree_size --
 -- How many tasks a tree holds (an index-only count on root_id).
@@ -1584,6 +1583,8 @@ SELECT count(*) FROM tasks WHERE root_id = :root_id;
 -- never the events table's, however old the cursor.
 SELECT e.id, t.id AS task_id, e.from_status, e.to_status, e.at, e.worker, e.detail
 FROM tasks t
+-- The tree's calls by their root_id index, each one's agent by a primary-key probe (a join
+-- to the tree's tasks could be planned as a scan of every call when nothing is analyzed).
 CROSS JOIN LATERAL (
     SELECT x.id, x.from_status, x.to_status, x.at, x.worker, x.detail
     FROM task_events x WHERE x.task_id = t.id AND x.id > :after
@@ -1730,64 +1731,6 @@ SELECT id FROM tasks WHERE root_id = :root_id;
 -- unfinished one lasts until now). date_part gives float8: cheaper than numeric.
 WITH base AS (
     SELECT created_at AS t0, statement_timestamp() AS now FROM tasks WHERE id = :root_id
-), ev AS (
-    -- LATERAL: each task's events by the (task_id, id) index, never a scan of the table.
-    SELECT e.id, t.id AS task_id, e.from_status, e.to_status, e.at,
-           COALESCE(e.next_at, t.completed_at, (SELECT now FROM base)) AS until,
-           CASE e.to_status WHEN 'pending' THEN 'queued' WHEN 'ready_to_aggregate' THEN 'queued'
-                WHEN 'running' THEN 'running' WHEN 'waiting' THEN 'waiting'
-                WHEN 'judging' THEN 'judging' END AS kind
-    FROM tasks t
-    CROSS JOIN LATERAL (
-        SELECT x.id, x.from_status, x.to_status, x.at, lead(x.at) OVER (ORDER BY x.id) AS next_at
-        FROM task_events x WHERE x.task_id = t.id
-    ) e
-    WHERE t.root_id = :root_id
-), seg AS (
-    SELECT ev.task_id,
-           string_agg('["' || ev.kind || '",'
-                      || round(date_part('epoch', ev.at - b.t0) * 1000)::bigint || ','
-                      || round(date_part('epoch', ev.until - b.t0) * 1000)::bigint || ']', ','
-                      ORDER BY ev.id) FILTER (WHERE ev.kind IS NOT NULL AND ev.until > ev.at)
-               AS segments,
-           sum(date_part('epoch', ev.until - ev.at))
-               FILTER (WHERE ev.kind <> 'waiting' AND ev.until > ev.at) AS own,
-           sum(date_part('epoch', ev.until - ev.at))
-               FILTER (WHERE ev.kind = 'queued' AND ev.until > ev.at) AS queued,
-           max(ev.at) FILTER (WHERE ev.from_status = 'waiting' AND ev.to_status <> 'waiting')
-               AS resumed
-    FROM ev CROSS JOIN base b
-    GROUP BY ev.task_id
-), calls AS (
-    SELECT c.task_id,
-           string_agg('['
-                      || round((date_part('epoch', c.created_at - b.t0) - c.duration_seconds)
-                               * 1000)::bigint
-                      || ',' || round(date_part('epoch', c.created_at - b.t0) * 1000)::bigint
-                      -- a call served from the record (a redelivery, a fork) ends in ,1
-                      || CASE WHEN c.replayed THEN ',1' ELSE '' END
-                      || ']', ',' ORDER BY c.id) AS calls
-    FROM tasks t
-    CROSS JOIN LATERAL (  -- OFFSET 0 keeps it a per-task index lookup (not flattened)
-        SELECT * FROM model_calls x WHERE x.task_id = t.id OFFSET 0
-    ) c
-    CROSS JOIN base b
-    WHERE t.root_id = :root_id
-    GROUP BY c.task_id
-), tools AS (
-    SELECT s.task_id,
-           string_agg('[' || round(date_part('epoch', s.started_at - b.t0) * 1000)::bigint
-                      || ',' || round(date_part('epoch', COALESCE(s.finished_at, b.now) - b.t0)
-                                      * 1000)::bigint
-                      || ',' || to_json(s.name) || ',"' || s.status || '"]', ','
-                      ORDER BY s.id) AS tools
-    FROM tasks t
-    CROSS JOIN LATERAL (  -- per-task lookups by the (task_id, ...) unique index
-        SELECT * FROM task_steps x WHERE x.task_id = t.id OFFSET 0
-    ) s
-    CROSS JOIN base b
-    WHERE t.root_id = :root_id
-    GROUP BY s.task_id
 )
 SELECT t.id::text AS id, t.parent_id::text AS parent_id, t.to_agent AS agent, t.status,
        t.depth, date_part('epoch', t.created_at - b.t0) AS start,
@@ -1803,10 +1746,45 @@ SELECT t.id::text AS id, t.parent_id::text AS parent_id, t.to_agent AS agent, t.
                              * 1000)::bigint
        || ',"segments":[' || COALESCE(s.segments, '') || '],"calls":['
        || COALESCE(c.calls, '') || '],"tools":[' || COALESCE(x.tools, '') || ']}' AS json
-FROM tasks t CROSS JOIN base b
-LEFT JOIN seg s ON s.task_id = t.id
-LEFT JOIN calls c ON c.task_id = t.id
-LEFT JOIN tools x ON x.task_id = t.id
+FROM base b
+CROSS JOIN tasks t
+CROSS JOIN LATERAL (  -- the task's phases, from its events (each lasts until the next)
+    SELECT string_agg('["' || ev.kind || '",'
+                      || round(date_part('epoch', ev.at - b.t0) * 1000)::bigint || ','
+                      || round(date_part('epoch', ev.until - b.t0) * 1000)::bigint || ']', ','
+                      ORDER BY ev.id) FILTER (WHERE ev.kind IS NOT NULL AND ev.until > ev.at)
+               AS segments,
+           sum(date_part('epoch', ev.until - ev.at))
+               FILTER (WHERE ev.kind <> 'waiting' AND ev.until > ev.at) AS own,
+           sum(date_part('epoch', ev.until - ev.at))
+               FILTER (WHERE ev.kind = 'queued' AND ev.until > ev.at) AS queued,
+           max(ev.at) FILTER (WHERE ev.from_status = 'waiting' AND ev.to_status <> 'waiting')
+               AS resumed
+    FROM (SELECT e.id, e.from_status, e.to_status, e.at,
+                 COALESCE(lead(e.at) OVER (ORDER BY e.id), t.completed_at, b.now) AS until,
+                 CASE e.to_status WHEN 'pending' THEN 'queued'
+                      WHEN 'ready_to_aggregate' THEN 'queued' WHEN 'running' THEN 'running'
+                      WHEN 'waiting' THEN 'waiting' WHEN 'judging' THEN 'judging' END AS kind
+          FROM task_events e WHERE e.task_id = t.id) ev
+) s
+CROSS JOIN LATERAL (  -- the task's model calls
+    SELECT string_agg('['
+                      || round((date_part('epoch', m.created_at - b.t0) - m.duration_seconds)
+                               * 1000)::bigint
+                      || ',' || round(date_part('epoch', m.created_at - b.t0) * 1000)::bigint
+                      -- a call served from the record (a redelivery, a fork) ends in ,1
+                      || CASE WHEN m.replayed THEN ',1' ELSE '' END
+                      || ']', ',' ORDER BY m.id) AS calls
+    FROM model_calls m WHERE m.task_id = t.id
+) c
+CROSS JOIN LATERAL (  -- the task's steps and tool calls
+    SELECT string_agg('[' || round(date_part('epoch', st.started_at - b.t0) * 1000)::bigint
+                      || ',' || round(date_part('epoch', COALESCE(st.finished_at, b.now) - b.t0)
+                                      * 1000)::bigint
+                      || ',' || to_json(st.name) || ',"' || st.status || '"]', ','
+                      ORDER BY st.id) AS tools
+    FROM task_steps st WHERE st.task_id = t.id
+) x
 WHERE t.root_id = :root_id;
 
 -- ---------------------------------------------------------------- durable steps and tools
@@ -1834,6 +1812,10 @@ WITH me AS (
     WHERE id = :task_id AND lease_token = :token
       AND set_config('synchronous_commit', 'off', true) IS NOT NULL
     FOR SHARE
+-- Each task of ``sub`` is read by its primary key alone (a lateral probe, OFFSET 0 so it
+-- is not flattened into a join; its descendants are in the tree): joined to the tree's
+-- tasks, or filtered on root_id too, a fresh tree with no statistics was planned as a
+-- scan of the whole tree per task of the subtree (1 million rows for 99 tasks).
 ), began AS (
     INSERT INTO task_steps AS s (task_id, root_id, phase, position, name, kind, status,
                                  args, args_hash, idempotency_key, tool_call_id, attempt)
@@ -1994,6 +1976,11 @@ WITH RECURSIVE sub AS (
            CASE WHEN id = :id THEN :detail ELSE :detail || ' (subtree of ' || :id || ')' END
     FROM upd
 ), notify AS (
+-- Each task's events, calls and steps are aggregated in a lateral subquery over that
+-- task's rows alone (the (task_id, ...) indexes), never aggregated per tree and joined
+-- back: an aggregate cannot take the task as a parameter, so on a fresh tree that
+-- PostgreSQL has no statistics for the join was planned as a nested loop re-reading
+-- every task's calls for each task (51 million pairs, 4 s on 10,101 tasks).
     SELECT pg_notify('{tasks_channel}', 'cancel') WHERE EXISTS (SELECT 1 FROM upd)
 )
 SELECT id, parent_id, depth, from_status, lease_owner,

@@ -1,0 +1,180 @@
+"""Tree reads keep their plan's shape on rows PostgreSQL has no statistics for.
+
+A user reads a tree just after it ends; no ANALYZE has seen its rows yet (a fresh
+database, or a new tree in a big table, never 10 % of it). On PostgreSQL 15 a join of the
+tree's tasks to an aggregate of its calls was then planned as a nested loop re-running
+the aggregate for every task: 51 million pairs and 3.5-5.3 s for 10,101 tasks (issue 44).
+These tests write a finished 10,000-task tree in one statement, read it with no ANALYZE
+(autovacuum is off in the test's private database, so none happens behind its back), and
+assert the plan's shape from EXPLAIN: no nested loop filtering pairs, and the rows every
+plan node handles (rows times loops, plus rows filtered away) stay linear in the tree's
+size. No timing: bench/tree_read.py prints tree_read_fresh_ms.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from runtime.store.queries import TEXT
+from runtime.store.store import Store
+from runtime.views import tree_text
+
+#: The tree's size: a root, :data:`MIDS` middles, and leaves shared among them.
+NODES = 10_000
+#: The middle tasks of a tree (the root's children).
+MIDS = 100
+#: Rows a plan may handle per task of the tree (each task's own row, its events, its calls,
+#: the aggregates over them): a plan that pairs tasks with tasks handles thousands.
+ROWS_PER_TASK = 40
+
+#: A finished tree of :data:`NODES` tasks, written in one statement, each task with two
+#: model calls (one offline, charged) and its three transitions.
+BUILD_TREE = """
+WITH root AS (
+    INSERT INTO tasks (id, root_id, to_agent, type, payload, status, depth, result,
+                       own_tokens, own_usd, spent_tokens, spent_usd, started_at,
+                       completed_at)
+    VALUES (:root, :root, 'ceo', 'goal', '{"goal": "fresh"}', 'done', 0, '{"ok": true}',
+            10, 0.001, 10, 0.001, now(), now())
+    RETURNING id
+), mids AS (
+    INSERT INTO tasks (id, parent_id, root_id, to_agent, type, payload, status, depth, result,
+                       own_tokens, own_usd, idempotency_key, started_at, completed_at)
+    SELECT gen_random_uuid(), r.id, r.id, 'lead', 'task',
+           jsonb_build_object('goal', 'part ' || m), 'done', 1, '{"ok": true}', 5, 0.0005,
+           'part-' || m, now(), now()
+    FROM root r, generate_series(1, :mids) AS m
+    RETURNING id, root_id, idempotency_key
+), leaves AS (  -- leaf l goes under middle l % mids + 1
+    INSERT INTO tasks (id, parent_id, root_id, to_agent, type, payload, status, depth, result,
+                       own_tokens, own_usd, idempotency_key, started_at, completed_at)
+    SELECT gen_random_uuid(), m.id, m.root_id, 'writer', 'task',
+           jsonb_build_object('goal', 'leaf ' || l), 'done', 2, '{"ok": true}', 2, 0.0002,
+           'leaf-' || l, now(), now()
+    FROM generate_series(1, :leaves) AS l
+    JOIN mids m ON m.idempotency_key = 'part-' || (l % :mids + 1)
+    RETURNING id
+), everyone AS (
+    SELECT id FROM root UNION ALL SELECT id FROM mids UNION ALL SELECT id FROM leaves
+), calls AS (
+    INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model,
+                             prompt, response, prompt_tokens, completion_tokens, cost_usd,
+                             phase, position, request_hash)
+    SELECT e.id, :root, 1, i, CASE WHEN i = 1 THEN 'offline' ELSE 'ollama' END, 'fast', 'm',
+           'prompt', 'answer', 3, 2, 0.0001, 'run', 'p' || i, md5(e.id::text || i)
+    FROM everyone e, generate_series(1, 2) AS i
+)
+INSERT INTO task_events (task_id, from_status, to_status, worker)
+SELECT e.id, s.f, s.t, 'w-bulk'
+FROM everyone e,
+     (VALUES (NULL, 'pending', 1), ('pending', 'running', 2), ('running', 'done', 3))
+         AS s(f, t, o)
+ORDER BY e.id, s.o
+"""
+
+
+def build_finished_tree(store: Store, nodes: int = NODES, mids: int = MIDS) -> uuid.UUID:
+    """Write one finished tree of exactly ``nodes`` tasks (no ANALYZE); return its root."""
+    leaves = nodes - 1 - mids
+    root = uuid.uuid4()
+    with store.transaction() as conn:
+        conn.execute(sa.text(BUILD_TREE), {"root": root, "mids": mids, "leaves": leaves})
+    return root
+
+
+def no_autovacuum(store: Store) -> None:
+    """Keep autovacuum's ANALYZE off the test's private database's busy tables."""
+    with store.transaction() as conn:
+        for table in ("tasks", "model_calls", "task_events", "task_steps"):
+            conn.execute(sa.text(f"ALTER TABLE {table} SET (autovacuum_enabled = false)"))
+
+
+def explain(store: Store, name: str, analyze: bool, **params: Any) -> dict[str, Any]:
+    """The top plan node of the named statement (EXPLAIN in JSON, run when ``analyze``)."""
+    options = "ANALYZE, FORMAT JSON" if analyze else "FORMAT JSON"
+    with store.engine.connect() as conn:
+        raw = conn.execute(sa.text(f"EXPLAIN ({options}) {TEXT[name].text}"), params).scalar()
+    return raw[0]["Plan"]
+
+
+def nodes_of(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every node of a plan, top first."""
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from nodes_of(child)
+
+
+def rows_handled(plan: dict[str, Any]) -> int:
+    """Rows every node returned over all its loops, plus the rows filters threw away."""
+    total = 0
+    for node in nodes_of(plan):
+        loops = node.get("Actual Loops", 1)
+        total += (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)) * loops
+        total += node.get("Rows Removed by Join Filter", 0)
+    return total
+
+
+def reads(root: uuid.UUID, under: uuid.UUID) -> dict[str, dict[str, Any]]:
+    """Every tree and subtree read with its parameters, by statement name."""
+    tree = {"root_id": root, "depth": None}
+    return {
+        "task_tree_nodes": {**tree, "summary": False, "part": 0, "parts": 2},
+        "task_tree_nodes_summary": {**tree, "summary": True, "part": 1, "parts": 2},
+        "task_tree_nodes_one_part": {**tree, "summary": False, "part": 0, "parts": 1},
+        "task_subtree_nodes": {**tree, "under": under, "summary": True},
+        "task_list_tree": {"root_id": root},
+        "task_tree_changes": {"root_id": root, "after": 0, "limit": 5000},
+        "timeline_tree": {"root_id": root},
+        "model_call_list_tree": {"root_id": root},
+        "model_call_count_by_task": {"root_id": root},
+    }
+
+
+def assert_linear_plans(store: Store, root: uuid.UUID) -> None:
+    """Every read's plan pairs no rows through a join filter and handles O(tree) rows."""
+    with store.engine.connect() as conn:
+        under = conn.execute(sa.text(
+            "SELECT id FROM tasks WHERE parent_id = :r AND idempotency_key = 'part-1'"),
+            {"r": root}).scalar_one()
+    for case, params in reads(root, under).items():
+        name = case.removesuffix("_summary").removesuffix("_one_part")
+        shape = explain(store, name, analyze=False, **params)
+        filtered = [n["Join Filter"] for n in nodes_of(shape)
+                    if n["Node Type"] == "Nested Loop" and "Join Filter" in n]
+        assert not filtered, f"{case}: a nested loop pairs rows through a filter: {filtered}"
+        handled = rows_handled(explain(store, name, analyze=True, **params))
+        assert handled <= ROWS_PER_TASK * NODES, f"{case} handled {handled} rows"
+
+
+@pytest.fixture
+def quiet_store(store: Store) -> Store:
+    """The test's store, autovacuum off (so no statistics appear unless a test makes them)."""
+    no_autovacuum(store)
+    return store
+
+
+def test_a_fresh_tree_in_a_fresh_database_is_read_without_pairing_rows(
+        quiet_store: Store) -> None:
+    root = build_finished_tree(quiet_store)
+    assert_linear_plans(quiet_store, root)
+    text, _ = tree_text(quiet_store, root, fields="summary")
+    assert json.loads(text)["totals"]["tasks"] == NODES
+
+
+def test_a_fresh_tree_among_analyzed_ones_is_read_without_pairing_rows(
+        quiet_store: Store) -> None:
+    # Statistics that know one small tree: the new tree's root_id is none of theirs, so
+    # PostgreSQL takes it for about one row, as in a big table of older trees.
+    build_finished_tree(quiet_store, nodes=14, mids=3)
+    with quiet_store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.execute(sa.text("ANALYZE tasks, model_calls, task_events, task_steps"))
+    root = build_finished_tree(quiet_store)
+    assert_linear_plans(quiet_store, root)
+    text, _ = tree_text(quiet_store, root)
+    assert json.loads(text)["totals"]["tasks"] == NODES
