@@ -385,18 +385,15 @@ def serve(
     uvicorn.run(api, host=host, port=port, log_level=log_level.lower())
 
 
-def mcp(agents_module: ModulesOpt = None) -> None:
+def mcp(agents_module: ModulesOpt = None,
+        worker: Annotated[bool, typer.Option(
+            "--worker", help="Also run a worker in this process (a single-machine host: "
+            "no other process needed for goals to run).")] = False) -> None:
     """Serve the Model Context Protocol on stdin/stdout (Claude Desktop, Cursor, ...).
 
     The tools and resources are those of ``/mcp`` on ``orgchart serve`` (docs/mcp.md);
     nothing but the protocol is written to stdout.
     """
-    from runtime.mcp.server import build_server, run_stdio
-    from runtime.wiring import load_registry, open_store
+    from runtime.mcp.server import serve_stdio
 
-    cfg = settings()
-    store = open_store(cfg)
-    try:
-        run_stdio(build_server(store, cfg, load_registry(cfg, agents_module or [])))
-    finally:
-        store.dispose()
+    serve_stdio(settings(), agents_module or [], worker=worker)

@@ -3,15 +3,16 @@
 ``submit`` and ``run`` take the same options (:class:`GoalOptions`, added to both by
 :func:`with_goal_options`): the agent that receives the goal, its type and priority, the
 tree's budgets, an extra payload, success and kill criteria, an idempotency key and the
-modules to import agents from. ``run`` exits 1 when the root ends failed or escalated (or
-is still running after ``--timeout``).
+modules to import agents from. ``run`` runs only the tree it submitted (a worker in this
+process, :mod:`runtime.inprocess`, as ``orgchart.Client.run`` does), then prints the
+root's answer; it exits 1 when the root ends failed or escalated (or is still running
+after ``--timeout``). ``submit`` warns when no live worker would run the goal.
 """
 
 from __future__ import annotations
 
 import inspect
-import threading
-import time
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from runtime.cli.common import (
     EXIT_FAILED,
@@ -34,7 +36,7 @@ from runtime.cli.common import (
 )
 from runtime.engine.gc_tuning import tune_gc
 from runtime.store.rows import TERMINAL_STATUSES, NewTask
-from runtime.telemetry.traces import finish_tree_export, stop_trace_export
+from runtime.telemetry.traces import stop_trace_export
 
 if TYPE_CHECKING:
     from agents.registry import Registry
@@ -138,15 +140,20 @@ def submit(goal: str, options: GoalOptions, json_: JsonOpt = False) -> None:
     config = settings()
     registry = load_registry(config, options.agents_module or [])
     new = options.new_task(registry, config, goal)
-    task, created = submit_root(open_store(config), new, "cli",
-                                config.database.failover_timeout_seconds)
+    store = open_store(config)
+    task, created = submit_root(store, new, "cli", config.database.failover_timeout_seconds)
+    # A goal nobody will run is worth a word (a warning: a worker may start later).
+    warning = store.no_worker_warning(new.to_agent, config.worker.maintenance_interval_seconds)
     if json_:
-        print_json({**task_json(task), "created": created})
+        print_json({**task_json(task), "created": created,
+                    **({"warning": warning} if warning else {})})
     else:
         out.print(str(task["id"]), highlight=False)
         if not created:
             err.print("[dim]idempotency key seen before: returned the existing task[/]")
         _say_if_held(task)
+    if warning:
+        err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _say_if_held(task: dict[str, Any]) -> None:
@@ -176,48 +183,43 @@ def run(goal: str, options: GoalOptions, json_: JsonOpt = False,
 
 def drain(runtime: Any, root_id: Any, json_: bool, timeout: float,
           max_in_flight: int | None) -> None:
-    """Run a worker in this process until the tree of ``root_id`` ends; print it.
+    """Run a worker in this process for the tree of ``root_id`` until it ends; print it.
 
-    The tree is drawn live on a terminal; the exit status is 1 when the root did not end
-    ``done`` (or is still running after ``timeout`` seconds).
+    The worker claims that tree only (:func:`runtime.inprocess.run_tree`, what
+    ``orgchart.Client.run`` runs too). The tree is drawn live on a terminal, then the
+    root's answer is printed; the exit status is 1 when the root did not end ``done``
+    (or is still running after ``timeout`` seconds).
     """
     from runtime.cli.render import render_tree
+    from runtime.inprocess import run_tree
     from runtime.views import TreeFollower, critical_path_summary
 
-    worker = runtime.worker(poll_interval_seconds=0.2, maintenance_interval_seconds=0.5,
-                            max_in_flight=max_in_flight)
-    install_stop_signals(worker.stop)
-    tune_gc(runtime.settings.worker.gc_threshold)  # this process is the worker's
-    thread = threading.Thread(target=worker.run, name="worker", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    live_screen = out.is_terminal and not json_
+    def started(worker: Any) -> None:
+        install_stop_signals(worker.stop)
+        tune_gc(runtime.settings.worker.gc_threshold)  # this process is the worker's
 
     current = TreeFollower(runtime.store, root_id).refresh  # reads what changed only
+    if out.is_terminal and not json_:
+        with Live(render_tree(current()), console=out, refresh_per_second=8) as live:
 
-    def waiting(tree: dict[str, Any]) -> bool:
-        return (tree["status"] not in TERMINAL_STATUSES and time.monotonic() < deadline
-                and thread.is_alive())
-
-    tree = current()
-    if live_screen:
-        with Live(render_tree(tree), console=out, refresh_per_second=8) as live:
-            while waiting(tree):
-                time.sleep(0.2)
+            def redraw() -> str:
                 tree = current()
                 live.update(render_tree(tree))
+                return str(tree["status"])
+
+            run_tree(runtime, root_id, timeout=timeout, max_in_flight=max_in_flight,
+                     started=started, tick=redraw)
+        tree = current()
     else:
-        while waiting(tree):
-            time.sleep(0.1)
-            tree = current()
-    worker.stop("run finished")
-    thread.join(timeout=30)
-    finish_tree_export(root_id)  # the tree's spans go out now, not from an exit hook
-    tree = current()
+        run_tree(runtime, root_id, timeout=timeout, max_in_flight=max_in_flight,
+                 started=started)
+        tree = current()
+        if not json_:
+            out.print(render_tree(tree))
     if json_:
         print_json(tree)
-    elif not live_screen:
-        out.print(render_tree(tree))
+    else:
+        print_answer(tree)
     err.print(f"root {root_id} (orgchart tree {root_id})", style="dim", markup=False,
               highlight=False)
     err.print(critical_path_summary(runtime.store, root_id), markup=False, highlight=False,
@@ -228,6 +230,43 @@ def drain(runtime: Any, root_id: Any, json_: bool, timeout: float,
         err.print(f"root {root_id} ended {tree['status']}: {tree.get('error') or ''}",
                   markup=False, highlight=False)
         raise typer.Exit(EXIT_FAILED)
+
+
+def print_answer(tree: dict[str, Any]) -> None:
+    """Print the root's result on stdout, readable: its text fields, its lists as bullets."""
+    result = tree.get("result")
+    if result is None:
+        return
+    out.print(Text("answer", style="bold"))
+    out.print(answer_text(result), markup=False, highlight=False, soft_wrap=True)
+
+
+def answer_text(result: Any) -> str:
+    """A result as a person reads it: ``key: text`` lines, lists as ``- item`` lines.
+
+    Text fields come first (a summary before its findings), then lists, then the rest;
+    a result that is not an object is shown as it is (text) or as JSON.
+    """
+    if isinstance(result, str):
+        return result
+    if not isinstance(result, dict):
+        return json.dumps(result, indent=2, default=str)
+    lines: list[str] = []
+    order = sorted(result.items(), key=lambda kv: (not isinstance(kv[1], str),
+                                                   not isinstance(kv[1], list)))
+    for key, value in order:
+        if isinstance(value, list):
+            if value:
+                lines.append(f"{key}:")
+                lines += [f"  - {_one(item)}" for item in value]
+        elif value is not None and value != "":
+            lines.append(f"{key}: {_one(value)}")
+    return "\n".join(lines)
+
+
+def _one(value: Any) -> str:
+    """One value on a line: text as it is, anything else as compact JSON."""
+    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def worker(

@@ -322,6 +322,11 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
         task, created = submit_root(store, new, "api",
                                     settings.database.failover_timeout_seconds)
         content = {**task_json(task), "created": created}
+        # A warning, not an error: a worker may start later (``warning`` only when so).
+        warning = store.no_worker_warning(new.to_agent,
+                                          settings.worker.maintenance_interval_seconds)
+        if warning:
+            content["warning"] = warning
         return _JSONResponse(content, status_code=201 if created else 200,
                              headers={"Location": f"/tasks/{task['id']}"})
 

@@ -45,6 +45,8 @@ from runtime.store.store import Store
 
 log = logging.getLogger(__name__)
 
+#: How long ``orgchart mcp --worker`` gives its worker to hand back what it holds.
+WORKER_STOP_SECONDS = 30.0
 #: How often a ``submit_goal`` with ``wait`` reads its tree (and may send progress).
 WAIT_POLL_SECONDS = 0.5
 INSTRUCTIONS = (
@@ -123,7 +125,8 @@ class _Handlers:
                 ended = await _wait(ctx, self.deps.store, root, args.timeout_seconds)
                 detail = await anyio.to_thread.run_sync(
                     get_task, self.deps, GetTaskArgs(task_id=str(root)))
-                value = {**detail, "created": value["created"], "ended": ended}
+                value = {**detail, "created": value["created"], "ended": ended,
+                         **({"warning": value["warning"]} if "warning" in value else {})}
         except ToolRefused as exc:
             return _refusal(str(exc))
         except DatabaseUnavailable as exc:  # its message names the server already
@@ -218,3 +221,35 @@ def run_stdio(server: Server[Any]) -> None:
             await server.run(read, write, server.create_initialization_options())
 
     anyio.run(main)
+
+
+def serve_stdio(settings: Settings, modules: list[str], worker: bool = False) -> None:
+    """``orgchart mcp``: serve on stdin/stdout; with ``worker``, run a worker here too.
+
+    The worker (every registered agent and the judge stage, ``[worker]`` settings) runs
+    on a thread of this process for as long as the server does, so a single-machine host
+    (Claude Desktop, Cursor) needs no other process for ``submit_goal`` to end. It stops
+    when stdin closes, handing back what it holds.
+    """
+    import threading
+
+    from runtime.wiring import build_runtime, load_registry, open_store
+
+    store = open_store(settings)
+    stop: list[tuple[Any, threading.Thread]] = []
+    try:
+        if worker:
+            runtime = build_runtime(settings, modules, store=store)
+            running = runtime.worker()
+            thread = threading.Thread(target=running.run, name="mcp worker", daemon=True)
+            thread.start()
+            stop.append((running, thread))
+            registry = runtime.registry
+        else:
+            registry = load_registry(settings, modules)
+        run_stdio(build_server(store, settings, registry))
+    finally:
+        for running, thread in stop:
+            running.stop("the MCP client closed stdin")
+            thread.join(timeout=WORKER_STOP_SECONDS)
+        store.dispose()

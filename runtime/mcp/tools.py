@@ -145,7 +145,9 @@ def submit_goal(deps: Deps, args: SubmitGoalArgs) -> dict[str, Any]:
     )
     task, created = submit_root(deps.store, new, DEFAULT_ACTOR,
                                 deps.settings.database.failover_timeout_seconds)
-    return {**task_json(task), "created": created}
+    warning = deps.store.no_worker_warning(
+        new.to_agent, deps.settings.worker.maintenance_interval_seconds)
+    return {**task_json(task), "created": created, **({"warning": warning} if warning else {})}
 
 
 def get_tree(deps: Deps, args: GetTreeArgs) -> str:

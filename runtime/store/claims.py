@@ -16,6 +16,9 @@ from runtime.store.queries import TEXT as _TEXT
 from runtime.store.reads import StoreReads
 from runtime.store.rows import TaskRow
 
+#: The least time since the last maintenance pass within which a worker counts as live.
+LIVE_WINDOW_SECONDS = 10.0
+
 
 class StoreClaims(StoreReads):
     """Claims (run, aggregate, judge), children read by the engine, leases kept or handed back."""
@@ -43,6 +46,52 @@ class StoreClaims(StoreReads):
             return self._task_rows(conn, "task_claim_capped" if caps else "task_claim_available",
                                    agents=list(agents), limit=limit, worker=worker,
                                    dry_tenants=dry, lease_seconds=float(lease_seconds), **caps)
+
+    def claim_in_trees(self, roots: Sequence[uuid.UUID], agents: Sequence[str], limit: int,
+                       worker: str, lease_seconds: float, judging: bool = False
+                       ) -> list[TaskRow]:
+        """Claim as :meth:`claim` (or lease for the judge stage), only in ``roots``' trees.
+
+        What ``orgchart run`` and ``orgchart.Client.run`` claim: their own tree, never a
+        goal queued by someone else. Tenants' caps and dry token buckets still hold.
+        """
+        if not roots or limit <= 0 or (not judging and not agents):
+            return []
+        with self.transaction() as conn:
+            if judging:
+                return self._task_rows(conn, "task_claim_judging_in_trees", roots=list(roots),
+                                       limit=limit, worker=worker,
+                                       lease_seconds=float(lease_seconds))
+            tenants = self.tenancy.claim_params()
+            if tenants["cap_tenants"]:
+                conn.execute(_TEXT["task_lock_tenants"], {"tenants": tenants["cap_tenants"]})
+            dry = [] if not tenants["bucket_tenants"] else list(conn.execute(
+                _TEXT["tenant_buckets_dry"], tenants).scalars())
+            return self._task_rows(conn, "task_claim_in_trees", roots=list(roots),
+                                   agents=list(agents), limit=limit, worker=worker,
+                                   dry_tenants=dry, lease_seconds=float(lease_seconds),
+                                   cap_tenants=list(tenants["cap_tenants"]),
+                                   caps=list(tenants["caps"]), claim_note=None)
+
+    def no_worker_warning(self, agent: str, maintenance_interval_seconds: float
+                          ) -> str | None:
+        """A warning for a submitter when no live worker claims work, else None.
+
+        Live: a worker session whose lock is held, a maintenance pass within three
+        ``[worker] maintenance_interval_seconds`` (at least :data:`LIVE_WINDOW_SECONDS`),
+        or a live lease (``worker_list_live_signs``). Workers do not record the agents
+        they serve, so a live worker of other agents counts as live.
+        """
+        recent_seconds = max(LIVE_WINDOW_SECONDS, 3 * maintenance_interval_seconds)
+        with self.engine.connect() as conn:
+            signs = conn.execute(_TEXT["worker_list_live_signs"],
+                                 {"recent_seconds": float(recent_seconds)}).one()
+        if signs.sessions or signs.maintained or signs.leased:
+            return None
+        return (f"no live worker serves agent {agent!r} (no worker session, no maintenance "
+                f"pass in the last {recent_seconds:g} s, no task leased): the goal waits in "
+                "the queue until one starts (orgchart worker; or orgchart run, or "
+                "orgchart mcp --worker, which run one in their own process)")
 
     def claim_judging(self, limit: int, worker: str, lease_seconds: float) -> list[TaskRow]:
         """Lease up to ``limit`` tasks waiting for the judge stage."""

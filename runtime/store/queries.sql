@@ -197,6 +197,32 @@ WITH caps AS (
     LIMIT :limit
 ), {fragment_claim_picked};
 
+-- task_claim_in_trees --
+-- Claim up to :limit pending or ready-to-aggregate tasks for :agents, only in the trees of :roots.
+-- What `orgchart run` and orgchart.Client.run claim: the tree they submitted, never a
+-- goal someone else queued (its model calls are someone else's money). The roots' trees
+-- are read through the (root_id) index, then ordered as task_claim_available orders
+-- them; that statement (the workers' hot path) keeps its plan. Capped tenants keep
+-- their max_in_flight: the caller passes the caps (empty arrays when none) and holds
+-- task_lock_tenants for them, and the claim takes at most the least room among the
+-- capped tenants of these roots (a tree's tasks carry its root's tenant).
+WITH room AS (
+    SELECT GREATEST(c.cap - (SELECT count(*) FROM tasks r
+                             WHERE r.status = 'running' AND r.tenant = c.tenant
+                               AND r.lease_expires_at > now()), 0) AS room
+    FROM unnest(CAST(:cap_tenants AS text[]), CAST(:caps AS int[])) AS c(tenant, cap)
+    WHERE c.tenant IN (SELECT tenant FROM tasks WHERE id = ANY(CAST(:roots AS uuid[])))
+), picked AS (
+    SELECT ctid AS tid
+    FROM tasks
+    WHERE {fragment_claimable}
+      AND root_id = ANY(CAST(:roots AS uuid[]))
+    ORDER BY priority, fair_at
+    -- LEAST ignores the NULL min() of no capped tenant.
+    LIMIT LEAST(:limit, (SELECT min(room) FROM room))
+    FOR UPDATE SKIP LOCKED
+), {fragment_claim_picked};
+
 -- task_lock_tenants --
 -- Take the claim's lock of each tenant in :tenants (sorted by the caller: one order, no
 -- deadlock) until the transaction ends: claims of a capped tenant queue here, so each
@@ -223,6 +249,52 @@ SET lease_owner = :worker,
     delivery_count = t.delivery_count + 1,
     updated_at = now()
 -- By place (ctid), as task_claim_available.
+WHERE t.ctid = ANY(ARRAY(SELECT tid FROM picked))
+RETURNING {fragment_claimed_columns}, 'judging' AS claimed_from,
+          EXISTS (SELECT 1 FROM model_calls m
+                  WHERE m.task_id = t.id AND m.phase = 'judge' AND m.error IS NULL
+                    AND NOT m.replayed AND m.response IS NOT NULL) AS recorded_calls;
+
+-- worker_list_live_signs --
+-- Signs that a live worker claims work now: what `submit` reads to warn that nothing will run a goal.
+-- Three, any one enough: a worker session (worker_sessions, migration 0016) of this
+-- server's incarnation whose backend still holds an advisory lock (PostgreSQL drops it
+-- when the process dies); a maintenance pass (every worker with maintenance runs one per
+-- interval) within :recent_seconds; a live lease (a worker is working; ix_tasks_leased
+-- finds one in a step). Workers do not record which agents they serve: a live worker of
+-- other agents counts too.
+SELECT (SELECT count(*) FROM worker_sessions s
+        WHERE s.server_started_at = pg_postmaster_start_time()
+          -- Its backend still holds its liveness lock (worker_session_register's keys).
+          AND EXISTS (SELECT 1 FROM pg_locks l
+                      WHERE l.pid = s.backend_pid AND l.locktype = 'advisory'
+                        AND l.granted AND l.objsubid = 2
+                        AND l.objid = CAST(s.lock_key AS oid))) AS sessions,
+       COALESCE((SELECT max(last_at) FROM maintenance_passes)
+                > now() - make_interval(secs => :recent_seconds), false) AS maintained,
+       EXISTS (SELECT 1 FROM tasks
+               WHERE lease_token IS NOT NULL AND lease_expires_at > now()) AS leased;
+
+-- task_claim_judging_in_trees --
+-- Lease up to :limit tasks waiting in 'judging' for the judge stage, only in the trees of :roots.
+-- As task_claim_judging, for a worker that runs one tree (task_claim_in_trees).
+WITH picked AS (
+    SELECT ctid AS tid
+    FROM tasks
+    WHERE status = 'judging' AND lease_token IS NULL
+      AND root_id = ANY(CAST(:roots AS uuid[]))
+      AND NOT EXISTS (SELECT 1 FROM tree_pauses z WHERE z.root_id = tasks.root_id)
+    ORDER BY priority, created_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE tasks t
+SET lease_owner = :worker,
+    lease_token = gen_random_uuid(),
+    lease_expires_at = now() + make_interval(secs => :lease_seconds),
+    claimed_at = now(),
+    delivery_count = t.delivery_count + 1,
+    updated_at = now()
 WHERE t.ctid = ANY(ARRAY(SELECT tid FROM picked))
 RETURNING {fragment_claimed_columns}, 'judging' AS claimed_from,
           EXISTS (SELECT 1 FROM model_calls m

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("agents", "runtime", "policies")
+PACKAGES = ("agents", "runtime", "policies", "orgchart")
 MAX_MODULES_PER_FOLDER = 12
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
@@ -60,6 +60,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                        "runtime.telemetry", "agents", "policies",
                        "runtime.webhooks"),
     "runtime.webhooks": (*_CORE, "runtime.store"),
+    "runtime.inprocess": (*_CORE, "runtime.store", "runtime.wiring", "runtime.telemetry"),
     "runtime.fleet": (*_CORE, "runtime.store", "runtime.engine", "runtime.wiring",
                       "runtime.schedules"),
     "runtime.forks": (*_CORE, "runtime.store", "runtime.views", "runtime.wiring", "agents"),
@@ -75,7 +76,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                     "runtime.telemetry", "runtime.fleet", "runtime.views", "runtime.wiring",
                     "runtime.http", "runtime.forks", "runtime.mcp", "agents", "policies",
                     "runtime.experiments", "runtime.audit",
-                    "runtime.webhooks"),
+                    "runtime.webhooks", "runtime.inprocess"),
+    "orgchart": (*_CORE, "runtime.store", "runtime.views", "runtime.wiring",
+                 "runtime.inprocess", "agents", "policies"),
 }
 
 #: The only dynamic imports: each loads user modules named in configuration.

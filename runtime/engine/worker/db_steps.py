@@ -70,9 +70,15 @@ class Steps:
             if room <= 0:
                 break
             if kind == "run" and cfg.run_agents:
-                rows = self.store.claim(cfg.run_agents, room, cfg.worker_id, cfg.lease_seconds)
+                rows = (self.store.claim(cfg.run_agents, room, cfg.worker_id, cfg.lease_seconds)
+                        if cfg.root_ids is None else self.store.claim_in_trees(
+                            cfg.root_ids, cfg.run_agents, room, cfg.worker_id,
+                            cfg.lease_seconds))
             elif kind == "judge" and cfg.judges and self.judging_may_wait.is_set():
-                rows = self.store.claim_judging(room, cfg.worker_id, cfg.lease_seconds)
+                rows = (self.store.claim_judging(room, cfg.worker_id, cfg.lease_seconds)
+                        if cfg.root_ids is None else self.store.claim_in_trees(
+                            cfg.root_ids, (), room, cfg.worker_id, cfg.lease_seconds,
+                            judging=True))
                 if len(rows) < room:
                     # Nothing more waits for the judge: skip this round trip until a
                     # 'judge' notification or the next poll.

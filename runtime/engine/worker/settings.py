@@ -56,6 +56,9 @@ class WorkerConfig:
     maintenance: bool = True
     listen: bool = True
     stop_grace_seconds: float = STOP_GRACE_SECONDS
+    #: Claim only in these trees (by root id): ``orgchart run`` and ``Client.run`` run the
+    #: tree they submitted, never another goal waiting in the queue. None: every tree.
+    root_ids: tuple[uuid.UUID, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.agents:

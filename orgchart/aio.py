@@ -1,0 +1,134 @@
+"""``orgchart.AsyncClient``: the :class:`~orgchart.client.Client` for asyncio code.
+
+The same calls, awaited: each blocking call of the client's door (the database or the
+HTTP API) runs in a thread (``asyncio.to_thread``), and :meth:`AsyncRun.wait` sleeps on
+the loop between two reads of the root, so the loop stays free while a tree runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from types import TracebackType
+from typing import Any
+
+from orgchart.client import (
+    FIRST_WAIT_POLL_SECONDS,
+    MAX_WAIT_POLL_SECONDS,
+    Client,
+    Run,
+    as_id,
+)
+from orgchart.transports import Transport
+
+
+class AsyncRun:
+    """A :class:`~orgchart.client.Run` to await: ``run.id``, ``status``, ``result``...
+
+    Attributes read the wrapped run (``id``, ``status``, ``result``, ``error``,
+    ``cost_usd``, ``spent_tokens``, ``served_by``, ``created``, ``warning``).
+    """
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.run, name)
+
+    async def refresh(self) -> AsyncRun:
+        """Read the root again; return this run."""
+        await asyncio.to_thread(self.run.refresh)
+        return self
+
+    async def wait(self, timeout: float | None = None) -> AsyncRun:
+        """Wait until the root ends; return this run, finished.
+
+        Raises:
+            TimeoutError: ``timeout`` seconds passed first (the tree goes on running).
+
+        """
+        transport: Transport = self.run.transport
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = FIRST_WAIT_POLL_SECONDS
+        while True:
+            self.run.status = await asyncio.to_thread(transport.status, self.run.id)
+            if self.run.finished:
+                return await self.refresh()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"run {self.run.id} is still {self.run.status} after "
+                                   f"{timeout:g}s")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, MAX_WAIT_POLL_SECONDS)
+
+    async def tree(self) -> dict[str, Any]:
+        """The whole tree as nested JSON."""
+        return await asyncio.to_thread(self.run.tree)
+
+    async def cancel(self, note: str | None = None) -> dict[str, Any]:
+        """Cancel the tree (every open task)."""
+        return await asyncio.to_thread(self.run.cancel, note)
+
+    async def pause(self, note: str | None = None) -> dict[str, Any]:
+        """Pause the tree until :meth:`resume`."""
+        return await asyncio.to_thread(self.run.pause, note)
+
+    async def resume(self) -> dict[str, Any]:
+        """Resume the paused tree."""
+        return await asyncio.to_thread(self.run.resume)
+
+    def __repr__(self) -> str:
+        return f"Async{self.run!r}"
+
+
+class AsyncClient:
+    """:class:`~orgchart.client.Client`'s calls, awaited (same arguments, same errors).
+
+    ``AsyncClient(database_url=None, *, config=None)`` or ``AsyncClient.http(url,
+    token=None)``. Opening the database (and the embedded server) happens here, once.
+    """
+
+    def __init__(self, database_url: str | None = None, *, config: str | None = None,
+                 client: Client | None = None) -> None:
+        self.client = client or Client(database_url, config=config)
+
+    @classmethod
+    def http(cls, url: str, token: str | None = None, *, http_client: Any = None
+             ) -> AsyncClient:
+        """A client of ``orgchart serve`` at ``url`` (see :meth:`Client.http`)."""
+        return cls(client=Client.http(url, token, http_client=http_client))
+
+    async def submit(self, goal: str, agent: str = "ceo", **options: Any) -> AsyncRun:
+        """Submit a root goal (:meth:`Client.submit`'s options); its run, at once."""
+        return AsyncRun(await asyncio.to_thread(self.client.submit, goal, agent, **options))
+
+    async def run(self, goal: str, agent: str = "ceo", *, timeout: float | None = None,
+                  max_in_flight: int | None = None, **options: Any) -> AsyncRun:
+        """Submit and run the tree in this process (a thread); the finished run."""
+        run = await asyncio.to_thread(self.client.run, goal, agent, timeout=timeout,
+                                      max_in_flight=max_in_flight, **options)
+        return AsyncRun(run)
+
+    async def get(self, root_id: uuid.UUID | str) -> AsyncRun:
+        """The run of a tree submitted earlier, read now."""
+        return AsyncRun(await asyncio.to_thread(self.client.get, as_id(root_id)))
+
+    async def inbox(self) -> list[dict[str, Any]]:
+        """What waits for a person, oldest first."""
+        return await asyncio.to_thread(self.client.inbox)
+
+    async def answer(self, task_id: uuid.UUID | str, answer: Any, *, by: str | None = None
+                     ) -> dict[str, Any]:
+        """Answer a question to ``human``."""
+        return await asyncio.to_thread(self.client.answer, task_id, answer, by=by)
+
+    async def close(self) -> None:
+        """Release the connections."""
+        await asyncio.to_thread(self.client.close)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                        trace: TracebackType | None) -> None:
+        await self.close()
