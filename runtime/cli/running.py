@@ -170,7 +170,7 @@ def run(goal: str, options: GoalOptions, json_: JsonOpt = False,
         max_in_flight: Annotated[int | None, typer.Option(
             help="Most tasks held at once (default [worker] max_in_flight).")] = None,
         ) -> None:
-    """Submit a goal and drain it in this process, drawing the tree live; print the result."""
+    """Submit a goal, run its tree (only it) here, drawing it live; print the root's answer."""
     runtime = open_runtime(options.agents_module)
     from runtime.wiring import submit_root
 
