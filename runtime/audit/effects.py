@@ -12,9 +12,13 @@ Event times are their transaction's start too, so comparisons allow ``slack`` se
   request hash, kind, try), or a step started more than once, are allowed only when the
   first was in flight at a fault of the history (kill, restart, partition) or, without
   a history, when the task lost its lease (reaped, released) or was reopened in between.
+  Never when the first was durable before the second was sent (its row's ``created_at``,
+  its commit within ``slack``, before the second's start): an answer recorded is
+  replayed, across any fault, so a call sent again after it is a violation.
 - **fencing** (charges): every call charged and every step finished falls inside one of
-  its task's leases (a running interval for a run or aggregate, a judging interval for
-  the judge), or after its cancel (a call answered before a cancel is still paid).
+  its task's deliveries (:func:`deliveries`: from a claim to the outcome that ends it; a
+  running one for a run or aggregate, a judging one for the judge), or after its cancel
+  (a call answered before a cancel is still paid).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from runtime.audit.history import History
 from runtime.audit.report import Report
 
 Interval = tuple[float, float, str]
+#: One delivery of a task: ``(start, end, 'running' | 'judging', its lease token)``.
+Delivery = tuple[float, float, str, uuid.UUID | None]
 _LOST = ("lease expired", "released", "poison:", "timeout:")
 
 
@@ -54,19 +60,29 @@ def _ev(e: Row) -> dict[str, Any]:
             "to": e["to_status"], "at": e["at"], "worker": e["worker"], "detail": e["detail"]}
 
 
-def leases(events: list[Row]) -> list[Interval]:
-    """A task's leased intervals: ``(start, end, 'running' | 'judging')`` (end inf: open)."""
-    out: list[Interval] = []
-    opened: tuple[float, str] | None = None
+def deliveries(events: list[Row]) -> list[Delivery]:
+    """A task's deliveries, ``(start, end, 'running' | 'judging', token)`` (end inf: open).
+
+    A delivery starts at a claim (an event into ``running`` or ``judging``, carrying the
+    new lease token; None before events carried tokens) and ends at the first event out
+    of that status (its outcome, under the same token: checked by paths).
+    """
+    out: list[Delivery] = []
+    opened: Row | None = None
     for e in events:
-        if opened is not None and e["from_status"] == opened[1]:
-            out.append((opened[0], e["at"], opened[1]))
+        if opened is not None and e["from_status"] == opened["to_status"]:
+            out.append((opened["at"], e["at"], opened["to_status"], opened.get("lease_token")))
             opened = None
         if e["to_status"] in ("running", "judging") and opened is None:
-            opened = (e["at"], e["to_status"])
+            opened = e
     if opened is not None:
-        out.append((opened[0], math.inf, opened[1]))
+        out.append((opened["at"], math.inf, opened["to_status"], opened.get("lease_token")))
     return out
+
+
+def leases(events: list[Row]) -> list[Interval]:
+    """A task's leased intervals: ``(start, end, 'running' | 'judging')`` (end inf: open)."""
+    return [(start, end, kind) for start, end, kind, _ in deliveries(events)]
 
 
 def _cancelled_at(events: list[Row]) -> Row | None:
@@ -154,6 +170,10 @@ def check_duplicates(trees: Trees, history: History | None, slack: float,
     for same in groups.values():
         same.sort(key=lambda c: c["created_at"])
         for first, again in itertools.pairwise(same):
+            if first["created_at"] + slack < call_start(again):
+                report.add("duplicates", first["task_id"], "model call sent again after its "
+                           "answer was durable", _call(first), _call(again))
+                continue
             why = _explained(first["task_id"], call_start(first), call_start(again), trees,
                              history, slack)
             if why is None:
@@ -179,7 +199,7 @@ def check_duplicates(trees: Trees, history: History | None, slack: float,
 
 
 def check_fenced_charges(trees: Trees, slack: float, report: Report) -> None:
-    """Promise 7's charges: every call and finished step inside one of its task's leases."""
+    """Promise 7's charges: every call and finished step inside one of its task's deliveries."""
     spans = {tid: leases(trees.events.get(tid, [])) for tid in trees.tasks}
     cancels = {tid: _cancelled_at(trees.events.get(tid, [])) for tid in trees.tasks}
 

@@ -7,9 +7,12 @@
   ``waiting -> ready_to_aggregate`` comes after every child's event that ended it.
   Terminal events: one per outcome, since a terminal status is left only by a retry or a
   resolution (both listed transitions), so a second terminal event in a row is illegal.
-- **fencing** (outcomes): a transition out of ``running`` written by a worker (not the
-  reaper, the watchdog or a cancel) is written by the worker that holds the lease: the
-  one that wrote the task's last claim.
+- **fencing** (outcomes, per delivery): a transition out of ``running`` (but a cancel) is
+  written under the lease token of the task's last claim: the worker's outcome under the
+  token it held, the reaper's or the watchdog's under the token that expired
+  (``task_events.lease_token``, migration 0016). Events written before tokens were
+  recorded (a claim without one) fall back to workers: the outcome's worker (not the
+  reaper, the watchdog or a cancel) is the one that wrote the claim.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from runtime.audit.report import Report
 
 def _ev(e: Row) -> dict[str, Any]:
     return {"event": e["id"], "task": e["task_id"], "from": e["from_status"],
-            "to": e["to_status"], "at": e["at"], "worker": e["worker"], "detail": e["detail"]}
+            "to": e["to_status"], "at": e["at"], "worker": e["worker"], "detail": e["detail"],
+            "lease_token": e.get("lease_token")}
 
 
 def check_paths(trees: Trees, report: Report) -> None:
@@ -77,9 +81,16 @@ def _check_leaving_running(tid: uuid.UUID, claim: Row, e: Row, report: Report) -
         if to != back:
             report.add("paths", tid, f"released to {to!r} but it was claimed from {back!r}",
                        _ev(claim), _ev(e))
+    if to == "cancelled":
         return
-    if to == "cancelled" or detail.startswith(NOT_BY_HOLDER) or e["worker"] in ("reaper",
-                                                                                "watchdog"):
+    held = claim.get("lease_token")
+    if held is not None:  # per delivery: the token of the last claim
+        if e.get("lease_token") != held:
+            report.add("fencing", tid, f"outcome written under token {e.get('lease_token')} "
+                       f"while the task's last claim holds {held}", _ev(claim), _ev(e))
+        return
+    if detail.startswith(("lease expired", "released")) or detail.startswith(NOT_BY_HOLDER) \
+            or e["worker"] in ("reaper", "watchdog"):
         return
     if e["worker"] != claim["worker"]:
         report.add("fencing", tid, f"outcome written by {e['worker']!r} while the lease was "

@@ -109,9 +109,10 @@ claimed AS (
               CASE WHEN t.phase = 'aggregate' THEN 'ready_to_aggregate'
                    ELSE 'pending' END AS claimed_from
 ), ev AS (
-    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail, lease_token)
+    -- lease_token: the delivery's new token (the audit's promise 7 is per delivery).
     SELECT id, claimed_from, 'running', :worker,
-           'claimed for ' || phase || ', delivery ' || delivery_count
+           'claimed for ' || phase || ', delivery ' || delivery_count, lease_token
     FROM claimed
 )
 -- recorded_calls: whether a durable reply of this phase is on record (the model layer
@@ -425,26 +426,28 @@ WITH input AS (
                             THEN now() ELSE t.completed_at END,
         updated_at = now()
     FROM input i JOIN locked l ON l.id = i.id
-    WHERE t.id = l.id AND l.status = 'running'  -- the guard: fragment_lock_batch
+    -- the guard: fragment_lock_batch
+    WHERE t.id = l.id AND l.status = 'running'
     RETURNING t.id, t.parent_id, t.status, t.to_agent, i.detail,
               i.verdict IS NOT NULL AND i.skips_judging IS NOT TRUE AS judged,
-              t.root_id, i.stamp->'replays' AS replays
+              t.root_id, i.stamp->'replays' AS replays, i.token
 ), replays AS (
     -- The calls this delivery served from the record, written with its outcome.
     {fragment_replays_insert}
     FROM upd u
     {fragment_replays_lateral}
 ), ev AS (
-    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
-    SELECT id, from_status, to_status, :worker, detail
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail, lease_token)
+    -- lease_token: the token it held (the audit's promise 7 is per delivery).
+    SELECT id, from_status, to_status, :worker, detail, token
     FROM (
         SELECT id, 'running' AS from_status,
                CASE WHEN judged THEN 'judging' ELSE status END AS to_status,
                CASE WHEN judged THEN 'result ready for judging' ELSE detail END AS detail,
-               1 AS step
+               1 AS step, token
         FROM upd
         UNION ALL
-        SELECT id, 'judging', status, detail, 2 FROM upd WHERE judged
+        SELECT id, 'judging', status, detail, 2, token FROM upd WHERE judged
     ) e
     ORDER BY id, step
 ), notify AS (
@@ -474,10 +477,10 @@ WITH input AS (
         updated_at = now()
     FROM input i JOIN locked l ON l.id = i.id
     WHERE t.id = l.id AND l.status = 'judging'  -- the guard: fragment_lock_batch
-    RETURNING t.id, t.parent_id, t.status, i.detail
+    RETURNING t.id, t.parent_id, t.status, i.detail, i.token
 ), ev AS (
-    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
-    SELECT id, 'judging', status, :worker, detail FROM upd
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail, lease_token)
+    SELECT id, 'judging', status, :worker, detail, token FROM upd
 )
 SELECT id, parent_id, status FROM upd;
 
@@ -608,7 +611,7 @@ WITH input AS (
                    ELSE (SELECT COALESCE(sum(m.cost_usd), 0) FROM model_calls m
                          WHERE m.root_id = t.root_id) END AS tree_spend,
               t.forked_from, t.model_override, t.agent_map, t.tenant,
-              i.stamp->'replays' AS replays
+              i.stamp->'replays' AS replays, i.token
 ), replays AS (
     -- The calls this delivery served from the record, written with its outcome.
     {fragment_replays_insert}
@@ -642,8 +645,8 @@ WITH input AS (
               tc.clock - (SELECT make_interval(secs => sum(x.n * x.step)) FROM spans x
                           WHERE x.root_id = tc.root_id) * tc.factor AS base
 ), ev AS (
-    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
-    SELECT id, 'running', 'waiting', :worker, detail FROM parent
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail, lease_token)
+    SELECT id, 'running', 'waiting', :worker, detail, token FROM parent
 ), kids AS (
     INSERT INTO tasks (id, parent_id, root_id, from_agent, to_agent, type, payload,
                        success_criteria, kill_criteria, budget_tokens, budget_seconds,
@@ -728,8 +731,8 @@ WITH parent AS (
     WHERE id = :id AND status = 'running' AND lease_token = :token
     RETURNING id
 ), pev AS (
-    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
-    SELECT id, 'running', 'waiting', :worker, :detail FROM parent
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail, lease_token)
+    SELECT id, 'running', 'waiting', :worker, :detail, CAST(:token AS uuid) FROM parent
 ), old AS (
     -- Lock the children and read the status they leave: an UPDATE's RETURNING only sees
     -- the new row, so the event's from_status comes from here (as in task_reap_expired).
@@ -926,7 +929,7 @@ FROM model_calls WHERE root_id = :root_id;
 -- UPDATE joins on the key alone (with the lease condition there too, the planner walked
 -- every expired lease once per expired row: 1,000 of them took 275 ms).
 WITH expired AS (
-    SELECT id, status
+    SELECT id, status, lease_token
     FROM tasks
     WHERE lease_token IS NOT NULL AND lease_expires_at < now()
     ORDER BY lease_expires_at
@@ -954,12 +957,13 @@ WITH expired AS (
     FROM expired e
     WHERE t.id = e.id
     RETURNING t.id, t.parent_id, t.to_agent, e.status AS from_status, t.status AS to_status,
-              t.delivery_count
+              t.delivery_count, e.lease_token
 ), ev AS (
-    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail, lease_token)
     SELECT id, from_status, to_status, :worker,
            CASE WHEN to_status = 'failed' THEN 'poison: lease expired on delivery ' || delivery_count
-                ELSE 'lease expired on delivery ' || delivery_count || '; released' END
+                ELSE 'lease expired on delivery ' || delivery_count || '; released' END,
+           lease_token  -- the token that expired
     FROM upd
 ), notify AS (
     SELECT pg_notify('{tasks_channel}', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
@@ -1097,7 +1101,7 @@ RETURNING name;
 -- now() + budget_seconds; a partial index on running rows) ends failed with 'timeout'.
 -- Clearing the lease token makes the late worker's completion a no-op.
 WITH late AS (
-    SELECT id
+    SELECT id, lease_token
     FROM tasks
     WHERE status = 'running' AND deadline_at < now()
       -- A paused tree's tasks are not timed out while paused (resume moves their
@@ -1118,11 +1122,11 @@ WITH late AS (
         updated_at = now()
     FROM late l
     WHERE t.id = l.id  -- late's lock re-checked status and deadline on the latest version
-    RETURNING t.id, t.parent_id, t.budget_seconds
+    RETURNING t.id, t.parent_id, t.budget_seconds, l.lease_token
 ), ev AS (
-    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail, lease_token)
     SELECT id, 'running', 'failed', :worker,
-           'timeout: ran past budget_seconds = ' || COALESCE(budget_seconds, 300)
+           'timeout: ran past budget_seconds = ' || COALESCE(budget_seconds, 300), lease_token
     FROM upd
 )
 SELECT id, parent_id FROM upd;
@@ -1376,12 +1380,15 @@ WITH upd AS (
         lease_expires_at = NULL,
         delivery_count = GREATEST(t.delivery_count - 1, 0),
         updated_at = now()
-    WHERE t.lease_token = ANY(CAST(:tokens AS uuid[]))
+    FROM unnest(CAST(:tokens AS uuid[])) AS k(token)  -- RETURNING names the token released
+    WHERE t.lease_token = k.token
     RETURNING t.id, t.to_agent, t.status,
-              CASE WHEN t.status = 'judging' THEN 'judging' ELSE 'running' END AS from_status
+              CASE WHEN t.status = 'judging' THEN 'judging' ELSE 'running' END AS from_status,
+              k.token
 ), ev AS (
-    INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
-    SELECT id, from_status, status, :worker, 'released by a worker shutting down' FROM upd
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail, lease_token)
+    SELECT id, from_status, status, :worker, 'released by a worker shutting down', token
+    FROM upd
 ), notify AS (
     SELECT pg_notify('{tasks_channel}', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
     FROM (SELECT DISTINCT status AS s, to_agent AS a FROM upd) d
@@ -2576,10 +2583,11 @@ LIMIT :limit;
 
 -- audit_events_page --
 -- The events of the given tasks after (:after_task, :after_id), in each task's order
--- (keyset on ix_task_events_task_id_id). Times as epoch seconds (a float is cheaper
--- to decode than a timestamp, and it is what a history's clock reads).
+-- (keyset on ix_task_events_task_id_id), with the lease token each was written under.
+-- Times as epoch seconds (a float is cheaper to decode than a timestamp, and it is what
+-- a history's clock reads).
 SELECT id, task_id, from_status, to_status, extract(epoch FROM at)::float8 AS at, worker,
-       detail
+       detail, lease_token
 FROM task_events
 WHERE task_id = ANY(CAST(:ids AS uuid[])) AND (task_id, id) > (:after_task, :after_id)
 ORDER BY task_id, id

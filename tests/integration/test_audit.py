@@ -209,7 +209,10 @@ def test_a_claim_after_an_acknowledged_cancel_is_named(runtime: Runtime,
 def test_a_call_paid_twice_outside_a_fault_is_named(runtime: Runtime, tree: uuid.UUID,
                                                     tmp_path: Path) -> None:
     writer = a_writer(runtime.store, tree)
-    again = copy_call(runtime.store, writer, 0.001)
+    # The first call ran 2 s; the copy was sent 1 s before the first answer was recorded.
+    run_sql(runtime.store, "UPDATE model_calls SET duration_seconds = 2 WHERE id = "
+                           "(SELECT min(id) FROM model_calls WHERE task_id = :t)", t=writer)
+    again = copy_call(runtime.store, writer, 0.001, duration_seconds=1.0)
     v = only(audit(runtime.store, slack=0.0), "duplicates")
     assert v.subject == str(writer) and "paid twice outside any fault window" in v.message
     assert [e["call"] for e in v.evidence][1] == again
@@ -218,10 +221,33 @@ def test_a_call_paid_twice_outside_a_fault_is_named(runtime: Runtime, tree: uuid
     first = run_sql(runtime.store, "SELECT extract(epoch FROM created_at) AS at "
                                    "FROM model_calls WHERE task_id = :t ORDER BY id LIMIT 1",
                     t=writer)[0].at
-    rec.fault("kill", "worker-0", start=float(first), end=float(first))
+    rec.fault("kill", "worker-0", start=float(first) - 1.5, end=float(first) - 1.5)
     report = audit(runtime.store, history=rec.path, slack=0.0)
     assert not report.of("duplicates"), report.text()
     assert [f["call"] for f in report.in_flight] == [again]
+
+
+def test_a_call_sent_again_after_its_answer_was_durable_is_named_across_a_fault(
+        runtime: Runtime, tree: uuid.UUID, tmp_path: Path) -> None:
+    writer = a_writer(runtime.store, tree)
+    first = run_sql(runtime.store, "SELECT extract(epoch FROM created_at) AS at "
+                                   "FROM model_calls WHERE task_id = :t AND NOT replayed "
+                                   "ORDER BY id LIMIT 1", t=writer)[0].at
+    # Sent 5 s after the first answer was committed, a kill in between: the answer was
+    # on record, so the next delivery had to replay it, whatever the fault. (The
+    # writer's delivery is stretched to hold the copy: only the duplicate is wrong.)
+    run_sql(runtime.store, "UPDATE task_events SET at = at + interval '10 seconds' "
+                           "WHERE task_id = :t AND from_status = 'running'", t=writer)
+    again = copy_call(runtime.store, writer, 5.5, duration_seconds=0.5)
+    rec = Recorder(tmp_path / "history.jsonl")
+    rec.fault("kill", "worker-0", start=float(first) + 2, end=float(first) + 2)
+    v = only(audit(runtime.store, history=rec.path, slack=1.0), "duplicates")
+    assert v.subject == str(writer)
+    assert v.message == "model call sent again after its answer was durable"
+    assert [e["call"] for e in v.evidence][1] == again
+    # A replay of the record (a row marked replayed) is what should have happened: clean.
+    run_sql(runtime.store, "UPDATE model_calls SET replayed = true WHERE id = :id", id=again)
+    assert audit(runtime.store, history=rec.path, slack=1.0).ok
 
 
 def test_a_request_the_model_server_answered_twice_outside_a_fault_is_named(
@@ -295,9 +321,38 @@ def test_a_refused_answer_that_changed_something_is_named(runtime: Runtime,
 
 
 # ---------------------------------------------------------------------- 7. fencing
-def test_an_outcome_by_a_worker_without_the_lease_is_named(runtime: Runtime,
-                                                           tree: uuid.UUID) -> None:
+def test_every_transition_under_a_lease_carries_its_token(runtime: Runtime,
+                                                         tree: uuid.UUID) -> None:
+    rows = run_sql(runtime.store, "SELECT e.from_status, e.to_status, e.lease_token "
+                                  "FROM task_events e JOIN tasks t ON t.id = e.task_id "
+                                  "WHERE t.root_id = :r ORDER BY e.id", r=tree)
+    leased = [r for r in rows if "running" in (r.from_status, r.to_status)
+              or r.from_status == "judging"]
+    assert leased and all(r.lease_token is not None for r in leased), rows
+    unleased = [r for r in rows if r not in leased]
+    assert unleased and all(r.lease_token is None for r in unleased), rows
+
+
+def test_an_outcome_under_another_delivery_token_is_named(runtime: Runtime,
+                                                          tree: uuid.UUID) -> None:
     writer = a_writer(runtime.store, tree)
+    # The same worker, another delivery: only the token tells them apart.
+    run_sql(runtime.store, "UPDATE task_events SET lease_token = gen_random_uuid() "
+                           "WHERE task_id = :t AND from_status = 'running'", t=writer)
+    v = only(audit(runtime.store), "fencing")
+    assert "outcome written under token" in v.message
+    assert "while the task's last claim holds" in v.message
+    assert [e["to"] for e in v.evidence] == ["running", v.evidence[1]["to"]]
+    assert v.evidence[0]["worker"] == v.evidence[1]["worker"]
+
+
+def test_an_outcome_by_a_worker_without_the_lease_is_named_on_untokened_events(
+        runtime: Runtime, tree: uuid.UUID) -> None:
+    writer = a_writer(runtime.store, tree)
+    # Events written before they carried tokens: the workers are compared.
+    run_sql(runtime.store, "UPDATE task_events SET lease_token = NULL WHERE task_id = :t",
+            t=writer)
+    assert audit(runtime.store).ok
     run_sql(runtime.store, "UPDATE task_events SET worker = 'w-late' WHERE task_id = :t "
                            "AND from_status = 'running'", t=writer)
     v = only(audit(runtime.store), "fencing")
@@ -318,8 +373,9 @@ def test_the_command_exits_0_clean_and_1_with_a_violation(runtime: Runtime, tree
     clean = runner.invoke(app, ["audit", "--json"])
     assert clean.exit_code == 0, clean.stdout
     assert json.loads(clean.stdout)["ok"] is True
-    run_sql(runtime.store, "UPDATE task_events SET worker = 'w-late' WHERE task_id = :t "
-                           "AND from_status = 'running'", t=a_writer(runtime.store, tree))
+    run_sql(runtime.store, "UPDATE task_events SET lease_token = gen_random_uuid() "
+                           "WHERE task_id = :t AND from_status = 'running'",
+            t=a_writer(runtime.store, tree))
     bad = runner.invoke(app, ["audit", "--root", str(tree)])
     assert bad.exit_code == 1
     assert "VIOLATION [fencing]" in bad.stdout and "1 violation(s)" in bad.stdout
