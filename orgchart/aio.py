@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from decimal import Decimal
 from types import TracebackType
 from typing import Any
 
@@ -24,17 +25,63 @@ from orgchart.transports import Transport
 
 
 class AsyncRun:
-    """A :class:`~orgchart.client.Run` to await: ``run.id``, ``status``, ``result``...
+    """A :class:`~orgchart.client.Run` to await: ``id``, ``status``, ``result``...
 
-    Attributes read the wrapped run (``id``, ``status``, ``result``, ``error``,
-    ``cost_usd``, ``spent_tokens``, ``served_by``, ``created``, ``warning``).
+    Its attributes read the wrapped :attr:`run` (as :class:`~orgchart.client.Run`'s).
     """
 
     def __init__(self, run: Run) -> None:
         self.run = run
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.run, name)
+    @property
+    def id(self) -> uuid.UUID:
+        """The root task's id."""
+        return self.run.id
+
+    @property
+    def status(self) -> str:
+        """The root's status when last read."""
+        return self.run.status
+
+    @property
+    def result(self) -> Any:
+        """The root's result (the answer) once done."""
+        return self.run.result
+
+    @property
+    def error(self) -> str | None:
+        """Why the root failed or escalated."""
+        return self.run.error
+
+    @property
+    def cost_usd(self) -> Decimal:
+        """What the whole tree spent, in dollars."""
+        return self.run.cost_usd
+
+    @property
+    def spent_tokens(self) -> int:
+        """The tokens the whole tree spent."""
+        return self.run.spent_tokens
+
+    @property
+    def served_by(self) -> dict[str, int]:
+        """Model calls per backend that served them."""
+        return self.run.served_by
+
+    @property
+    def created(self) -> bool:
+        """False when an idempotency key returned an earlier submission."""
+        return self.run.created
+
+    @property
+    def warning(self) -> str | None:
+        """Set by ``submit`` when no live worker would run the goal."""
+        return self.run.warning
+
+    @property
+    def finished(self) -> bool:
+        """Whether the root has ended."""
+        return self.run.finished
 
     async def refresh(self) -> AsyncRun:
         """Read the root again; return this run."""

@@ -203,6 +203,7 @@ class DatabaseTransport:
 
         check_storable(body, "the request")
         by = body.get("by") or "client"
+        outcome: Any
         if action == "cancel":
             outcome = self.store.cancel(task_id, actor=by, note=body.get("note"))
         elif action == "pause":
