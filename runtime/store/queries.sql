@@ -84,6 +84,19 @@ AND tenant <> ALL(CAST(:dry_tenants AS text[]))
 -- fragment_claim_picked --
 -- The rest of a claim, after a CTE ``picked`` of the locked rows' places (``tid``):
 -- move them to running under new leases, write their events, return them.
+-- The move (fragment_claim_moved) and the row returned (fragment_claim_returned) are
+-- shared with the hand-off (task_claim_handed), whose event says how it took the task.
+{fragment_claim_moved}, ev AS (
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail, lease_token)
+    -- lease_token: the delivery's new token (the audit's promise 7 is per delivery).
+    SELECT id, claimed_from, 'running', :worker,
+           'claimed for ' || phase || ', delivery ' || delivery_count, lease_token
+    FROM claimed
+)
+{fragment_claim_returned}
+
+-- fragment_claim_moved --
+-- A claim's move, as CTE ``claimed``: the rows of ``picked`` to running under new leases.
 -- The picked rows are updated by their place in the table (ctid = ANY of an array: a TID
 -- scan, whatever the estimates; 20% of a claim's execution against an index scan of
 -- pk_tasks by id, and a join to picked was once planned as a sequential scan of the whole
@@ -108,13 +121,10 @@ claimed AS (
     RETURNING {fragment_claimed_columns}, t.fair_at,
               CASE WHEN t.phase = 'aggregate' THEN 'ready_to_aggregate'
                    ELSE 'pending' END AS claimed_from
-), ev AS (
-    INSERT INTO task_events (task_id, from_status, to_status, worker, detail, lease_token)
-    -- lease_token: the delivery's new token (the audit's promise 7 is per delivery).
-    SELECT id, claimed_from, 'running', :worker,
-           'claimed for ' || phase || ', delivery ' || delivery_count, lease_token
-    FROM claimed
 )
+
+-- fragment_claim_returned --
+-- What a claim returns for the rows of ``claimed`` (its last SELECT).
 -- recorded_calls: whether a durable reply of this phase is on record (the model layer
 -- looks replies up only then: a first delivery makes no lookup per call).
 -- counterpart_calls (a fork's branch task only): its counterpart's successful replies of
@@ -536,9 +546,67 @@ WITH upd AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
     SELECT id, 'waiting', 'ready_to_aggregate', :worker, 'fan-in: last child finished' FROM upd
 ), notify AS (
-    SELECT pg_notify('{tasks_channel}', a) FROM (SELECT DISTINCT to_agent AS a FROM upd) d
+    -- Not for :quiet_agents: the caller offers those parents to its own worker
+    -- (task_claim_handed) and announces the ones it did not take (task_notify_waiting).
+    SELECT pg_notify('{tasks_channel}', a)
+    FROM (SELECT DISTINCT to_agent AS a FROM upd
+          WHERE to_agent <> ALL(CAST(:quiet_agents AS text[]))) d
 )
-SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
+SELECT id, to_agent, (SELECT count(*) FROM notify) AS notified FROM upd;
+
+-- task_claim_handed --
+-- Lease to this worker, as a claim would, tasks its own write just made claimable (:ids).
+-- The hand-off (docs/architecture.md, "Fan-out and fan-in"): the worker that finished a
+-- parent's last child takes the parent's aggregate (the parents task_flip_ready_parents
+-- flipped), the worker that delegated takes the children it inserted, in the same
+-- transaction: no claim round trip and no notification. Only what this worker's next
+-- claim could take: claimable for :agents (fragment_claimable: due, not for 'human', not
+-- in a paused tree, not of a tenant whose bucket may be dry: the caller passes every
+-- metered tenant as :dry_tenants), not of a tenant with a max_in_flight (:cap_tenants:
+-- its room is counted by the claim, under task_lock_tenants), and with no other
+-- claimable task for :agents ahead of it in the claim's order (priority, fair_at): a
+-- hand-off never jumps the fair queue. At most :limit (the worker's free room). The rows
+-- are this transaction's own (parents locked by task_lock_parents, children inserted by
+-- it): the lock never waits. Then exactly as a claim (fragment_claim_picked: the same
+-- lease columns and returned row), the event's detail ending with :claim_note.
+WITH picked AS (
+    SELECT ctid AS tid
+    FROM tasks
+    WHERE id = ANY(CAST(:ids AS uuid[]))
+      AND {fragment_claimable}
+      AND tenant <> ALL(CAST(:cap_tenants AS text[]))
+      AND NOT EXISTS (
+          -- One probe of ix_tasks_claimable (a row comparison on its leading columns).
+          SELECT 1 FROM tasks a
+          WHERE a.status IN ('pending', 'ready_to_aggregate')
+            AND (a.priority, a.fair_at) < (tasks.priority, tasks.fair_at)
+            AND a.to_agent = ANY(CAST(:agents AS text[]))
+            AND a.available_at <= now()
+            AND a.id <> ALL(CAST(:ids AS uuid[]))
+            AND NOT EXISTS (SELECT 1 FROM tree_pauses z WHERE z.root_id = a.root_id))
+    ORDER BY priority, fair_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), {fragment_claim_moved}, ev AS (
+    -- A claim's event (fragment_claim_picked), its detail saying which hand-off took it.
+    INSERT INTO task_events (task_id, from_status, to_status, worker, detail, lease_token)
+    SELECT id, claimed_from, 'running', :worker,
+           'claimed for ' || phase || ', delivery ' || delivery_count
+           || CAST(:claim_note AS text), lease_token
+    FROM claimed
+)
+{fragment_claim_returned};
+
+-- task_notify_waiting --
+-- Announce the tasks of :ids still waiting for a claim, for :agents: those a hand-off left.
+-- task_flip_ready_parents and task_delegate_running_many do not announce the agents a
+-- hand-off is offered (:quiet_agents); what task_claim_handed did not take is announced
+-- here, in the same transaction (a notification is delivered at commit).
+SELECT count(pg_notify('{tasks_channel}', a)) AS notified
+FROM (SELECT DISTINCT to_agent AS a FROM tasks
+      WHERE id = ANY(CAST(:ids AS uuid[]))
+        AND status IN ('pending', 'ready_to_aggregate')
+        AND to_agent = ANY(CAST(:agents AS text[]))) d;
 
 -- task_sweep_ready_parents --
 -- The fan-in sweeper (seed 003): every waiting parent whose children are all terminal
@@ -707,8 +775,11 @@ WITH input AS (
                 ELSE 'delegated by parent; held for approval (policy require_approval)' END
     FROM kids
 ), notify AS (
+    -- Not for :quiet_agents: the caller offers those children to its own worker
+    -- (task_claim_handed) and announces the ones it did not take (task_notify_waiting).
     SELECT pg_notify('{tasks_channel}', a)
-    FROM (SELECT DISTINCT to_agent AS a FROM kids WHERE status = 'pending') d
+    FROM (SELECT DISTINCT to_agent AS a FROM kids WHERE status = 'pending'
+          AND to_agent <> ALL(CAST(:quiet_agents AS text[]))) d
 )
 SELECT p.id, COALESCE(k.inserted, 0) AS inserted,
        (SELECT count(*) FROM notify) AS notified

@@ -425,6 +425,50 @@ class Finished:
     parents_ready: list[uuid.UUID] = field(default_factory=list)
 
 
+#: How a hand-off's claim event ends (``task_events.detail``): the aggregate of a parent
+#: whose last child this worker finished; a child this worker delegated.
+HANDED_UP = "; handed up by its last child's finish"
+HANDED_DOWN = "; handed down by its parent's delegation"
+
+
+@dataclass
+class Handoff:
+    """Room a worker offers for the work its own writes make claimable (a hand-off).
+
+    Passed to the store's writes that can make work claimable (finishing a parent's last
+    child, delegating): in the same transaction, what this worker's next claim could take
+    is leased to it (``task_claim_handed``), so it runs without a claim round trip. One
+    offer may be passed to several writes in turn: each takes from ``room`` and adds what
+    it leased to ``taken`` once its transaction committed.
+
+    Attributes:
+        agents: the agents the worker runs (a claim's ``agents``).
+        room: how many more tasks it may take now.
+        lease_seconds: the lease a claim would give.
+        taken: the rows leased to it, typed as a claim's (the worker must run them).
+
+    """
+
+    agents: Sequence[str]
+    room: int
+    lease_seconds: float
+    taken: list[TaskRow] = field(default_factory=list)
+
+    def offered(self) -> bool:
+        """Whether there is anything to take: agents and room."""
+        return bool(self.agents) and self.room > 0
+
+    def took(self, rows: Sequence[TaskRow]) -> None:
+        """``rows`` were leased to the worker and committed: count them, keep them."""
+        self.room -= len(rows)
+        self.taken.extend(rows)
+
+    def take_all(self) -> list[TaskRow]:
+        """The rows taken so far, no longer kept here (the worker runs them)."""
+        rows, self.taken = self.taken, []
+        return rows
+
+
 def canonical_json(value: Any) -> str:
     """Stable JSON (sorted keys, no spaces) for hashing and storing."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)

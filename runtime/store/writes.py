@@ -22,11 +22,15 @@ from runtime.jsoncodec import dumps_fast
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.reads import StoreReads
 from runtime.store.rows import (
+    HANDED_DOWN,
+    HANDED_UP,
     TERMINAL_STATUSES,
     ChildRow,
     Finished,
+    Handoff,
     JudgeOutcome,
     RunOutcome,
+    TaskRow,
     canonical_json,
 )
 
@@ -59,48 +63,60 @@ class StoreWrites(StoreReads):
         return {"approval_agents": list(self.approval_agents),
                 "approve_above_usd": self.approve_above_usd}
 
-    def finish_running(self, outcomes: Sequence[RunOutcome], worker: str) -> Finished:
-        """Apply a batch of run outcomes in one transaction, then fan-in their parents."""
+    def finish_running(self, outcomes: Sequence[RunOutcome], worker: str,
+                       handoff: Handoff | None = None) -> Finished:
+        """Apply a batch of run outcomes in one transaction, then fan-in their parents.
+
+        With ``handoff``, the parents made ready that the worker's next claim could take
+        are leased to it in the same transaction (the hand-up: :class:`Handoff`).
+        """
         return self._finish("task_finish_running", [
             {"id": o.task_id, "token": o.lease_token, "to_status": o.to_status,
              "result": o.result, "error": o.error, "delay": float(o.delay_seconds),
              "detail": o.detail, "verdict": o.verdict, "stamp": o.stamp,
              "skips_judging": o.skips_judging}
             for o in outcomes
-        ], outcomes, worker)
+        ], outcomes, worker, handoff)
 
-    def finish_judging(self, outcomes: Sequence[JudgeOutcome], worker: str) -> Finished:
-        """Apply a batch of verdicts in one transaction, then fan-in their parents."""
+    def finish_judging(self, outcomes: Sequence[JudgeOutcome], worker: str,
+                       handoff: Handoff | None = None) -> Finished:
+        """Apply a batch of verdicts in one transaction, then fan-in their parents (and hand up)."""
         return self._finish("task_finish_judging", [
             {"id": o.task_id, "token": o.lease_token, "to_status": o.to_status,
              "verdict": o.verdict, "error": o.error, "detail": o.detail}
             for o in outcomes
-        ], outcomes, worker)
+        ], outcomes, worker, handoff)
 
     def _finish(self, query: str, batch: list[dict[str, Any]],
                 outcomes: Sequence[RunOutcome] | Sequence[JudgeOutcome],
-                worker: str) -> Finished:
+                worker: str, handoff: Handoff | None = None) -> Finished:
         """One guarded batch statement (with its events), then the ended children's fan-in."""
         done = Finished()
         if not outcomes:
             return done
+        got: list[TaskRow] = []
         with self.transaction() as conn:
             rows = conn.execute(_TEXT[query], {"batch": dumps_fast(batch),
                                                "worker": worker}).all()
             done.applied = [r.id for r in rows]
             done.parents_ready = self._children_ended(
-                conn, [r for r in rows if r.status in TERMINAL_STATUSES], worker)
+                conn, [r for r in rows if r.status in TERMINAL_STATUSES], worker,
+                handoff, got)
+        if handoff is not None:
+            handoff.took(got)  # committed: they are this worker's now
         self._log_stale(outcomes, done)
         return done
 
-    def _children_ended(self, conn: Connection, ended: Sequence[Any],
-                        worker: str) -> list[uuid.UUID]:
+    def _children_ended(self, conn: Connection, ended: Sequence[Any], worker: str,
+                        handoff: Handoff | None = None,
+                        got: list[TaskRow] | None = None) -> list[uuid.UUID]:
         """Children reached a terminal status: roll their spend up, then fan in.
 
         ``ended`` are rows with ``id`` and ``parent_id``; runs in the caller's transaction.
         """
         return self._fan_in(conn, {r.parent_id for r in ended if r.parent_id is not None},
-                            worker, ended_children=[r.id for r in ended])
+                            worker, ended_children=[r.id for r in ended],
+                            handoff=handoff, got=got)
 
     @staticmethod
     def _roll_up(conn: Connection, child_ids: Sequence[uuid.UUID]) -> None:
@@ -119,11 +135,15 @@ class StoreWrites(StoreReads):
                       "usd": [totals[i][1] for i in ids]})
 
     def _fan_in(self, conn: Connection, parent_ids: set[uuid.UUID], worker: str,
-                ended_children: Sequence[uuid.UUID] = ()) -> list[uuid.UUID]:
-        """Lock the parents (in id order), roll up their ended children's spend, flip ready ones.
+                ended_children: Sequence[uuid.UUID] = (), handoff: Handoff | None = None,
+                got: list[TaskRow] | None = None) -> list[uuid.UUID]:
+        """Lock the parents, roll up their ended children's spend, flip the ready ones.
 
-        All in the caller's transaction: two transactions finishing the last two children
-        of one parent serialise on the parent's lock, and the second sees the first.
+        The parents are locked deepest first, then by id; the ready ones are handed up to
+        ``handoff``'s worker if its next claim could take them, and added to ``got`` (the
+        caller hands them over once committed). All in the caller's transaction: two
+        transactions finishing the last two children of one parent serialise on the
+        parent's lock, and the second sees the first.
         """
         if not parent_ids:
             return []
@@ -131,8 +151,35 @@ class StoreWrites(StoreReads):
         conn.execute(_TEXT["task_lock_parents"], {"ids": ids})
         if ended_children:
             self._roll_up(conn, ended_children)
-        rows = conn.execute(_TEXT["task_flip_ready_parents"], {"ids": ids, "worker": worker})
-        return [r.id for r in rows]
+        offer = (handoff if handoff is not None and got is not None and handoff.offered()
+                 and handoff.room > len(got) else None)
+        rows = conn.execute(_TEXT["task_flip_ready_parents"], {
+            "ids": ids, "worker": worker,
+            "quiet_agents": list(offer.agents) if offer is not None else []}).all()
+        ready = [r.id for r in rows]
+        if offer is not None and got is not None and ready:
+            self._hand_off(conn, ready, worker, offer, got, HANDED_UP)
+        return ready
+
+    def _hand_off(self, conn: Connection, ids: list[uuid.UUID], worker: str,
+                  handoff: Handoff, got: list[TaskRow], note: str) -> None:
+        """Lease to ``worker`` what of ``ids`` its next claim could take; announce the rest.
+
+        ``ids`` were made claimable by this transaction, their agents' notifications held
+        back (``quiet_agents``): those not taken are announced here (``task_notify_waiting``).
+        """
+        tenants = self.tenancy.claim_params()
+        result = conn.execute(_TEXT["task_claim_handed"], {
+            "ids": ids, "agents": list(handoff.agents), "limit": handoff.room - len(got),
+            "worker": worker, "lease_seconds": float(handoff.lease_seconds),
+            "dry_tenants": tenants["bucket_tenants"], "cap_tenants": tenants["cap_tenants"],
+            "claim_note": note})
+        rows = TaskRow.from_rows(list(result.keys()), result.all())
+        got.extend(rows)
+        if len(rows) < len(ids):
+            taken = {r.id for r in rows}
+            conn.execute(_TEXT["task_notify_waiting"], {
+                "ids": [i for i in ids if i not in taken], "agents": list(handoff.agents)})
 
     @staticmethod
     def _log_stale(outcomes: Sequence[RunOutcome] | Sequence[JudgeOutcome],
@@ -164,24 +211,28 @@ class StoreWrites(StoreReads):
 
     def delegate(self, task_id: uuid.UUID, lease_token: uuid.UUID, children: Sequence[ChildRow],
                  worker: str, detail: str | None = None,
-                 stamp: dict[str, Any] | None = None) -> tuple[bool, int]:
+                 stamp: dict[str, Any] | None = None,
+                 handoff: Handoff | None = None) -> tuple[bool, int]:
         """Move a leased running parent to ``waiting`` and insert its children atomically.
 
         Returns ``(applied, inserted)``: ``applied`` is False when the lease was gone
         (nothing changed); ``inserted`` counts children that did not exist yet. ``stamp``
-        is what ran (:attr:`~runtime.store.rows.RunOutcome.stamp`).
+        is what ran (:attr:`~runtime.store.rows.RunOutcome.stamp`); ``handoff``: see
+        :meth:`delegate_many`.
         """
-        return self.delegate_many([(task_id, lease_token, children, detail, stamp)], worker)[0]
+        return self.delegate_many([(task_id, lease_token, children, detail, stamp)], worker,
+                                  handoff)[0]
 
-    def delegate_many(self, delegations: Sequence[Delegation],
-                      worker: str) -> list[tuple[bool, int]]:
+    def delegate_many(self, delegations: Sequence[Delegation], worker: str,
+                      handoff: Handoff | None = None) -> list[tuple[bool, int]]:
         """Several delegations ``(task_id, lease_token, children, detail[, stamp])``.
 
         Each parent is guarded by its lease token as in :meth:`delegate`; the parents
         that moved are then checked for fan-in (a re-run parent may find every child
-        already finished), in the same transaction. Returns ``(applied, inserted)`` per
-        delegation, in order. A payload the database refuses fails the whole call: retry
-        them one by one.
+        already finished), in the same transaction. With ``handoff``, the new children
+        the worker's next claim could take are leased to it in that transaction too (the
+        hand-down: :class:`Handoff`). Returns ``(applied, inserted)`` per delegation, in
+        order. A payload the database refuses fails the whole call: retry them one by one.
         """
         if not delegations:
             return []
@@ -198,13 +249,22 @@ class StoreWrites(StoreReads):
              "stamp": rest[0] if rest else None}
             for task_id, token, children, detail, *rest in delegations
         ]
+        offer = handoff if handoff is not None and handoff.offered() else None
+        got: list[TaskRow] = []
         with self.transaction() as conn:
             self._hold_steering(conn, [d[0] for d in delegations])
             moved = {row.id: int(row.inserted) for row in conn.execute(
                 _TEXT["task_delegate_running_many"],
                 {"batch": canonical_json(batch), "worker": worker, **self.approval_params(),
-                 **self.tenancy.delegation_params()})}
-            self._fan_in(conn, set(moved), worker)
+                 **self.tenancy.delegation_params(),
+                 "quiet_agents": list(offer.agents) if offer is not None else []})}
+            kids = [uuid.UUID(c["id"]) for d in batch if uuid.UUID(d["id"]) in moved
+                    for c in d["children"]]
+            if offer is not None and kids:
+                self._hand_off(conn, kids, worker, offer, got, HANDED_DOWN)
+            self._fan_in(conn, set(moved), worker, handoff=handoff, got=got)
+        if handoff is not None:
+            handoff.took(got)  # committed: they are this worker's now
         ids = [d[0] for d in delegations]
         for task_id in ids:
             if task_id not in moved:

@@ -29,7 +29,7 @@ from runtime.engine.judge_stage import undecided
 from runtime.engine.maintenance import Maintenance, MaintenanceConfig
 from runtime.engine.worker.settings import WorkerConfig, WorkerStats
 from runtime.engine.worker.state import InFlight
-from runtime.store.rows import JudgeOutcome, RunOutcome
+from runtime.store.rows import Handoff, JudgeOutcome, RunOutcome
 from runtime.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -90,25 +90,35 @@ class Steps:
             self.stats.claimed += len(claimed)
         return claimed
 
+    def count_claimed(self, n: int) -> None:
+        """``n`` tasks were leased to this worker by its own writes (a hand-off)."""
+        with self._claim_lock:
+            self.stats.claimed += n
+
     # ------------------------------------------------------------------ writes
-    def apply(self, actions: list[Action]) -> None:
-        """Write a list of actions: batched outcomes, then delegations and retries."""
+    def apply(self, actions: list[Action], handoff: Handoff | None = None) -> None:
+        """Write a list of actions: batched outcomes, then delegations and retries.
+
+        With ``handoff``, what these writes make claimable and the worker may take (a
+        parent's aggregate, the children it delegated) is leased to it in the same
+        transactions: the rows are in ``handoff.taken``, for the worker to run.
+        """
         runs = [a for a in actions if isinstance(a, RunOutcome)]
         verdicts = [a for a in actions if isinstance(a, JudgeOutcome)]
         if runs:
-            self._write_batch(runs, self.store.finish_running)
+            self._write_batch(runs, self.store.finish_running, handoff)
             if any(a.to_status == "judging" for a in runs):
                 # Results now wait for the judge: look at its queue at the next claim,
                 # not only after the 'judge' notification comes back (a --once worker
                 # that claimed before it came would think the queue empty and exit).
                 self.judging_may_wait.set()
         if verdicts:
-            self._write_batch(verdicts, self.store.finish_judging)
+            self._write_batch(verdicts, self.store.finish_judging, handoff)
         alone = {id(a) for a in self._delegate_together(
-            [a for a in actions if isinstance(a, DelegateAction)])}
+            [a for a in actions if isinstance(a, DelegateAction)], handoff)}
         for action in actions:
             if isinstance(action, DelegateAction) and id(action) in alone:
-                self._delegate_one(action)
+                self._delegate_one(action, handoff)
             elif isinstance(action, RetryAction):
                 n = self.store.retry_children(action.task_id, action.lease_token,
                                               action.child_ids, self.config.worker_id,
@@ -119,7 +129,8 @@ class Steps:
                 log.warning("task dropped", extra={"task_id": str(action.task_id),
                                                    "reason": action.reason})
 
-    def _delegate_together(self, delegations: list[DelegateAction]) -> list[DelegateAction]:
+    def _delegate_together(self, delegations: list[DelegateAction],
+                           handoff: Handoff | None = None) -> list[DelegateAction]:
         """Write several delegations in one transaction; return those left to write alone.
 
         A payload the database refuses fails the whole transaction: then each is written
@@ -130,7 +141,7 @@ class Steps:
         try:
             done = self.store.delegate_many(
                 [(d.task_id, d.lease_token, d.children, d.detail, d.stamp) for d in delegations],
-                self.config.worker_id)
+                self.config.worker_id, handoff)
         except sa.exc.DataError:
             return delegations
         for applied, _ in done:
@@ -138,11 +149,11 @@ class Steps:
             self.stats.stale += int(not applied)
         return []
 
-    def _delegate_one(self, action: DelegateAction) -> None:
+    def _delegate_one(self, action: DelegateAction, handoff: Handoff | None = None) -> None:
         try:
             applied, _ = self.store.delegate(action.task_id, action.lease_token,
                                              action.children, self.config.worker_id,
-                                             action.detail, action.stamp)
+                                             action.detail, action.stamp, handoff)
         except sa.exc.DataError as exc:  # a child payload the database refuses
             self._write_batch([RunOutcome(
                 action.task_id, action.lease_token, "failed",
@@ -152,18 +163,19 @@ class Steps:
         self.stats.delegated += int(applied)
         self.stats.stale += int(not applied)
 
-    def _write_batch(self, outcomes: list[Any], write: Any) -> None:
-        """Write a batch of outcomes in one statement.
+    def _write_batch(self, outcomes: list[Any], write: Any,
+                     handoff: Handoff | None = None) -> None:
+        """Write a batch of outcomes in one statement (and hand up to ``handoff``).
 
         A row the database refuses (a NUL character in a result, say) fails alone, with
         the reason, instead of blocking the whole batch forever.
         """
         try:
-            done = write(outcomes, self.config.worker_id)
+            done = write(outcomes, self.config.worker_id, handoff)
         except sa.exc.DataError as exc:
             if len(outcomes) > 1:
                 for outcome in outcomes:
-                    self._write_batch([outcome], write)
+                    self._write_batch([outcome], write, handoff)
                 return
             (bad,) = outcomes
             log.warning("outcome refused by the database", extra={"task_id": str(bad.task_id)})

@@ -57,6 +57,7 @@ from runtime.engine.worker.settings import (
 )
 from runtime.engine.worker.state import DbHealth, Held, InFlight, Pace, Wake
 from runtime.store import db
+from runtime.store.rows import Handoff
 
 log = logging.getLogger(__name__)
 
@@ -226,27 +227,63 @@ class Scheduler:
         return items
 
     async def _writer_loop(self) -> None:
-        """Write what arrives within a few milliseconds together; retry on database errors."""
+        """Write what arrives within a few milliseconds together; retry on database errors.
+
+        The window is waited only while other held tasks are still being worked on (what
+        could join the batch): a lone outcome, as each level of a chain, is written at
+        once. The work the write hands to this worker (:meth:`_handoff`) starts as soon
+        as it committed; the claim loop is woken only when the write freed room.
+        """
         assert self._queue is not None
         queue = self._queue
         while True:
             batch = [await queue.get()]
-            await asyncio.sleep(WRITE_WINDOW_SECONDS)
+            if len(self.held) > len(batch) + queue.qsize():
+                await asyncio.sleep(WRITE_WINDOW_SECONDS)
             while not queue.empty():
                 batch.append(queue.get_nowait())
-            await self._write([i.action for i in batch if i.action is not None])
+            handed = await self._write([i.action for i in batch if i.action is not None],
+                                       self._handoff(len(batch)))
             self.held.remove(batch)
             self.pace.note(len(batch))
-            self.wake()
+            if handed < len(batch):
+                self.wake()
 
-    async def _write(self, actions: list[Action]) -> None:
-        backoff = 0.1
+    def _handoff(self, freed: int) -> Handoff | None:
+        """The room offered to the writes of a batch of ``freed`` tasks (None: none).
+
+        What the claim loop would claim once the batch is written: its room (the batch's
+        tasks freed), at most one round of claims, within a task cap; nothing while
+        stopping.
+        """
+        cfg = self.config
+        if self.stopping.is_set() or not cfg.run_agents:
+            return None
+        room = self._claim_size(max(0, self.room() + freed))
+        if cfg.task_cap is not None:
+            room = min(room, cfg.task_cap - self.steps.stats.claimed)
+        return Handoff(cfg.run_agents, room, cfg.lease_seconds) if room > 0 else None
+
+    def _run_handed(self, handoff: Handoff | None) -> int:
+        """Start the work the writes leased to this worker; return how many tasks."""
+        rows = handoff.take_all() if handoff is not None else []
+        if rows:
+            self.steps.count_claimed(len(rows))
+            for row in rows:
+                self.dispatch.submit(InFlight(row, "run"))
+        return len(rows)
+
+    async def _write(self, actions: list[Action], handoff: Handoff | None = None) -> int:
+        """Write ``actions`` (retrying); return how many tasks they handed to this worker."""
+        backoff, handed = 0.1, 0
         while True:
             try:
-                await self._db(self.steps.apply, actions)
+                await self._db(self.steps.apply, actions, handoff)
                 self.health.ok("writer")
-                return
+                return handed + self._run_handed(handoff)
             except DB_ERRORS as exc:
+                # What a transaction that committed handed over is this worker's: run it.
+                handed += self._run_handed(handoff)
                 self.health.error("writer", exc)
                 if db.in_doubt(exc):
                     # The retry below is the check: every write is guarded by its lease
