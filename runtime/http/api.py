@@ -30,7 +30,6 @@ import threading
 import urllib.parse
 import uuid
 from collections.abc import Callable
-from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -39,23 +38,35 @@ from fastapi import FastAPI, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agents.registry import Registry, UnknownAgent
 from agents.tasks import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
-from runtime.config import Settings
+from runtime.config import TENANT_NAME_PATTERN, Settings
 from runtime.errors import BadInput
 from runtime.http.auth import API_TOKEN_ENV
-from runtime.http.document import complete_document
+from runtime.http.constraints import (
+    MAX_INT,
+    STORABLE_TEXT,
+    Int,
+    JsonObject,
+    KillCriteria,
+    NonBlankText,
+    SuccessCriteria,
+    Text,
+    Tokens,
+    Usd,
+)
+from runtime.http.document import choices_for, complete_document
 from runtime.http.experiments import add_experiment_routes
 from runtime.http.forks import add_fork_routes
 from runtime.http.messages import validation_message
 from runtime.http.schedules import add_schedule_routes
 from runtime.http.steering import add_steering_routes
 from runtime.http.webhooks import add_webhook_routes
-from runtime.store.db import DatabaseUnavailable
+from runtime.store.postgres.failover import DatabaseUnavailable
 from runtime.store.rows import IdempotencyConflict, NotFound, ResolveRefused
 from runtime.store.store import Store
 from runtime.views import (
@@ -66,7 +77,7 @@ from runtime.views import (
     tree_changes_json,
     tree_text,
 )
-from runtime.wiring import check_storable
+from runtime.wiring import MAX_GOAL_CHARS, check_storable
 
 log = logging.getLogger(__name__)
 
@@ -97,29 +108,50 @@ class SubmitRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(..., min_length=1, description="The root goal (payload.goal).")
+    prompt: NonBlankText = Field(..., max_length=MAX_GOAL_CHARS,
+                                 description="The root goal (payload.goal).")
     agent: str = Field("ceo", description="The agent that receives the goal.")
     type: str | None = Field(None, description="Task type (default: the agent's first).")
-    priority: int = Field(5, description="Lower is more urgent.")
-    tenant: str = Field("default", description="The tenant the tree runs under "
+    priority: Int = Field(5, ge=-1000, le=1000, description="Lower is more urgent.")
+    tenant: str = Field("default", pattern=TENANT_NAME_PATTERN,
+                        description="The tenant the tree runs under "
                         "([tenants.<name>] in orgchart.toml: weight, max_in_flight).")
-    budget_tokens: int = Field(DEFAULT_BUDGET_TOKENS, description="Tree-wide token budget.")
-    budget_seconds: int = Field(DEFAULT_BUDGET_SECONDS, description="Seconds per run of each task.")
-    budget_usd: Decimal = Field(DEFAULT_BUDGET_USD, allow_inf_nan=False,
-                                description="Tree-wide USD budget (number or string).")
-    payload: dict[str, Any] | None = Field(None, description="Extra payload fields.")
-    success_criteria: dict[str, Any] | None = None
-    kill_criteria: dict[str, Any] | None = None
+    budget_tokens: Tokens = Field(DEFAULT_BUDGET_TOKENS, description="Tree-wide token budget.")
+    budget_seconds: Int = Field(DEFAULT_BUDGET_SECONDS, ge=1, le=MAX_INT,
+                                description="Seconds per run of each task.")
+    budget_usd: Usd = Field(DEFAULT_BUDGET_USD,
+                            description="Tree-wide USD budget (number or string).")
+    payload: JsonObject | None = Field(None, description="Extra payload fields (the "
+                                       "agent's input schema: see the oneOf).")
+    success_criteria: SuccessCriteria | None = None
+    kill_criteria: KillCriteria | None = None
 
 
 class ResolveRequest(BaseModel):
-    """``POST /tasks/{id}/resolve``: what to do with an escalated task."""
+    """``POST /tasks/{id}/resolve``: what to do with an escalated task.
 
-    model_config = ConfigDict(extra="forbid")
+    ``agent`` goes with ``reassign`` and only with it: the document says so with a
+    ``oneOf`` (the server checks it here, so both say the same).
+    """
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
+        {"properties": {"action": {"enum": ["retry", "done", "fail"]},
+                        "agent": {"type": "null"}}},
+        {"properties": {"action": {"const": "reassign"}, "agent": {"type": "string"}},
+         "required": ["agent"]},
+    ]})
 
     action: Literal["retry", "done", "fail", "reassign"]
     agent: str | None = Field(None, description="The new agent (reassign only).")
-    note: str | None = Field(None, max_length=10_000, description="Kept in the history.")
+    note: Text | None = Field(None, max_length=10_000, description="Kept in the history.")
+
+    @model_validator(mode="after")
+    def _agent_with_reassign_only(self) -> ResolveRequest:
+        if self.action == "reassign" and not self.agent:
+            raise ValueError("action 'reassign' needs 'agent': the agent to hand it to")
+        if self.action != "reassign" and self.agent is not None:
+            raise ValueError(f"'agent' is only used with action 'reassign', not {self.action!r}")
+        return self
 
 
 # ---------------------------------------------------------------------- responses
@@ -226,6 +258,7 @@ def create_app(store: Store | None = None, settings: Settings | None = None,
 
     """
     from runtime.config import load_settings
+    from runtime.forks.branch import known_models
     from runtime.wiring import load_registry, open_store
 
     settings = settings or load_settings()
@@ -242,7 +275,8 @@ def create_app(store: Store | None = None, settings: Settings | None = None,
     app.state.registry = registry
     app.add_middleware(_Guard, token=token, max_body=max_body_bytes)  # type: ignore[arg-type]
     _add_error_handlers(app)
-    app.openapi = complete_document(app.openapi, bool(token))  # type: ignore[method-assign]
+    app.openapi = complete_document(  # type: ignore[method-assign]
+        app.openapi, bool(token), choices_for(registry, known_models(settings)))
     _add_api_routes(app, store, settings, registry)
     add_steering_routes(app, store)
     page = _add_pages(app)
@@ -266,6 +300,7 @@ def _add_error_handlers(app: FastAPI) -> None:
             message = f"no route {request.method} {request.url.path}"
         elif exc.status_code == 405:
             message = f"method {request.method} is not allowed on {request.url.path}"
+            return _error(405, message, {"Allow": _allowed_methods(request)})
         return _error(exc.status_code, message, dict(exc.headers or {}))
 
     async def not_found(_: Request, exc: Exception) -> Response:
@@ -298,6 +333,21 @@ def _add_error_handlers(app: FastAPI) -> None:
         app.add_exception_handler(cls, unavailable)
 
 
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves at the request's path, for a 405's ``Allow``.
+
+    Starlette answers 405 from the first route whose path matches, so its ``Allow``
+    names that route's methods only: ``GET /schedules`` and ``POST /schedules`` are two
+    routes, and ``Allow: GET`` would hide the POST.
+    """
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        regex, served = getattr(route, "path_regex", None), getattr(route, "methods", None)
+        if regex is not None and served and regex.match(request.url.path):
+            methods |= set(served)
+    return ", ".join(sorted(methods))
+
+
 def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
                     registry: Registry) -> None:
     from runtime.wiring import build_root, submit_root
@@ -307,7 +357,8 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
                          409: {"description": "the key is used by a different request"}})
     def submit_task(
         body: SubmitRequest,
-        idempotency_key: str | None = Header(None, alias="Idempotency-Key"),
+        idempotency_key: str | None = Header(None, alias="Idempotency-Key", min_length=1,
+                                             max_length=200, pattern=STORABLE_TEXT),
     ) -> Response:
         """Submit a root goal; 201 with the new task, 200 with the same task for a repeat."""
         check_storable(body.model_dump(mode="python"), "body")
@@ -342,7 +393,7 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
         root_id: uuid.UUID,
         under: Annotated[uuid.UUID | None, Query(description="Only this task's subtree.")] = None,
         depth: Annotated[int | None, Query(
-            ge=0, description="Only this many levels below the top node.")] = None,
+            ge=0, le=MAX_INT, description="Only this many levels below the top node.")] = None,
         fields: Annotated[Literal["full", "summary"], Query()] = "full",
     ) -> Response:
         """The tree under a root, nested, with ``totals`` on its top node.
@@ -390,13 +441,9 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
               responses={**_ERRORS, 409: {"description": "the task cannot be resolved so"}})
     def resolve_task(task_id: uuid.UUID, body: ResolveRequest) -> dict[str, Any]:
         """Resolve an escalated task: retry, done, fail, or reassign to another agent."""
-        if body.action == "reassign":
-            if not body.agent:
-                raise BadInput("action 'reassign' needs 'agent': the agent to hand it to")
+        if body.agent is not None:  # the model saw to it that it goes with reassign
             check_storable(body.agent, "agent")
             registry.get(body.agent)
-        elif body.agent is not None:
-            raise BadInput(f"'agent' is only used with action 'reassign', not {body.action!r}")
         check_storable(body.note, "note")
         task = store.resolve(task_id, body.action, actor="api", note=body.note,
                              reassign_to=body.agent)

@@ -13,24 +13,47 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from decimal import Decimal
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.registry import Registry
+from agents.registry import InvalidInput, Registry, UnknownAgent
 from runtime.config import Settings
 from runtime.forks import fork
 from runtime.forks.diff import diff_trees
+from runtime.http.constraints import JsonObject, Text, Tokens, Usd
 from runtime.store.store import Store
 from runtime.views import task_json
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"description": "no task with that id"},
+    409: {"description": "the task's payload does not fit the agent named, or the payload "
+                         "does not fit the task's agent; nothing was created"},
     422: {"description": "bad overrides (the message says which); nothing was created"},
 }
+
+
+def _check_against_task(store: Store, registry: Registry, task_id: uuid.UUID,
+                        body: ForkRequest) -> None:
+    """Refuse (409) a payload or an agent that does not fit the task's own agent or payload.
+
+    With both given, the document says which payload each agent takes (422 when it does
+    not fit); with one, the other is the task's, which the document cannot know.
+    """
+    if (body.payload is None) == (body.agent is None):
+        return
+    task = store.get(task_id)
+    agent = body.agent or str(task["to_agent"])
+    payload = task["payload"] if body.payload is None else body.payload
+    try:
+        registry.validate_input(agent, payload)
+    except InvalidInput as exc:
+        raise HTTPException(409, f"the payload does not fit agent {agent!r}: {exc}") from None
+    except UnknownAgent:
+        return  # fork() says so, with the closest name
+
 
 
 class ForkRequest(BaseModel):
@@ -38,15 +61,14 @@ class ForkRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    payload: dict[str, Any] | None = Field(
+    payload: JsonObject | None = Field(
         None, description="The task's new payload (checked against the agent's schema).")
     agent: str | None = Field(None, description="Run the task with this agent.")
     model: str | None = Field(None, description="The model of the task's and its subtree's "
                                                 "calls (one with a price).")
-    note: str | None = Field(None, max_length=10_000, description="Kept in the history.")
-    budget_tokens: int | None = Field(None, description="Default: the original root's.")
-    budget_usd: Decimal | None = Field(None, allow_inf_nan=False,
-                                       description="Default: the original root's.")
+    note: Text | None = Field(None, max_length=10_000, description="Kept in the history.")
+    budget_tokens: Tokens | None = Field(None, description="Default: the original root's.")
+    budget_usd: Usd | None = Field(None, description="Default: the original root's.")
 
 
 def add_fork_routes(app: FastAPI, store: Store, settings: Settings, registry: Registry,
@@ -60,6 +82,7 @@ def add_fork_routes(app: FastAPI, store: Store, settings: Settings, registry: Re
         Every model call of the branch that asks exactly what its counterpart asked is
         served from the record (charged zero); the original tree is never written.
         """
+        _check_against_task(store, registry, task_id, body)
         branch = fork(store, registry, settings, task_id, actor="api",
                       **body.model_dump(exclude_none=True))
         return JSONResponse({**task_json(branch), "created": True}, status_code=201,

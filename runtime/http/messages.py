@@ -6,6 +6,8 @@ from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 
+from runtime.http.constraints import meaning
+
 
 def short(value: Any, limit: int = 60) -> str:
     """``repr(value)`` cut to ``limit`` characters."""
@@ -34,6 +36,11 @@ def validation_message(exc: RequestValidationError) -> str:
             parts.append(f"{kind}: unknown field {field!r}")
         elif typ == "uuid_parsing":
             parts.append(f"{field.replace('_', ' ')} {short(e.get('input'))} is not a UUID")
+        elif typ == "string_pattern_mismatch" and meaning(e.get("ctx", {}).get("pattern", "")):
+            parts.append(f"{where} {meaning(e['ctx']['pattern'])} (got {short(e.get('input'))})")
+        elif typ == "value_error":  # a model's own check: its message is the sentence
+            message = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+            parts.append(f"{where}: {message}" if field else message)
         else:
             parts.append(f"{where}: {e.get('msg', 'invalid')}"
                          + (f" (got {short(e['input'])})" if "input" in e and field else ""))

@@ -11,15 +11,15 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
-from typing import Any, Literal
+from typing import Any
 
-from fastapi import FastAPI, Response
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
 
 from agents.registry import Registry
 from runtime.config import Settings
 from runtime.errors import BadInput
+from runtime.http.schedule_request import ScheduleRequest, never_falls
 from runtime.schedules.commands import (
     add_schedule,
     pause_schedule,
@@ -28,42 +28,26 @@ from runtime.schedules.commands import (
     run_now,
     schedule_json,
 )
+from runtime.store.schedules import ScheduleExists
 from runtime.store.store import Store
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"description": "no schedule with that name"},
+    409: {"description": "a schedule of that name exists"},
     422: {"description": "bad input (the message says which); nothing was changed"},
 }
 
 
-class ScheduleRequest(BaseModel):
-    """``POST /schedules``: a cadence, and a goal or the fire."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(description="Unique; letters, digits, '_', '.', '-' (at most 64).")
-    cron: str | None = Field(None, description="A cron line: '0 7 * * *'.")
-    timezone: str | None = Field(None, description="The cron line's IANA time zone.")
-    every: str | None = Field(None, description="An interval instead: 30s, 5m, 1h.")
-    goal: str | None = Field(None, description="The goal of the root each slot starts.")
-    fire: bool = Field(False, description="Each slot runs the orchestrator's fire instead.")
-    agent: str = Field("ceo", description="The agent that receives the goal.")
-    payload: dict[str, Any] | None = Field(None, description="Extra payload.")
-    tenant: str = "default"
-    priority: int = 5
-    budget_tokens: int | None = None
-    budget_seconds: int | None = None
-    budget_usd: Decimal | None = Field(None, allow_inf_nan=False)
-    success_criteria: dict[str, Any] | None = None
-    kill_criteria: dict[str, Any] | None = None
-    overlap: Literal["skip", "allow", "cancel_previous"] = "skip"
-    catchup_window: str | None = Field(None, description="Default 1m: e.g. 1h.")
+async def _exists(_: Request, exc: Exception) -> Response:
+    return JSONResponse({"error": str(exc)}, status_code=409)
 
 
 def add_schedule_routes(app: FastAPI, store: Store, settings: Settings,
                         registry: Registry) -> None:
-    """Add the schedule endpoints."""
+    """Add the schedule endpoints (a taken name answers 409: the same body may fit later)."""
     from runtime.wiring import build_root
+
+    app.add_exception_handler(ScheduleExists, _exists)
 
     @app.get("/schedules", tags=["schedules"])
     def list_schedules() -> list[dict[str, Any]]:
@@ -73,8 +57,8 @@ def add_schedule_routes(app: FastAPI, store: Store, settings: Settings,
     @app.post("/schedules", status_code=201, tags=["schedules"], responses=_ERRORS)
     def create_schedule(body: ScheduleRequest) -> dict[str, Any]:
         """Store a schedule: a recurring root goal, or the orchestrator's fire."""
-        if (body.goal is None) == (not body.fire):
-            raise BadInput("give exactly one of goal and fire")
+        if body.cron is not None and never_falls(body.cron, body.timezone):
+            raise BadInput(f"cron line {body.cron!r} never falls (a day no month has)")
         task = None
         if body.goal is not None:
             budgets = {k: v for k, v in (("budget_tokens", body.budget_tokens),
@@ -106,9 +90,9 @@ def add_schedule_routes(app: FastAPI, store: Store, settings: Settings,
     @app.post("/schedules/{name}/run-now", tags=["schedules"], responses=_ERRORS)
     def fire_now(name: str) -> dict[str, Any]:
         """Fire an extra slot now (the overlap policy holds): its root, or why it skipped."""
-        if store.schedule(name)["kind"] == "fire":
-            raise BadInput(f"{name!r} schedules the fire, which runs in the caller's "
-                           f"foreground: use `orgchart schedule run-now {name}`")
+        if store.schedule(name)["kind"] == "fire":  # this schedule's kind: a conflict
+            raise HTTPException(409, f"{name!r} schedules the fire, which runs in the "
+                                f"caller's foreground: use `orgchart schedule run-now {name}`")
         return run_now(store, name, actor="api").as_dict()
 
     @app.delete("/schedules/{name}", status_code=204, tags=["schedules"], responses=_ERRORS)

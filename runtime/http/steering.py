@@ -22,13 +22,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.store.steering import SteeringRefused
+from runtime.http.constraints import Json, NonBlankText, Text
+from runtime.store.steering import SteeringConflict, SteeringRefused
 from runtime.store.store import Store
 from runtime.views import inbox_json, steer_json
 from runtime.wiring import check_storable
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"description": "no task ..."},
+    409: {"description": "the task's state forbids it (an answer to no open question)"},
     422: {"description": "the request is malformed, or the answer does not fit"},
 }
 
@@ -38,8 +40,17 @@ class NoteRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    note: str | None = Field(None, max_length=10_000, description="Kept in the history.")
-    by: str | None = Field(None, max_length=200, description="Who (default 'api').")
+    note: Text | None = Field(None, max_length=10_000, description="Kept in the history.")
+    by: Text | None = Field(None, max_length=200, description="Who (default 'api').")
+
+
+class RejectRequest(BaseModel):
+    """``POST /tasks/{id}/reject``: why (required, not blank: the failed task's error)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    note: NonBlankText = Field(..., max_length=10_000, description="Why: the task's error.")
+    by: Text | None = Field(None, max_length=200, description="Who (default 'api').")
 
 
 class AnswerRequest(BaseModel):
@@ -47,19 +58,25 @@ class AnswerRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    answer: Any = Field(..., description="Checked against answer_schema and choices.")
-    by: str | None = Field(None, max_length=200, description="Who answers (default 'api').")
+    answer: Json = Field(..., description="Checked against answer_schema and choices.")
+    by: Text | None = Field(None, max_length=200, description="Who answers (default 'api').")
 
 
 def add_steering_routes(app: FastAPI, store: Store) -> None:
-    """Add the steering endpoints to ``app`` (a refused command answers 422)."""
+    """Add the steering endpoints to ``app``.
+
+    A refused command answers 422 (bad input: an answer that does not fit, a pause of a
+    task that is no root), or 409 when the task's state forbids it (an answer to a task
+    that is no open question).
+    """
 
     async def refused(_: Request, exc: Exception) -> Response:
-        return JSONResponse({"error": str(exc)}, status_code=422)
+        status = 409 if isinstance(exc, SteeringConflict) else 422
+        return JSONResponse({"error": str(exc)}, status_code=status)
 
     app.add_exception_handler(SteeringRefused, refused)
 
-    def actor(body: NoteRequest | AnswerRequest | None) -> str:
+    def actor(body: NoteRequest | AnswerRequest | RejectRequest | None) -> str:
         by = body.by if body is not None else None
         check_storable(by, "by")
         return by or "api"
@@ -119,7 +136,7 @@ def _add_task_routes(app: FastAPI, store: Store, actor: Any) -> None:
         return steer_json(store.approve(task_id, actor=actor(body), note=note))
 
     @app.post("/tasks/{task_id}/reject", tags=["steering"], responses=_ERRORS)
-    def reject_task(task_id: uuid.UUID, body: NoteRequest) -> dict[str, Any]:
-        """Fail a task held for approval with the note (required)."""
+    def reject_task(task_id: uuid.UUID, body: RejectRequest) -> dict[str, Any]:
+        """Fail a task held for approval with the note (required, not blank)."""
         check_storable(body.note, "note")
-        return steer_json(store.reject(task_id, note=body.note or "", actor=actor(body)))
+        return steer_json(store.reject(task_id, note=body.note, actor=actor(body)))

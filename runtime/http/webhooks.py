@@ -12,13 +12,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Query
 from fastapi import Path as PathParam
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
-from runtime.config import Settings
+from runtime.config import TENANT_NAME_PATTERN, WEBHOOK_EVENTS, Settings, expand_webhook_events
 from runtime.store.rows import NotFound
 from runtime.store.store import Store
 from runtime.webhooks import DeliveryConfig, add_endpoint, as_json, send_test
@@ -26,6 +26,17 @@ from runtime.webhooks.endpoints import NAME_PATTERN
 
 #: The largest outbox id (a bigint): a larger one is bad input, not a database error.
 MAX_BIGINT = 2**63 - 1
+
+#: An http(s) URL with a host name or address (no user, no IPv6 literal), an optional
+#: port (0 to 65535) and path: what the SSRF rule can read. Whether the host may
+#: receive (not loopback or private unless ``[webhooks] allow_private``, and it must
+#: resolve) is the server's to say: a refused host answers 422.
+URL_PATTERN = (r"^https?://[^\x00-\x20\x7f/?#@\[\]:\\]+"
+               r"(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}"
+               r"|[1-5][0-9]{4}|[0-9]{1,4}))?(?:[/?#][^\x00-\x20\x7f]*)?$")
+#: What ``events`` may hold: an event's name, or a glob naming a family.
+EVENT_CHOICES = (*WEBHOOK_EVENTS, "*", *sorted({e.split(".")[0] + ".*" for e in WEBHOOK_EVENTS}))
+Event = Annotated[str, WithJsonSchema({"type": "string", "enum": list(EVENT_CHOICES)})]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"description": "no endpoint or event with that name or id"},
@@ -39,12 +50,26 @@ class WebhookRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(..., pattern=f"^{NAME_PATTERN}$", description="Letters, digits, '_' or '-'.")
-    url: str = Field(..., max_length=2000, description="Where to POST (http or https).")
-    events: list[str] = Field(..., min_length=1, max_length=20,
-                              description="Event names or globs (task.*).")
-    secret_env: str = Field(..., max_length=200,
+    url: str = Field(..., max_length=2000, pattern=URL_PATTERN,
+                     description="Where to POST (http or https). A host that is loopback "
+                                 "or private (unless [webhooks] allow_private), or that does "
+                                 "not resolve, is refused (422).")
+    events: list[Event] = Field(..., min_length=1, max_length=20,
+                                description="Event names or globs (task.*).")
+    secret_env: str = Field(..., max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
                             description="The variable holding the whsec_ secret.")
-    tenant: str | None = Field(None, max_length=64, description="Only this tenant's trees.")
+    tenant: str | None = Field(None, pattern=TENANT_NAME_PATTERN,
+                               description="Only this tenant's trees.")
+
+    @field_validator("events")
+    @classmethod
+    def _known_events(cls, value: list[str]) -> list[str]:
+        for event in value:
+            if event not in EVENT_CHOICES:
+                expand_webhook_events([event])  # raises, with the closest name
+                raise ValueError(f"events: use a name or one of "
+                                 f"{', '.join(EVENT_CHOICES[len(WEBHOOK_EVENTS):])}")
+        return value
 
 
 def add_webhook_routes(app: FastAPI, store: Store, settings: Settings) -> None:

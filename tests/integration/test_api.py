@@ -12,7 +12,7 @@ import pytest
 
 from runtime.config import load_settings
 from runtime.http.api import create_app
-from runtime.store.db import create_db_engine
+from runtime.store.postgres.engines import create_db_engine
 from runtime.store.store import Store
 from runtime.views import TASK_FIELDS, tree_json
 from runtime.wiring import Runtime, build_runtime
@@ -134,9 +134,11 @@ def test_the_same_idempotency_key_with_another_body_is_a_409(client: TestClient,
     ({"prompt": "x", "agent": "ech"}, "did you mean 'echo'"),
     ({"prompt": ""}, "body.prompt"),
     ({"prompt": 3}, "body.prompt"),
-    ({"prompt": "x", "agent": "echo", "budget_tokens": -1}, "budget_tokens cannot be negative"),
+    ({"prompt": "x", "agent": "echo", "budget_tokens": -1}, "body.budget_tokens: Input should "
+                                                            "be greater than or equal to 0"),
     ({"prompt": "x", "agent": "echo", "budget_usd": "lots"}, "body.budget_usd"),
-    ({"prompt": "x", "agent": "echo", "priority": 10**9}, "priority must be between"),
+    ({"prompt": "x", "agent": "echo", "priority": 10**9}, "body.priority: Input should be "
+                                                          "less than or equal to 1000"),
     ({"prompt": "x", "agent": "echo", "payload": [1]}, "body.payload"),
     ({"prompt": "x", "agent": "echo", "type": "nope"}, "handles types"),
     ({"prompt": "x", "agent": "echo", "success_criteria": {"bogus": 1}}, "bogus"),

@@ -88,8 +88,10 @@ def test_fork_and_diff_over_http(runtime: Runtime, client: TestClient) -> None:
     writer = next(c for c in runtime.store.children(root["id"]) if c["idempotency_key"] == "w0")
     before = task_count(runtime.store)
 
+    # The payload fits no schema of the task's agent: a conflict with the task (409), as
+    # the document cannot know which agent the task has.
     bad: Any = client.post(f"/tasks/{writer['id']}/fork", json={"payload": {"x": 1}})
-    assert bad.status_code == 422 and "does not fit" in bad.json()["error"]
+    assert bad.status_code == 409 and "does not fit" in bad.json()["error"]
     assert client.post(f"/tasks/{uuid.uuid4()}/fork", json={}).status_code == 404
     assert client.post(f"/tasks/{root['id']}/fork", json={"agent": "nope"}).status_code == 422
     assert client.post(f"/tasks/{root['id']}/fork", json={"extra": 1}).status_code == 422

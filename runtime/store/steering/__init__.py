@@ -21,10 +21,11 @@ from runtime.store.steering.commands import CANCEL_PASSES, StoreSteering
 from runtime.store.steering.types import (
     CancelOutcome,
     GateRow,
+    SteeringConflict,
     SteeringRefused,
     SteerOutcome,
     validate_answer,
 )
 
-__all__ = ["CANCEL_PASSES", "CancelOutcome", "GateRow", "SteerOutcome", "SteeringRefused",
-           "StoreSteering", "validate_answer"]
+__all__ = ["CANCEL_PASSES", "CancelOutcome", "GateRow", "SteerOutcome", "SteeringConflict",
+           "SteeringRefused", "StoreSteering", "validate_answer"]

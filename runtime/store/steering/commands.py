@@ -19,6 +19,7 @@ from runtime.store.rows import HUMAN_AGENT, TERMINAL_STATUSES, NotFound, canonic
 from runtime.store.steering.types import (
     CancelOutcome,
     GateRow,
+    SteeringConflict,
     SteeringRefused,
     SteerOutcome,
     validate_answer,
@@ -261,10 +262,10 @@ class StoreSteering(StoreWrites):
         if task is None:
             raise NotFound(f"no task {task_id}")
         if task.to_agent != HUMAN_AGENT:
-            raise SteeringRefused(f"task {task_id} is addressed to {task.to_agent!r}, not to "
+            raise SteeringConflict(f"task {task_id} is addressed to {task.to_agent!r}, not to "
                                   f"{HUMAN_AGENT!r}; only questions can be answered")
         if task.status != "pending":
-            raise SteeringRefused(f"task {task_id} is {task.status}; it is no longer an open "
+            raise SteeringConflict(f"task {task_id} is {task.status}; it is no longer an open "
                                   "question")
         validate_answer(task.payload, answer)
         with self.transaction() as conn:
@@ -274,7 +275,7 @@ class StoreSteering(StoreWrites):
             ready = self._children_ended(conn, rows, actor) if rows else []
             status = self._status(conn, task_id)
         if not rows:
-            raise SteeringRefused(f"task {task_id} is {status}; it is no longer an open "
+            raise SteeringConflict(f"task {task_id} is {status}; it is no longer an open "
                                   "question")
         return SteerOutcome(task_id, True, "done", f"answered task {task_id}", tuple(ready))
 

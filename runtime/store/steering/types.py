@@ -13,6 +13,14 @@ class SteeringRefused(ValueError):
     """A steering command that cannot apply (wrong status, bad answer): nothing changed."""
 
 
+class SteeringConflict(SteeringRefused):
+    """The command is well formed, but the task's state forbids it (HTTP 409).
+
+    Answering a task that is not an open question to ``human``, for example: the same
+    request may be right for another task, so it is not bad input.
+    """
+
+
 @dataclass(frozen=True)
 class CancelOutcome:
     """What a cancel did: how many tasks it ended, or why it was a no-op."""
