@@ -20,6 +20,8 @@ from agents.schemas import (
 from runtime.config import Settings
 from runtime.llm.backends.choice import build_backend
 from runtime.llm.backends.embedded import (
+    CHATML_TEMPLATE,
+    fallback_template,
     parse_tool_reply,
     template_messages,
     tool_reply_schema,
@@ -88,6 +90,20 @@ def test_tool_messages_read_as_a_template_without_tool_roles() -> None:
     assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
     assert "lookup" in out[0]["content"] and "tool_calls" in out[2]["content"]
     assert out[3]["content"].startswith("Result of tool lookup")
+
+
+def test_a_file_without_a_chat_template_gets_its_familys_turns() -> None:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    assert fallback_template("llama") == fallback_template(None) == CHATML_TEMPLATE
+    # The binding renders with trim_blocks and lstrip_blocks, as here.
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    gemma = env.from_string(fallback_template("gemma3"))
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+                {"role": "assistant", "content": "A"}, {"role": "user", "content": "V"}]
+    assert gemma.render(bos_token="<bos>", messages=messages) == (
+        "<bos><start_of_turn>user\nS\n\nU<end_of_turn>\n<start_of_turn>model\nA<end_of_turn>\n"
+        "<start_of_turn>user\nV<end_of_turn>\n<start_of_turn>model\n")
 
 
 def test_a_missing_model_file_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:

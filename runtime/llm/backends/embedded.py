@@ -232,10 +232,24 @@ def parse_tool_reply(text: str, schema: Mapping[str, Any] | None
 #: The chat template of a GGUF file that has none: ChatML (SmolLM2's own is ChatML too).
 CHATML_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
                    "<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+#: Gemma's turns, for a Gemma file that has no template (a base model's GGUF): the system
+#: message opens the first user turn, as Gemma's own template does.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m.role == 'system' %}<start_of_turn>user\n{{ m.content }}\n\n"
+    "{% elif m.role == 'user' %}{% if loop.first or messages[loop.index0 - 1].role != 'system' %}"
+    "<start_of_turn>user\n{% endif %}{{ m.content }}<end_of_turn>\n"
+    "{% else %}<start_of_turn>model\n{{ m.content }}<end_of_turn>\n{% endif %}"
+    "{% endfor %}<start_of_turn>model{{ '\\n' }}")  # (a last newline in text is dropped)
+
+
+def fallback_template(architecture: str | None) -> str:
+    """The chat template for a GGUF file without one, by its ``general.architecture``."""
+    return GEMMA_TEMPLATE if (architecture or "").startswith("gemma") else CHATML_TEMPLATE
 
 
 def _formatter(context: Any) -> Any:
-    """The chat formatter of a loaded model: its GGUF template (else ChatML), its EOS."""
+    """The chat formatter of a loaded model: its GGUF template (else by family), its EOS."""
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     formatter = getattr(context, "_orgchart_formatter", None)
@@ -246,7 +260,8 @@ def _formatter(context: Any) -> Any:
             return context.detokenize([token], special=True).decode() if token != -1 else ""
 
         formatter = Jinja2ChatFormatter(
-            template=context.metadata.get("tokenizer.chat_template") or CHATML_TEMPLATE,
+            template=context.metadata.get("tokenizer.chat_template")
+            or fallback_template(context.metadata.get("general.architecture")),
             eos_token=text(eos), bos_token=text(bos), stop_token_ids=[eos])
         context._orgchart_formatter = formatter
     return formatter
