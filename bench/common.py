@@ -1,7 +1,7 @@
 """What every benchmark shares: a scratch database, worker processes, statistics, output.
 
 Each benchmark runs against the server named by ``ORGCHART_DATABASE_URL`` (else the
-embedded server, as ``runtime.store.db.resolve_url`` decides), in a database of its own
+embedded server, as ``runtime.store.postgres.urls.resolve_url`` decides), in a database of its own
 (``bench_<name>_<random>``, migrated to head) that it drops at the end, so a run never
 touches real data and two runs never see each other's rows.
 """
@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
-from runtime.store import db
+from runtime.store.postgres import engines, migrations, urls
 from runtime.store.store import Store
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -43,18 +43,18 @@ SUBMIT_CHUNK = 5_000
 # ---------------------------------------------------------------------- databases
 def server_url() -> str:
     """The server to measure: ``ORGCHART_DATABASE_URL``, else the embedded PostgreSQL."""
-    return db.resolve_url()
+    return urls.resolve_url()
 
 
 def with_database(url: str, name: str) -> str:
     """``url`` pointing at database ``name`` on the same server."""
-    return sa.engine.make_url(db.sqlalchemy_url(url)).set(database=name).render_as_string(
+    return sa.engine.make_url(urls.sqlalchemy_url(url)).set(database=name).render_as_string(
         hide_password=False)
 
 
 def admin(url: str, *statements: str) -> None:
     """Run statements in autocommit (CREATE/DROP DATABASE)."""
-    with psycopg.connect(db.libpq_url(url), autocommit=True) as conn:
+    with psycopg.connect(urls.libpq_url(url), autocommit=True) as conn:
         for statement in statements:
             conn.execute(statement)  # type: ignore[arg-type]
 
@@ -67,7 +67,7 @@ def scratch_database(name: str, server: str | None = None) -> Iterator[str]:
     admin(server, f'CREATE DATABASE "{dbname}"')
     url = with_database(server, dbname)
     try:
-        db.upgrade(url)
+        migrations.upgrade(url)
         yield url
     finally:
         admin(server, f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
@@ -75,12 +75,12 @@ def scratch_database(name: str, server: str | None = None) -> Iterator[str]:
 
 def open_store(url: str, pool_size: int = 4) -> Store:
     """A Store on ``url``."""
-    return Store(db.create_db_engine(url, pool_size=pool_size))
+    return Store(engines.create_db_engine(url, pool_size=pool_size))
 
 
 def connect(url: str, autocommit: bool = True) -> psycopg.Connection[Any]:
     """A raw psycopg connection (the reference loops and hand-made data)."""
-    return psycopg.connect(db.libpq_url(url), autocommit=autocommit)
+    return psycopg.connect(urls.libpq_url(url), autocommit=autocommit)
 
 
 def truncate_tasks(url: str) -> None:
@@ -103,7 +103,7 @@ def machine(url: str) -> dict[str, Any]:
     with connect(url) as conn:
         version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
         full = conn.execute("SELECT version()").fetchone()[0]  # type: ignore[index]
-    parsed = sa.engine.make_url(db.sqlalchemy_url(url))
+    parsed = sa.engine.make_url(urls.sqlalchemy_url(url))
     embedded = os.environ.get("ORGCHART_DATABASE_URL") is None and \
         os.environ.get("DATABASE_URL") is None
     return {

@@ -26,7 +26,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from bench.ha_cluster import Formation, free_ports, unavailable
-from runtime.store import db
+from runtime.store.postgres import engines, migrations
 from runtime.store.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,8 +80,8 @@ def demo(leads: int, writers: int, workers: int) -> int:
         formation.start()
         url = formation.url()
         print(f"formed in {time.monotonic() - t0:.0f}s\n{formation.state_text()}\nURL: {url}")
-        db.upgrade(url)
-        store = Store(db.create_db_engine(url, pool_size=2))
+        migrations.upgrade(url)
+        store = Store(engines.create_db_engine(url, pool_size=2))
         root = _submit(store, leads, writers)
         total = 1 + leads + leads * writers
         procs = _workers(url, workers, home)

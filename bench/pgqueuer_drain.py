@@ -45,9 +45,9 @@ ENQUEUE_CHUNK = 5_000
 
 
 def _libpq(url: str) -> str:
-    from runtime.store import db
+    from runtime.store.postgres import urls
 
-    return db.libpq_url(url)
+    return urls.libpq_url(url)
 
 
 async def _connect(url: str) -> Any:

@@ -55,6 +55,7 @@ from bench.common import (
     scratch_database,
     submit_noop,
 )
+from runtime.config import WebhooksSettings
 from runtime.store.outbox import EndpointRow
 from runtime.store.rows import RunOutcome
 from runtime.store.store import Store
@@ -96,7 +97,7 @@ def measure_delivery(url: str, trees: int = 1000, rate: float = 200.0) -> dict[s
     """Finish ``trees`` trees and time each one's ``tree.finished`` to the receiver's 200."""
     store, deliver_store = open_store(url, pool_size=4), open_store(url, pool_size=12)
     receiver = Receiver().start()
-    deliverer = Deliverer(deliver_store, DeliveryConfig(allow_private=True),
+    deliverer = Deliverer(deliver_store, DeliveryConfig(WebhooksSettings(allow_private=True)),
                           env={SECRET_ENV: SECRET})
     try:
         _subscribe(store, receiver.url, ("tree.finished",))
@@ -231,12 +232,14 @@ def measure_trigger_cost(url: str, statements: int = 5000, rounds: int = 5) -> d
 #: A deliverer process for the chaos run: the loop every worker runs, until it is killed.
 _DELIVERER = """
 import sys, threading
-from runtime.store import db
+from runtime.config import WebhooksSettings
+from runtime.store.postgres import engines
 from runtime.store.store import Store
 from runtime.webhooks import Deliverer, DeliveryConfig
-store = Store(db.create_db_engine(sys.argv[1], pool_size=20))
-config = DeliveryConfig(allow_private=True, timeout_seconds=float(sys.argv[2]),
-                        retry_base_seconds=0.05, retry_max_seconds=0.5, max_attempts=1000)
+store = Store(engines.create_db_engine(sys.argv[1], pool_size=20))
+config = DeliveryConfig(WebhooksSettings(
+    allow_private=True, timeout_seconds=float(sys.argv[2]), retry_base_seconds=0.05,
+    retry_max_seconds=0.5, max_attempts=1000))
 Deliverer(store, config).start()
 threading.Event().wait()
 """

@@ -7,8 +7,9 @@ import logging.config
 from alembic import context
 
 from runtime.config import load_settings
-from runtime.store.db import one_shot_engine, resolve_url
 from runtime.store.models import Base
+from runtime.store.postgres.engines import one_shot_engine
+from runtime.store.postgres.urls import resolve_url
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("connection") is None:

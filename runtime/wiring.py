@@ -19,24 +19,20 @@ from typing import Any
 
 from agents.loader import load_modules
 from agents.registry import Registry
-from runtime.config import (
+from runtime.config import Settings
+from runtime.constants import (
     DEFAULT_BUDGET_SECONDS,
     DEFAULT_BUDGET_TOKENS,
     DEFAULT_BUDGET_USD,
     DEFAULT_TENANT,
     TENANT_NAME_PATTERN,
-    Settings,
 )
 from runtime.errors import BadInput
-from runtime.store import db
-from runtime.store.db import (
-    ConnectionOptions,
-    DatabaseUnavailable,
-    create_db_engine,
-    ensure_schema,
-    redacted,
-    settled_url,
-)
+from runtime.store.postgres import failover, retry
+from runtime.store.postgres.engines import create_db_engine
+from runtime.store.postgres.failover import DatabaseUnavailable
+from runtime.store.postgres.migrations import ensure_schema
+from runtime.store.postgres.urls import ConnectionOptions, redacted, settled_url
 from runtime.store.queries import Task
 from runtime.store.rows import HUMAN_AGENT, NewTask, NotFound, Tenancy
 from runtime.store.store import Store
@@ -63,7 +59,7 @@ def open_store(settings: Settings, migrate: bool = True, ride_out: bool = True) 
         # Through the store's pool: the connection that asks stays for the work (a
         # connection and an engine of its own were part of every worker's start-up).
         try:
-            db.retry(lambda: ensure_schema(url, engine),
+            retry.retry(lambda: ensure_schema(url, engine),
                      settings.database.failover_timeout_seconds if ride_out else 0.0)
         except BaseException:
             engine.dispose()
@@ -107,32 +103,20 @@ class Runtime:
         """A worker for ``agents`` (default: every registered agent plus the judge stage)."""
         from runtime.engine.worker import Worker, WorkerConfig
 
-        w = self.settings.worker
         # A person answers 'human' tasks: no worker serves that agent by default.
         names = tuple(agents) if agents else tuple(n for n in self.registry.names()
                                                    if n != HUMAN_AGENT)
         for name in names:
             self.registry.get(name)  # unknown names fail here, with a suggestion
-        options: dict[str, Any] = {
-            "agents": names,
-            "max_in_flight": w.max_in_flight,
-            "sync_threads": w.sync_threads,
-            "batch_size": w.batch_size,
-            "lease_seconds": w.lease_seconds,
-            "poll_interval_seconds": w.poll_interval_seconds,
-            "maintenance_interval_seconds": w.maintenance_interval_seconds,
-            "stop_grace_seconds": w.stop_grace_seconds,
-            "max_delivery": self.settings.retry.max_delivery,
-        }
-        options.update({k: v for k, v in overrides.items() if v is not None})
+        config = WorkerConfig.from_settings(self.settings, names, **overrides)
         from runtime.telemetry.traces import start_trace_export
 
         start_trace_export(self.store)  # OTLP traces, only when OTEL_EXPORTER_OTLP_* is set
         from runtime.webhooks import start_delivery
 
         start_delivery(self.store, self.settings)  # the outbox, when an endpoint is subscribed
-        db.OUTAGE.level = logging.WARNING  # a long-running process: say so in the log
-        return Worker(self.store, self.executor(), WorkerConfig(**options))
+        failover.OUTAGE.level = logging.WARNING  # a long-running process: say so in the log
+        return Worker(self.store, self.executor(), config)
 
 
 def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
@@ -209,9 +193,9 @@ def submit_root(store: Store, new: NewTask, actor: str, timeout: float) -> tuple
             raise
 
     try:
-        return db.retry(attempt, timeout)
+        return retry.retry(attempt, timeout)
     except Exception as exc:
-        if not db.is_failover_error(exc):
+        if not failover.is_failover_error(exc):
             raise
         message = " ".join(str(getattr(exc, "orig", None) or exc).split())[:200]
         raise DatabaseUnavailable(

@@ -28,7 +28,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from runtime.store import db
+from runtime.store.postgres import embedded, engines, migrations, urls
 from runtime.store.store import Store
 
 if TYPE_CHECKING:
@@ -42,13 +42,13 @@ TEST_AGENTS = ("tests.support_agents",)
 
 
 def _with_database(url: str, name: str) -> str:
-    return sa.engine.make_url(db.sqlalchemy_url(url)).set(database=name).render_as_string(
+    return sa.engine.make_url(urls.sqlalchemy_url(url)).set(database=name).render_as_string(
         hide_password=False
     )
 
 
 def _admin(url: str, *statements: str) -> None:
-    with psycopg.connect(db.libpq_url(url), autocommit=True) as conn:
+    with psycopg.connect(urls.libpq_url(url), autocommit=True) as conn:
         for statement in statements:
             conn.execute(statement)  # type: ignore[arg-type]
 
@@ -58,12 +58,12 @@ def server_url() -> Iterator[str]:
     """The maintenance database URL of the server the tests use."""
     configured = os.environ.get(TEST_URL_ENV)
     if configured:
-        yield db.sqlalchemy_url(configured)
+        yield urls.sqlalchemy_url(configured)
         return
     home = Path(tempfile.mkdtemp(prefix="orgchart-test-pg-"))
     os.chmod(home, 0o755)
-    server = db.embedded_server(home / "pgdata")
-    yield db.sqlalchemy_url(server.get_uri())
+    server = embedded.embedded_server(home / "pgdata")
+    yield urls.sqlalchemy_url(server.get_uri())
     server.cleanup()
     shutil.rmtree(home, ignore_errors=True)
 
@@ -73,7 +73,7 @@ def template_db(server_url: str) -> Iterator[str]:
     """Name of a template database migrated to head, unique to this test session."""
     name = f"orgchart_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     _admin(server_url, f'CREATE DATABASE "{name}"')
-    db.upgrade(_with_database(server_url, name))
+    migrations.upgrade(_with_database(server_url, name))
     yield name
     _admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
@@ -111,7 +111,7 @@ def empty_db_url(server_url: str) -> Iterator[str]:
 @pytest.fixture
 def store(db_url: str) -> Iterator[Store]:
     """A Store on the test's private database."""
-    s = Store(db.create_db_engine(db_url, pool_size=4))
+    s = Store(engines.create_db_engine(db_url, pool_size=4))
     yield s
     s.dispose()
 

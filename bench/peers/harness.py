@@ -46,7 +46,7 @@ from bench.makespan import TERMINAL, WORKER_BOOT, _get, _vm_kb, start_model_serv
 from bench.makespan import _timeline as makespan_timeline
 from bench.peers import orgchart_tree
 from bench.peers.shape import Shape, code_lines
-from runtime.store import db
+from runtime.store.postgres import urls
 
 PEERS_DIR = Path(__file__).resolve().parent
 #: No run may take longer (seconds, restart included).
@@ -109,7 +109,7 @@ class Process:
                 text=True)
             return
         cmd = [sys.executable, "-m", "bench.peers.child", rt.runtime, rt.option,
-               "--db", db.libpq_url(url), "--model", model_url, "--client", client,
+               "--db", urls.libpq_url(url), "--model", model_url, "--client", client,
                "--kind", shape.kind, "--leads", str(shape.leads), "--writers",
                str(shape.writers), "--depth", str(shape.depth)] + (["--resume"] if resume else [])
         self.proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), stdin=subprocess.PIPE,

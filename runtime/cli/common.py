@@ -38,7 +38,9 @@ from rich.text import Text
 from agents.registry import DuplicateAgent, UnknownAgent
 from runtime.config import DATABASE_URL_ENVS, ConfigError, Settings, load_settings
 from runtime.errors import BadInput
-from runtime.store.db import HOME_ENV, DatabaseUnavailable, redacted, sqlalchemy_url
+from runtime.store.postgres.embedded import HOME_ENV
+from runtime.store.postgres.failover import DatabaseUnavailable
+from runtime.store.postgres.urls import redacted, sqlalchemy_url
 from runtime.store.rows import IdempotencyConflict, NotFound, ResolveRefused
 from runtime.store.steering import SteeringRefused
 from runtime.views import parse_task_id

@@ -30,7 +30,7 @@ from rich.table import Column, Table
 from runtime import config as config_module
 from runtime.cli.common import JsonOpt, out, print_json, settings
 from runtime.config import ENV_PREFIX, Settings
-from runtime.store.db import redacted, sqlalchemy_url
+from runtime.store.postgres.urls import redacted, sqlalchemy_url
 
 #: The command that writes docs/configuration.md (its test names it when the file is stale).
 REGENERATE = "orgchart config --markdown > docs/configuration.md"

@@ -372,9 +372,9 @@ def serve(
 
     mount(api, build_server(api.state.store, cfg, api.state.registry), is_loopback(host))
     logging.getLogger("uvicorn.access").addFilter(_RedactTokens())
-    from runtime.store import db
+    from runtime.store.postgres import failover
 
-    db.OUTAGE.level = logging.WARNING  # a failover is logged once, and its end
+    failover.OUTAGE.level = logging.WARNING  # a failover is logged once, and its end
     from runtime.cli.schedules import start_ticker
     from runtime.wiring import open_store
 

@@ -30,7 +30,8 @@ from runtime.cli.common import (
     print_json,
     settings,
 )
-from runtime.store.db import redacted, settled_url, upgrade
+from runtime.store.postgres.migrations import upgrade
+from runtime.store.postgres.urls import redacted, settled_url
 
 
 def _settings_and_store() -> tuple[Any, Any]:

@@ -15,7 +15,7 @@ what ``Store.charge`` returns. Each charge is budget rule 5 (:mod:`runtime.budge
 is charged to its own task only, its cost from :func:`runtime.budget.call_cost`.
 
 Failure modes: while the database fails over (a broken connection, a read-only or
-shutting-down server: :func:`runtime.store.db.is_failover_error`), a batch is
+shutting-down server: :func:`runtime.store.postgres.failover.is_failover_error`), a batch is
 written again with backoff for up to :data:`FAILOVER_RETRY_SECONDS`, so replies already
 paid for are not lost to the outage. When the failed attempt was an in-doubt COMMIT, the
 writer first asks which calls of the batch are recorded and charges only the others
@@ -34,7 +34,7 @@ import time
 from concurrent.futures import Future
 
 from runtime.engine.threads import handoff_for
-from runtime.store import db
+from runtime.store.postgres import failover, retry
 from runtime.store.rows import ModelCharge
 from runtime.store.store import Store
 
@@ -148,7 +148,7 @@ class ChargeWriter:
         done: dict[int, bool] = {}
         todo = list(range(len(charges)))
         deadline = time.monotonic() + FAILOVER_RETRY_SECONDS
-        delay = db.backoff_delays()
+        delay = retry.backoff_delays()
         doubt = False
         while True:
             try:
@@ -162,7 +162,7 @@ class ChargeWriter:
                 done.update(zip(todo, written, strict=True))
                 return [done[i] for i in range(len(charges))]
             except Exception as exc:
-                if not db.is_failover_error(exc) or time.monotonic() >= deadline:
+                if not failover.is_failover_error(exc) or time.monotonic() >= deadline:
                     raise
-                doubt = doubt or db.in_doubt(exc)
+                doubt = doubt or failover.in_doubt(exc)
                 time.sleep(delay())

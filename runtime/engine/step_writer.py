@@ -37,7 +37,7 @@ import psycopg
 from psycopg.rows import namedtuple_row
 
 from runtime.records import StepBegin, StepEnd, StepRecord
-from runtime.store.db import libpq_url
+from runtime.store.postgres.urls import libpq_url
 from runtime.store.queries import QUERIES
 from runtime.store.spend import step_begin_params, step_end_params, step_record
 

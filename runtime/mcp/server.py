@@ -39,7 +39,7 @@ from runtime.mcp.tools import (
     root_progress,
     run_tool,
 )
-from runtime.store.db import DatabaseUnavailable
+from runtime.store.postgres.failover import DatabaseUnavailable
 from runtime.store.rows import TERMINAL_STATUSES
 from runtime.store.store import Store
 

@@ -10,7 +10,7 @@ that takes writes (``target_session_attrs=read-write``), and the channel checks
 ``pg_is_in_recovery()`` before it subscribes, so it never listens on a standby (a
 multi-host URL without ``target_session_attrs``, or a primary demoted since): it raises
 :class:`StandbyServer` instead and the caller tries again. Keepalives and
-``tcp_user_timeout`` come with the URL (:func:`runtime.store.db.with_options`), so a
+``tcp_user_timeout`` come with the URL (:func:`runtime.store.postgres.urls.with_options`), so a
 listener whose server vanished notices in seconds, not after the kernel's 15 minutes.
 
 Failure modes: a dropped connection raises from :meth:`TaskChannel.notes`
@@ -26,7 +26,7 @@ from types import TracebackType
 import psycopg
 from sqlalchemy.engine import Engine
 
-from runtime.store.db import libpq_url
+from runtime.store.postgres.urls import libpq_url
 from runtime.store.queries import QUERIES
 
 #: Seconds to wait for the server when the channel connects.

@@ -21,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from runtime.store import db
+from runtime.store.postgres import failover
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
 from runtime.store.rows import NotFound, Tenancy, canonical_json, served_totals
@@ -51,7 +51,7 @@ class StoreReads:
         """Yield a connection inside one transaction (committed on success).
 
         An error raised by the COMMIT itself when the connection broke is flagged
-        in doubt (:func:`runtime.store.db.in_doubt`): the transaction may have
+        in doubt (:func:`runtime.store.postgres.failover.in_doubt`): the transaction may have
         committed, and the caller must find out from the database before it acts again.
         """
         with self.engine.connect() as conn:
@@ -66,8 +66,8 @@ class StoreReads:
             try:
                 trans.commit()
             except sa.exc.DBAPIError as exc:
-                if db.is_failover_error(exc):
-                    db.mark_in_doubt(exc)
+                if failover.is_failover_error(exc):
+                    failover.mark_in_doubt(exc)
                 raise
 
     def _rows(self, conn: Connection, name: str, **params: Any) -> list[Task]:

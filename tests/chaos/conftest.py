@@ -2,9 +2,9 @@
 
 Every test here gets its own database (``db_url``); the server restart affects the whole
 server, so only the chaos test does it. When the session uses the embedded server, its
-handle (``runtime.store.db``) restarts it with ``pg_ctl``; against the system PostgreSQL on
-127.0.0.1:5432 it is ``pg_ctlcluster``; any other server cannot be restarted from here
-and the restart is skipped (the test says so).
+handle (``runtime.store.postgres.embedded``) restarts it with ``pg_ctl``; against the
+system PostgreSQL on 127.0.0.1:5432 it is ``pg_ctlcluster``; any other server cannot be
+restarted from here and the restart is skipped (the test says so).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ import sqlalchemy as sa
 from runtime.audit.checker import audit
 from runtime.audit.history import Recorder, load
 from runtime.audit.report import Report
-from runtime.store import db
+from runtime.store.postgres import embedded, urls
 from runtime.store.store import Store
 from tests.support import wait_until
 
@@ -248,16 +248,17 @@ def _system_restart(cluster: tuple[str, str]) -> Callable[[float], None]:
 def server_control(server_url: str) -> ServerControl | None:
     """How to restart the server at ``server_url``, or None when this machine cannot.
 
-    The session's embedded server is found in ``runtime.store.db``'s handles by its socket
-    directory; a server on 127.0.0.1/localhost:5432 is taken to be the system cluster
+    The session's embedded server is found among the servers this process joined
+    (``runtime.store.postgres.embedded.joined_servers``) by its socket directory; a
+    server on 127.0.0.1/localhost:5432 is taken to be the system cluster
     (``pg_ctlcluster``, cluster named by ``SHOW cluster_name``).
     """
-    url = sa.engine.make_url(db.sqlalchemy_url(server_url))
+    url = sa.engine.make_url(urls.sqlalchemy_url(server_url))
     socket_dir = url.query.get("host")
     if isinstance(socket_dir, tuple):
         socket_dir = socket_dir[0]
     if socket_dir and str(socket_dir).startswith("/"):
-        for pgdata, server in list(db._embedded.items()):
+        for pgdata, server in list(embedded.joined_servers().items()):
             info = server.get_postmaster_info()
             if info.socket_dir is not None and Path(info.socket_dir) == Path(socket_dir):
                 return ServerControl("embedded", f"embedded PostgreSQL in {pgdata}",
@@ -265,7 +266,7 @@ def server_control(server_url: str) -> ServerControl | None:
         return None
     if url.host in ("127.0.0.1", "localhost") and (url.port or 5432) == 5432 \
             and shutil.which("pg_ctlcluster") and os.geteuid() == 0:
-        with psycopg.connect(db.libpq_url(server_url), autocommit=True) as conn:
+        with psycopg.connect(urls.libpq_url(server_url), autocommit=True) as conn:
             row = conn.execute("SHOW cluster_name").fetchone()
             version = conn.execute("SHOW server_version_num").fetchone()
         cluster_name = row[0] if row else ""
@@ -284,7 +285,7 @@ def terminate_backends(db_url: str, recorder: Recorder | None = None) -> int:
     In the history (``recorder``) it is a partition: every session is cut at once.
     """
     started = time.time()
-    with psycopg.connect(db.libpq_url(db_url), autocommit=True) as conn:
+    with psycopg.connect(urls.libpq_url(db_url), autocommit=True) as conn:
         rows = conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchall()

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 
 from bench.ha_cluster import MONITOR_SETTINGS, Formation, free_ports, unavailable
-from runtime.store import db
+from runtime.store.postgres import migrations, urls
 
 #: Where the figures go: ``ORGCHART_HA_FIGURES`` (``bench.ha`` sets it), else a scratch file.
 RESULTS = Path(os.environ.get("ORGCHART_HA_FIGURES")
@@ -75,7 +75,7 @@ def formation(figures: dict[str, Any]) -> Iterator[Formation]:
 
 
 def _admin(url: str, sql: str) -> None:
-    with psycopg.connect(db.libpq_url(url), autocommit=True, connect_timeout=5) as conn:
+    with psycopg.connect(urls.libpq_url(url), autocommit=True, connect_timeout=5) as conn:
         conn.execute(sql)  # type: ignore[arg-type]
 
 
@@ -86,7 +86,7 @@ def ha_db(formation: Formation) -> Iterator[str]:
     admin = formation.url().replace("/orgchart?", "/postgres?")
     _admin(admin, f'CREATE DATABASE "{name}"')
     url = formation.url().replace("/orgchart?", f"/{name}?")
-    db.upgrade(url)
+    migrations.upgrade(url)
     yield url
     try:
         _admin(admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from runtime.config import Settings
-from runtime.store import db
+from runtime.store.postgres import engines, failover
 from runtime.store.store import Store
 from runtime.wiring import build_root, load_registry, submit_root
 from tests.chaos.helpers import REPO_ROOT, duplicate_children
@@ -77,7 +77,7 @@ def attempt(fn: Callable[[], Any], default: Any = None) -> Any:
     try:
         return fn()
     except sa.exc.DBAPIError as exc:
-        if not db.is_failover_error(exc):
+        if not failover.is_failover_error(exc):
             raise
         return default
 
@@ -162,4 +162,4 @@ def first_log_time(log: str, needle: str) -> float | None:
 
 def store_on(url: str) -> Store:
     """A store on the formation (several hosts)."""
-    return Store(db.create_db_engine(url, pool_size=2))
+    return Store(engines.create_db_engine(url, pool_size=2))

@@ -25,7 +25,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from runtime.store.db import sqlstate
+from runtime.store.postgres.failover import sqlstate
 from runtime.store.queries import QUERIES
 from runtime.store.rows import RunOutcome
 from runtime.store.store import Store

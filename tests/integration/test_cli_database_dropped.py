@@ -13,7 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from runtime.cli.common import handled
-from runtime.store import db
+from runtime.store.postgres import engines
 from runtime.store.store import Store
 from tests.conftest import drop_database
 from tests.factories import submit
@@ -49,7 +49,7 @@ def test_a_statement_cancelled_by_the_timeout_says_so(db_url: str,
     monkeypatch.setenv("ORGCHART_DATABASE_URL", db_url)
 
     def slow() -> None:
-        engine = db.create_db_engine(db_url, pool_size=1, statement_timeout_ms=100)
+        engine = engines.create_db_engine(db_url, pool_size=1, statement_timeout_ms=100)
         try:
             with engine.connect() as conn:
                 conn.execute(sa.text("SELECT pg_sleep(5)"))

@@ -27,7 +27,7 @@ from fastapi.testclient import TestClient
 
 import orgchart
 from runtime.http.api import create_app
-from runtime.store import db
+from runtime.store.postgres import urls
 from runtime.store.rows import NewTask
 from runtime.store.store import Store
 from runtime.wiring import Runtime
@@ -48,7 +48,7 @@ def orgchart_cli(env: dict[str, str], *args: str, cwd: Path = REPO
 
 def untouched(db_url: str, root: str) -> tuple[str, int, int]:
     """A root's status, its events and the model calls made in its tree."""
-    with psycopg.connect(db.libpq_url(db_url)) as conn:
+    with psycopg.connect(urls.libpq_url(db_url)) as conn:
         status = conn.execute("SELECT status FROM tasks WHERE id = %s", (root,)).fetchone()
         events = conn.execute("SELECT count(*) FROM task_events e JOIN tasks t ON t.id = "
                               "e.task_id WHERE t.root_id = %s", (root,)).fetchone()

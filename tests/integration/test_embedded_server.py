@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from runtime.store import db
+from runtime.store.postgres import embedded, migrations, urls
 
 pytestmark = pytest.mark.skipif(
     bool(os.environ.get("ORGCHART_TEST_DATABASE_URL")),
@@ -18,9 +18,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 PROBE = (
-    "import os, psycopg; from runtime.store import db; "
-    "url = db.resolve_url(None); "
-    "c = psycopg.connect(db.libpq_url(url)); "
+    "import os, psycopg; from runtime.store.postgres import urls; "
+    "url = urls.resolve_url(None); "
+    "c = psycopg.connect(urls.libpq_url(url)); "
     "print(c.execute('select pg_postmaster_start_time()').fetchone()[0]); c.close()"
 )
 
@@ -31,10 +31,10 @@ def test_embedded_server_starts_from_nothing_and_a_second_process_shares_it(
     monkeypatch.setenv("ORGCHART_HOME", str(home))
     monkeypatch.delenv("ORGCHART_DATABASE_URL", raising=False)
     monkeypatch.delenv("DATABASE_URL", raising=False)
-    url = db.resolve_url(None)  # starts it in this process
+    url = urls.resolve_url(None)  # starts it in this process
     assert (home / "pgdata" / "PG_VERSION").exists()
-    db.upgrade(url)
-    with psycopg.connect(db.libpq_url(url)) as conn:
+    migrations.upgrade(url)
+    with psycopg.connect(urls.libpq_url(url)) as conn:
         started = conn.execute("select pg_postmaster_start_time()").fetchone()[0]
     env = {k: v for k, v in os.environ.items() if k not in ("ORGCHART_DATABASE_URL",
                                                              "DATABASE_URL")}
@@ -42,6 +42,6 @@ def test_embedded_server_starts_from_nothing_and_a_second_process_shares_it(
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True,
                          text=True, timeout=60, check=True)
     assert out.stdout.strip() == str(started)
-    assert db.current_revision(url) == db.HEAD_REVISION
-    server = db._embedded.pop((home / "pgdata").resolve())
-    server.cleanup()
+    assert migrations.current_revision(url) == migrations.HEAD_REVISION
+    embedded.release_embedded(home / "pgdata")  # the last user out: it stops
+    assert (home / "pgdata").resolve() not in embedded.joined_servers()

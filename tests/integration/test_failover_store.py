@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from runtime.engine.charges import ChargeWriter
-from runtime.store import db
+from runtime.store.postgres import engines, failover, retry, urls
 from runtime.store.rows import ModelCharge, NewTask
 from runtime.store.store import Store
 from runtime.wiring import submit_root
@@ -24,7 +24,7 @@ from tests.factories import submit
 
 
 def _kill(db_url: str, pid: int) -> None:
-    with psycopg.connect(db.libpq_url(db_url), autocommit=True) as admin:
+    with psycopg.connect(urls.libpq_url(db_url), autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
 
@@ -38,8 +38,8 @@ def test_a_read_only_answer_discards_the_whole_pool(store: Store) -> None:
         conn.close()
     with pytest.raises(sa.exc.DBAPIError) as info:
         submit(store)
-    assert db.sqlstate(info.value) == "25006"
-    assert db.is_failover_error(info.value)
+    assert failover.sqlstate(info.value) == "25006"
+    assert failover.is_failover_error(info.value)
     # The sibling was discarded too: the retry gets a fresh (writable) connection.
     task = submit(store)
     assert store.get(task["id"])["status"] == "pending"
@@ -49,11 +49,11 @@ def test_a_commit_whose_connection_dies_is_in_doubt(store: Store, db_url: str) -
     with pytest.raises(sa.exc.DBAPIError) as info, store.transaction() as conn:
         conn.execute(sa.text("SELECT 1"))
         _kill(db_url, conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
-    assert db.in_doubt(info.value)
+    assert failover.in_doubt(info.value)
     with pytest.raises(sa.exc.DBAPIError) as info, store.transaction() as conn:
         _kill(db_url, conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
         conn.execute(sa.text("SELECT 1"))  # fails before any COMMIT: not in doubt
-    assert db.is_failover_error(info.value) and not db.in_doubt(info.value)
+    assert failover.is_failover_error(info.value) and not failover.in_doubt(info.value)
     assert store.ping()  # and the pool recovers
 
 
@@ -74,7 +74,7 @@ class _CommitThenBreak:
                 self.left -= 1
                 exc = sa.exc.OperationalError("COMMIT", {}, psycopg.OperationalError(
                     "server closed the connection unexpectedly"))
-                db.mark_in_doubt(exc)
+                failover.mark_in_doubt(exc)
                 raise exc
             return result
 
@@ -105,10 +105,10 @@ def test_a_submit_with_a_key_retried_by_another_process_returns_the_same_root(
 
 
 def test_a_submit_gives_up_with_one_line_naming_the_outage() -> None:
-    dead = Store(db.create_db_engine("postgresql://nobody@127.0.0.1:1,127.0.0.1:2/none",
+    dead = Store(engines.create_db_engine("postgresql://nobody@127.0.0.1:1,127.0.0.1:2/none",
                                      pool_size=1))
     new = NewTask(to_agent="echo", type="task", payload={"goal": "x"})
-    with pytest.raises(db.DatabaseUnavailable) as info:
+    with pytest.raises(failover.DatabaseUnavailable) as info:
         submit_root(dead, new, "cli", timeout=0.5)
     message = str(info.value)
     assert "127.0.0.1:1,127.0.0.1:2" in message and "nothing was submitted" in message
@@ -166,7 +166,7 @@ def test_unrelated_failures_are_not_retried(store: Store) -> None:
         raise sa.exc.IntegrityError("INSERT", {}, psycopg.errors.lookup("23505")("dup"))
 
     with pytest.raises(sa.exc.IntegrityError):
-        db.retry(refuse, timeout=10)
+        retry.retry(refuse, timeout=10)
     assert len(calls) == 1
 
 
@@ -175,16 +175,16 @@ def test_every_connection_carries_the_network_options(store: Store) -> None:
         shown = conn.execute(sa.text("SHOW idle_in_transaction_session_timeout")).scalar()
     assert shown == "10s"
     url = store.engine.url.render_as_string(hide_password=False)
-    with psycopg.connect(db.libpq_url(url)) as raw:  # the LISTEN connection's way
+    with psycopg.connect(urls.libpq_url(url)) as raw:  # the LISTEN connection's way
         row = raw.execute("SHOW idle_in_transaction_session_timeout").fetchone()
     assert row is not None and row[0] == "10s"
 
 
 def test_a_session_stuck_in_a_transaction_lets_its_locks_go(db_url: str) -> None:
     # A worker cut off between its UPDATE and its COMMIT: the server ends the session.
-    stuck = Store(db.create_db_engine(db_url, pool_size=1, options=db.ConnectionOptions(
+    stuck = Store(engines.create_db_engine(db_url, pool_size=1, options=urls.ConnectionOptions(
         idle_in_transaction_timeout_ms=300)))
-    other = Store(db.create_db_engine(db_url, pool_size=1))
+    other = Store(engines.create_db_engine(db_url, pool_size=1))
     try:
         task = submit(other)
         conn = stuck.engine.connect()

@@ -21,7 +21,7 @@ import pytest
 from agents.base import Agent, ChildSpec, ChildView, Delegate, Result, TaskView
 from agents.context import AgentContext
 from runtime.audit.checker import audit
-from runtime.store import db
+from runtime.store.postgres import urls
 from runtime.store.queries import TASKS_CHANNEL
 from runtime.store.rows import HANDED_DOWN, HANDED_UP, Handoff, RunOutcome, TaskRow
 from runtime.store.store import Store
@@ -80,7 +80,7 @@ def claim_events(store: Store, task_id: uuid.UUID) -> list[dict[str, Any]]:
 @pytest.fixture
 def listener(db_url: str) -> Iterator[psycopg.Connection[Any]]:
     """A connection LISTENing on the task channel (what another worker hears)."""
-    with psycopg.connect(db.libpq_url(db_url), autocommit=True) as conn:
+    with psycopg.connect(urls.libpq_url(db_url), autocommit=True) as conn:
         conn.execute(f"LISTEN {TASKS_CHANNEL}")
         yield conn
 

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from runtime.store import db
+from runtime.store.postgres import urls
 from tests.fake_ollama import FakeOllama, fake_ollama_server  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ def orgchart(env: dict[str, str], *args: str, timeout: float = 120) -> subproces
 
 
 def count_tasks(db_url: str) -> int:
-    with psycopg.connect(db.libpq_url(db_url)) as conn:
+    with psycopg.connect(urls.libpq_url(db_url)) as conn:
         return int(conn.execute("SELECT count(*) FROM tasks").fetchone()[0])
 
 

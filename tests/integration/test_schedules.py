@@ -25,7 +25,7 @@ from runtime.fleet.orchestrator import FIRE_LOCK_KEY, FireConfig, Orchestrator
 from runtime.schedules.commands import add_schedule, pause_schedule, resume_schedule, run_now
 from runtime.schedules.spec import ScheduleSpec, parse_cadence
 from runtime.schedules.ticker import Ticker, TickerConfig
-from runtime.store import db
+from runtime.store.postgres import engines
 from runtime.store.rows import NewTask
 from runtime.store.store import Store
 
@@ -68,7 +68,7 @@ def test_each_slot_fires_exactly_once_across_concurrent_tickers(db_url: str,
     names = [f"every-second-{i}" for i in range(SCHEDULES)]
     for name in names:
         _store_schedule(store, name, behind=20)
-    stores = [Store(db.create_db_engine(db_url, pool_size=2)) for _ in range(THREADS)]
+    stores = [Store(engines.create_db_engine(db_url, pool_size=2)) for _ in range(THREADS)]
     barrier = threading.Barrier(THREADS)
     errors: list[BaseException] = []
 

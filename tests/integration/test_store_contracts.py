@@ -8,7 +8,7 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from runtime.store import db
+from runtime.store.postgres import engines, migrations
 from runtime.store.queries import QUERIES, TEXT
 from runtime.store.rows import RunOutcome
 from runtime.store.store import Store
@@ -33,7 +33,7 @@ def test_retried_child_event_names_the_status_it_left(store: Store) -> None:
 
 
 def test_statement_timeout_cancels_a_long_statement(db_url: str) -> None:
-    engine = db.create_db_engine(db_url, pool_size=1, statement_timeout_ms=200)
+    engine = engines.create_db_engine(db_url, pool_size=1, statement_timeout_ms=200)
     try:
         with engine.connect() as conn, pytest.raises(sa.exc.OperationalError,
                                                      match="statement timeout"):
@@ -45,7 +45,7 @@ def test_statement_timeout_cancels_a_long_statement(db_url: str) -> None:
 
 
 def test_statement_timeout_zero_means_none(db_url: str) -> None:
-    engine = db.create_db_engine(db_url, pool_size=1, statement_timeout_ms=0)
+    engine = engines.create_db_engine(db_url, pool_size=1, statement_timeout_ms=0)
     try:
         with engine.connect() as conn:
             assert conn.execute(sa.text("SHOW statement_timeout")).scalar() == "0"
@@ -71,7 +71,7 @@ def test_the_channel_is_named_once_in_python_and_never_in_the_sql() -> None:
 def test_migration_lock_and_version_check_are_named_statements() -> None:
     import inspect
 
-    source = inspect.getsource(db)
+    source = inspect.getsource(migrations)
     assert "sa.text(\"SELECT" not in source and "pg_advisory" not in source
     for name in ("migration_lock_acquire", "migration_lock_release",
                  "migration_version_table_exists", "migration_version_get"):

@@ -202,7 +202,7 @@ def test_a_tree_run_by_a_real_worker_exports_as_one_trace(receiver: type[Receive
 
 
 def test_an_exporter_that_cannot_start_never_stops_the_worker() -> None:
-    from runtime.store.db import create_db_engine
+    from runtime.store.postgres.engines import create_db_engine
 
     down = Store(create_db_engine("postgresql://nobody@127.0.0.1:1/none", pool_size=1))
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from runtime.cli.app import app
-from runtime.config import expand_webhook_events, load_settings
+from runtime.config import WebhooksSettings, expand_webhook_events, load_settings
 from runtime.store.outbox import EndpointRow
 from runtime.store.rows import RunOutcome
 from runtime.store.store import Store
@@ -49,8 +49,10 @@ def _subscribe(store: Store, url: str, events: tuple[str, ...] = ("tree.finished
 
 
 def _deliverer(store: Store, **kw: Any) -> Deliverer:
-    config = DeliveryConfig(allow_private=True, timeout_seconds=kw.pop("timeout", 2.0),
-                            retry_base_seconds=0.01, retry_max_seconds=0.02, **kw)
+    own = {k: kw.pop(k) for k in ("threads", "per_endpoint") if k in kw}
+    config = DeliveryConfig(WebhooksSettings(
+        allow_private=True, timeout_seconds=kw.pop("timeout", 2.0), retry_base_seconds=0.01,
+        retry_max_seconds=0.02, **kw), **own)
     return Deliverer(store, config, env=ENV)
 
 
@@ -149,7 +151,7 @@ def test_backoff_waits_before_the_next_attempt(store: Store) -> None:
     try:
         _subscribe(store, receiver.url)
         _finish(store, submit(store))
-        config = DeliveryConfig(allow_private=True, retry_base_seconds=60)
+        config = DeliveryConfig(WebhooksSettings(allow_private=True, retry_base_seconds=60))
         deliverer = Deliverer(store, config, env=ENV)
         assert [a.outcome for a in deliverer.run_once()] == ["retry"]
         assert deliverer.run_once() == []  # not due for 30-60 s
@@ -191,11 +193,12 @@ def test_a_slow_receiver_does_not_hold_back_another(store: Store, receiver: Rece
 
 _KILLED_DELIVERER = """
 import sys
-from runtime.store import db
+from runtime.store.postgres import engines
 from runtime.store.store import Store
+from runtime.config import WebhooksSettings
 from runtime.webhooks import Deliverer, DeliveryConfig
-store = Store(db.create_db_engine(sys.argv[1], pool_size=2))
-config = DeliveryConfig(allow_private=True, timeout_seconds=30)
+store = Store(engines.create_db_engine(sys.argv[1], pool_size=2))
+config = DeliveryConfig(WebhooksSettings(allow_private=True, timeout_seconds=30))
 Deliverer(store, config, env={"HOOK_SECRET": sys.argv[2]}).run_once()
 """
 

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from runtime.store import db
+from runtime.store.postgres import embedded, engines, migrations, urls
 from runtime.store.rows import RunOutcome, TaskRow
 from runtime.store.sessions import LivenessSession
 from runtime.store.store import Store
@@ -53,7 +53,7 @@ def _held(store: Store, owner: str) -> int:
 
 def _terminate(url: str, pid: int) -> None:
     """End one backend as PostgreSQL does when its client process dies."""
-    with psycopg.connect(db.libpq_url(url), autocommit=True) as conn:
+    with psycopg.connect(urls.libpq_url(url), autocommit=True) as conn:
         assert conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
 
 
@@ -139,13 +139,13 @@ def test_a_poisoned_task_s_parent_hears_of_it(
 @pytest.fixture
 def own_server(open_tmp: Path) -> Iterator[str]:
     """A migrated database on an embedded server of this test's own (it is restarted)."""
-    server = db.embedded_server(open_tmp / "pgdata")
-    url = db.sqlalchemy_url(server.get_uri())
+    server = embedded.embedded_server(open_tmp / "pgdata")
+    url = urls.sqlalchemy_url(server.get_uri())
     name = f"orgchart_live_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(db.libpq_url(url), autocommit=True) as conn:
+    with psycopg.connect(urls.libpq_url(url), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
     target = sa.engine.make_url(url).set(database=name).render_as_string(hide_password=False)
-    db.upgrade(target)
+    migrations.upgrade(target)
     try:
         yield target
     finally:
@@ -153,7 +153,7 @@ def own_server(open_tmp: Path) -> Iterator[str]:
 
 
 def test_a_restart_takes_nothing_back_by_session_loss_alone(own_server: str) -> None:
-    store = Store(db.create_db_engine(own_server, pool_size=2))
+    store = Store(engines.create_db_engine(own_server, pool_size=2))
     s = LivenessSession(store.engine, "w-restart")
     try:
         assert s.register() is not None

@@ -7,8 +7,8 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from runtime.store import db
 from runtime.store.models import Base
+from runtime.store.postgres import migrations, urls
 
 SEED_COLUMNS = [
     ("id", "uuid"), ("parent_id", "uuid"), ("root_id", "uuid"), ("from_agent", "text"),
@@ -22,7 +22,7 @@ SEED_COLUMNS = [
 
 
 def _tables(url: str) -> set[str]:
-    with psycopg.connect(db.libpq_url(url)) as conn:
+    with psycopg.connect(urls.libpq_url(url)) as conn:
         rows = conn.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
         ).fetchall()
@@ -30,22 +30,22 @@ def _tables(url: str) -> set[str]:
 
 
 def test_upgrade_downgrade_upgrade_on_an_empty_database(empty_db_url: str) -> None:
-    assert db.current_revision(empty_db_url) is None
-    db.upgrade(empty_db_url)
+    assert migrations.current_revision(empty_db_url) is None
+    migrations.upgrade(empty_db_url)
     assert {"tasks", "task_events", "fires", "model_calls"} <= _tables(empty_db_url)
-    db.downgrade(empty_db_url, "base")
+    migrations.downgrade(empty_db_url, "base")
     assert _tables(empty_db_url) <= {"alembic_version"}
-    db.upgrade(empty_db_url)
-    assert db.current_revision(empty_db_url) == db.HEAD_REVISION
+    migrations.upgrade(empty_db_url)
+    assert migrations.current_revision(empty_db_url) == migrations.HEAD_REVISION
 
 
 def test_upgrade_twice_is_a_no_op(db_url: str) -> None:
-    db.upgrade(db_url)
-    assert db.current_revision(db_url) == db.HEAD_REVISION
+    migrations.upgrade(db_url)
+    assert migrations.current_revision(db_url) == migrations.HEAD_REVISION
 
 
 def test_tasks_has_the_seed_columns_with_their_types_and_defaults(db_url: str) -> None:
-    with psycopg.connect(db.libpq_url(db_url)) as conn:
+    with psycopg.connect(urls.libpq_url(db_url)) as conn:
         cols = conn.execute(
             "SELECT column_name, data_type, column_default, is_nullable "
             "FROM information_schema.columns WHERE table_name = 'tasks' ORDER BY ordinal_position"
@@ -70,7 +70,7 @@ def test_tasks_has_the_seed_columns_with_their_types_and_defaults(db_url: str) -
 
 
 def test_status_check_constraint_refuses_an_unknown_status(db_url: str) -> None:
-    with psycopg.connect(db.libpq_url(db_url)) as conn:
+    with psycopg.connect(urls.libpq_url(db_url)) as conn:
         try:
             conn.execute(
                 "INSERT INTO tasks (to_agent, type, payload, status) VALUES ('a','t','{}','bogus')"
@@ -92,14 +92,14 @@ def test_models_and_migrations_agree(db_url: str) -> None:
 def test_head_revision_constant_matches_alembic() -> None:
     from alembic.script import ScriptDirectory
 
-    script = ScriptDirectory.from_config(db.alembic_config("postgresql://unused/x"))
-    assert script.get_current_head() == db.HEAD_REVISION
+    script = ScriptDirectory.from_config(migrations.alembic_config("postgresql://unused/x"))
+    assert script.get_current_head() == migrations.HEAD_REVISION
 
 
 def test_ensure_schema_migrates_an_empty_database_once(empty_db_url: str) -> None:
-    db.ensure_schema(empty_db_url)
-    assert db.current_revision(empty_db_url) == db.HEAD_REVISION
-    db.ensure_schema(empty_db_url)  # already current: no Alembic run
+    migrations.ensure_schema(empty_db_url)
+    assert migrations.current_revision(empty_db_url) == migrations.HEAD_REVISION
+    migrations.ensure_schema(empty_db_url)  # already current: no Alembic run
 
 
 def test_a_store_opened_on_an_empty_database_migrates_it_through_its_own_pool(
@@ -110,7 +110,7 @@ def test_a_store_opened_on_an_empty_database_migrates_it_through_its_own_pool(
     settings = load_settings(env={"ORGCHART_DATABASE_URL": empty_db_url})
     store = open_store(settings)
     try:
-        assert db.current_revision(empty_db_url) == db.HEAD_REVISION
+        assert migrations.current_revision(empty_db_url) == migrations.HEAD_REVISION
         # The connection that asked for the revision went back to the store's pool.
         assert store.engine.pool.checkedin() == 1  # type: ignore[attr-defined]
         with store.engine.connect() as conn:

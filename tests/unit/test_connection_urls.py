@@ -9,50 +9,50 @@ import pytest
 import sqlalchemy as sa
 from psycopg.conninfo import conninfo_to_dict
 
-from runtime.store import db
+from runtime.store.postgres import failover, retry, urls
 
 FORMATION = ("postgres://postgres@127.0.0.1:55433,127.0.0.1:55434/orgchart"
              "?target_session_attrs=read-write&sslmode=prefer")
 
 
 def test_a_multi_host_url_becomes_sqlalchemys_form_and_back() -> None:
-    url = db.sqlalchemy_url(FORMATION)
+    url = urls.sqlalchemy_url(FORMATION)
     parsed = sa.engine.make_url(url)
     assert parsed.query["host"] == ("127.0.0.1:55433", "127.0.0.1:55434")
     assert parsed.database == "orgchart" and parsed.username == "postgres"
-    info = conninfo_to_dict(db.libpq_url(url))
+    info = conninfo_to_dict(urls.libpq_url(url))
     assert info["host"] == "127.0.0.1,127.0.0.1" and info["port"] == "55433,55434"
     assert info["target_session_attrs"] == "read-write" and info["dbname"] == "orgchart"
 
 
 def test_the_psycopg_dialect_gets_every_host() -> None:
-    engine = sa.create_engine(db.with_options(FORMATION, db.ConnectionOptions()))
+    engine = sa.create_engine(urls.with_options(FORMATION, urls.ConnectionOptions()))
     _, params = engine.dialect.create_connect_args(engine.url)
     assert params["host"] == "127.0.0.1,127.0.0.1" and params["port"] == "55433,55434"
     assert params["tcp_user_timeout"] == "10000" and params["keepalives"] == "1"
 
 
 def test_a_password_survives_and_is_hidden_in_messages() -> None:
-    url = db.with_options("postgresql://u:p%40ss@h1:1,h2:2/db", db.ConnectionOptions())
-    assert conninfo_to_dict(db.libpq_url(url))["password"] == "p@ss"
-    shown = db.redacted(url)
+    url = urls.with_options("postgresql://u:p%40ss@h1:1,h2:2/db", urls.ConnectionOptions())
+    assert conninfo_to_dict(urls.libpq_url(url))["password"] == "p@ss"
+    shown = urls.redacted(url)
     assert "p@ss" not in shown and "p%40ss" not in shown
     assert shown == "postgresql://u:***@h1:1,h2:2/db"  # options left out too
 
 
 def test_options_do_not_override_the_urls_own_and_skip_unix_sockets() -> None:
-    url = db.with_options("postgresql://u@h:1/db?tcp_user_timeout=500",
-                          db.ConnectionOptions(tcp_user_timeout_ms=9000))
+    url = urls.with_options("postgresql://u@h:1/db?tcp_user_timeout=500",
+                          urls.ConnectionOptions(tcp_user_timeout_ms=9000))
     assert sa.engine.make_url(url).query["tcp_user_timeout"] == "500"
-    socket = db.with_options("postgresql://u@/db?host=/tmp/s&port=5", db.ConnectionOptions())
+    socket = urls.with_options("postgresql://u@/db?host=/tmp/s&port=5", urls.ConnectionOptions())
     assert "keepalives" not in sa.engine.make_url(socket).query
-    single = db.with_options("postgresql://u@h:1/db", db.ConnectionOptions(keepalives_count=7))
+    single = urls.with_options("postgresql://u@h:1/db", urls.ConnectionOptions(keepalives_count=7))
     assert sa.engine.make_url(single).query["keepalives_count"] == "7"
-    assert db.redacted(single) == "postgresql+psycopg://u@h:1/db"
+    assert urls.redacted(single) == "postgresql+psycopg://u@h:1/db"
 
 
 def test_zero_tcp_user_timeout_leaves_the_kernels() -> None:
-    assert "tcp_user_timeout" not in db.ConnectionOptions(tcp_user_timeout_ms=0).libpq()
+    assert "tcp_user_timeout" not in urls.ConnectionOptions(tcp_user_timeout_ms=0).libpq()
 
 
 def _err(state: str) -> psycopg.Error:
@@ -64,16 +64,16 @@ def _err(state: str) -> psycopg.Error:
     ("08001", True), ("23505", False), ("57014", False), ("40001", False), ("22P02", False),
 ])
 def test_failover_errors_are_classified_by_sqlstate(state: str, expected: bool) -> None:
-    assert db.is_failover_error(_err(state)) is expected
+    assert failover.is_failover_error(_err(state)) is expected
     wrapped = sa.exc.DBAPIError("SELECT 1", {}, _err(state))
-    assert db.is_failover_error(wrapped) is expected
+    assert failover.is_failover_error(wrapped) is expected
 
 
 def test_a_broken_connection_is_a_failover_error() -> None:
-    assert db.is_failover_error(psycopg.OperationalError("server closed the connection"))
-    assert db.is_failover_error(sa.exc.OperationalError(
+    assert failover.is_failover_error(psycopg.OperationalError("server closed the connection"))
+    assert failover.is_failover_error(sa.exc.OperationalError(
         "SELECT 1", {}, psycopg.OperationalError("connection refused")))
-    assert not db.is_failover_error(ValueError("no"))
+    assert not failover.is_failover_error(ValueError("no"))
 
 
 def test_retry_rides_out_failover_errors_and_raises_others() -> None:
@@ -85,17 +85,17 @@ def test_retry_rides_out_failover_errors_and_raises_others() -> None:
             raise psycopg.OperationalError("gone")
         return "ok"
 
-    assert db.retry(flaky, timeout=10) == "ok" and len(calls) == 3
+    assert retry.retry(flaky, timeout=10) == "ok" and len(calls) == 3
     with pytest.raises(ValueError):
-        db.retry(lambda: (_ for _ in ()).throw(ValueError("bad")), timeout=10)
+        retry.retry(lambda: (_ for _ in ()).throw(ValueError("bad")), timeout=10)
     with pytest.raises(psycopg.OperationalError):
-        db.retry(lambda: (_ for _ in ()).throw(psycopg.OperationalError("x")), timeout=0)
+        retry.retry(lambda: (_ for _ in ()).throw(psycopg.OperationalError("x")), timeout=0)
 
 
 def test_an_outage_is_logged_once_and_its_end_once(caplog: pytest.LogCaptureFixture) -> None:
-    outage = db.Outage()
+    outage = failover.Outage()
     outage.level = logging.WARNING
-    with caplog.at_level("WARNING", logger="runtime.store.db"):
+    with caplog.at_level("WARNING", logger="runtime.store.postgres.failover"):
         for _ in range(5):
             outage.begin(psycopg.OperationalError("server closed the connection"))
         outage.end("127.0.0.1:55434")
@@ -107,12 +107,13 @@ def test_an_outage_is_logged_once_and_its_end_once(caplog: pytest.LogCaptureFixt
 
 
 def test_cannot_reach_wrapping_a_failover_error_is_one_too() -> None:
-    def wrapped(cause: BaseException) -> db.DatabaseUnavailable:
+    def wrapped(cause: BaseException) -> failover.DatabaseUnavailable:
         try:
-            raise db.DatabaseUnavailable("cannot reach postgresql://h1:1,h2:2/db") from cause
-        except db.DatabaseUnavailable as exc:
+            raise failover.DatabaseUnavailable("cannot reach postgresql://h1:1,h2:2/db") from cause
+        except failover.DatabaseUnavailable as exc:
             return exc
 
-    assert db.is_failover_error(wrapped(psycopg.OperationalError("session is read-only")))
-    assert not db.is_failover_error(wrapped(ValueError("bad")))
-    assert not db.is_failover_error(db.DatabaseUnavailable("could not start the embedded one"))
+    assert failover.is_failover_error(wrapped(psycopg.OperationalError("session is read-only")))
+    assert not failover.is_failover_error(wrapped(ValueError("bad")))
+    assert not failover.is_failover_error(
+        failover.DatabaseUnavailable("could not start the embedded one"))

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from runtime.engine.threads import ThreadRunner
 from runtime.engine.worker.settings import DB_ERRORS
 from runtime.engine.worker.state import DbHealth, Held, InFlight
-from runtime.store.db import create_db_engine
+from runtime.store.postgres.engines import create_db_engine
 from runtime.store.store import Store
 
 log = logging.getLogger(__name__)

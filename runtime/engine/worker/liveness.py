@@ -32,7 +32,7 @@ import logging
 from runtime.engine.threads import ThreadRunner
 from runtime.engine.worker.settings import DB_ERRORS, WorkerConfig, WorkerStats
 from runtime.engine.worker.state import DbHealth
-from runtime.store.db import create_db_engine
+from runtime.store.postgres.engines import create_db_engine
 from runtime.store.rows import Reaped
 from runtime.store.sessions import LivenessSession
 from runtime.store.store import Store

@@ -56,7 +56,7 @@ from runtime.engine.worker.settings import (
     WorkerConfig,
 )
 from runtime.engine.worker.state import DbHealth, Held, InFlight, Pace, Wake
-from runtime.store import db
+from runtime.store.postgres import failover
 from runtime.store.rows import Handoff
 
 log = logging.getLogger(__name__)
@@ -285,7 +285,7 @@ class Scheduler:
                 # What a transaction that committed handed over is this worker's: run it.
                 handed += self._run_handed(handoff)
                 self.health.error("writer", exc)
-                if db.in_doubt(exc):
+                if failover.in_doubt(exc):
                     # The retry below is the check: every write is guarded by its lease
                     # token, so what already landed matches nothing and changes nothing.
                     log.warning(f"the COMMIT of {len(actions)} outcome(s) was in doubt; "

@@ -25,7 +25,7 @@ from typing import Any
 
 from runtime.engine.actions import Action
 from runtime.engine.worker.settings import WorkerStats
-from runtime.store import db
+from runtime.store.postgres import failover
 from runtime.store.rows import TaskRow
 
 log = logging.getLogger(__name__)
@@ -231,16 +231,17 @@ class DbHealth:
         """Count a database error in ``where``; log it when a streak starts.
 
         A failover error (the server gone, restarting or read-only) is the process's
-        outage, logged once for every place at once (:data:`runtime.store.db.OUTAGE`);
-        each place's streak is then logged at DEBUG only.
+        outage, logged once for every place at once
+        (:data:`runtime.store.postgres.failover.OUTAGE`); each place's streak is then
+        logged at DEBUG only.
         """
         self._stats.db_errors += 1
         if where not in self._failing:
             self._failing.add(where)
             error = str(getattr(exc, "orig", None) or exc).strip().splitlines()
             line = f"{type(exc).__name__}: {error[0][:300] if error else ''}"
-            if db.is_failover_error(exc):
-                db.OUTAGE.begin(exc)
+            if failover.is_failover_error(exc):
+                failover.OUTAGE.begin(exc)
                 log.debug(f"the worker's {where} waits for the database: {line}")
             else:
                 log.warning(f"database error in the worker's {where}; retrying: {line}")
