@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
-from runtime.experiments.scorers import SCORERS, RunOutcome
+from runtime.experiments.scorers import SCORERS, RunOutcome, replayed_path
 from runtime.experiments.stats import bootstrap_ci, paired_difference
 from runtime.store.rows import TERMINAL_STATUSES, NotFound
 from runtime.store.store import Store
@@ -183,8 +183,11 @@ def run_outcomes(store: Store, experiment_id: uuid.UUID) -> list[RunOutcome]:
         raise NotFound(f"no experiment {experiment_id}")
     cases = store.dataset_cases(experiment["dataset_id"])
     variants = {v["name"] for v in experiment["variants"]}  # not the judges' trees
+    # A replayed call took no time here; it counts what it took when made (latency_s).
+    replayed = replayed_path(store.experiment_task_replayed_seconds(experiment_id))
     return [RunOutcome(cases[row["position"]], row["variant"], row["repetition"], row,
-                       Decimal(row["replayed_cost_usd"]), int(row["replayed_tokens"]))
+                       Decimal(row["replayed_cost_usd"]), int(row["replayed_tokens"]),
+                       replayed.get(row["root_id"], 0.0))
             for row in store.experiment_runs(experiment_id)
             if row["status"] in TERMINAL_STATUSES and row["variant"] in variants]
 

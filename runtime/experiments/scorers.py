@@ -15,7 +15,10 @@ Built in (:data:`SCORERS`):
   the answer's list), else 0;
 - ``cost_usd``: what the tree's calls cost, replayed ones valued at their price (the
   cost of the answer standing alone; lower is better);
-- ``latency_s``: the root's wall time from its creation to its end (lower is better);
+- ``latency_s``: the root's wall time from its creation to its end, plus what its calls
+  replayed from the baseline took when the baseline made them, along the tree's slowest
+  path (a task's own, then its slowest child: siblings run side by side), so a variant
+  is not faster for having been replayed (lower is better);
 - ``tokens``: the tokens of the tree's calls, replayed ones included (lower is better).
 """
 
@@ -49,14 +52,56 @@ class RunOutcome:
     #: The calls replayed from the record, valued at their price.
     replayed_cost_usd: Decimal = Decimal(0)
     replayed_tokens: int = 0
+    #: What the calls replayed from the baseline took when made (:func:`replayed_path`).
+    replayed_seconds: float = 0.0
 
     @property
-    def latency_seconds(self) -> float | None:
+    def wall_seconds(self) -> float | None:
         """Seconds from the root's creation to its end, or None while it runs."""
         start, end = self.root.get("created_at"), self.root.get("completed_at")
         if not isinstance(start, dt.datetime) or not isinstance(end, dt.datetime):
             return None
         return (end - start).total_seconds()
+
+    @property
+    def latency_seconds(self) -> float | None:
+        """The wall time, with each replayed call counted at its recorded duration."""
+        wall = self.wall_seconds
+        return None if wall is None else wall + self.replayed_seconds
+
+
+def replayed_path(tasks: list[dict[str, Any]]) -> dict[Any, float]:
+    """Per root, the replayed seconds along its slowest path from the root down.
+
+    Args:
+        tasks: rows of ``experiment_task_replayed_seconds`` (``root_id``, ``id``,
+            ``parent_id``, ``replayed_seconds``), every task of each tree.
+
+    Returns:
+        For each root id: its own replayed seconds plus its slowest child's, recursively.
+        A task's calls run one after another, its children side by side.
+
+    """
+    children: dict[Any, list[Any]] = {}
+    own: dict[Any, float] = {}
+    for row in tasks:
+        own[row["id"]] = float(row["replayed_seconds"] or 0)
+        if row["parent_id"] is not None:
+            children.setdefault(row["parent_id"], []).append(row["id"])
+    total: dict[Any, float] = {}
+    for row in tasks:  # iterative post-order: a deep tree needs no deep recursion
+        if row["parent_id"] is not None:
+            continue
+        stack = [(row["id"], False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                below = [total[c] for c in children.get(node, [])]
+                total[node] = own[node] + max(below, default=0.0)
+                continue
+            stack.append((node, True))
+            stack.extend((c, False) for c in children.get(node, []))
+    return {row["root_id"]: total[row["id"]] for row in tasks if row["parent_id"] is None}
 
 
 @dataclass(frozen=True)
@@ -118,8 +163,13 @@ def _cost(run: RunOutcome) -> Score:
 
 
 def _latency(run: RunOutcome) -> Score | None:
-    seconds = run.latency_seconds
-    return None if seconds is None else Score(seconds, f"{seconds:.2f} s from submit to end")
+    seconds, wall = run.latency_seconds, run.wall_seconds
+    if seconds is None or wall is None:
+        return None
+    if not run.replayed_seconds:
+        return Score(seconds, f"{seconds:.2f} s from submit to end")
+    return Score(seconds, f"{seconds:.2f} s: {wall:.2f} s from submit to end, "
+                          f"{run.replayed_seconds:.2f} s of replayed calls as recorded")
 
 
 def _tokens(run: RunOutcome) -> Score:
@@ -134,7 +184,8 @@ SCORERS: dict[str, Scorer] = {s.name: s for s in (
     Scorer("verdict", _verdict, True, "the judge's score on the root (0 when not passed)"),
     Scorer("expected", _expected, True, "1 when the answer equals or contains 'expected'"),
     Scorer("cost_usd", _cost, False, "what the tree's calls cost, replayed ones valued"),
-    Scorer("latency_s", _latency, False, "seconds from submit to the root's end"),
+    Scorer("latency_s", _latency, False, "seconds from submit to the root's end, "
+                                         "replayed calls at their recorded duration"),
     Scorer("tokens", _tokens, False, "tokens of the tree's calls, replayed ones included"),
 )}
 #: What ``experiment run`` scores unless told otherwise.

@@ -132,6 +132,14 @@ class StoreExperiments(StoreReads):
         """An experiment's trees with their outcomes and their calls paid and replayed."""
         return self.query("experiment_run_list", experiment_id=experiment_id)
 
+    def experiment_task_replayed_seconds(self, experiment_id: uuid.UUID) -> list[Task]:
+        """Each task of an experiment's trees, with what its replayed calls took when made.
+
+        Rows: ``root_id``, ``id``, ``parent_id``, ``replayed_seconds`` (the recorded
+        durations of its calls replayed from the tree it was forked from).
+        """
+        return self.query("experiment_task_replayed_seconds", experiment_id=experiment_id)
+
     def experiment_open_roots(self, experiment_id: uuid.UUID) -> set[uuid.UUID]:
         """The roots of the experiment's trees that have not ended."""
         return {row["root_id"] for row in self.query("experiment_run_list_open",

@@ -2582,6 +2582,28 @@ LEFT JOIN LATERAL (
 WHERE r.experiment_id = :experiment_id
 ORDER BY r.position, r.variant, r.repetition;
 
+-- experiment_task_replayed_seconds --
+-- Every task of an experiment's trees with its parent and the time its replayed calls took
+-- when they were made: each call served from the counterpart's record (the task it was
+-- forked from, another tree) counts that record's duration_seconds. A call replayed from
+-- the task's own record (a redelivery) counts nothing: its time is in this tree's wall
+-- time already. The report folds these along the tree (a task's own, then its slowest
+-- child: siblings run side by side), so a replayed variant's latency is not ~0.
+SELECT t.root_id, t.id, t.parent_id, COALESCE(sum(src.duration_seconds), 0) AS replayed_seconds
+FROM experiment_runs r
+JOIN tasks t ON t.root_id = r.root_id
+LEFT JOIN model_calls m ON m.task_id = t.id AND m.replayed AND t.forked_from IS NOT NULL
+LEFT JOIN LATERAL (
+    SELECT o.duration_seconds
+    FROM model_calls o
+    WHERE o.task_id = t.forked_from
+      AND o.phase = m.phase AND o.position = m.position
+      AND o.request_hash = m.request_hash AND NOT o.replayed AND o.error IS NULL
+    ORDER BY o.id DESC LIMIT 1
+) src ON true
+WHERE r.experiment_id = :experiment_id
+GROUP BY t.root_id, t.id, t.parent_id;
+
 -- experiment_run_list_open --
 -- The roots of an experiment's trees that have not ended (the runner waits on these).
 SELECT r.root_id
