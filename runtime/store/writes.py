@@ -228,8 +228,9 @@ class StoreWrites(StoreReads):
         """Several delegations ``(task_id, lease_token, children, detail[, stamp])``.
 
         Each parent is guarded by its lease token as in :meth:`delegate`; the parents
-        that moved are then checked for fan-in (a re-run parent may find every child
-        already finished), in the same transaction. With ``handoff``, the new children
+        that moved and did not insert every child they listed are then checked for
+        fan-in (a re-run parent may find every child already finished), in the same
+        transaction. With ``handoff``, the new children
         the worker's next claim could take are leased to it in that transaction too (the
         hand-down: :class:`Handoff`). Returns ``(applied, inserted)`` per delegation, in
         order. A payload the database refuses fails the whole call: retry them one by one.
@@ -262,7 +263,11 @@ class StoreWrites(StoreReads):
                     for c in d["children"]]
             if offer is not None and kids:
                 self._hand_off(conn, kids, worker, offer, got, HANDED_DOWN)
-            self._fan_in(conn, set(moved), worker, handoff=handoff, got=got)
+            # Only a parent that found children already there (it ran before) or listed
+            # none can have them all finished: one that inserted every child cannot.
+            listed = {uuid.UUID(d["id"]): len(d["children"]) for d in batch}
+            self._fan_in(conn, {p for p, n in moved.items() if n < listed[p] or not n}, worker,
+                         handoff=handoff, got=got)
         if handoff is not None:
             handoff.took(got)  # committed: they are this worker's now
         ids = [d[0] for d in delegations]

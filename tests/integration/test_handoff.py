@@ -227,6 +227,23 @@ def test_a_delegation_hands_down_nothing_for_agents_the_worker_does_not_run(
     assert len(store.claim(["echo"], 10, "w-other", 30)) == 2
 
 
+def test_a_rerun_parent_whose_children_all_ended_is_handed_its_aggregate(store: Store) -> None:
+    """A parent that runs again finds its children done: its delegation flips and hands it up."""
+    root, (kid,) = claim_children(store, 1)
+    store.finish_running([done(kid)], W)
+    with store.transaction() as conn:  # suppose a person sent the parent back to run again
+        conn.exec_driver_sql("UPDATE tasks SET status = 'pending', phase = 'run' "
+                             "WHERE id = %(id)s", {"id": root["id"]})
+    (again,) = store.claim(["fanout"], 1, W, 30)
+    handoff = offer()
+    assert store.delegate(root["id"], again.lease, child_rows(1), W,
+                          handoff=handoff) == (True, 0)
+    (parent,) = handoff.take_all()
+    assert parent.id == root["id"] and parent.phase == "aggregate"
+    assert store.events(root["id"])[-1]["detail"] == \
+        "claimed for aggregate, delivery 1" + HANDED_UP
+
+
 # ---------------------------------------------------------------- the worker
 @pytest.fixture
 def runtime(make_runtime: Callable[..., Runtime]) -> Runtime:
