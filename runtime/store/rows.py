@@ -11,6 +11,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from itertools import repeat
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from runtime.config import (
@@ -146,9 +148,9 @@ class TaskRow:
         worker's critical path).
         """
         picked = tuple((i, k) for i, k in enumerate(keys) if k in _TASK_FIELDS)
-        build = _BUILDERS.get(picked)
+        build = _BUILDERS.get((len(keys), picked))
         if build is None:
-            build = _BUILDERS[picked] = _row_builder(picked)
+            build = _BUILDERS[len(keys), picked] = _row_builder(len(keys), picked)
         return build(rows)
 
     @property
@@ -185,47 +187,52 @@ class TaskRow:
 _TASK_FIELDS = frozenset(f.name for f in dataclasses.fields(TaskRow))
 _RowBuilder = Callable[[Iterable[Sequence[Any]]], list[TaskRow]]
 #: One builder per column set of a result (a claim's columns are always the same).
-_BUILDERS: dict[tuple[tuple[int, str], ...], _RowBuilder] = {}
+_BUILDERS: dict[tuple[int, tuple[tuple[int, str], ...]], _RowBuilder] = {}
 
 
-def _generated(name: str, body: list[str], namespace: dict[str, Any]) -> Any:
-    """Compile one generated function of this module (attribute stores, no logic)."""
-    exec("\n".join(body), namespace)  # the source is built here from the field names
-    return namespace[name]
+#: From this many rows on, a result is built column by column (below, one row at a time).
+_COLUMNWISE_FROM = 16
 
 
-def _row_builder(picked: tuple[tuple[int, str], ...]) -> _RowBuilder:
-    """A function that builds ``TaskRow``s from value tuples with the columns ``picked``.
+def _row_builder(width: int, picked: tuple[tuple[int, str], ...]) -> _RowBuilder:
+    """A function that builds ``TaskRow``s from ``width``-long value tuples, ``picked`` known.
 
-    Generated once per column set: one attribute store per field, the fields a result
-    lacks set to their defaults. The dataclass ``__init__`` called with ~45 keyword
-    arguments (a dict built per row) was the largest single cost of a claim's Python
-    (py-spy, the no-op drain). A result without a required column is built by
-    ``__init__`` (which says what is missing).
+    Made once per column set: ``order`` (an ``itemgetter``) takes a row's values followed
+    by the defaults of the fields the result lacks and puts them in the order of
+    ``TaskRow``'s fields, which the dataclass ``__init__`` takes positionally. The
+    ``__init__`` called with ~45 keyword arguments (a dict built per row) was the largest
+    single cost of a claim's Python (py-spy, the no-op drain). A large result is turned
+    into columns first (``zip``), so ``map`` calls ``TaskRow`` without a tuple per row. A
+    result without a required column is built with keywords (``__init__`` then says what
+    is missing).
     """
     at = {name: i for i, name in picked}
     fields = dataclasses.fields(TaskRow)
     if any(f.default is dataclasses.MISSING and f.name not in at for f in fields):
         return lambda rows: [TaskRow(**{k: v[i] for i, k in picked}) for v in rows]
-    namespace: dict[str, Any] = {"new": object.__new__, "cls": TaskRow}
-    body = ["def build(rows):", "    out = []", "    for v in rows:", "        o = new(cls)"]
-    for f in fields:
-        namespace[f"d_{f.name}"] = f.default  # immutable defaults: shared safely
-        value = f"v[{at[f.name]}]" if f.name in at else f"d_{f.name}"
-        body.append(f"        o.{f.name} = {value}")
-    body += ["        out.append(o)", "    return out"]
-    return _generated("build", body, namespace)  # type: ignore[no-any-return]
+    lacking = [f for f in fields if f.name not in at]
+    defaults = tuple(f.default for f in lacking)  # immutable defaults: shared safely
+    endless = tuple(repeat(value) for value in defaults)  # a default's column
+    after = {f.name: width + j for j, f in enumerate(lacking)}  # after a row's values
+    order = itemgetter(*(at[f.name] if f.name in at else after[f.name] for f in fields))
+
+    def build(rows: Iterable[Sequence[Any]]) -> list[TaskRow]:
+        batch = rows if isinstance(rows, list) else list(rows)
+        if len(batch) < _COLUMNWISE_FROM:
+            return [TaskRow(*order((*v, *defaults))) for v in batch]
+        columns = (*zip(*batch, strict=True), *endless)
+        return list(map(TaskRow, *order(columns)))
+
+    return build
 
 
-def _copier() -> Callable[[TaskRow], TaskRow]:
-    """A generated shallow copy of a ``TaskRow`` (the inline judge copies every row)."""
-    body = ["def copy(o):", "    n = new(cls)"]
-    body += [f"    n.{f.name} = o.{f.name}" for f in dataclasses.fields(TaskRow)]
-    body.append("    return n")
-    return _generated("copy", body, {"new": object.__new__, "cls": TaskRow})  # type: ignore[no-any-return]
+#: Every field of a ``TaskRow``, in ``__init__``'s order (a copy passes them positionally).
+_every_column = attrgetter(*(f.name for f in dataclasses.fields(TaskRow)))
 
 
-_copy_row = _copier()
+def _copy_row(row: TaskRow) -> TaskRow:
+    """A shallow copy of a ``TaskRow`` (the inline judge copies every row)."""
+    return TaskRow(*_every_column(row))
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,24 @@ def test_rows_from_a_result_equal_rows_built_by_init() -> None:
     assert built[2].tenant == "t2" and built[1].spent_usd == Decimal(1)
 
 
+def test_a_large_result_built_column_by_column_equals_rows_built_by_init() -> None:
+    values = _values(40)  # past the size where a result is built column by column
+    built = TaskRow.from_rows(KEYS, values)
+    expected = [TaskRow(**{k: v for k, v in zip(KEYS, row, strict=True) if k != "extra"})
+                for row in values]
+    assert built == expected
+    assert [r.tenant for r in built[-2:]] == ["t38", "t39"] and built[5].depth == 0
+
+
+def test_the_source_builds_no_code_at_run_time() -> None:
+    import inspect
+
+    from runtime.store import rows
+
+    source = inspect.getsource(rows)
+    assert "exec(" not in source and "compile(" not in source
+
+
 def test_a_result_without_a_required_column_fails_as_init_does() -> None:
     with pytest.raises(TypeError, match="status"):
         TaskRow.from_rows(KEYS[:5], [v[:5] for v in _values(1)])
