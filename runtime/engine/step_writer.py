@@ -117,8 +117,7 @@ class AsyncStepWriter:
         """Close the running loop's connections (before the loop ends)."""
         pool = self._loops.pop(asyncio.get_running_loop(), None)
         for conn, _ in pool.free if pool is not None else ():
-            with contextlib.suppress(Exception):
-                await conn.close()
+            await _close(conn, "the loop is ending")
 
     # ------------------------------------------------------------------ parts
     async def _run(self, sql: str, params: dict[str, Any]) -> Any:
@@ -149,8 +148,7 @@ class AsyncStepWriter:
                 yield conn
             finally:
                 if conn.broken or conn.closed:
-                    with contextlib.suppress(Exception):
-                        await conn.close()
+                    await _close(conn, "it broke")
                 else:
                     pool.free.append((conn, time.monotonic()))
 
@@ -166,6 +164,18 @@ class AsyncStepWriter:
                 await conn.execute("SELECT 1")
                 return conn
             except psycopg.Error:
-                with contextlib.suppress(Exception):
-                    await conn.close()
+                await _close(conn, "it failed its ping after an idle spell")
         return None
+
+
+async def _close(conn: psycopg.AsyncConnection[Any], why: str) -> None:
+    """Close a connection given up on; a failure to close it is logged, not raised.
+
+    The connection is dropped either way (a broken one's socket is gone already), so the
+    failure changes nothing but is worth a line when connections leak.
+    """
+    try:
+        await conn.close()
+    except (psycopg.Error, OSError):
+        log.debug("a step connection could not be closed (dropped because %s)", why,
+                  exc_info=True)

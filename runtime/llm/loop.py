@@ -18,7 +18,6 @@ others in their place) by installing :func:`set_park_hooks` in its threads.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 from collections.abc import Callable, Coroutine
@@ -145,8 +144,11 @@ class CallLoop:
         loop, thread = self._owned, self._thread
         if final is not None:
             if loop is not None and loop.is_running():
-                with contextlib.suppress(Exception):  # closing is best effort
+                try:
                     asyncio.run_coroutine_threadsafe(final, loop).result(timeout=10)
+                except Exception:  # closing is best effort: the loop stops below anyway
+                    log.warning("closing the model connections failed; stopping their loop",
+                                exc_info=True)
             else:
                 final.close()
         if loop is not None and thread is not None:

@@ -23,7 +23,6 @@ Concurrent calls restart a dead server once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 from collections.abc import Coroutine
@@ -255,8 +254,11 @@ class McpToolSource:
                 server.stop.set()
             await asyncio.sleep(0.2)  # let each session close and its process exit
 
-        with contextlib.suppress(Exception):
+        try:
             asyncio.run_coroutine_threadsafe(stop_all(), loop).result(10)
+        except Exception:  # the loop is stopped below either way; say what was left
+            log.warning("MCP servers did not all stop within 10 s: %s", sorted(self._running),
+                        exc_info=True)
         loop.call_soon_threadsafe(loop.stop)
         self._running.clear()
         self._tools.clear()

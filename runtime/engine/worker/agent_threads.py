@@ -41,7 +41,7 @@ def serves_async_agents(executor: Executor, agents: list[str]) -> bool:
     for name in agents:
         try:
             cls = registry.get(name)
-        except Exception:  # an unknown agent fails its tasks; it is not async
+        except LookupError:  # an unknown agent (UnknownAgent) fails its tasks; not async
             continue
         if inspect.iscoroutinefunction(cls.run) or inspect.iscoroutinefunction(cls.aggregate):
             return True
