@@ -103,6 +103,8 @@ Int = Annotated[int, BeforeValidator(_json_integer)]
 Bool = Annotated[bool, Field(strict=True)]
 #: A token budget: what the ``integer`` column holds.
 Tokens = Annotated[int, Field(ge=0, le=MAX_INT), BeforeValidator(_json_integer)]
+#: Seconds per run of a task: at least one, what the ``integer`` column holds.
+Seconds = Annotated[int, Field(ge=1, le=MAX_INT), BeforeValidator(_json_integer)]
 #: Any JSON value the database can store (the document says so with ``StorableJSON``).
 Json = Annotated[Any, WithJsonSchema(STORABLE_JSON_MARK)]
 #: A JSON object the database can store.

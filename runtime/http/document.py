@@ -20,6 +20,7 @@ be done with it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -227,7 +228,10 @@ def _payload(schema: dict[str, Any], goal_given: bool) -> dict[str, Any]:
 
 def agent_branches(choices: Choices, goal_field: str | None, agent_required: bool = False,
                    typed: bool = False) -> list[dict[str, Any]]:
-    """One ``oneOf`` branch per agent: its name, its types, its payload, its goal's limits.
+    """``oneOf`` branches on ``agent``: its task types, its payload, its goal's limits.
+
+    Agents with the same input schema and types share a branch (``agent``: an enum), so
+    the document stays small and a generator does not walk the same schema twice.
 
     Args:
         choices: the agents.
@@ -237,13 +241,21 @@ def agent_branches(choices: Choices, goal_field: str | None, agent_required: boo
         typed: the body has a ``type`` field (the agent's task types).
 
     """
-    branches = []
+    groups: dict[str, list[str]] = {}
     for name, (types, schema) in sorted(choices.agents.items()):
         properties = schema.get("properties", {})
         if goal_field and "goal" not in properties and schema.get("additionalProperties") is False:
             continue  # it takes no goal: it cannot receive one (``human``)
+        optional = not agent_required and name == choices.default_agent
+        key = json.dumps([types, schema, optional], sort_keys=True)
+        groups.setdefault(key, []).append(name)
+    branches = []
+    for key, names in groups.items():
+        types, schema, optional = json.loads(key)
+        properties = schema.get("properties", {})
         payload = _payload(schema, goal_given=goal_field is not None)
-        branch: dict[str, Any] = {"properties": {"agent": {"const": name}}, "required": []}
+        agent = {"const": names[0]} if len(names) == 1 else {"enum": names}
+        branch: dict[str, Any] = {"properties": {"agent": agent}, "required": []}
         if typed:
             branch["properties"]["type"] = {"anyOf": [{"enum": list(types)}, {"type": "null"}]}
         if goal_field is not None and "goal" in properties:
@@ -254,7 +266,7 @@ def agent_branches(choices: Choices, goal_field: str | None, agent_required: boo
             branch["required"].append("payload")
         else:
             branch["properties"]["payload"] = {"anyOf": [payload, {"type": "null"}]}
-        if agent_required or name != choices.default_agent:
+        if not optional:
             branch["required"].append("agent")
         branches.append(branch)
     return branches

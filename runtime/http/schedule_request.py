@@ -20,12 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validat
 
 from runtime.config import TENANT_NAME_PATTERN
 from runtime.http.constraints import (
-    MAX_INT,
     Bool,
     Int,
     JsonObject,
     KillCriteria,
     NonBlankText,
+    Seconds,
     SuccessCriteria,
     Tokens,
     Usd,
@@ -123,7 +123,7 @@ class ScheduleRequest(BaseModel):
     tenant: str = Field("default", pattern=TENANT_NAME_PATTERN)
     priority: Int = Field(5, ge=-1000, le=1000)
     budget_tokens: Tokens | None = None
-    budget_seconds: Int | None = Field(None, ge=1, le=MAX_INT)
+    budget_seconds: Seconds | None = None
     budget_usd: Usd | None = None
     success_criteria: SuccessCriteria | None = None
     kill_criteria: KillCriteria | None = None
