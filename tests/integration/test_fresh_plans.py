@@ -120,10 +120,17 @@ def rows_handled(plan: dict[str, Any]) -> int:
     return total
 
 
-def reads(root: uuid.UUID, under: uuid.UUID) -> dict[str, dict[str, Any]]:
-    """Every tree and subtree read with its parameters, by statement name."""
+def reads(root: uuid.UUID, under: uuid.UUID, ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Every tree and subtree read with its parameters, by statement name.
+
+    ``ids`` are the tree's tasks, as a trace export reads them.
+    """
     tree = {"root_id": root, "depth": None}
     return {
+        "trace_list_tasks": {"ids": ids},
+        "trace_list_events": {"ids": ids},
+        "trace_list_model_calls": {"ids": ids},
+        "step_list_by_tasks": {"ids": ids},
         "task_tree_nodes": {**tree, "summary": False, "part": 0, "parts": 2},
         "task_tree_nodes_summary": {**tree, "summary": True, "part": 1, "parts": 2},
         "task_tree_nodes_one_part": {**tree, "summary": False, "part": 0, "parts": 1},
@@ -142,7 +149,8 @@ def assert_linear_plans(store: Store, root: uuid.UUID) -> None:
         under = conn.execute(sa.text(
             "SELECT id FROM tasks WHERE parent_id = :r AND idempotency_key = 'part-1'"),
             {"r": root}).scalar_one()
-    for case, params in reads(root, under).items():
+    ids = [str(i) for i in store.tree_ids(root)]
+    for case, params in reads(root, under, ids).items():
         name = case.removesuffix("_summary").removesuffix("_one_part")
         shape = explain(store, name, analyze=False, **params)
         filtered = [n["Join Filter"] for n in nodes_of(shape)
