@@ -222,6 +222,20 @@ def test_the_grammar_refuses_what_the_schema_refuses(model: EmbeddedBackend) -> 
     assert not mask.accepts(model.tokenize(json.dumps({**fits, "extra": 1})))
 
 
+def test_a_token_the_grammar_refused_leaves_only_the_end_of_the_reply(
+        model: EmbeddedBackend) -> None:
+    import numpy
+
+    mask = model.grammar_for(STRICT)
+    scores = numpy.zeros(mask.n_vocab, dtype=numpy.float32)
+    prompt = [1, 2, 3]
+    first = mask(prompt, scores)  # the reply starts: '{' is allowed, 'x' is not
+    (x,) = model.tokenize("x")
+    assert numpy.isinf(first[x]) and numpy.isfinite(first).sum() >= 1
+    after = mask([*prompt, x], scores)  # as if the sampler had taken it anyway
+    assert mask.error and numpy.flatnonzero(numpy.isfinite(after)).tolist() == [mask.eos]
+
+
 def test_replies_under_the_grammar_fit_the_schema_even_sampled_wildly() -> None:
     # At temperature 1.5 the model writes anything it is allowed to: every reply that
     # ended fits; the only failure allowed is a reply cut at the token limit.

@@ -142,12 +142,14 @@ class GrammarMask:
 
     llama-cpp-python calls it before sampling each token with every token evaluated so
     far (the prompt, then the reply) and the logits; the first call marks where the reply
-    starts.
+    starts. Should the matcher ever refuse a token or allow none, only the end of the
+    reply is allowed: the reply ends there and its check says what is wrong.
     """
 
-    def __init__(self, matcher: Any, n_vocab: int) -> None:
+    def __init__(self, matcher: Any, n_vocab: int, eos: int) -> None:
         self.matcher = matcher
         self.n_vocab = n_vocab
+        self.eos = eos
         self._words = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
         self._start: int | None = None
         self._fed = 0
@@ -163,6 +165,9 @@ class GrammarMask:
         words = self._words
         self.matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
         allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[:len(scores)]
+        if self.matcher.is_error() or not allowed.any():
+            allowed[:] = 0
+            allowed[self.eos] = 1
         return np.where(allowed.astype(bool), scores, -np.inf).astype(scores.dtype)
 
     def accepts(self, tokens: list[int]) -> bool:
@@ -183,6 +188,7 @@ class SchemaGrammars:
         import llama_cpp
 
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
+        self.eos = int(llama_cpp.llama_vocab_eos(vocab))
         self.tokenizer = _tokenizer(vocab)
         self._matchers: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -197,7 +203,7 @@ class SchemaGrammars:
         key = schema_digest(schema)
         with self._lock:
             matcher = self._matchers.get(key) or self._compile(key, schema)
-            return GrammarMask(matcher.deep_copy(), self.n_vocab)
+            return GrammarMask(matcher.deep_copy(), self.n_vocab, self.eos)
 
     def _compile(self, key: str, schema: Mapping[str, Any]) -> Any:
         """Compile ``schema`` into a matcher in its start state and keep it under ``key``."""
