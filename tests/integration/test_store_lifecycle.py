@@ -12,15 +12,9 @@ from decimal import Decimal
 import pytest
 import sqlalchemy as sa
 
+from runtime.config import RetrySettings
 from runtime.engine.charges import ChargeWriter
-from runtime.engine.maintenance import (
-    Maintenance,
-    MaintenanceConfig,
-    Reaper,
-    ReaperConfig,
-    Sweeper,
-    Watchdog,
-)
+from runtime.engine.maintenance import Maintenance, Reaper, Sweeper, Watchdog
 from runtime.store.rows import (
     IdempotencyConflict,
     JudgeOutcome,
@@ -129,7 +123,7 @@ def test_reaper_releases_a_lease_that_expired_ten_minutes_ago(store: Store) -> N
     task = submit(store)
     store.claim(["echo"], 1, "dead-worker", 30)
     expire_leases(store, minutes=10)
-    reaped = Reaper(store, ReaperConfig(max_delivery=3)).run_once()
+    reaped = Reaper(store, RetrySettings(max_delivery=3)).run_once()
     assert (reaped.released, reaped.poisoned) == (1, 0)
     row = store.get(task["id"])
     assert row["status"] == "pending" and row["lease_token"] is None
@@ -139,14 +133,14 @@ def test_reaper_releases_a_lease_that_expired_ten_minutes_ago(store: Store) -> N
 def test_reaper_leaves_live_leases_alone(store: Store) -> None:
     submit(store)
     store.claim(["echo"], 1, "alive", 30)
-    assert Reaper(store, ReaperConfig()).run_once().released == 0
+    assert Reaper(store, RetrySettings()).run_once().released == 0
 
 
 def test_a_late_completion_after_reaping_changes_nothing(store: Store) -> None:
     task = submit(store)
     (first,) = store.claim(["echo"], 1, "slow", 30)
     expire_leases(store)
-    Reaper(store, ReaperConfig()).run_once()
+    Reaper(store, RetrySettings()).run_once()
     (second,) = store.claim(["echo"], 1, "fast", 30)
     done = store.finish_running([RunOutcome(task["id"], second["lease_token"], "judging",
                                             result={"by": "fast"})], "fast")
@@ -159,7 +153,7 @@ def test_a_late_completion_after_reaping_changes_nothing(store: Store) -> None:
 
 def test_a_task_delivered_max_delivery_times_becomes_poison(store: Store) -> None:
     task = submit(store)
-    reaper = Reaper(store, ReaperConfig(max_delivery=3))
+    reaper = Reaper(store, RetrySettings(max_delivery=3))
     for _ in range(3):
         assert store.claim(["echo"], 1, "crashy", 30)
         expire_leases(store)
@@ -202,7 +196,7 @@ def test_heartbeat_extends_held_leases_and_reports_lost_ones(store: Store) -> No
     submit(store)
     a, b = store.claim(["echo"], 2, "w", 30)
     expire_leases(store, where=f"id = '{b['id']}'")
-    Reaper(store, ReaperConfig()).run_once()
+    Reaper(store, RetrySettings()).run_once()
     held = store.heartbeat([a["lease_token"], b["lease_token"]], 60)
     assert held == {a["lease_token"]}
 
@@ -292,7 +286,7 @@ def test_delegation_from_a_lost_lease_writes_nothing(store: Store) -> None:
     root = submit(store, "fanout")
     (row,) = store.claim(["fanout"], 1, "w1", 30)
     expire_leases(store)
-    Reaper(store, ReaperConfig()).run_once()
+    Reaper(store, RetrySettings()).run_once()
     applied, inserted = store.delegate(root["id"], row["lease_token"], child_rows(2), "w1")
     assert (applied, inserted) == (False, 0)
     assert store.children(root["id"]) == []
@@ -502,11 +496,11 @@ def test_the_charge_writer_batches_concurrent_charges(store: Store) -> None:
 
 
 def test_maintenance_runs_once_per_interval_across_workers(store: Store) -> None:
-    one = Maintenance(store, MaintenanceConfig(interval_seconds=60))
-    other = Maintenance(store, MaintenanceConfig(interval_seconds=60))
+    one = Maintenance(store, 3, 60)
+    other = Maintenance(store, 3, 60)
     assert one.run_once() is not None
     assert other.run_once() is None and one.run_once() is None
-    assert Maintenance(store, MaintenanceConfig(interval_seconds=0)).run_once() is not None
+    assert Maintenance(store, 3, 0).run_once() is not None
 
 
 def test_maintenance_skips_while_another_worker_holds_the_lock(store: Store) -> None:
@@ -514,9 +508,9 @@ def test_maintenance_skips_while_another_worker_holds_the_lock(store: Store) -> 
 
     with store.engine.connect() as conn:
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": MAINTENANCE_LOCK_KEY})
-        assert Maintenance(store, MaintenanceConfig(interval_seconds=0)).run_once() is None
+        assert Maintenance(store, 3, 0).run_once() is None
         conn.rollback()
-    assert Maintenance(store, MaintenanceConfig(interval_seconds=0)).run_once() is not None
+    assert Maintenance(store, 3, 0).run_once() is not None
 
 
 def test_delegate_many_is_one_transaction_of_guarded_delegations(store: Store) -> None:

@@ -250,3 +250,20 @@ def test_tokens_per_minute_is_read_per_tenant(tmp_path: Path) -> None:
     s = load_settings(cfg, env={})
     assert s.tenants["acme"].tokens_per_minute == 6000
     assert token_rates(s) == {"acme": 6000}
+
+
+def test_env_tables_are_json_and_lists_json_or_commas(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    s = load_settings(empty, env={"ORGCHART_COST__PRICES": '{"m": "0.5"}',
+                           "ORGCHART_POLICIES__DISABLED": '["a", "b"]',
+                           "ORGCHART_AGENTS__MODULES": "x.y,z",
+                           "ORGCHART_SOURCE": "ignored: not ORGCHART_<SECTION>__<KEY>"})
+    assert s.cost.prices == {"m": Decimal("0.5")}
+    assert s.policies.disabled == ["a", "b"]
+    assert s.agents.modules == ["x.y", "z"]
+    assert s.source == str(empty)
+    assert s.origin("cost", "prices") == "ORGCHART_COST__PRICES"
+    with pytest.raises(ConfigError, match=r"environment variable ORGCHART_COST__PRICES: "
+                                          r"bad value for 'cost\.prices'"):
+        load_settings(empty, env={"ORGCHART_COST__PRICES": "m=0.5"})

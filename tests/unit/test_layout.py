@@ -31,7 +31,7 @@ MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 MAX_WORKER_PIECE_LINES = 300
 
-_CORE = ("runtime.config", "runtime.errors", "runtime.registry")
+_CORE = ("runtime.config", "runtime.constants", "runtime.errors", "runtime.registry")
 #: What each part may import besides itself. A module belongs to the longest part
 #: that names it; an entry may be a whole part or one module (``runtime.store.rows``).
 #: This is the table of docs/architecture.md; ``test_the_docs_state_these_rules`` keeps
@@ -40,16 +40,17 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "runtime": (),
     "runtime.errors": (),
     "runtime.registry": (),
-    "runtime.config": ("runtime.errors",),
+    "runtime.constants": (),
+    "runtime.config": ("runtime.errors", "runtime.constants"),
     "runtime.budget": ("runtime.errors",),
     "runtime.jsoncodec": (),
     "runtime.records": (),
     "agents": ("policies", *_CORE),
     "policies": ("agents", *_CORE),
-    "runtime.store": ("runtime.config", "runtime.errors", "runtime.budget", "runtime.jsoncodec",
-                      "runtime.records"),
-    "runtime.llm": ("runtime.config", "runtime.errors", "runtime.budget", "runtime.records",
-                    "agents.tasks", "agents.tools", "agents.replies"),
+    "runtime.store": ("runtime.config", "runtime.constants", "runtime.errors", "runtime.budget",
+                      "runtime.jsoncodec", "runtime.records"),
+    "runtime.llm": ("runtime.config", "runtime.constants", "runtime.errors", "runtime.budget",
+                    "runtime.records", "agents.tasks", "agents.tools", "agents.replies"),
     "runtime.engine": (*_CORE, "runtime.budget", "runtime.jsoncodec", "runtime.records",
                        "runtime.store", "runtime.llm", "agents", "policies"),
     "runtime.telemetry": (*_CORE, "runtime.store"),
@@ -384,7 +385,8 @@ def test_the_checks_catch_a_circle_a_forbidden_import_and_a_dynamic_one() -> Non
     assert circles(edges) == [["runtime.store.a", "runtime.store.b"]]
     assert broken_imports(edges) == [
         "runtime.llm.c imports runtime.store.a: runtime.llm may import only "
-        "runtime.config, runtime.errors, runtime.budget, runtime.records, agents.tasks, "
+        "runtime.config, runtime.constants, runtime.errors, runtime.budget, runtime.records, "
+        "agents.tasks, "
         "agents.tools, agents.replies"]
     assert dynamic_imports("x.py", "import importlib\ndef g(n):\n"
                            "    return importlib.import_module(n)\n") == {"x.py:g"}

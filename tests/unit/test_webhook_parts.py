@@ -7,7 +7,8 @@ import time
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from runtime.config import WEBHOOK_EVENTS, expand_webhook_events
+from runtime.config import expand_webhook_events
+from runtime.constants import WEBHOOK_EVENTS
 from runtime.errors import BadInput
 from runtime.webhooks.deliverer import backoff_seconds
 from runtime.webhooks.signing import headers, new_secret, secret_bytes

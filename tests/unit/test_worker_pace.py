@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
+from runtime.config import Settings
 from runtime.engine.worker.agent_threads import SyncAgentRunner
 from runtime.engine.worker.scheduler import Scheduler
 from runtime.engine.worker.settings import (
@@ -43,7 +44,8 @@ def test_pace_counts_the_tasks_ended_within_its_window_only() -> None:
 
 
 def _scheduler(threads: int, max_in_flight: int = 1000) -> Scheduler:
-    config = WorkerConfig(agents=("noop",), sync_threads=threads, max_in_flight=max_in_flight)
+    config = WorkerConfig.from_settings(Settings(), ("noop",), sync_threads=threads,
+                                        max_in_flight=max_in_flight)
     runner = SyncAgentRunner(SimpleNamespace(), threads)  # type: ignore[arg-type]
     return Scheduler(SimpleNamespace(), runner, config, Held(), Wake(),  # type: ignore[arg-type]
                      DbHealth(WorkerStats()), threading.Event(), lambda reason: None)

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 
 from runtime.engine.actions import Action, DelegateAction, Dropped, RetryAction
 from runtime.engine.judge_stage import undecided
-from runtime.engine.maintenance import Maintenance, MaintenanceConfig
+from runtime.engine.maintenance import Maintenance
 from runtime.engine.worker.settings import WorkerConfig, WorkerStats
 from runtime.engine.worker.state import InFlight
 from runtime.store.rows import Handoff, JudgeOutcome, RunOutcome
@@ -48,9 +48,8 @@ class Steps:
         self.judging_may_wait.set()
         self._judge_first = False
         self._claim_lock = threading.Lock()
-        self.maintenance = Maintenance(store, MaintenanceConfig(
-            max_delivery=config.max_delivery,
-            interval_seconds=config.maintenance_interval_seconds))
+        self.maintenance = Maintenance(store, config.retry.max_delivery,
+                                       config.worker.maintenance_interval_seconds)
 
     # ------------------------------------------------------------------ claims
     def claim_batch(self, capacity: int) -> list[InFlight]:

@@ -12,10 +12,11 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
+from runtime.config import RetrySettings, Settings, WorkerSettings
+
 #: The agent name that stands for the judge stage (in ``agents`` and in notifications).
 JUDGE = "judge"
 DB_RETRY_MAX_SECONDS = 5.0
-STOP_GRACE_SECONDS = 10.0
 #: How long the writer waits for more actions before it writes a batch.
 WRITE_WINDOW_SECONDS = 0.003
 #: Threads that run the blocking database calls (claims, writes, maintenance).
@@ -38,24 +39,23 @@ def new_worker_id() -> str:
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """How one worker runs; validated on creation."""
+    """How one worker runs: its ``[worker]`` and ``[retry]`` sections and the run's own fields.
+
+    The sections hold every user-facing value, its default and its validation, once
+    (:mod:`runtime.config`); the properties below read them. The fields here are what a
+    run adds (the agents, whose trees, a task cap, ...). Build one with
+    :meth:`from_settings`.
+    """
 
     agents: tuple[str, ...]
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
+    retry: RetrySettings = field(default_factory=RetrySettings)
     worker_id: str = field(default_factory=new_worker_id)
-    max_in_flight: int = 1000
-    #: Threads that run sync agents and the judge stage.
-    sync_threads: int = 32
-    batch_size: int = 200
-    lease_seconds: float = 30.0
-    poll_interval_seconds: float = 1.0
-    maintenance_interval_seconds: float = 1.0
     task_cap: int | None = None
     wall_clock_seconds: float | None = None
     once: bool = False
-    max_delivery: int = 3
     maintenance: bool = True
     listen: bool = True
-    stop_grace_seconds: float = STOP_GRACE_SECONDS
     #: Claim only in these trees (by root id): ``orgchart run`` and ``Client.run`` run the
     #: tree they submitted, never another goal waiting in the queue. None: every tree.
     root_ids: tuple[uuid.UUID, ...] | None = None
@@ -63,14 +63,68 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if not self.agents:
             raise ValueError("a worker needs at least one agent to serve")
-        if self.sync_threads < 1 or self.batch_size < 1 or self.max_in_flight < 1:
-            raise ValueError("sync_threads, max_in_flight and batch_size must be at least 1")
-        if self.lease_seconds <= 0 or self.poll_interval_seconds <= 0:
-            raise ValueError("lease_seconds and poll_interval_seconds must be positive")
         if self.task_cap is not None and self.task_cap < 1:
             raise ValueError("task_cap must be at least 1")
         if self.wall_clock_seconds is not None and self.wall_clock_seconds <= 0:
             raise ValueError("wall_clock_seconds must be positive")
+
+    @classmethod
+    def from_settings(cls, settings: Settings, agents: tuple[str, ...],
+                      **overrides: Any) -> WorkerConfig:
+        """``[worker]`` and ``[retry]`` with the non-None ``overrides`` on top.
+
+        An override naming a key of either section is validated by it; the others are
+        this class's own fields (``task_cap``, ``once``, ``root_ids``, ...).
+
+        Raises:
+            ValueError: an override is out of range (the message names it).
+
+        """
+        given = {k: v for k, v in overrides.items() if v is not None}
+        worker_keys, retry_keys = set(WorkerSettings.model_fields), set(RetrySettings.model_fields)
+        worker = settings.worker.override(**{k: given.pop(k) for k in worker_keys & set(given)})
+        retry = settings.retry.override(**{k: given.pop(k) for k in retry_keys & set(given)})
+        return cls(agents=agents, worker=worker, retry=retry, **given)
+
+    @property
+    def lease_seconds(self) -> float:
+        """``[worker] lease_seconds``."""
+        return self.worker.lease_seconds
+
+    @property
+    def batch_size(self) -> int:
+        """``[worker] batch_size``."""
+        return self.worker.batch_size
+
+    @property
+    def poll_interval_seconds(self) -> float:
+        """``[worker] poll_interval_seconds``."""
+        return self.worker.poll_interval_seconds
+
+    @property
+    def maintenance_interval_seconds(self) -> float:
+        """``[worker] maintenance_interval_seconds``."""
+        return self.worker.maintenance_interval_seconds
+
+    @property
+    def stop_grace_seconds(self) -> float:
+        """``[worker] stop_grace_seconds``."""
+        return self.worker.stop_grace_seconds
+
+    @property
+    def max_in_flight(self) -> int:
+        """``[worker] max_in_flight``."""
+        return self.worker.max_in_flight
+
+    @property
+    def sync_threads(self) -> int:
+        """``[worker] sync_threads``."""
+        return self.worker.sync_threads
+
+    @property
+    def max_delivery(self) -> int:
+        """``[retry] max_delivery``."""
+        return self.retry.max_delivery
 
     @property
     def run_agents(self) -> list[str]:
