@@ -4,21 +4,31 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 import typer
 from typer.testing import CliRunner
 
 from runtime.cli.common import handled
-from runtime.store.postgres import engines
+from runtime.store.postgres import engines, urls
 from runtime.store.store import Store
 from tests.conftest import drop_database
 from tests.factories import submit
+from tests.support import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _has_read_the_tree(db_url: str) -> bool:
+    """Whether another session of ``db_url``'s database last ran a read of ``tasks``."""
+    with psycopg.connect(urls.libpq_url(db_url), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND query ILIKE '%tasks%'").fetchone()
+    return bool(row and row[0])
 
 
 def test_a_database_dropped_mid_command_exits_1_naming_the_server(
@@ -30,7 +40,9 @@ def test_a_database_dropped_mid_command_exits_1_naming_the_server(
          "--interval", "0.2", "--json"],
         env=orgchart_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(4.0)  # the command is running: it has read the tree at least once
+        # The command is running: it has read the tree at least once.
+        wait_until(lambda: watcher.poll() is not None or _has_read_the_tree(db_url),
+                   timeout=30, what="the watcher to read the tree")
         assert watcher.poll() is None, watcher.communicate()
         drop_database(server_url, db_url)
         _out, err = watcher.communicate(timeout=60)

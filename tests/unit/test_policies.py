@@ -109,15 +109,16 @@ def test_a_rule_is_asked_only_for_the_checks_it_has(agents: Registry) -> None:
 
     rule = OutputOnly(make_settings())
     rules = PolicySet([rule])
-    assert [p for p, _ in rules._checks("validate_input")] == []
-    assert rules.validate_input(view()) is None
+    assert rules.validate_input(view()) is None  # the rule has no input check: not asked
     assert rules.validate_output(view(), {"bad": True}) == Violation("t_output_only", "no")
     assert asked == ["output"]
     # A check set on the rule itself is asked too, and a changed list of rules is seen.
     rule.validate_input = lambda task: Violation("t_output_only", "input")  # type: ignore[method-assign]
     rules.policies.append(OutputOnly(make_settings()))
     assert rules.validate_input(view()) == Violation("t_output_only", "input")
-    assert len(rules._checks("validate_output")) == 2
+    asked.clear()
+    assert rules.validate_output(view(), {"good": True}) is None
+    assert asked == ["output", "output"]
 
 
 def test_register_false_keeps_an_abstract_rule_out_of_the_registry() -> None:
