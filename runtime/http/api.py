@@ -44,7 +44,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agents.registry import Registry, UnknownAgent
 from agents.tasks import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
-from runtime.config import TENANT_NAME_PATTERN, Settings
+from runtime.config import Settings
+from runtime.constants import TENANT_NAME_PATTERN
 from runtime.errors import BadInput
 from runtime.http.auth import API_TOKEN_ENV
 from runtime.http.constraints import (

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from runtime.config import TENANT_NAME_PATTERN
+from runtime.constants import TENANT_NAME_PATTERN
 from runtime.http.constraints import (
     Bool,
     Int,

@@ -18,7 +18,8 @@ from fastapi import FastAPI, Query
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
-from runtime.config import TENANT_NAME_PATTERN, WEBHOOK_EVENTS, Settings, expand_webhook_events
+from runtime.config import Settings, expand_webhook_events
+from runtime.constants import TENANT_NAME_PATTERN, WEBHOOK_EVENTS
 from runtime.store.rows import NotFound
 from runtime.store.store import Store
 from runtime.webhooks import DeliveryConfig, add_endpoint, as_json, send_test
