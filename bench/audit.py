@@ -3,7 +3,8 @@
 Builds a large, legal history in a scratch database with ``generate_series``: ``trees``
 trees of a root and ``children`` children, each task with its events (a root: submitted,
 claimed, waiting, fan-in, claimed for its aggregate, done; a child: delegated, claimed,
-done), a paid model call per task inside its lease, carved budgets. Then times
+done; each delivery's claim and outcome under its lease token), a paid model call per
+task inside its lease, carved budgets. Then times
 :func:`runtime.audit.checker.audit` over the whole database (every check, read in its
 bounded batches), and prints the figures. The checker must find no violation here.
 
@@ -26,10 +27,11 @@ ROOT_EVENTS, CHILD_EVENTS = 6, 3
 _BUILD = [
     """CREATE TEMP TABLE r AS
        SELECT g, gen_random_uuid() AS id,
-              timestamptz '2026-01-01' + g * interval '20 ms' AS t0
+              timestamptz '2026-01-01' + g * interval '20 ms' AS t0,
+              gen_random_uuid() AS run_token, gen_random_uuid() AS aggregate_token
        FROM generate_series(1, %(trees)s) g""",
     """CREATE TEMP TABLE c AS
-       SELECT r.id AS root, r.t0, k, gen_random_uuid() AS id
+       SELECT r.id AS root, r.t0, k, gen_random_uuid() AS id, gen_random_uuid() AS token
        FROM r, generate_series(1, %(children)s) k""",
     """INSERT INTO tasks (id, root_id, to_agent, type, payload, status, depth, budget_tokens,
                           budget_usd, created_at, idempotency_key)
@@ -40,23 +42,31 @@ _BUILD = [
               t0 + interval '2 ms', 'c' || k FROM c""",
     # The roots' first three events, then the children's, then the roots' last three:
     # the fan-in comes after every child's end, in event order as in time.
-    """INSERT INTO task_events (task_id, from_status, to_status, at, worker, detail)
-       SELECT id, f, t, t0 + s * interval '1 ms', w, d FROM r,
-       (VALUES (0, NULL, 'pending', 'submit', 'submitted'),
-               (1, 'pending', 'running', 'w1', 'claimed for run, delivery 1'),
-               (2, 'running', 'waiting', 'w1', 'delegated')) v(s, f, t, w, d)
+    """INSERT INTO task_events (task_id, from_status, to_status, at, worker, detail,
+                                lease_token)
+       SELECT id, f, t, t0 + s * interval '1 ms', w, d, CASE WHEN leased THEN run_token END
+       FROM r,
+       (VALUES (0, NULL, 'pending', 'submit', 'submitted', false),
+               (1, 'pending', 'running', 'w1', 'claimed for run, delivery 1', true),
+               (2, 'running', 'waiting', 'w1', 'delegated', true)) v(s, f, t, w, d, leased)
        ORDER BY g, s""",
-    """INSERT INTO task_events (task_id, from_status, to_status, at, worker, detail)
-       SELECT id, f, t, t0 + s * interval '1 ms', w, d FROM c,
-       (VALUES (2, NULL, 'pending', 'w1', 'delegated by parent'),
-               (3, 'pending', 'running', 'w2', 'claimed for run, delivery 1'),
-               (5, 'running', 'done', 'w2', 'verdict: done')) v(s, f, t, w, d)
+    """INSERT INTO task_events (task_id, from_status, to_status, at, worker, detail,
+                                lease_token)
+       SELECT id, f, t, t0 + s * interval '1 ms', w, d, CASE WHEN leased THEN token END
+       FROM c,
+       (VALUES (2, NULL, 'pending', 'w1', 'delegated by parent', false),
+               (3, 'pending', 'running', 'w2', 'claimed for run, delivery 1', true),
+               (5, 'running', 'done', 'w2', 'verdict: done', true)) v(s, f, t, w, d, leased)
        ORDER BY root, k, s""",
-    """INSERT INTO task_events (task_id, from_status, to_status, at, worker, detail)
-       SELECT id, f, t, t0 + s * interval '1 ms', w, d FROM r,
-       (VALUES (6, 'waiting', 'ready_to_aggregate', 'w2', 'fan-in: last child finished'),
-               (7, 'ready_to_aggregate', 'running', 'w1', 'claimed for aggregate, delivery 1'),
-               (9, 'running', 'done', 'w1', 'verdict: done')) v(s, f, t, w, d)
+    """INSERT INTO task_events (task_id, from_status, to_status, at, worker, detail,
+                                lease_token)
+       SELECT id, f, t, t0 + s * interval '1 ms', w, d,
+              CASE WHEN leased THEN aggregate_token END
+       FROM r,
+       (VALUES (6, 'waiting', 'ready_to_aggregate', 'w2', 'fan-in: last child finished', false),
+               (7, 'ready_to_aggregate', 'running', 'w1', 'claimed for aggregate, delivery 1',
+                true),
+               (9, 'running', 'done', 'w1', 'verdict: done', true)) v(s, f, t, w, d, leased)
        ORDER BY g, s""",
     """INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model,
                                 prompt, response, prompt_tokens, completion_tokens,

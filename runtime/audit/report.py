@@ -19,10 +19,10 @@ CHECKS: tuple[str, ...] = (
     "submits",      # 1. an acknowledged submit has its root exactly once
     "paths",        # 2. each task's events form a legal path; fan-in after its children
     "steering",     # 3. nothing claimed or called after a cancel or during a pause
-    "duplicates",   # 4. a call paid twice or a step run twice only across a fault
+    "duplicates",   # 4. paid or run twice only across a fault, never once durable
     "budgets",      # 5. no prefix of a tree's charges past its budget; carves fit
     "answers",      # 6. an acknowledged answer or approval applied once; a refused one never
-    "fencing",      # 7. every accepted write carries the lease current at its commit
+    "fencing",      # 7. every accepted write carries its delivery's lease token
 )
 
 
