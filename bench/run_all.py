@@ -185,13 +185,13 @@ def run(only: tuple[str, ...] = ORDER, quick: bool = False,
             out["drain_tasks_per_s"] / out["reference_batched_tasks_per_s"], 3)
     if "drain_tasks_per_s" in out and "pgqueuer_jobs_per_s" in out:
         out["drain_vs_pgqueuer"] = round(out["drain_tasks_per_s"] / out["pgqueuer_jobs_per_s"], 2)
-    out.update(_defaults_vs_pgqueuer(out))
+    out.update(defaults_vs_pgqueuer(out))
     out["durations_s"] = durations
     out["total_s"] = round(time.perf_counter() - started, 1)
     return out
 
 
-def _defaults_vs_pgqueuer(out: dict[str, Any]) -> dict[str, Any]:
+def defaults_vs_pgqueuer(out: dict[str, Any]) -> dict[str, Any]:
     """One worker at the defaults against pgqueuer's best, like for like.
 
     Both drained the same number of tasks on the same server in this run, start-up

@@ -451,6 +451,12 @@ def start_trace_export(store: Store, env: Mapping[str, str] | None = None) -> Tr
         return _running
 
 
+def running_trace_export() -> TraceExport | None:
+    """The trace exporter running in this process, or None."""
+    with _start_lock:
+        return _running
+
+
 def _take_running() -> TraceExport | None:
     global _running
     with _start_lock:

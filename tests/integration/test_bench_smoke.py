@@ -104,13 +104,13 @@ def test_defaults_against_pgqueuer_only_on_the_same_queue() -> None:
            "drain_defaults_postgres_cpu_ms_per_task": 0.1,
            "pgqueuer_jobs_per_s": 6000.0, "pgqueuer_jobs": 20_000,
            "pgqueuer_cpu_ms_per_job": 0.14, "pgqueuer_postgres_cpu_ms_per_job": None}
-    figures = run_all._defaults_vs_pgqueuer(out)
+    figures = run_all.defaults_vs_pgqueuer(out)
     assert figures["drain_defaults_vs_pgqueuer"] == 0.5
     cpu = figures["drain_defaults_vs_pgqueuer_cpu_ms_per_task"]
     assert cpu["orgchart_total"] == 0.3 and cpu["pgqueuer_total"] is None
     with pytest.raises(RuntimeError, match="not comparable"):
-        run_all._defaults_vs_pgqueuer({**out, "pgqueuer_jobs": 10_000})
-    assert run_all._defaults_vs_pgqueuer({"pgqueuer_jobs_per_s": 1.0}) == {}
+        run_all.defaults_vs_pgqueuer({**out, "pgqueuer_jobs": 10_000})
+    assert run_all.defaults_vs_pgqueuer({"pgqueuer_jobs_per_s": 1.0}) == {}
 
 
 def test_drain_setting_errors() -> None:

@@ -208,7 +208,7 @@ def test_an_exporter_that_cannot_start_never_stops_the_worker() -> None:
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
     try:
         assert traces.start_trace_export(down, env=env) is None  # a real unreachable server
-        assert traces._running is None
+        assert traces.running_trace_export() is None
     finally:
         down.dispose()
 
