@@ -134,16 +134,19 @@ def _default(field: FieldInfo) -> str:
 
 
 def _env_name(model: type[BaseModel], section: str | None, key: str) -> str:
-    """The variable that sets ``section.key``, or "file only" (tables, dicts)."""
+    """The variable that sets ``section.key`` (a dict's value is JSON), or "file only" (tables)."""
     field = model.model_fields[key]
-    if section is None or get_origin(field.annotation) is dict:
+    variable = f"`{ENV_PREFIX}{section.upper()}__{key.upper()}`" if section else ""
+    if section is None or any(_is_table(arg) for arg in get_args(field.annotation)):
         return "file only"
+    if get_origin(field.annotation) is dict:
+        return f"{variable} (JSON)"
     if get_origin(field.annotation) is list:
         try:
             model.model_validate({key: "a,b"})
         except ValidationError:
             return "file only"
-    return f"`{ENV_PREFIX}{section.upper()}__{key.upper()}`"
+    return variable
 
 
 def _is_table(annotation: Any) -> typing.TypeGuard[type[BaseModel]]:
@@ -195,8 +198,8 @@ def reference_markdown() -> str:
         "`./orgchart.toml`, or the one named by `orgchart --config PATH` or "
         "`ORGCHART_CONFIG`; the copy at the root of the repository lists every key with "
         "its default. `ORGCHART_<SECTION>__<KEY>` overrides a key (list values "
-        "comma-separated); tables of tables (`[tenants.<name>]`, ...) and dicts are set "
-        "in the file only. The database URL is also read from `ORGCHART_DATABASE_URL` or "
+        "comma-separated or JSON, dicts JSON); tables of tables (`[tenants.<name>]`, ...) "
+        "are set in the file only. The database URL is also read from `ORGCHART_DATABASE_URL` or "
         "`DATABASE_URL` (they win over the file); unset, an embedded PostgreSQL under "
         "`ORGCHART_HOME` serves.",
         "",
