@@ -10,7 +10,6 @@ task was taken away, and the call's answer is dropped (:class:`~runtime.errors.L
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
@@ -67,7 +66,9 @@ class Charger:
         A lost lease found here wins over the call's own error: the worker must drop the
         task rather than retry or fail it.
         """
-        if isinstance(exc, (LeaseLost, BudgetExceeded, asyncio.CancelledError)):
+        # Refused before it was sent. (A cancelled call never comes here: CancelledError
+        # is not an Exception, so the sender's ``except Exception`` lets it through.)
+        if isinstance(exc, LeaseLost | BudgetExceeded):
             return 0, Decimal(0)
         prompt_tokens = reply.prompt_tokens if reply else 0
         completion_tokens = reply.completion_tokens if reply else 0
