@@ -129,11 +129,12 @@ def test_two_workers_never_take_more_than_the_tenants_bucket_gives(
                 for i in range(FREE)]
         wait_until(lambda: all(store.get(t)["status"] == "done" for t in free), 60,
                    "the unlimited tenant's tasks to finish")
-        wait_until(lambda: _metered_calls(store), 60, "a metered call")
-        time.sleep(3.0)
+        wait_until(lambda: sum(t for _, t in _metered_calls(store)) >= RATE / 2, 60,
+                   "the burst of metered calls")
         fleet.sigkill(workers[0])
         killed = time.time()
-        time.sleep(8.0)
+        wait_until(lambda: any(at > killed + 1.0 for at, _ in _metered_calls(store)), 60,
+                   "a metered call of the survivor")
     calls = _metered_calls(store)
     assert calls, "no metered call"
     for (a, _), (b, _) in itertools.combinations_with_replacement(calls, 2):
