@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from runtime.engine.charges import ChargeWriter
@@ -40,6 +41,8 @@ class StoreLedger(CallLedger):
     def __init__(self, store: Store, writer: ChargeWriter | None = None) -> None:
         self.store = store
         self.writer = writer
+        #: Charges queued without a writer (tests, tools): each one its own transaction.
+        self._charges = ThreadPoolExecutor(max_workers=4, thread_name_prefix="charge")
         #: Steps' writes from coroutines: the loop's own async connections (no thread hop).
         self.step_writer = AsyncStepWriter(
             store.engine.url.render_as_string(hide_password=False))
@@ -59,6 +62,21 @@ class StoreLedger(CallLedger):
         if self.writer is not None:
             return await self.writer.acharge(charge)
         return await asyncio.to_thread(self.store.charge, charge)
+
+    def submit_charge(self, charge: ModelCharge,
+                      loop: asyncio.AbstractEventLoop) -> asyncio.Future[bool]:
+        """Queue :meth:`charge` now (from any thread); its outcome as a future on ``loop``.
+
+        Through the writer: one queue put, the row group-committed with the others.
+        Without one: written in a thread of its own pool.
+        """
+        if self.writer is not None:
+            return self.writer.enqueue(charge, loop)
+        return asyncio.wrap_future(self._charges.submit(self.store.charge, charge), loop=loop)
+
+    async def amark_failed(self, charge: ModelCharge, error: str) -> bool:
+        """Give the recorded row of ``charge`` its error (fenced); False: lease gone."""
+        return await asyncio.to_thread(self.store.mark_call_failed, charge, error)
 
     def take_tokens(self, tenant: str, need: float, rate: float, refund: float) -> float:
         """A tenant's token bucket: 0 when ``need`` was taken, else the seconds to wait."""

@@ -1,18 +1,27 @@
 """The charge stage: every request of a call is a ``model_calls`` row, charged to its task.
 
-A request that was answered is charged its tokens at the routed model's price
-(:func:`runtime.budget.call_cost`); one that failed after spending tokens (a bad
-structured reply) is charged what it spent, with its error; one refused before it was
-sent (the lease lost, the budget) writes nothing. A replayed call writes a zero-cost
-``replayed`` row. Every write is fenced by the task's lease: a refused write means the
-task was taken away, and the call's answer is dropped (:class:`~runtime.errors.LeaseLost`).
+A request that was answered is recorded and charged the moment its reply arrives
+(:meth:`Charger.arrived`, called through :mod:`runtime.llm.arrival`): its row is queued to
+the ledger's group-committed writer before the reply is validated, repaired or handed on
+(an answer is durable on arrival, SPEC section 15), and :meth:`Charger.answered` then
+awaits that write. Its tokens are charged at the routed model's price
+(:func:`runtime.budget.call_cost`), once. A reply that turns out bad (a structured reply
+that does not fit) keeps its row and its charge, and the row gets its error
+(:meth:`Charger.failed`: the ledger's ``amark_failed``). A request that failed with no
+reply recorded is charged what it spent (a backend's bad reply), with its error; one
+refused before it was sent (the lease lost, the budget) writes nothing. A replayed call
+writes a zero-cost ``replayed`` row. Every write is fenced by the task's lease: a refused
+write means the task was taken away, and the call's answer is dropped
+(:class:`~runtime.errors.LeaseLost`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from decimal import Decimal
+from typing import Protocol
 
 from runtime.budget import call_cost
 from runtime.errors import BudgetExceeded, LeaseLost, TransientModelError
@@ -23,8 +32,42 @@ from runtime.records import ModelCharge
 
 log = logging.getLogger(__name__)
 
-#: Writes one charge through the ledger; False when the task's lease is gone.
-ChargeWrite = Callable[[ModelCharge], Awaitable[bool]]
+
+class ChargeLedger(Protocol):
+    """The ledger's charge writes (:class:`runtime.llm.ledger.CallLedger` has them)."""
+
+    async def acharge(self, charge: ModelCharge) -> bool:
+        """Record and charge one row; False when the task's lease is gone."""
+        ...
+
+    def submit_charge(self, charge: ModelCharge,
+                      loop: asyncio.AbstractEventLoop) -> asyncio.Future[bool]:
+        """Queue one row at once (from any thread); its outcome as a future on ``loop``."""
+        ...
+
+    async def amark_failed(self, charge: ModelCharge, error: str) -> bool:
+        """Give a recorded row its error; False when the task's lease is gone."""
+        ...
+
+
+@dataclass
+class Arrival:
+    """A reply recorded on arrival: its row, what it charged, the write's outcome."""
+
+    charge: ModelCharge
+    tokens: int
+    cost: Decimal
+    written: asyncio.Future[bool]
+
+    @property
+    def charged(self) -> tuple[int, Decimal]:
+        """What the request counts as charged: nothing once the write was refused."""
+        written = self.written
+        # Refused (the lease was gone) or failed (the transaction did not commit); a
+        # write not known yet counts as made (a budget never under-counts).
+        refused = written.done() and not written.cancelled() and (
+            written.exception() is not None or not written.result())
+        return (0, Decimal(0)) if refused else (self.tokens, self.cost)
 
 
 def error_name(exc: BaseException) -> str:
@@ -41,19 +84,41 @@ class Charger:
 
     """
 
-    def __init__(self, write: ChargeWrite, rows: Rows) -> None:
-        self._write = write
+    def __init__(self, ledger: ChargeLedger, rows: Rows) -> None:
+        self._ledger = ledger
         self.rows = rows
 
-    async def answered(self, request: Request, reply: ModelReply) -> tuple[int, Decimal]:
-        """Charge an answered request; return the tokens and cost charged."""
+    def arrived(self, request: Request, reply: ModelReply,
+                loop: asyncio.AbstractEventLoop) -> Arrival:
+        """Queue the row of a reply that just arrived (before it is checked); no waiting.
+
+        Safe from any thread (the reply loop's, or ``loop``'s own); the outcome of the
+        write is a future on ``loop``, where :meth:`answered` or :meth:`failed` awaits
+        it. The row is the request's own (``call_try``, ``attempt_kind``), with no error.
+        """
         tokens = reply.prompt_tokens + reply.completion_tokens
         cost = call_cost(tokens, request.price)
-        await self._fenced(self.rows.row(request, request.kind, reply, reply.prompt_tokens,
-                                         reply.completion_tokens, reply.duration_seconds,
-                                         cost, None))
-        request.cost += cost
-        return tokens, cost
+        charge = self.rows.row(request, request.kind, reply, reply.prompt_tokens,
+                               reply.completion_tokens, reply.duration_seconds, cost, None)
+        arrival = Arrival(charge, tokens, cost, self._ledger.submit_charge(charge, loop))
+        request.arrival = arrival
+        return arrival
+
+    async def answered(self, request: Request, reply: ModelReply) -> tuple[int, Decimal]:
+        """Charge an answered request (recorded on arrival); return the tokens and cost.
+
+        Raises:
+            LeaseLost: the row was refused (the task was taken away): the answer is dropped.
+
+        """
+        arrival = request.arrival
+        if arrival is None:  # nobody recorded it on arrival: record it now
+            arrival = self.arrived(request, reply, asyncio.get_running_loop())
+        if not await arrival.written:
+            raise LeaseLost(f"task {self.rows.task_id}: lease lost; the model call was not "
+                            "charged and its answer is dropped")
+        request.cost += arrival.cost
+        return arrival.tokens, arrival.cost
 
     async def replayed(self, request: Request, reply: ModelReply) -> None:
         """Write the zero-cost ``replayed`` row of a call served from the record."""
@@ -63,9 +128,12 @@ class Charger:
                      duration: float) -> tuple[int, Decimal]:
         """Record a failed request (with the tokens it used, if any); return what was charged.
 
+        A reply recorded on arrival keeps its row and its charge; its row gets the error.
         A lost lease found here wins over the call's own error: the worker must drop the
         task rather than retry or fail it.
         """
+        if request.arrival is not None:
+            return await self._arrived_bad(request, exc)
         # Refused before it was sent. (A cancelled call never comes here: CancelledError
         # is not an Exception, so the sender's ``except Exception`` lets it through.)
         if isinstance(exc, LeaseLost | BudgetExceeded):
@@ -76,7 +144,7 @@ class Charger:
         charge = self.rows.row(request, request.kind, reply, prompt_tokens, completion_tokens,
                                duration, cost, f"{error_name(exc)}: {exc}")
         try:
-            applied = await self._write(charge)
+            applied = await self._ledger.acharge(charge)
         except Exception:  # never hide the call's own error behind a recording error
             log.exception("could not record a failed model call",
                           extra={"task_id": str(self.rows.task_id)})
@@ -87,8 +155,33 @@ class Charger:
         request.cost += cost
         return prompt_tokens + completion_tokens, cost
 
+    async def _arrived_bad(self, request: Request, exc: Exception) -> tuple[int, Decimal]:
+        """A reply recorded on arrival turned out bad: its row gets the error; it stays paid.
+
+        Only an error of the reply itself is written on its row (a lost lease or a
+        cancel while the row was being written says nothing about the reply).
+        """
+        arrival = request.arrival
+        assert arrival is not None
+        try:
+            written = await arrival.written
+        except Exception:  # never hide the call's own error behind a recording error
+            log.exception("could not record a model call's reply",
+                          extra={"task_id": str(self.rows.task_id)})
+            return 0, Decimal(0)
+        if not written:
+            raise LeaseLost(f"task {self.rows.task_id}: lease lost during a failed model call "
+                            f"({exc})") from exc
+        request.cost += arrival.cost
+        if not isinstance(exc, LeaseLost | BudgetExceeded):
+            marked = await self._ledger.amark_failed(arrival.charge, f"{error_name(exc)}: {exc}")
+            if not marked:
+                raise LeaseLost(f"task {self.rows.task_id}: lease lost during a failed model "
+                                f"call ({exc})") from exc
+        return arrival.tokens, arrival.cost
+
     async def _fenced(self, charge: ModelCharge) -> None:
-        if not await self._write(charge):
+        if not await self._ledger.acharge(charge):
             raise LeaseLost(f"task {self.rows.task_id}: lease lost; the model call was not "
                             "charged and its answer is dropped")
 

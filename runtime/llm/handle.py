@@ -50,6 +50,7 @@ from runtime.llm.loop import CallLoop, token_rates
 from runtime.llm.recorded import RecordedReplies
 from runtime.llm.repair import ask_with_repairs
 from runtime.llm.reply import Backend, first_messages
+from runtime.llm.reply_loop import REPLY_LOOP, remote
 from runtime.llm.request import Request, schema_of
 from runtime.llm.retries import ask_with_retries
 from runtime.llm.routing import Router
@@ -124,10 +125,15 @@ class LLMFactory:
         return TaskLLM(self, task_row, lease_token, lease_lost)
 
     async def aclose(self) -> None:
-        """Release the backend's (and the ledger's) connections made on the running loop."""
+        """Release the backend's (and the ledger's) connections made on the running loop.
+
+        A remote backend's connections on the reply loop are closed too.
+        """
         aclose = getattr(self.backend, "aclose", None)  # a backend with connections has it
         if aclose is not None:
             await aclose()
+            if remote(self.backend):
+                await REPLY_LOOP.call(aclose)
         await self.ledger.aclose()
 
     def close(self) -> None:
@@ -168,7 +174,7 @@ class TaskLLM:
         self.offline = is_offline(factory.backend)
         rows = Rows(self.task_id, lease_token, int(task_row.get("delivery_count") or 1),
                     factory.backend.name, self.phase, self._settings.llm.record)
-        charger = Charger(factory.ledger.acharge, rows)
+        charger = Charger(factory.ledger, rows)
         self.replays = HeldReplays(factory.ledger, lease_lost)  # for the outcome's write
         self._recorded = RecordedReplies(self._settings, factory.records, task_row,
                                          self.phase, charger, self.replays, self.offline,

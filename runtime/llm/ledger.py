@@ -79,6 +79,19 @@ class CallLedger(StepLedger, Protocol):
         """:meth:`charge` from a coroutine (awaits its batch without holding a thread)."""
         ...
 
+    def submit_charge(self, charge: ModelCharge,
+                      loop: asyncio.AbstractEventLoop) -> asyncio.Future[bool]:
+        """Queue :meth:`charge` at once, from any thread; its outcome as a future on ``loop``.
+
+        The row is on its way to the database when this returns (a reply recorded on
+        arrival); ``loop``'s coroutine awaits the outcome.
+        """
+        ...
+
+    async def amark_failed(self, charge: ModelCharge, error: str) -> bool:
+        """Give the recorded row of ``charge`` its error; False when the lease is gone."""
+        ...
+
     async def arecorded_calls(self, lookups: Sequence[RecordLookup]
                               ) -> list[RecordedCall | None]:
         """The recorded successful reply of each look-up, in order (one statement).

@@ -25,7 +25,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -34,6 +34,9 @@ from runtime.errors import BadInput
 from runtime.llm.reply import Message, first_messages
 from runtime.llm.routing import Route
 from runtime.llm.tool_loop import ToolRound
+
+if TYPE_CHECKING:  # (charging builds requests' rows: it imports this module)
+    from runtime.llm.charging import Arrival
 
 #: The route of a request not routed yet (the route stage sets the real one).
 UNROUTED = Route("local", "", "not routed yet")
@@ -61,6 +64,8 @@ class Request:
         conversation / kind: the messages of the next request and its kind (``call``,
             ``retry`` or ``repair``).
         held: the budget reservation of the request in flight.
+        arrival: the row of the request in flight's reply, queued the moment it arrived
+            (:meth:`runtime.llm.charging.Charger.arrived`), until the next request.
         rows / cost: requests made so far and what they cost together.
 
     """
@@ -82,6 +87,7 @@ class Request:
     conversation: list[Message] = field(default_factory=list)
     kind: str = "call"
     held: Reservation | None = None
+    arrival: Arrival | None = None
     rows: int = 0
     cost: Decimal = field(default_factory=lambda: Decimal(0))
 

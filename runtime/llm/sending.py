@@ -7,28 +7,38 @@
    left, or :class:`~runtime.errors.BudgetExceeded`);
 2. slot: its turn at its server (:class:`runtime.llm.server_slots.ServerSlots`);
 3. send: through the start gate (:class:`runtime.llm.gate.CallGate`: no request for a
-   cancelled task or in a paused tree) to the backend;
-4. validate: the reply against the call's pydantic class (:func:`runtime.llm.repair.validated`);
-5. charge: its row, answered or failed (:class:`runtime.llm.charging.Charger`);
+   cancelled task or in a paused tree) to the backend (a server's, on the reply loop:
+   :mod:`runtime.llm.reply_loop`);
+4. record: the reply's row is queued to the ledger's writer the moment the reply arrives
+   (:mod:`runtime.llm.arrival`; :meth:`runtime.llm.charging.Charger.arrived`), before
+   anything else looks at it: an answer is durable on arrival;
+5. validate: the reply against the call's pydantic class (:func:`runtime.llm.repair.validated`);
+6. charge: await the row's write, answered, or give it its error when the reply is bad
+   (:class:`runtime.llm.charging.Charger`);
 
-and settles the reservation with what was charged, whatever happened.
+and settles the reservation with what was charged, whatever happened (a reply recorded
+on arrival counts as charged unless its write was refused).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 import uuid
+from collections.abc import Awaitable
 from decimal import Decimal
 from typing import Any
 
 from runtime.budget import TaskBudget
 from runtime.errors import LeaseLost
+from runtime.llm.arrival import ON_ARRIVAL
 from runtime.llm.charging import Charger
 from runtime.llm.gate import CallGate
 from runtime.llm.repair import validated
 from runtime.llm.reply import Backend, BadModelReply, ModelReply, message_tokens
+from runtime.llm.reply_loop import REPLY_LOOP, remote
 from runtime.llm.request import Request
 from runtime.llm.server_slots import Fair, ServerSlots
 from runtime.llm.token_meter import StopCheck
@@ -55,20 +65,25 @@ class Sender:
         self._fair, self._stopped = fair, stopped
         self._lease_token, self._lease_lost = lease_token, lease_lost
         self._task_id = charger.rows.task_id
+        #: A server's replies are read on the reply loop, not behind this loop's work.
+        self._remote = remote(backend)
 
     async def attempt(self, request: Request) -> tuple[ModelReply, Any]:
-        """One request: reserve, slot, send, validate, charge; settle the reservation."""
+        """One request: reserve, slot, send and record, validate, charge; settle."""
         if self._lease_lost.is_set():
             raise LeaseLost(f"task {self._task_id}: lease lost; the model was not called")
         # Reserve (budget rule 3); the finally below settles with what was charged (rule 4).
         held = request.held = self._budget.reserve(
             message_tokens(request.conversation), request.max_tokens, request.price)
         request.rows += 1
+        request.arrival = None
         started = time.monotonic()
         charged_tokens, charged_usd = 0, Decimal(0)
         try:
             try:
                 reply = await self.send(request)
+                if request.arrival is None:  # a backend that does not say when it arrived
+                    self._charger.arrived(request, reply, asyncio.get_running_loop())
                 data = validated(reply, request.model_cls)
             except Exception as exc:
                 spent = exc.reply if isinstance(exc, BadModelReply) else None
@@ -79,6 +94,8 @@ class Sender:
             return reply, data
         finally:
             request.held = None
+            if request.arrival is not None:  # recorded on arrival: charged unless refused
+                charged_tokens, charged_usd = request.arrival.charged
             settled = self._budget.settle(held, charged_tokens, charged_usd)
             if settled.over_tokens > 0:
                 log.info("a request spent more than it reserved (the server counted more "
@@ -91,12 +108,25 @@ class Sender:
         held = request.held
         assert held is not None  # reserved by attempt()
         tools = {"tools": request.tools} if request.tools else {}
-        reply = await self._gate.send(  # cancelled? paused? (gate.py)
-            self._task_id, ticket,
-            lambda: ticket.answer(self._backend.achat(
+        loop = asyncio.get_running_loop()
+
+        def arrived(reply: ModelReply) -> None:  # on the thread that read the reply
+            if request.arrival is None:
+                self._charger.arrived(request, reply, loop)
+
+        def ask() -> Awaitable[ModelReply]:
+            return self._backend.achat(
                 request.route.model, request.conversation, request.json_schema,
                 held.completion_tokens, route=request.route.route, think=request.think,
-                **tools)),
-            lease_token=self._lease_token)
+                **tools)
+
+        recording = ON_ARRIVAL.set(arrived)
+        try:
+            reply = await self._gate.send(  # cancelled? paused? (gate.py)
+                self._task_id, ticket,
+                lambda: ticket.answer(REPLY_LOOP.run(ask) if self._remote else ask()),
+                lease_token=self._lease_token)
+        finally:
+            ON_ARRIVAL.reset(recording)
         ticket.settle(reply.prompt_tokens + reply.completion_tokens)  # its spend
         return reply

@@ -885,6 +885,34 @@ WHERE EXISTS (
       AND m.phase = i.phase AND m.position IS NOT DISTINCT FROM i.position
 );
 
+-- model_call_mark_failed --
+-- Give a model call's row, recorded (and charged) the moment its reply arrived, the error
+-- found when the reply was checked (a structured reply that does not fit): the record
+-- look-up (model_call_get_recorded_many) then skips it, as it skips any failed request.
+-- Fenced like a charge: the task row is read FOR SHARE with the lease token (a cancelled
+-- task's late reply too, as task_charge_running_many records it), so a worker whose lease
+-- was taken away changes nothing. The row is known as model_call_find_recorded knows it,
+-- and has no error yet (the newest such row: served by ix_model_calls_task_id_attempt).
+WITH me AS (
+    SELECT id FROM tasks
+    WHERE id = :task_id AND (lease_token = :token OR status = 'cancelled')
+    FOR SHARE
+), target AS (
+    SELECT m.id FROM model_calls m JOIN me ON m.task_id = me.id
+    WHERE m.attempt = :attempt AND m.call_index = :call_index
+      AND m.call_try = :call_try AND m.attempt_kind = :attempt_kind AND m.phase = :phase
+      AND m.position IS NOT DISTINCT FROM CAST(:position AS text)
+      AND m.request_hash IS NOT DISTINCT FROM CAST(:request_hash AS text)
+      AND m.error IS NULL AND NOT m.replayed
+    ORDER BY m.id DESC
+    LIMIT 1
+)
+UPDATE model_calls m
+SET error = :error
+FROM target
+WHERE m.id = target.id
+RETURNING m.id;
+
 -- task_charge_running_many --
 -- Charge a batch of model calls (one JSON array) in one statement: each task's row gets
 -- the sum of its calls, guarded by its lease token; a call whose lease is gone changes

@@ -139,6 +139,25 @@ class StoreSpend(StoreReads):
                 log.warning("late charge ignored: lease gone", extra={"task_id": str(c.task_id)})
         return [n in done for n in range(len(charges))]
 
+    def mark_call_failed(self, charge: ModelCharge, error: str) -> bool:
+        """Give the recorded row of ``charge`` its error (the reply was bad); fenced.
+
+        The row was recorded and charged on arrival (:meth:`charge_many`); its charge
+        stays. Returns False (nothing written) when the task's lease is gone.
+        """
+        with self.transaction() as conn:
+            row = conn.execute(_TEXT["model_call_mark_failed"], {
+                "task_id": charge.task_id, "token": charge.lease_token, "error": error,
+                "attempt": charge.attempt, "call_index": charge.call_index,
+                "call_try": charge.call_try, "attempt_kind": charge.attempt_kind,
+                "phase": charge.phase, "position": charge.position,
+                "request_hash": charge.request_hash}).first()
+        if row is None:
+            log.warning("late model-call error ignored: lease gone",
+                        extra={"task_id": str(charge.task_id)})
+            return False
+        return True
+
     @staticmethod
     def _roll_up_late(conn: Connection, ids: list[uuid.UUID]) -> None:
         """Roll a late charge of cancelled tasks up through their finished ancestors.

@@ -15,6 +15,9 @@ was most of the worker's CPU). Failures are classified here:
   :class:`~runtime.llm.reply.ModelRequestError`;
 - a structured reply that does not parse -> :class:`~runtime.llm.reply.BadModelReply`.
 
+A reply is handed to :func:`runtime.llm.arrival.reply_arrived` the moment it is parsed,
+before it is checked against the call's schema: the model layer records it then.
+
 This is the only module that imports ``ollama``.
 """
 
@@ -34,6 +37,7 @@ import ollama
 
 from runtime.config import Settings
 from runtime.errors import ModelNotFound
+from runtime.llm.arrival import reply_arrived
 from runtime.llm.backends.transport import LeanAsyncClient
 from runtime.llm.reply import (
     PROBE_TIMEOUT_SECONDS,
@@ -117,6 +121,8 @@ class OllamaBackend:
     """Ollama through the official client; the cloud route may go to a second server."""
 
     name = "ollama"
+    #: Its requests go to a server: the model layer reads their replies on its reply loop.
+    remote = True
 
     def __init__(self, url: str, timeout_seconds: float, cloud_url: str | None = None,
                  max_parallel: int = 8, cloud_max_parallel: int = 8) -> None:
@@ -226,6 +232,7 @@ class OllamaBackend:
         reply = ModelReply(text, None, int(prompt_tokens), int(completion_tokens), duration,
                            model, self.name, thinking=thinking,
                            done_reason=response.done_reason, tool_calls=calls)
+        reply_arrived(reply)  # recorded now, before it is checked (runtime/llm/arrival.py)
         return checked_reply(reply, schema)
 
     def chat(self, model: str, prompt: str, system: str | None, schema: dict[str, Any] | None,
