@@ -18,6 +18,10 @@ retry_after`` seconds; ``hang`` sleeps ``hang_seconds`` before answering. A requ
 ``seen`` counts every chat request by its identity (model, messages, format, options) and
 ``answered`` the ones that got a good reply; ``answer_log`` lists those replies as
 ``(identity, wall time)``: the outside's record of calls paid, for a history (issue 40).
+``arrival_log`` lists every chat request as ``(identity, wall time it arrived)`` and
+``sent_log`` every chat reply as ``(identity, wall time its last byte was written)``: a
+test that kills a worker tells from them which answers had left the server before the
+kill and whether any of them was asked for again (issue 44).
 
 Tools: ``tool_plan(body)`` decides, for a request that lists ``tools``, which tool calls
 the reply makes (a list of ``{"name", "arguments"}``; None or empty: answer as usual).
@@ -121,6 +125,8 @@ class FakeOllama:
         self.seen: Counter[str] = Counter()
         self.answered: Counter[str] = Counter()
         self.answer_log: list[tuple[str, float]] = []
+        self.arrival_log: list[tuple[str, float]] = []
+        self.sent_log: list[tuple[str, float]] = []
         self._lock = threading.Lock()
         self._server = _QuietServer((host, 0), _handler_for(self))
         self._thread = threading.Thread(target=self._server.serve_forever,
@@ -149,6 +155,7 @@ class FakeOllama:
         with self._lock:
             self.received += 1
             self.seen[request_identity(body)] += 1
+            self.arrival_log.append((request_identity(body), time.time()))
             mode = "ok"
             if self.script:
                 mode = self.script.pop(0)
@@ -180,6 +187,11 @@ class FakeOllama:
         """A chat request was served."""
         with self._lock:
             self.in_flight -= 1
+
+    def sent(self, body: dict[str, Any]) -> None:
+        """A chat reply's last byte was just written (``sent_log``)."""
+        with self._lock:
+            self.sent_log.append((request_identity(body), time.time()))
 
     def answer(self, body: dict[str, Any], mode: str = "ok") -> dict[str, Any]:
         """Return the content, thinking, done reason and token counts for a chat request."""
@@ -317,6 +329,8 @@ def _handler_for(fake: FakeOllama) -> type[BaseHTTPRequestHandler]:
                 if answer["tool_calls"]:
                     message["tool_calls"] = answer["tool_calls"]
                 self._json(200, {**final, "message": message})
+                self.wfile.flush()
+                fake.sent(body)
                 return
             self.send_response(200)
             self.send_header("Content-Type", "application/x-ndjson")
@@ -328,6 +342,8 @@ def _handler_for(fake: FakeOllama) -> type[BaseHTTPRequestHandler]:
                              "message": {"role": "assistant", "content": piece}})
             self._chunk({**final, "message": {"role": "assistant", "content": ""}})
             self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            fake.sent(body)
 
         def _chunk(self, obj: dict[str, Any]) -> None:
             line = json.dumps(obj).encode() + b"\n"
