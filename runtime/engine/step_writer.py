@@ -113,6 +113,11 @@ class AsyncStepWriter:
                         raise
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def idle_backend_pids(self) -> list[int]:
+        """The server process ids of the idle connections of every loop (a diagnostic)."""
+        return [conn.info.backend_pid for pool in list(self._loops.values())
+                for conn, _ in list(pool.free)]
+
     async def aclose(self) -> None:
         """Close the running loop's connections (before the loop ends)."""
         pool = self._loops.pop(asyncio.get_running_loop(), None)

@@ -173,7 +173,7 @@ class TaskSteps:
         it raised (recorded as the step's error), :class:`LeaseLost` when the task was
         taken away, :class:`BudgetExceeded` past the task's ``budget_seconds``.
         """
-        begin = self._begin_of(name, args, kwargs, self.next_position())
+        begin = self.begin_of(name, args, kwargs, self.next_position())
         record = self._started(self._ledger.step_begin(begin), begin)
         if record.replayed:
             return record.result
@@ -228,7 +228,7 @@ class TaskSteps:
         Raises only what ends the task's delivery: :class:`LeaseLost`,
         :class:`BudgetExceeded` (no time, or no money for ``cost_usd``).
         """
-        begin = self._begin_of(name, args, kwargs, position, kind, tool_call_id)
+        begin = self.begin_of(name, args, kwargs, position, kind, tool_call_id)
         record = self._started(await self._write_begin(begin), begin)
         if record.replayed:
             return StepResult(record.result, None, None, True, record.idempotency_key,
@@ -268,7 +268,7 @@ class TaskSteps:
         the hash of its validated arguments (its step's). With no decision yet the ask is
         recorded (``asked``: the caller holds the task). Raises :class:`LeaseLost`.
         """
-        begin = self._begin_of(tool, (), kwargs, call_id, "tool", call_id)
+        begin = self.begin_of(tool, (), kwargs, call_id, "tool", call_id)
         status: str | None = await self._in_ledger(
             self._ledger.tool_approval, self.task_id, self._token, self.phase, call_id, tool,
             begin.args_hash, begin.args)
@@ -330,9 +330,17 @@ class TaskSteps:
                 and (self._deadline is None
                      or time.time() + retry.delay(tries) < self._deadline))
 
-    def _begin_of(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+    def begin_of(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                   position: str, kind: str = "step",
                   tool_call_id: str | None = None) -> StepBegin:
+        """The start a step ``name`` at ``position`` records, its idempotency key in it.
+
+        Raises:
+            ValueError: an empty name.
+            LeaseLost: the task was taken away.
+            BudgetExceeded: the task is past its ``budget_seconds``.
+
+        """
         if not isinstance(name, str) or not name.strip():
             raise ValueError("a step needs a non-empty name")
         if self._lease_lost.is_set():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import threading
 import uuid
 from typing import Any
@@ -70,7 +71,7 @@ def test_a_step_started_but_never_recorded_runs_again_with_the_same_key(store: S
     row = new_task(store)
     steps = steps_for(store, row)
     # The worker records the start, then dies inside the function.
-    begin = steps._begin_of("send", ("hello",), {}, steps.next_position())
+    begin = steps.begin_of("send", ("hello",), {}, steps.next_position())
     store.step_begin(begin)
     effects = SideEffects()
     assert steps_for(store, redeliver(store)).step("send", effects.send, "hello")["n"] == 1
@@ -179,9 +180,11 @@ def test_ctx_step_uses_the_model_handles_steps_and_refuses_past_the_deadline(
     ctx = AgentContext(llm=type("LLM", (), {"steps": steps})(), task=None,  # type: ignore
                        log=__import__("logging").getLogger("t"))
     assert ctx.step("add", lambda a, b: a + b, 1, 2) == 3
-    steps._deadline = 0.0  # the task's budget_seconds are spent
-    with pytest.raises(BudgetExceeded, match="budget_seconds"):
-        ctx.step("add", lambda a, b: a + b, 1, 2)
+    spent = row.replace(deadline_at=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1))
+    late = AgentContext(llm=type("LLM", (), {"steps": steps_for(store, spent)})(),  # type: ignore
+                        task=None, log=__import__("logging").getLogger("t"))
+    with pytest.raises(BudgetExceeded, match="budget_seconds"):  # its budget_seconds spent
+        late.step("add", lambda a, b: a + b, 1, 2)
 
 
 def test_a_step_with_a_result_that_is_not_json_fails_and_says_so(store: Store) -> None:
@@ -207,15 +210,14 @@ def test_step_writes_survive_a_lost_connection_and_a_repeated_finish_charges_onc
     row = new_task(store)
     ledger = StoreLedger(store)
     steps = steps_for(store, row)
-    begin = steps._begin_of("send", ("a",), {}, "0")
+    begin = steps.begin_of("send", ("a",), {}, "0")
 
     async def run() -> tuple[bool, bool]:
         record = await ledger.astep_begin(begin)
         assert record is not None
         # The server ends the writer's connection (a restart, a failover): the next
         # statement runs again on a new one.
-        pids = [c.info.backend_pid for pool in ledger.step_writer._loops.values()
-                for c, _ in pool.free]
+        pids = ledger.step_writer.idle_backend_pids()
         assert len(pids) == 1
         with store.engine.connect() as conn:
             conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pids[0]})
