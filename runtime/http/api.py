@@ -11,12 +11,15 @@ Endpoints (all JSON; shapes from :mod:`runtime.views`, documented in ``docs/api.
   ``runtime/http/forks.py``.
 
 Errors are always ``{"error": "<message>"}``: 401 without the bearer token (when
-``ORGCHART_API_TOKEN`` is set), 404 for a missing task, 409 for a conflicting idempotency
-key or a refused resolution, 413 for a body over :data:`MAX_BODY_BYTES`, 422 for a bad
-body (not JSON, not UTF-8, the wrong shape) or a malformed id, 503 when the database is
-down, and 500 ``internal error`` for anything else (logged with its traceback, never
-sent). The OpenAPI document lists each of these on every operation that can answer it,
-and links a new task to the operations that take its id (:mod:`runtime.http.document`).
+``ORGCHART_API_TOKEN`` is set), 404 for a missing task, 405 with an ``Allow`` naming
+every method of the path, 409 for a conflicting idempotency key, a refused resolution or
+another conflict with a task's state, 413 for a body over :data:`MAX_BODY_BYTES`, 422
+for a bad body (not JSON, not UTF-8, the wrong shape, a value out of its schema) or a
+malformed id, 503 when the database is down, and 500 ``internal error`` for anything
+else (logged with its traceback, never sent). The OpenAPI document lists each of these
+on every operation that can answer it, carries the request models' constraints
+(:mod:`runtime.http.constraints`) and the server's agents and models, and links a new
+task to the operations that take its id (:mod:`runtime.http.document`).
 """
 
 from __future__ import annotations
