@@ -1496,6 +1496,8 @@ SELECT id, (SELECT count(*) FROM notify) AS notified FROM upd;
 
 -- model_call_list_tree --
 -- Every model call made by any task of one tree, in the order they were made (replay files).
+-- The tree's calls by their root_id index, each one's agent by a primary-key probe (a join
+-- to the tree's tasks could be planned as a scan of every call when nothing is analyzed).
 SELECT m.*, t.to_agent AS agent
 FROM model_calls m
 CROSS JOIN LATERAL (SELECT x.to_agent FROM tasks x WHERE x.id = m.task_id OFFSET 0) t
@@ -1744,6 +1746,10 @@ WHERE n.root_id = :root_id AND n.depth <= COALESCE(CAST(:depth AS integer), 2147
 
 -- task_subtree_nodes --
 -- The subtree under :under (at most :depth levels below it) in task_tree_nodes' rows.
+-- Each task of ``sub`` is read by its primary key alone (a lateral probe, OFFSET 0 so it
+-- is not flattened into a join; its descendants are in the tree): joined to the tree's
+-- tasks, or filtered on root_id too, a fresh tree with no statistics was planned as a
+-- scan of the whole tree per task of the subtree (1 million rows for 99 tasks).
 {fragment_subtree_ids}
 SELECT {fragment_tree_node_row}
 FROM sub
@@ -1761,8 +1767,6 @@ SELECT count(*) FROM tasks WHERE root_id = :root_id;
 -- never the events table's, however old the cursor.
 SELECT e.id, t.id AS task_id, e.from_status, e.to_status, e.at, e.worker, e.detail
 FROM tasks t
--- The tree's calls by their root_id index, each one's agent by a primary-key probe (a join
--- to the tree's tasks could be planned as a scan of every call when nothing is analyzed).
 CROSS JOIN LATERAL (
     SELECT x.id, x.from_status, x.to_status, x.at, x.worker, x.detail
     FROM task_events x WHERE x.task_id = t.id AND x.id > :after
@@ -1907,6 +1911,11 @@ SELECT id FROM tasks WHERE root_id = :root_id;
 -- served from the record; a call's row is written when it returns, so it ends at
 -- created_at) and its steps and tool calls ("tools": [from, to, name, status]; an
 -- unfinished one lasts until now). date_part gives float8: cheaper than numeric.
+-- Each task's events, calls and steps are aggregated in a lateral subquery over that
+-- task's rows alone (the (task_id, ...) indexes), never aggregated per tree and joined
+-- back: an aggregate cannot take the task as a parameter, so on a fresh tree that
+-- PostgreSQL has no statistics for the join was planned as a nested loop re-reading
+-- every task's calls for each task (51 million pairs, 4 s on 10,101 tasks).
 WITH base AS (
     SELECT created_at AS t0, statement_timestamp() AS now FROM tasks WHERE id = :root_id
 )
@@ -1990,10 +1999,6 @@ WITH me AS (
     WHERE id = :task_id AND lease_token = :token
       AND set_config('synchronous_commit', 'off', true) IS NOT NULL
     FOR SHARE
--- Each task of ``sub`` is read by its primary key alone (a lateral probe, OFFSET 0 so it
--- is not flattened into a join; its descendants are in the tree): joined to the tree's
--- tasks, or filtered on root_id too, a fresh tree with no statistics was planned as a
--- scan of the whole tree per task of the subtree (1 million rows for 99 tasks).
 ), began AS (
     INSERT INTO task_steps AS s (task_id, root_id, phase, position, name, kind, status,
                                  args, args_hash, idempotency_key, tool_call_id, attempt)
@@ -2154,11 +2159,6 @@ WITH RECURSIVE sub AS (
            CASE WHEN id = :id THEN :detail ELSE :detail || ' (subtree of ' || :id || ')' END
     FROM upd
 ), notify AS (
--- Each task's events, calls and steps are aggregated in a lateral subquery over that
--- task's rows alone (the (task_id, ...) indexes), never aggregated per tree and joined
--- back: an aggregate cannot take the task as a parameter, so on a fresh tree that
--- PostgreSQL has no statistics for the join was planned as a nested loop re-reading
--- every task's calls for each task (51 million pairs, 4 s on 10,101 tasks).
     SELECT pg_notify('{tasks_channel}', 'cancel') WHERE EXISTS (SELECT 1 FROM upd)
 )
 SELECT id, parent_id, depth, from_status, lease_owner,
