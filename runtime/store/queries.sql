@@ -364,7 +364,10 @@ t.route_reason, t.model, t.verdict, t.forked_from, t.model_override, t.tenant
 -- ``t.status`` there: the planner, which counts few running rows in a queue's statistics,
 -- then walked a partial index on running rows once per batch row (a 296-row finish in a
 -- drain: 65 ms, 44,000 index rows read); the join on the primary key cannot take that.
-SELECT t.id, t.status FROM tasks t JOIN input i ON i.id = t.id
+-- The token comes out too: the UPDATE joins its input on (id, token), so a batch holding
+-- two outcomes of one task (a late delivery's and the current one's, from a worker that
+-- claimed the task again) applies the current one only, never the late one in its place.
+SELECT t.id, t.status, i.token FROM tasks t JOIN input i ON i.id = t.id
 WHERE t.lease_token = i.token
 ORDER BY t.depth DESC, t.id
 FOR UPDATE OF t
@@ -435,7 +438,7 @@ WITH input AS (
         completed_at = CASE WHEN i.to_status IN ('done', 'failed', 'escalated', 'cancelled')
                             THEN now() ELSE t.completed_at END,
         updated_at = now()
-    FROM input i JOIN locked l ON l.id = i.id
+    FROM input i JOIN locked l ON l.id = i.id AND l.token = i.token
     -- the guard: fragment_lock_batch
     WHERE t.id = l.id AND l.status = 'running'
     RETURNING t.id, t.parent_id, t.status, t.to_agent, i.detail,
@@ -485,7 +488,7 @@ WITH input AS (
         lease_expires_at = NULL,
         completed_at = now(),
         updated_at = now()
-    FROM input i JOIN locked l ON l.id = i.id
+    FROM input i JOIN locked l ON l.id = i.id AND l.token = i.token
     WHERE t.id = l.id AND l.status = 'judging'  -- the guard: fragment_lock_batch
     RETURNING t.id, t.parent_id, t.status, i.detail, i.token
 ), ev AS (
@@ -670,7 +673,7 @@ WITH input AS (
         route_reason = COALESCE(t.route_reason, i.stamp->'replays'->-1->>'route_reason'),
         model = COALESCE(t.model, i.stamp->'replays'->-1->>'model'),
         updated_at = now()
-    FROM input i JOIN locked l ON l.id = i.id
+    FROM input i JOIN locked l ON l.id = i.id AND l.token = i.token
     WHERE t.id = l.id AND l.status = 'running'  -- the guard: fragment_lock_batch
     RETURNING t.id, t.root_id, t.depth, t.to_agent, t.priority, i.detail, i.children,
               -- The tree's spend so far, read only when [policies] approve_above_usd is

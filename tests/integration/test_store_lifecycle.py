@@ -151,6 +151,28 @@ def test_a_late_completion_after_reaping_changes_nothing(store: Store) -> None:
     assert row["status"] == "judging" and row["result"] == {"by": "fast"} and row["error"] is None
 
 
+@pytest.mark.parametrize("late_first", [True, False])
+def test_a_batch_with_a_late_and_a_current_outcome_of_one_task_applies_the_current(
+        store: Store, late_first: bool) -> None:
+    # One worker lost a task (reaped) and claimed it again; the late delivery's outcome
+    # and the current one's reach the database in the same batch, in either order. Only
+    # the current one is applied, and its event names the current token.
+    task = submit(store)
+    (first,) = store.claim(["echo"], 1, "w", 30)
+    expire_leases(store)
+    Reaper(store, RetrySettings()).run_once()
+    (second,) = store.claim(["echo"], 1, "w", 30)
+    late = RunOutcome(task["id"], first["lease_token"], "failed", error="late")
+    current = RunOutcome(task["id"], second["lease_token"], "judging", result={"by": "now"})
+    done = store.finish_running([late, current] if late_first else [current, late], "w")
+    assert done.applied == [task["id"]]
+    row = store.get(task["id"])
+    assert row["status"] == "judging" and row["result"] == {"by": "now"}
+    assert row["error"] is None
+    last = store.events(task["id"])[-1]
+    assert last["to_status"] == "judging" and last["lease_token"] == second["lease_token"]
+
+
 def test_a_task_delivered_max_delivery_times_becomes_poison(store: Store) -> None:
     task = submit(store)
     reaper = Reaper(store, RetrySettings(max_delivery=3))
