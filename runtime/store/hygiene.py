@@ -131,7 +131,8 @@ class StoreHygiene(StoreWrites):
     def _reap(self, conn: Connection, max_delivery: int, worker: str, limit: int) -> Reaped:
         rows = conn.execute(_TEXT["task_reap_expired"],
                             {"max_delivery": max_delivery, "worker": worker,
-                             "limit": limit}).all()
+                             "limit": limit,
+                             "poison_why": " and its lease expired each time"}).all()
         return self._reaped(conn, rows, worker)
 
     def reap_dead(self, max_delivery: int, worker: str = "reaper", limit: int = 1000, *,
@@ -154,7 +155,8 @@ class StoreHygiene(StoreWrites):
                    limit: int) -> Reaped:
         rows = conn.execute(_TEXT["task_reap_dead_owners"],
                             {"max_delivery": max_delivery, "worker": worker, "limit": limit,
-                             "namespace": LIVENESS_NAMESPACE}).all()
+                             "namespace": LIVENESS_NAMESPACE,
+                             "poison_why": "; its worker died on the last"}).all()
         return self._reaped(conn, rows, worker)
 
     def _reaped(self, conn: Connection, rows: list[Any], worker: str) -> Reaped:

@@ -1023,6 +1023,28 @@ SELECT COALESCE(sum(prompt_tokens + completion_tokens), 0) AS tokens,
        count(*) AS calls
 FROM model_calls WHERE root_id = :root_id;
 
+-- fragment_release_columns --
+-- The columns of a task taken back from a holder that is gone (its lease expired, or its
+-- process died): back where it was claimed from (pending for a run, ready_to_aggregate
+-- for an aggregate, an unleased judging for the judge), or, at retry.max_delivery
+-- deliveries, poison: failed, its error saying why (:poison_why, the statement's words).
+status = CASE
+        WHEN t.delivery_count >= :max_delivery THEN 'failed'
+        WHEN t.status = 'judging' THEN 'judging'
+        WHEN t.phase = 'aggregate' THEN 'ready_to_aggregate'
+        ELSE 'pending' END,
+    error = CASE
+        WHEN t.delivery_count >= :max_delivery
+        THEN 'poison: delivered ' || t.delivery_count || ' times' || CAST(:poison_why AS text)
+             || ' (retry.max_delivery = ' || :max_delivery || ')'
+        ELSE t.error END,
+    completed_at = CASE WHEN t.delivery_count >= :max_delivery THEN now()
+                        ELSE t.completed_at END,
+    lease_owner = NULL,
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    updated_at = now()
+
 -- task_reap_expired --
 -- The reaper: tasks whose lease expired go back to where they were claimed from
 -- (pending, ready_to_aggregate, or unleased judging); past retry.max_delivery they are
@@ -1039,23 +1061,7 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 ), upd AS (
     UPDATE tasks t
-    SET status = CASE
-            WHEN t.delivery_count >= :max_delivery THEN 'failed'
-            WHEN t.status = 'judging' THEN 'judging'
-            WHEN t.phase = 'aggregate' THEN 'ready_to_aggregate'
-            ELSE 'pending' END,
-        error = CASE
-            WHEN t.delivery_count >= :max_delivery
-            THEN 'poison: delivered ' || t.delivery_count
-                 || ' times and its lease expired each time (retry.max_delivery = '
-                 || :max_delivery || ')'
-            ELSE t.error END,
-        completed_at = CASE WHEN t.delivery_count >= :max_delivery THEN now()
-                            ELSE t.completed_at END,
-        lease_owner = NULL,
-        lease_token = NULL,
-        lease_expires_at = NULL,
-        updated_at = now()
+    SET {fragment_release_columns}
     FROM expired e
     WHERE t.id = e.id
     RETURNING t.id, t.parent_id, t.to_agent, e.status AS from_status, t.status AS to_status,
@@ -1137,23 +1143,7 @@ WITH locks AS (
     FOR UPDATE SKIP LOCKED
 ), upd AS (
     UPDATE tasks t
-    SET status = CASE
-            WHEN t.delivery_count >= :max_delivery THEN 'failed'
-            WHEN t.status = 'judging' THEN 'judging'
-            WHEN t.phase = 'aggregate' THEN 'ready_to_aggregate'
-            ELSE 'pending' END,
-        error = CASE
-            WHEN t.delivery_count >= :max_delivery
-            THEN 'poison: delivered ' || t.delivery_count
-                 || ' times; its worker died on the last (retry.max_delivery = '
-                 || :max_delivery || ')'
-            ELSE t.error END,
-        completed_at = CASE WHEN t.delivery_count >= :max_delivery THEN now()
-                            ELSE t.completed_at END,
-        lease_owner = NULL,
-        lease_token = NULL,
-        lease_expires_at = NULL,
-        updated_at = now()
+    SET {fragment_release_columns}
     FROM lost l
     WHERE t.id = l.id
     RETURNING t.id, t.parent_id, t.to_agent, l.status AS from_status, t.status AS to_status,
