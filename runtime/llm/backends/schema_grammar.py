@@ -32,8 +32,6 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from runtime.llm.reply import ModelRequestError, schema_digest
 
 #: How the JSON is laid out: one space after separators, no other whitespace.
@@ -147,6 +145,11 @@ class GrammarMask:
     """
 
     def __init__(self, matcher: Any, n_vocab: int, eos: int) -> None:
+        # numpy comes with the embedded extra (llama-cpp-python's dependency), not with the
+        # package: imported here, so that choosing a backend never needs it.
+        import numpy as np
+
+        self._np = np
         self.matcher = matcher
         self.n_vocab = n_vocab
         self.eos = eos
@@ -156,6 +159,7 @@ class GrammarMask:
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         """Return ``scores`` with the tokens the grammar does not allow next at ``-inf``."""
+        np = self._np
         if self._start is None:
             self._start = len(input_ids)
         new = input_ids[self._start + self._fed:]
