@@ -71,11 +71,11 @@ def _no_bool_metavar(param: click.Parameter) -> None:
         param.metavar = ""  # not "<bool>": a flag takes no value
 
 
-class TextHelpCommand(_TextHelp, TyperCommand):
+class TextHelpCommand(_TextHelp, TyperCommand):  # type: ignore[misc]
     """A command whose help is text (see :class:`_TextHelp`)."""
 
 
-class TextHelpGroup(_TextHelp, TyperGroup):
+class TextHelpGroup(_TextHelp, TyperGroup):  # type: ignore[misc]
     """A group whose help is text (see :class:`_TextHelp`)."""
 
 

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,7 +160,7 @@ class StoreHygiene(StoreWrites):
                              "poison_why": "; its worker died on the last"}).all()
         return self._reaped(conn, rows, worker)
 
-    def _reaped(self, conn: Connection, rows: list[Any], worker: str) -> Reaped:
+    def _reaped(self, conn: Connection, rows: Sequence[Any], worker: str) -> Reaped:
         """What a reap returned; the parents of the tasks it poisoned hear of it (fan-in)."""
         self._children_ended(conn, [r for r in rows if r.to_status == "failed"], worker)
         poisoned = sum(1 for r in rows if r.to_status == "failed")

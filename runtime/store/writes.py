@@ -237,7 +237,7 @@ class StoreWrites(StoreReads):
         """
         if not delegations:
             return []
-        batch = [
+        batch: list[dict[str, Any]] = [
             {"id": str(task_id), "token": str(token),
              "detail": detail or f"delegated to {len(children)} children",
              "children": [
