@@ -241,6 +241,23 @@ WITH room AS (
 SELECT count(pg_advisory_xact_lock(hashtextextended('orgchart.tenant:' || t, 0)))
 FROM unnest(CAST(:tenants AS text[])) AS u(t);
 
+-- fragment_judging_leased --
+-- The judge stage's lease of the rows a CTE ``picked`` chose (their places, ctid, as
+-- task_claim_available): status unchanged, a fresh token; each row says whether its
+-- judge already has a recorded call (a redelivery replays it).
+UPDATE tasks t
+SET lease_owner = :worker,
+    lease_token = gen_random_uuid(),
+    lease_expires_at = now() + make_interval(secs => :lease_seconds),
+    claimed_at = now(),
+    delivery_count = t.delivery_count + 1,
+    updated_at = now()
+WHERE t.ctid = ANY(ARRAY(SELECT tid FROM picked))
+RETURNING {fragment_claimed_columns}, 'judging' AS claimed_from,
+          EXISTS (SELECT 1 FROM model_calls m
+                  WHERE m.task_id = t.id AND m.phase = 'judge' AND m.error IS NULL
+                    AND NOT m.replayed AND m.response IS NOT NULL) AS recorded_calls
+
 -- task_claim_judging --
 -- Lease up to :limit tasks waiting in 'judging' for the judge stage (status unchanged).
 WITH picked AS (
@@ -252,19 +269,7 @@ WITH picked AS (
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 )
-UPDATE tasks t
-SET lease_owner = :worker,
-    lease_token = gen_random_uuid(),
-    lease_expires_at = now() + make_interval(secs => :lease_seconds),
-    claimed_at = now(),
-    delivery_count = t.delivery_count + 1,
-    updated_at = now()
--- By place (ctid), as task_claim_available.
-WHERE t.ctid = ANY(ARRAY(SELECT tid FROM picked))
-RETURNING {fragment_claimed_columns}, 'judging' AS claimed_from,
-          EXISTS (SELECT 1 FROM model_calls m
-                  WHERE m.task_id = t.id AND m.phase = 'judge' AND m.error IS NULL
-                    AND NOT m.replayed AND m.response IS NOT NULL) AS recorded_calls;
+{fragment_judging_leased};
 
 -- worker_list_live_signs --
 -- Signs that a live worker claims work now: what `submit` reads to warn that nothing will run a goal.
@@ -299,18 +304,7 @@ WITH picked AS (
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 )
-UPDATE tasks t
-SET lease_owner = :worker,
-    lease_token = gen_random_uuid(),
-    lease_expires_at = now() + make_interval(secs => :lease_seconds),
-    claimed_at = now(),
-    delivery_count = t.delivery_count + 1,
-    updated_at = now()
-WHERE t.ctid = ANY(ARRAY(SELECT tid FROM picked))
-RETURNING {fragment_claimed_columns}, 'judging' AS claimed_from,
-          EXISTS (SELECT 1 FROM model_calls m
-                  WHERE m.task_id = t.id AND m.phase = 'judge' AND m.error IS NULL
-                    AND NOT m.replayed AND m.response IS NOT NULL) AS recorded_calls;
+{fragment_judging_leased};
 
 -- task_heartbeat_leased --
 -- Extend the leases a worker still holds; the tokens not returned were taken away.
