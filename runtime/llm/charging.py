@@ -150,8 +150,7 @@ class Charger:
                           extra={"task_id": str(self.rows.task_id)})
             return 0, Decimal(0)
         if not applied:
-            raise LeaseLost(f"task {self.rows.task_id}: lease lost during a failed model call "
-                            f"({exc})") from exc
+            raise self._lost_during(exc) from exc
         request.cost += cost
         return prompt_tokens + completion_tokens, cost
 
@@ -170,15 +169,18 @@ class Charger:
                           extra={"task_id": str(self.rows.task_id)})
             return 0, Decimal(0)
         if not written:
-            raise LeaseLost(f"task {self.rows.task_id}: lease lost during a failed model call "
-                            f"({exc})") from exc
+            raise self._lost_during(exc) from exc
         request.cost += arrival.cost
         if not isinstance(exc, LeaseLost | BudgetExceeded):
             marked = await self._ledger.amark_failed(arrival.charge, f"{error_name(exc)}: {exc}")
             if not marked:
-                raise LeaseLost(f"task {self.rows.task_id}: lease lost during a failed model "
-                                f"call ({exc})") from exc
+                raise self._lost_during(exc) from exc
         return arrival.tokens, arrival.cost
+
+    def _lost_during(self, exc: Exception) -> LeaseLost:
+        """The error of a failed call whose row was refused: the task was taken away."""
+        return LeaseLost(f"task {self.rows.task_id}: lease lost during a failed model call "
+                         f"({exc})")
 
     async def _fenced(self, charge: ModelCharge) -> None:
         if not await self._ledger.acharge(charge):
