@@ -91,6 +91,12 @@ def request_identity(body: dict[str, Any]) -> str:
 class _QuietServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
+    # A real server's backlog (Ollama's Go listener takes the kernel's SOMAXCONN), not
+    # socketserver's 5: with 5, a burst of connections overflows the accept queue and the
+    # kernel delays the rest by SYN-ACK retransmits (1 s, then 3 s). A request written
+    # on such a connection by a worker SIGKILLed meanwhile still arrives (the orphaned
+    # socket delivers what was written), seconds after the kill, as if asked again.
+    request_queue_size = 1024
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client that timed out and hung up is expected in timeout tests

@@ -87,6 +87,27 @@ def _calls(store: Store) -> sa.Row[tuple[int, int, int]]:
                         FROM model_calls m WHERE m.task_id = t.id)) AS mischarged""")).one()
 
 
+def _what_became_of(store: Store, fake_ollama: FakeOllama, keys: list[str],
+                    kill_requested: float) -> str:
+    """Each request asked for again: when the server saw and answered it, and its rows."""
+    lines = []
+    for key in keys:
+        body = next(b for b in fake_ollama.arrived if request_identity(b) == key)
+        prompt = str((body.get("messages") or [{}])[-1].get("content", ""))
+        seen = [round(at - kill_requested, 3) for k, at in fake_ollama.arrival_log if k == key]
+        sent = [round(at - kill_requested, 3) for k, at in fake_ollama.sent_log if k == key]
+        with store.engine.connect() as conn:
+            rows = conn.execute(sa.text("""
+                SELECT m.id, m.task_id, m.attempt, m.phase, m.call_try, m.attempt_kind,
+                       m.replayed, m.error,
+                       extract(epoch FROM m.created_at) - :kill AS at
+                FROM model_calls m WHERE m.prompt = :prompt OR position(:prompt IN m.prompt) > 0
+                ORDER BY m.id"""), {"prompt": prompt, "kill": kill_requested}).all()
+        lines.append(f"{key[:12]} arrived at {seen} s, sent at {sent} s (from the kill); "
+                     f"rows: {[tuple(r) for r in rows]}")
+    return "\n".join(lines)
+
+
 def test_no_answer_that_arrived_before_a_sigkill_is_asked_for_again(
         store: Store, fake_ollama: FakeOllama,
         make_fleet: Callable[[list[str]], Fleet]) -> None:
@@ -136,20 +157,20 @@ def test_no_answer_that_arrived_before_a_sigkill_is_asked_for_again(
           f"{fake_ollama.received} requests for {end.paid} paid calls")
     assert status_counts(store) == {"done": TASKS}
     assert len(before) >= TASKS // 4, "the kill came before the burst"
-    # The issue's goal (<= 2%): at this burst's pace the answers are recorded as they come,
-    # but a loaded machine (two suites at once) once left 1 of them unrecorded at the kill.
+    # The issue's goal (<= 2%): at this burst's pace the answers are recorded as they come.
+    # A failure says what became of each answer asked for again (its times and its rows).
     again = asked_again(margin)
     assert len(again) <= LOST_SHARE * len(before), (
-        f"{len(again)} of {len(before)} answers sent before the kill were asked for again")
+        f"{len(again)} of {len(before)} answers sent before the kill were asked for again:\n"
+        + _what_became_of(store, fake_ollama, again, kill_requested))
     assert end.mischarged == 0
     assert not fleet.unexpected_exits()
     # The database against the contract, with the kill in the history.
     assert_audited(store, fleet.recorder)
-    # Then the model server's own record of what it answered. A known defect, open in
-    # issue 44's note: after the restart, the new worker now and then sends one request
-    # twice with no fault between (seen 1 to 7 times in 80 tasks on the embedded server,
-    # a few of them charged twice; the cause is not found yet). Reported, not hidden.
+    # Then the model server's own record of what it answered: no request is answered
+    # twice outside the kill's window. (This once failed now and then: the fake server's
+    # accept backlog was socketserver's 5, and a dead worker's requests, stuck behind it,
+    # reached the server seconds after the kill. Its backlog is a real server's now.)
     record_model_server(fleet.recorder, fake_ollama)
     report = audited(store, fleet.recorder)
-    if not report.ok:
-        pytest.xfail("known defect: a request sent twice after the restart\n" + report.text())
+    assert report.ok, report.text()
