@@ -31,7 +31,9 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+from sqlalchemy.dialects.postgresql import base as postgresql_base
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import UserDefinedType
 
 from runtime.constants import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
 from runtime.store.rows import STATUSES
@@ -56,6 +58,20 @@ created_at = Annotated[
     mapped_column(TIMESTAMPTZ, server_default=text("now()")),
 ]
 money = Annotated[Decimal, mapped_column(Numeric(16, 8), nullable=False, server_default="0")]
+
+
+class Xid8(UserDefinedType[int]):
+    """PostgreSQL's 64-bit transaction id (``xid8``); read as text, compared in SQL."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: Any) -> str:
+        """Return the column's SQL type."""
+        return "xid8"
+
+
+# Reflection (Alembic's comparison of models and migrations) knows the type by name.
+postgresql_base.ischema_names.setdefault("xid8", Xid8)
 
 
 #: The rows of ``ix_tasks_inbox``: open questions to a person and tasks held for approval.
@@ -247,6 +263,10 @@ class TaskEvent(Base):
     detail: Mapped[str | None] = mapped_column(Text)
     #: The delivery (lease token) the transition was written under, when it had one.
     lease_token: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    #: The writing transaction (migration 0017; NULL on older rows): a stream reader reads
+    #: events and ``call_text`` gap-free by ``(txid, id)`` below its snapshot's xmin.
+    txid: Mapped[int | None] = mapped_column(Xid8(),
+                                             server_default=text("pg_current_xact_id()"))
 
     __table_args__ = (Index("ix_task_events_task_id_id", "task_id", "id"),)
 
@@ -319,6 +339,44 @@ class ModelCall(Base):
               postgresql_where=text("error IS NULL AND NOT replayed")),
         Index("ix_model_calls_root_id", "root_id"),
         CheckConstraint("attempt_kind IN ('call', 'retry', 'repair')", name="attempt_kind"),
+    )
+
+
+#: The writing transaction's id, the default of every ``txid`` column (migration 0017).
+CURRENT_XACT_ID = text("pg_current_xact_id()")
+_NOW = text("now()")
+
+
+class CallText(Base):
+    """A piece of a model call's output, recorded as it streams (migration 0017).
+
+    Keyed by ``(task_id, phase, call_index, attempt, offset)``: ``offset`` is where
+    ``text`` starts in that attempt's output, in characters; a retried or re-delivered
+    call writes a new, higher ``attempt``. Written fenced by the delivery's lease token;
+    ``txid`` lets a reader walk a tree's pieces by ``(root_id, txid, id)`` with no gap.
+    Cascades with its task, so pruning a tree removes its pieces.
+    """
+
+    __tablename__ = "call_text"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    root_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
+    task_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False
+    )
+    phase: Mapped[str] = mapped_column(Text, nullable=False)
+    call_index: Mapped[int] = mapped_column(Integer, nullable=False)
+    attempt: Mapped[int] = mapped_column(Integer, nullable=False)
+    offset: Mapped[int] = mapped_column(Integer, nullable=False)
+    text: Mapped[str] = mapped_column(Text, nullable=False)
+    lease_token: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    txid: Mapped[int] = mapped_column(Xid8(), nullable=False, server_default=CURRENT_XACT_ID)
+    created_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False,
+                                                    server_default=_NOW)
+
+    __table_args__ = (
+        UniqueConstraint("task_id", "phase", "call_index", "attempt", "offset"),
+        Index("ix_call_text_root_id_txid_id", "root_id", "txid", "id"),
     )
 
 
