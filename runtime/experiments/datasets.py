@@ -14,13 +14,13 @@ the same cases added twice are one version and an edited file is a new one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.core.canonical import canonical_sha256
 from runtime.errors import BadInput
 
 #: The keys a case may have.
@@ -104,5 +104,4 @@ def read_cases(path: Path) -> list[Case]:
 
 def version_of(cases: Sequence[Case]) -> str:
     """The content hash that names a dataset's version (16 hex digits of sha256)."""
-    canonical = json.dumps([c.body for c in cases], sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    return canonical_sha256([c.body for c in cases])[:16]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import functools
-import hashlib
 import inspect
 import json
 import threading
@@ -37,6 +36,7 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from agents.tools import RetryPolicy, reset_step_key, set_step_key
+from runtime.core.canonical import canonical_json, sha256_hex
 from runtime.errors import BudgetExceeded, LeaseLost
 from runtime.llm.ledger import StepLedger
 from runtime.records import StepBegin, StepEnd, StepRecord
@@ -87,11 +87,6 @@ class StepResult:
     duration_seconds: float
     step_id: int
     recorded: asyncio.Future[None] | None = None
-
-
-def args_json(args: Any) -> str:
-    """The canonical JSON of a step's arguments (unserialisable values as ``str``)."""
-    return json.dumps(args, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def _json_result(value: Any, name: str) -> Any:
@@ -348,8 +343,8 @@ class TaskSteps:
         if self._deadline is not None and time.time() >= self._deadline:
             raise BudgetExceeded(f"budget: step {name!r} refused for task {self.task_id}: "
                                  "the task is past its budget_seconds")
-        payload = args_json({"args": list(args), "kwargs": kwargs})
-        digest = hashlib.sha256(payload.encode()).hexdigest()
+        payload = canonical_json({"args": list(args), "kwargs": kwargs})  # stored: durable
+        digest = sha256_hex(payload)
         key = f"{self.task_id}/{self.phase}/{position}/{name}/{digest[:12]}"
         return StepBegin(self.task_id, self._token, self.phase, position, name,
                          payload[:ARGS_DISPLAY_CHARS], digest, key, self._attempt, kind,

@@ -11,7 +11,6 @@ that knows its HTTP status and the server's ``Retry-After``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agents.replies import ToolCall as ToolCall  # defined with the reply agents see
+from runtime.core.canonical import canonical_sha256, sha256_hex
 from runtime.errors import OrgchartError, TransientModelError
 
 #: How long ``auto`` waits for Ollama to answer at start.
@@ -128,8 +128,7 @@ def estimate_tokens(text: str | None) -> int:
 
 def schema_digest(schema: Mapping[str, Any]) -> str:
     """Return a short, stable hash of a JSON schema (canonical JSON)."""
-    canonical = json.dumps(schema, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    return canonical_sha256(schema)[:16]
 
 
 def request_text(prompt: str, system: str | None = None,
@@ -151,7 +150,7 @@ def request_text(prompt: str, system: str | None = None,
 def request_key(prompt: str, system: str | None = None,
                 schema: Mapping[str, Any] | None = None) -> str:
     """Return the replay key of a request: sha256 of :func:`request_text` (no model name)."""
-    return hashlib.sha256(request_text(prompt, system, schema).encode()).hexdigest()
+    return sha256_hex(request_text(prompt, system, schema))
 
 
 def first_messages(prompt: str, system: str | None) -> list[Message]:

@@ -20,8 +20,6 @@ other), so its stages may write into it without a lock.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -30,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from runtime.budget import Reservation
+from runtime.core.canonical import canonical_json, canonical_sha256, sha256_hex
 from runtime.errors import BadInput
 from runtime.llm.reply import Message, first_messages
 from runtime.llm.routing import Route
@@ -119,11 +118,6 @@ class Request:
                               self.think, self.tools or None)
 
 
-#: ``json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)``, the encoder
-#: made once (``json.dumps`` with options builds one per call).
-_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str).encode
-
-
 def request_hashes(models: Sequence[str], messages: list[Message],
                    schema: dict[str, Any] | None, max_tokens: int, think: bool,
                    tools: list[dict[str, Any]] | None = None) -> dict[str, str]:
@@ -133,13 +127,12 @@ def request_hashes(models: Sequence[str], messages: list[Message],
     ``schema``, ``tools``), so the text around the model is the same for every model:
     it is built once and each model's hash is the same bytes :func:`request_hash` hashes.
     """
-    head = '{"messages":' + _canonical(messages) + ',"model":'
-    tail = (',"options":{"num_predict":' + _canonical(max_tokens)
+    head = '{"messages":' + canonical_json(messages) + ',"model":'
+    tail = (',"options":{"num_predict":' + canonical_json(max_tokens)
             + (',"think":true}' if think else ',"think":false}')
-            + ',"schema":' + ("null" if schema is None else _canonical(schema))
-            + (',"tools":' + _canonical(tools) if tools else "") + "}")
-    return {model: hashlib.sha256((head + _canonical(model) + tail).encode()).hexdigest()
-            for model in models}
+            + ',"schema":' + ("null" if schema is None else canonical_json(schema))
+            + (',"tools":' + canonical_json(tools) if tools else "") + "}")
+    return {model: sha256_hex(head + canonical_json(model) + tail) for model in models}
 
 
 def request_hash(model: str, messages: list[Message], schema: dict[str, Any] | None,
@@ -154,7 +147,7 @@ def request_hash(model: str, messages: list[Message], schema: dict[str, Any] | N
             "options": {"num_predict": max_tokens, "think": think}}
     if tools:
         body["tools"] = tools
-    return hashlib.sha256(_canonical(body).encode()).hexdigest()
+    return canonical_sha256(body)
 
 
 def schema_of(schema: Any) -> tuple[dict[str, Any] | None, type[BaseModel] | None]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from typing import Any, Protocol
 
 from agents.replies import ToolCall, ToolOutcome
 from agents.tools import BadToolArguments, Tool
+from runtime.core.canonical import canonical_json_spaced, sha256_hex
 from runtime.errors import BadInput, OrgchartError
 from runtime.llm.durable_steps import StepResult, TaskSteps
 from runtime.llm.reply import Message
@@ -279,8 +279,7 @@ def round_note(tools: ToolRound | None) -> str:
     names = ", ".join(s["function"]["name"] for s in tools.specs)
     note = f"\n\n[tools] {names}; round {tools.number}"
     if tools.number:
-        canonical = json.dumps(tools.conversation, sort_keys=True, default=str)
-        note += f" sha256:{hashlib.sha256(canonical.encode()).hexdigest()[:16]}"
+        note += f" sha256:{sha256_hex(canonical_json_spaced(tools.conversation))[:16]}"
     return note
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
-import json
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,6 +23,8 @@ from runtime.constants import (
 
 # The agent that stands for a person (its tasks are questions no worker claims).
 from runtime.constants import HUMAN_AGENT as HUMAN_AGENT
+from runtime.core.canonical import canonical_json as canonical_json  # the store's modules
+from runtime.core.canonical import canonical_sha256
 
 # The records the model layer passes the store live in runtime/records.py (neither's);
 # the store's modules name them from here too.
@@ -268,7 +268,7 @@ class NewTask:
         }
         if self.tenant != DEFAULT_TENANT:  # hashes of requests made before tenants hold
             body["tenant"] = self.tenant
-        return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+        return canonical_sha256(body)
 
 
 @dataclass(frozen=True)
@@ -474,11 +474,6 @@ class Handoff:
         """The rows taken so far, no longer kept here (the worker runs them)."""
         rows, self.taken = self.taken, []
         return rows
-
-
-def canonical_json(value: Any) -> str:
-    """Stable JSON (sorted keys, no spaces) for hashing and storing."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def served_totals(nodes: Iterable[tuple[Mapping[str, int] | None, bool | None, Any]]

@@ -86,10 +86,9 @@ def test_the_stored_prompts_hashes_are_pinned() -> None:
 
 def test_a_steps_arguments_and_the_offline_answer_are_pinned() -> None:
     from runtime.llm.backends.schema_instance import instance_for_schema
-    from runtime.llm.durable_steps import args_json
 
-    args = {"args": [1, 2.5, datetime.date(2026, 1, 2)], "kwargs": {"q": "é"}}
-    assert args_json(args) == '{"args":[1,2.5,"2026-01-02"],"kwargs":{"q":"\\u00e9"}}'
+    args = {"args": [1, 2.5, datetime.date(2026, 1, 2)], "kwargs": {"q": "é"}}  # a step's
+    assert canonical_json(args) == '{"args":[1,2.5,"2026-01-02"],"kwargs":{"q":"\\u00e9"}}'
     assert instance_for_schema(SCHEMA, "judge this") == {
         "score": 2, "why": "offline: judge this (why)"}
 

@@ -28,6 +28,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from runtime.core.canonical import canonical_json_spaced
+
 try:  # Python 3.11+: the regex parser lives in re._parser (sre_parse is deprecated).
     from re import _parser as _sre_parse  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - older interpreters
@@ -72,7 +74,7 @@ def instance_for_schema(schema: Mapping[str, Any] | bool, prompt: str) -> Any:
         SchemaUnsatisfiable: no valid instance can be built; the message names the field.
 
     """
-    canonical = json.dumps(schema, sort_keys=True, default=str)
+    canonical = canonical_json_spaced(schema)  # seeds the answer: the older form, kept
     digest = hashlib.sha256(f"{prompt}\x00{canonical}".encode()).digest()
     generator = _Generator(schema, random.Random(int.from_bytes(digest[:8], "big")),
                            prompt_snippet(prompt))
