@@ -22,6 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from runtime.core import backoff
+
 #: A tool's name as Ollama and MCP accept it.
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -84,7 +86,7 @@ class RetryPolicy:
 
     def delay(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (1, 2, ...)."""
-        return float(min(self.max_backoff_seconds, self.backoff_seconds * 2 ** (retry - 1)))
+        return backoff.delay(retry - 1, self.backoff_seconds, self.max_backoff_seconds)
 
 
 @dataclass(frozen=True)

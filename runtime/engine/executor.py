@@ -46,6 +46,7 @@ from agents.tasks import ChildView, TaskView
 from policies.criteria import validate_criteria
 from runtime.budget import Ask, BudgetRefused, ChildSpend, TaskBudget, carve, check_retry
 from runtime.config import Settings
+from runtime.core import backoff
 from runtime.engine.actions import Action, DelegateAction, Dropped, RetryAction
 from runtime.engine.judge_stage import accepted, judge_task, undecided
 from runtime.engine.started import (
@@ -167,11 +168,6 @@ def _check_retry_budget(parent: TaskView, llm: Any, child_ids: list[uuid.UUID],
                        int(c.spent_tokens or 0), Decimal(c.spent_usd or 0)) for c in retried])
     except BudgetRefused as exc:
         raise DelegationRefused(str(exc)) from None
-
-
-def backoff_seconds(retry_count: int) -> float:
-    """Seed 001's backoff: ``2 ** retry_count`` seconds."""
-    return float(2**retry_count)
 
 
 class Executor:
@@ -329,7 +325,7 @@ class Executor:
             # The model server or the database went away mid-task: infrastructure, retried.
             retries = int(row.retry_count or 0)
             if retries < self.settings.retry.max_retry:
-                delay = backoff_seconds(retries)
+                delay = backoff.delay(retries, 1.0)  # seed 001: 2 ** retry_count s
                 return outcome("pending", delay=delay,
                                error=f"transient: {exc}",
                                detail=f"transient error, retry {retries + 1} in {delay:g}s: {exc}")

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from agents.tools import Tool
 from runtime.config import McpServerSettings, Settings
+from runtime.core import backoff
 from runtime.errors import OrgchartError
 
 log = logging.getLogger(__name__)
@@ -181,7 +182,7 @@ class McpToolSource:
         error: BaseException | None = None
         for attempt in range(RESTART_ATTEMPTS):
             if attempt:
-                await asyncio.sleep(RESTART_BACKOFF_SECONDS * 2 ** (attempt - 1))
+                await asyncio.sleep(backoff.delay(attempt - 1, RESTART_BACKOFF_SECONDS))
             try:
                 server = await self._started(name)
             except McpUnavailable as exc:

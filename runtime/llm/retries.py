@@ -8,13 +8,13 @@ Backoff with full jitter, a server's ``Retry-After`` honoured (up to
 from __future__ import annotations
 
 import asyncio
-import random
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from runtime.config import LLMSettings
+from runtime.core import backoff
 from runtime.errors import LeaseLost, TransientModelError
 from runtime.llm.reply import ModelReply
 from runtime.llm.request import Request
@@ -40,8 +40,8 @@ class Retries:
         if retry_after is not None:
             delay = min(float(retry_after), MAX_RETRY_AFTER_SECONDS)
         else:
-            ceiling = min(llm.retry_max_seconds, llm.retry_base_seconds * 2 ** self.spent)
-            delay = random.uniform(0, ceiling)
+            delay = backoff.delay(self.spent, llm.retry_base_seconds, llm.retry_max_seconds,
+                                  jitter="full")
         if getattr(exc, "status", None) == 503 and \
                 self.busy_waited + delay <= llm.busy_wait_seconds:
             self.busy_waited += delay  # a busy server: wait our turn, keep the retries

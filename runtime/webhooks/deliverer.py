@@ -41,6 +41,7 @@ from typing import Any
 import httpx
 
 from runtime.config import Settings, WebhooksSettings
+from runtime.core import backoff
 from runtime.errors import BadInput
 from runtime.store.outbox import MAX_RESPONSE_BYTES
 from runtime.store.rows import NotFound
@@ -103,8 +104,7 @@ def backoff_seconds(attempt: int, base: float, cap: float,
     "Equal jitter": half the doubled delay fixed, the other half random, so retries of
     many events that failed together spread out but never come back at once.
     """
-    full = min(cap, base * 2 ** min(attempt - 1, 30))
-    return full / 2 + rand() * full / 2
+    return backoff.delay(attempt - 1, base, cap, jitter="equal", rand=rand)
 
 
 def message_id(row: Mapping[str, Any]) -> str:

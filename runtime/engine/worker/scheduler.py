@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from runtime.core import backoff
 from runtime.engine.actions import Action
 from runtime.engine.threads import ThreadRunner
 from runtime.engine.worker.agent_threads import SyncAgentRunner, serves_async_agents
@@ -177,7 +178,7 @@ class Scheduler:
         cfg = self.config
         started = time.monotonic()
         threshold = max(1, min(cfg.batch_size, self.limit // 2))
-        backoff = 0.1
+        delays = backoff.delays(0.1, DB_RETRY_MAX_SECONDS)
         polled = False  # the last wait ended at the poll interval, not on a wake-up
         while not self._must_stop(started):
             room = self.room(self.wake.take_announced())
@@ -190,11 +191,10 @@ class Scheduler:
                 try:
                     items = await self._claim(room)
                     self.health.ok("claims")
-                    backoff = 0.1
+                    delays = backoff.delays(0.1, DB_RETRY_MAX_SECONDS)
                 except DB_ERRORS as exc:
                     self.health.error("claims", exc)
-                    await self.wake.sleep(backoff)
-                    backoff = min(backoff * 2, DB_RETRY_MAX_SECONDS)
+                    await self.wake.sleep(next(delays))
                     continue
             for item in items:
                 self.dispatch.submit(item)
@@ -275,7 +275,7 @@ class Scheduler:
 
     async def _write(self, actions: list[Action], handoff: Handoff | None = None) -> int:
         """Write ``actions`` (retrying); return how many tasks they handed to this worker."""
-        backoff, handed = 0.1, 0
+        delays, handed = backoff.delays(0.1, DB_RETRY_MAX_SECONDS), 0
         while True:
             try:
                 await self._db(self.steps.apply, actions, handoff)
@@ -291,8 +291,7 @@ class Scheduler:
                     log.warning(f"the COMMIT of {len(actions)} outcome(s) was in doubt; "
                                 "writing them again (those already recorded are refused by "
                                 "their lease tokens, logged as late writes)")
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, DB_RETRY_MAX_SECONDS)
+                await asyncio.sleep(next(delays))
 
     async def _maintenance_loop(self) -> None:
         interval = self.config.maintenance_interval_seconds

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from runtime.core import backoff
 from runtime.store.postgres.failover import OUTAGE, is_failover_error
 
 T = TypeVar("T")
 
 
 def backoff_delays(first: float = 0.1, cap: float = 2.0) -> Callable[[], float]:
-    """A generator of delays: doubling from ``first`` up to ``cap``, with jitter."""
-    state = {"next": first}
-
-    def delay() -> float:
-        value = state["next"]
-        state["next"] = min(cap, value * 2)
-        return value * (0.5 + random.random() / 2)
-
-    return delay
+    """The next delay at each call: doubling from ``first`` up to ``cap``, equal jitter."""
+    return backoff.delays(first, cap, jitter="equal").__next__
 
 
 def retry(fn: Callable[[], T], timeout: float, on_retry: Callable[[BaseException], None]
