@@ -222,13 +222,36 @@ def _durable(rt: Runtime, url: str) -> int:
         return int(conn.execute(sql).fetchone()[0])  # type: ignore[index]
 
 
+#: An answer the server sent this long before the SIGKILL must have been durable (issue 44).
+LOST_MARGIN_SECONDS = 0.020
+
+
+def lost_answers(ends: list[float], killed: float, durable: int,
+                 margin: float = LOST_MARGIN_SECONDS) -> tuple[int, float]:
+    """Answers sent ``margin`` s or more before the kill, and the share of them not durable.
+
+    ``ends``: when the server sent each answer (its clock, this machine's); ``durable``:
+    the runtime's durable answers, read after the kill. Which answers are durable is not
+    known one by one, only their number: those sent in the last ``margin`` s may account
+    for some of it, so the share is an upper bound (every one of them counted durable).
+    """
+    before = sum(1 for at in ends if at <= killed - margin)
+    late = sum(1 for at in ends if killed - margin < at <= killed)
+    durable_of_before = min(before, max(0, durable - late))
+    return before, (round(1 - durable_of_before / before, 4) if before else 0.0)
+
+
 def _crash(proc: Process, rt: Runtime, url: str, model_url: str, client: str,
            shape: Shape) -> tuple[Process, dict[str, Any]]:
     """SIGKILL ``proc``; read what was durable; start its successor and resume."""
     at_kill = _get(model_url + "/stats")
+    killed_wall = time.time()
     proc.kill()
     killed_at = time.monotonic()
     durable = _durable(rt, url)
+    ends = sorted(_get(model_url + "/starts")["ends"])
+    before, lost = lost_answers(ends, killed_wall, durable)
+    half = ends[len(ends) // 2] if ends else killed_wall
     successor = Process(rt, url, model_url, client, shape, resume=True)
     successor.root = proc.root
     successor.wait_ready()
@@ -236,6 +259,10 @@ def _crash(proc: Process, rt: Runtime, url: str, model_url: str, client: str,
     return successor, {
         "answered_at_kill": at_kill["answered"],
         "durable_at_kill": durable,
+        "sent_20ms_before_kill": before,
+        "lost_answers_at_kill": lost,
+        # how long before the kill the median answer so far had left the server
+        "kill_after_half_ms": round((killed_wall - half) * 1000, 1),
         # sent and not yet durably recorded: answered but not recorded, or not answered
         "in_flight_at_kill": at_kill["answered"] - durable + at_kill["in_flight"],
         "restart_seconds": round(time.monotonic() - killed_at, 3),
@@ -263,7 +290,8 @@ def run_once(rt: Runtime, client: str, shape: Shape, delay: float, server: str |
                 if crash and crashed is None and \
                         _get(model_url + "/stats")["answered"] >= shape.leads * shape.writers // 2:
                     proc, crashed = _crash(proc, rt, url, model_url, client, shape)
-                time.sleep(0.02)
+                # Watching for the kill: often, so it comes near the half, not past it.
+                time.sleep(0.002 if crash and crashed is None else 0.02)
             makespan = time.monotonic() - started
             wal1, pg_cpu1, _ = _counters(url)
             peak_kb = _vm_kb(proc.proc.pid, "VmHWM") or 0
@@ -354,6 +382,7 @@ COLUMNS = (("makespan s", "shared_makespan_seconds"), ("x crit", "shared_vs_crit
            ("cpu ms/call", "shared_client_cpu_ms_per_call"), ("RSS MB", "shared_peak_rss_mb"),
            ("ollama s", "ollama_makespan_seconds"), ("repaid", "repaid_calls"),
            ("durable", "durable_at_kill"), ("in flight", "in_flight_at_kill"),
+           ("sent-20ms", "sent_20ms_before_kill"), ("lost", "lost_answers_at_kill"),
            ("crash s", "crash_makespan_seconds"), ("chain ms/lvl", "chain_overhead_ms_per_level"),
            ("lines", "code_lines"))
 
