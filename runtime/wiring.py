@@ -27,6 +27,7 @@ from runtime.constants import (
     DEFAULT_TENANT,
     TENANT_NAME_PATTERN,
 )
+from runtime.core.dberrors import one_line
 from runtime.errors import BadInput
 from runtime.store.postgres import failover, retry
 from runtime.store.postgres.engines import create_db_engine
@@ -197,10 +198,10 @@ def submit_root(store: Store, new: NewTask, actor: str, timeout: float) -> tuple
     except Exception as exc:
         if not failover.is_failover_error(exc):
             raise
-        message = " ".join(str(getattr(exc, "orig", None) or exc).split())[:200]
         raise DatabaseUnavailable(
             f"the database at {redacted(str(store.engine.url))} is unreachable or failing "
-            f"over; nothing was submitted (gave up after {timeout:g}s): {message}") from exc
+            f"over; nothing was submitted (gave up after {timeout:g}s): {one_line(exc, 200)}"
+        ) from exc
 
 
 def parse_json_option(name: str, text: str | None) -> Any:

@@ -37,6 +37,7 @@ from rich.text import Text
 
 from agents.registry import DuplicateAgent, UnknownAgent
 from runtime.config import DATABASE_URL_ENVS, ConfigError, Settings, load_settings
+from runtime.core.dberrors import driver_error, one_line
 from runtime.errors import BadInput
 from runtime.store.postgres.embedded import HOME_ENV
 from runtime.store.postgres.failover import DatabaseUnavailable
@@ -183,11 +184,6 @@ def server_name(config: Settings | None = None) -> str:
     return f"the embedded PostgreSQL under ${HOME_ENV} ({os.environ.get(HOME_ENV) or '.orgchart'})"
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(getattr(exc, "orig", None) or exc).strip()
-    return " ".join(text.split()) or type(exc).__name__
-
-
 def handled(fn: F) -> F:
     """The one error handler of every command: known errors become one line and an exit code.
 
@@ -205,12 +201,12 @@ def handled(fn: F) -> F:
         except BAD_INPUT_ERRORS as exc:
             fail(str(exc), EXIT_BAD_INPUT)
         except DatabaseUnavailable as exc:  # its message names the server already
-            fail(_one_line(exc), EXIT_FAILED)
+            fail(one_line(exc), EXIT_FAILED)
         except DATABASE_ERRORS as exc:
-            if isinstance(getattr(exc, "orig", exc), psycopg.errors.QueryCanceled):
+            if isinstance(driver_error(exc), psycopg.errors.QueryCanceled):
                 fail(f"the database at {server_name()} cancelled a statement "
-                     f"([database] statement_timeout_ms?): {_one_line(exc)}", EXIT_FAILED)
-            fail(f"cannot reach the database at {server_name()}: {_one_line(exc)}", EXIT_FAILED)
+                     f"([database] statement_timeout_ms?): {one_line(exc)}", EXIT_FAILED)
+            fail(f"cannot reach the database at {server_name()}: {one_line(exc)}", EXIT_FAILED)
         except Exception as exc:
             log.debug("command failed", exc_info=True)
             hint = "" if log.isEnabledFor(logging.INFO) else " (run with -v for the traceback)"
@@ -218,7 +214,7 @@ def handled(fn: F) -> F:
                 import traceback
 
                 traceback.print_exc(file=sys.stderr)
-            fail(f"unexpected {type(exc).__name__}: {_one_line(exc)}{hint}", EXIT_FAILED)
+            fail(f"unexpected {type(exc).__name__}: {one_line(exc)}{hint}", EXIT_FAILED)
 
     return wrapper  # type: ignore[return-value]
 

@@ -49,6 +49,7 @@ from agents.registry import Registry, UnknownAgent
 from agents.tasks import DEFAULT_BUDGET_SECONDS, DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
 from runtime.config import Settings
 from runtime.constants import TENANT_NAME_PATTERN
+from runtime.core.dberrors import refused_value
 from runtime.errors import BadInput
 from runtime.http.auth import API_TOKEN_ENV
 from runtime.http.constraints import (
@@ -317,9 +318,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         return _error(422, str(exc))
 
     async def bad_data(_: Request, exc: Exception) -> Response:
-        orig = getattr(exc, "orig", None)
-        primary = getattr(getattr(orig, "diag", None), "message_primary", None)
-        return _error(422, f"the database refused a value: {primary or 'invalid data'}")
+        return _error(422, f"the database refused a value: {refused_value(exc) or 'invalid data'}")
 
     async def unavailable(_: Request, exc: Exception) -> Response:
         log.warning("database unavailable", extra={"error": str(exc)[:500]})

@@ -26,6 +26,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Res
 
 from agents.registry import Registry
 from runtime.config import Settings
+from runtime.core.dberrors import one_line
 from runtime.mcp import resources
 from runtime.mcp.tools import (
     TOOLS,
@@ -133,7 +134,7 @@ class _Handlers:
             return _refusal(str(exc))
         except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
             log.warning("database unavailable", extra={"error": str(exc)[:500]})
-            return _refusal(f"database unavailable: {' '.join(str(exc.orig or exc).split())}")
+            return _refusal(f"database unavailable: {one_line(exc)}")
         except Exception:
             log.exception("tool %s failed", params.name)
             return _refusal("internal error (the server's log has the traceback)")

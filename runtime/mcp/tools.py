@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agents.registry import Registry, UnknownAgent
 from runtime.config import Settings
+from runtime.core.dberrors import refused_value
 from runtime.errors import BadInput
 from runtime.forks import fork
 from runtime.http.api import SubmitRequest
@@ -281,9 +282,8 @@ def run_tool(deps: Deps, spec: ToolSpec, args: BaseModel) -> Any:
     except REFUSED_ERRORS as exc:
         raise ToolRefused(str(exc)) from None
     except sa.exc.DataError as exc:
-        primary = getattr(getattr(getattr(exc, "orig", None), "diag", None),
-                          "message_primary", None)
-        raise ToolRefused(f"the database refused a value: {primary or 'invalid data'}") from None
+        refused = refused_value(exc) or "invalid data"
+        raise ToolRefused(f"the database refused a value: {refused}") from None
 
 
 def root_progress(store: Store, root_id: uuid.UUID) -> tuple[str, int, int]:

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.core.dberrors import one_line
 from runtime.schedules.slots import MAX_COUNTED_SLOTS, plan_slots
 from runtime.schedules.spec import cadence_of, task_of
 from runtime.store.rows import NotFound
@@ -173,7 +174,7 @@ class Ticker:
             except Exception as exc:  # the database is away: the next tick tries again
                 if not failing:  # once per outage, not twice a second
                     log.warning("schedule tick failed (retrying every tick): %s",
-                                " ".join(str(exc).split())[:300])
+                                one_line(exc, 300))
                 failing = True
             # Jittered, so that the processes' ticks do not fall in step.
             self._stop.wait(self.config.interval_seconds * random.uniform(0.75, 1.25))

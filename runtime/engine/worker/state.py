@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.core.dberrors import one_line
 from runtime.engine.actions import Action
 from runtime.engine.worker.settings import WorkerStats
 from runtime.store.postgres import failover
@@ -238,8 +239,7 @@ class DbHealth:
         self._stats.db_errors += 1
         if where not in self._failing:
             self._failing.add(where)
-            error = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-            line = f"{type(exc).__name__}: {error[0][:300] if error else ''}"
+            line = f"{type(exc).__name__}: {one_line(exc, 300)}"
             if failover.is_failover_error(exc):
                 failover.OUTAGE.begin(exc)
                 log.debug(f"the worker's {where} waits for the database: {line}")

@@ -26,6 +26,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
+from runtime.core.dberrors import driver_error, one_line
+
 log = logging.getLogger(__name__)
 
 
@@ -37,15 +39,9 @@ class DatabaseUnavailable(RuntimeError):
 FAILOVER_SQLSTATES = frozenset({"25006", "57P01", "57P02", "57P03"})
 
 
-def _driver_error(exc: BaseException) -> BaseException:
-    """The driver's exception under SQLAlchemy's wrapper (or ``exc`` itself)."""
-    orig = getattr(exc, "orig", None)
-    return orig if isinstance(orig, BaseException) else exc
-
-
 def sqlstate(exc: BaseException) -> str | None:
     """The SQLSTATE of a database error, or None (a broken connection has none)."""
-    state = getattr(_driver_error(exc), "sqlstate", None)
+    state = getattr(driver_error(exc), "sqlstate", None)
     return str(state) if state else None
 
 
@@ -64,7 +60,7 @@ def is_failover_error(exc: BaseException) -> bool:
     state = sqlstate(exc)
     if state is not None:
         return state in FAILOVER_SQLSTATES or state.startswith("08")
-    driver = _driver_error(exc)
+    driver = driver_error(exc)
     return isinstance(driver, psycopg.OperationalError | psycopg.InterfaceError)
 
 
@@ -102,10 +98,8 @@ class Outage:
             self.started = time.monotonic()
             self.outages += 1
         state = sqlstate(exc)
-        message = str(_driver_error(exc)).strip().splitlines()
-        first = message[0][:200] if message else type(exc).__name__
         what = f"SQLSTATE {state}" if state else "broken"
-        log.log(self.level, f"database connection lost ({what}: {first}); "
+        log.log(self.level, f"database connection lost ({what}: {one_line(exc, 200)}); "
                 "reconnecting to the primary and retrying")
 
     def end(self, where: str) -> None:
