@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from runtime.core import backoff
 from runtime.store.rows import TERMINAL_STATUSES
 
 if TYPE_CHECKING:
@@ -84,11 +85,10 @@ def _wait(runtime: Runtime, root_id: uuid.UUID, timeout: float | None,
           tick: Callable[[], str] | None, thread: threading.Thread) -> str:
     """Wait for the root to end, the deadline, or the worker's thread to end."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    pause = FIRST_POLL_SECONDS
+    pauses = backoff.delays(FIRST_POLL_SECONDS, MAX_POLL_SECONDS)
     while True:
         status = tick() if tick is not None else root_status(runtime, root_id)
         if (status in TERMINAL_STATUSES or not thread.is_alive()
                 or (deadline is not None and time.monotonic() >= deadline)):
             return status
-        time.sleep(pause if tick is None else WORKER_POLL_SECONDS)
-        pause = min(pause * 2, MAX_POLL_SECONDS)
+        time.sleep(next(pauses) if tick is None else WORKER_POLL_SECONDS)
