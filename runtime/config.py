@@ -401,6 +401,22 @@ class SchedulerSettings(Section):
     anticipate_seconds: float = Field(0.1, ge=0, le=10)
 
 
+class StreamingSettings(Section):
+    """``[streaming]``: model calls' text recorded in pieces as it streams (docs/streaming.md).
+
+    Each request's text is written to ``call_text`` in group-committed pieces, at most
+    ``flush_seconds`` after it arrived, at once when ``flush_chars`` characters wait or
+    the reply is complete. Off: nothing is written, and Ollama is asked for whole replies.
+    """
+
+    #: Record streamed text (``call_text``) for readers: the page, ``follow``, the API.
+    enabled: bool = True
+    #: The longest a streamed piece waits before it is written (seconds).
+    flush_seconds: float = Field(0.1, ge=0.005, le=10)
+    #: A call with this many characters waiting is written at once.
+    flush_chars: int = Field(256, ge=1, le=1_000_000)
+
+
 class DoctorSettings(Section):
     """``[doctor]``: what ``orgchart doctor`` counts as overdue."""
 
@@ -550,6 +566,7 @@ class Settings(Section):
     mcp: McpSettings = McpSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
     webhooks: WebhooksSettings = WebhooksSettings()
+    streaming: StreamingSettings = StreamingSettings()
     #: ``[tenants.<name>]`` tables, by tenant name.
     tenants: dict[str, TenantSettings] = Field(default_factory=dict)
     source: str | None = Field(None, exclude=True)

@@ -130,6 +130,7 @@ def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
     from policies.loader import load_policy_set
     from runtime.engine.charges import ChargeWriter
     from runtime.engine.store_ledger import StoreLedger
+    from runtime.engine.text_writer import TextWriter
     from runtime.llm.handle import LLMFactory
 
     registry = load_registry(settings, extra_modules)
@@ -141,7 +142,11 @@ def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
     store.approval_agents, store.approve_above_usd = holds(settings)
     # Model-call charges are batched (ChargeWriter): what arrives within a few ms is one
     # statement, each call still guarded by its task's lease token.
-    llm_factory = LLMFactory(settings, StoreLedger(store, ChargeWriter(store)))
+    # Streamed text (issue 47) is group-committed too, one row per call per batch.
+    text = (TextWriter(store, settings.streaming.flush_seconds,
+                       settings.streaming.flush_chars)
+            if settings.streaming.enabled else None)
+    llm_factory = LLMFactory(settings, StoreLedger(store, ChargeWriter(store)), text=text)
     return Runtime(settings, store, registry, policies, llm_factory,
                    mcp_tool_source(settings, registry))
 

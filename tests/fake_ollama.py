@@ -7,7 +7,10 @@ false, or true as NDJSON chunks whose last one carries ``done: true`` and the co
 ``{"error": "model 'x' not found"}`` for models it does not have. ``delay_seconds`` makes
 every chat slow (timeout tests), ``delay_for`` each by its request; ``reply_text`` forces
 the reply (bad-JSON tests). It
-counts the tokens it reported so tests can compare sums.
+counts the tokens it reported so tests can compare sums. A streamed reply comes in pieces
+of ``piece_chars`` characters, ``piece_delay_seconds`` apart (thinking first, tool calls
+in the last line, as Ollama sends them); ``cut_after_pieces`` closes the connection
+after that many pieces, with no last line (a server or a network dying mid-reply).
 
 Misbehaviour (:data:`MODES`): ``script`` is a list of modes used one per chat request, in
 order; ``every_call`` (``{7: "500"}``: every 7th chat request) and ``every_structured``
@@ -111,6 +114,11 @@ class FakeOllama:
         #: A delay per request (its body), instead of ``delay_seconds``, when set.
         self.delay_for: Callable[[dict[str, Any]], float] | None = None
         self.reply_text: str | None = None
+        #: A streamed reply's pieces: their size (characters) and the wait before each.
+        self.piece_chars = 8
+        self.piece_delay_seconds = 0.0
+        #: A streamed reply stops after this many pieces, its connection closed (a crash).
+        self.cut_after_pieces: int | None = None
         self.requests: list[dict[str, Any]] = []
         self.arrived: list[dict[str, Any]] = []
         self.prompt_tokens = 0
@@ -342,11 +350,27 @@ def _handler_for(fake: FakeOllama) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "application/x-ndjson")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            pieces = [content[i:i + 8] for i in range(0, len(content), 8)]
-            for piece in pieces:
+            size = max(1, fake.piece_chars)
+            thought = answer["thinking"] or ""
+            for i in range(0, len(thought), size):
+                self._chunk({"model": model, "created_at": now, "done": False,
+                             "message": {"role": "assistant", "content": "",
+                                         "thinking": thought[i:i + size]}})
+            pieces = [content[i:i + size] for i in range(0, len(content), size)]
+            for n, piece in enumerate(pieces):
+                if fake.cut_after_pieces is not None and n >= fake.cut_after_pieces:
+                    self.close_connection = True
+                    self.wfile.flush()
+                    return  # cut off mid-stream: no last chunk
+                if fake.piece_delay_seconds:
+                    time.sleep(fake.piece_delay_seconds)
                 self._chunk({"model": model, "created_at": now, "done": False,
                              "message": {"role": "assistant", "content": piece}})
-            self._chunk({**final, "message": {"role": "assistant", "content": ""}})
+                self.wfile.flush()
+            last: dict[str, Any] = {"role": "assistant", "content": ""}
+            if answer["tool_calls"]:
+                last["tool_calls"] = answer["tool_calls"]
+            self._chunk({**final, "message": last})
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
             fake.sent(body)

@@ -56,6 +56,7 @@ from runtime.llm.retries import ask_with_retries
 from runtime.llm.routing import Router
 from runtime.llm.sending import Sender
 from runtime.llm.server_slots import Fair, ServerSlots
+from runtime.llm.text_stream import TextSink
 from runtime.llm.token_meter import TokenMeter
 from runtime.llm.tool_loop import ToolRound, run_with_tools
 
@@ -73,6 +74,8 @@ class LLMFactory:
     Args:
         settings: the configuration.
         ledger: the database side (:class:`~runtime.llm.ledger.CallLedger`).
+        text: where streamed text is written (:class:`~runtime.llm.text_stream.TextSink`;
+            ``[streaming] enabled``), else None: nothing is recorded as it streams.
         backend / announcement: a backend to use instead of the one ``[llm] backend``
             names, and the sentence to announce with it.
 
@@ -85,11 +88,13 @@ class LLMFactory:
     """
 
     def __init__(self, settings: Settings, ledger: CallLedger, backend: Backend | None = None,
-                 announcement: str | None = None) -> None:
+                 announcement: str | None = None, text: TextSink | None = None) -> None:
         if backend is None:
             backend, announcement = build_backend(settings)
         self.settings = settings
         self.ledger = ledger
+        #: Where requests' streamed text is written (``[streaming]`` on), else None.
+        self.text = text
         self.backend: Backend = backend
         self.offline = is_offline(backend)
         self.announcement = announcement or f"using the {backend.name} backend"
@@ -183,7 +188,8 @@ class TaskLLM:
                     int(task_row.get("priority") or 5))
         stop = TaskStop(self.task_id, lease_lost, factory.gate.is_stopped)
         self._sender = Sender(factory.backend, factory.slots, factory.gate, self.budget,
-                              charger, fair, stop, lease_token, lease_lost)
+                              charger, fair, stop, lease_token, lease_lost,
+                              text=factory.text)
         self.steps = TaskSteps(step_ledger(factory.ledger, self._recorded.counterpart),
                                task_row, lease_token, lease_lost,
                                in_ledger=factory.in_ledger, budget=self.budget)

@@ -11,7 +11,9 @@
    :mod:`runtime.llm.reply_loop`);
 4. record: the reply's row is queued to the ledger's writer the moment the reply arrives
    (:mod:`runtime.llm.arrival`; :meth:`runtime.llm.charging.Charger.arrived`), before
-   anything else looks at it: an answer is durable on arrival;
+   anything else looks at it: an answer is durable on arrival; with ``[streaming]`` on,
+   the text streamed before it was buffered as it came (:mod:`runtime.llm.text_stream`)
+   and its last piece is written at arrival, awaited beside the charge;
 5. validate: the reply against the call's pydantic class (:func:`runtime.llm.repair.validated`);
 6. charge: await the row's write, answered, or give it its error when the reply is bad
    (:class:`runtime.llm.charging.Charger`);
@@ -41,6 +43,7 @@ from runtime.llm.reply import Backend, BadModelReply, ModelReply, message_tokens
 from runtime.llm.reply_loop import REPLY_LOOP, remote
 from runtime.llm.request import Request
 from runtime.llm.server_slots import Fair, ServerSlots
+from runtime.llm.text_stream import ON_TEXT, CallAttempts, TextSink, TextStream
 from runtime.llm.token_meter import StopCheck
 
 log = logging.getLogger(__name__)
@@ -54,12 +57,14 @@ class Sender:
         budget / charger: the task's budget and the writer of its rows.
         fair / stopped: whose the requests are (fair order) and why they may not start.
         lease_token / lease_lost: the task's lease (fencing).
+        text: where requests' streamed text is written (``[streaming]`` on), else None.
 
     """
 
     def __init__(self, backend: Backend, slots: ServerSlots, gate: CallGate,
                  budget: TaskBudget, charger: Charger, fair: Fair, stopped: StopCheck,
-                 lease_token: uuid.UUID, lease_lost: threading.Event) -> None:
+                 lease_token: uuid.UUID, lease_lost: threading.Event,
+                 text: TextSink | None = None) -> None:
         self._backend, self._slots, self._gate = backend, slots, gate
         self._budget, self._charger = budget, charger
         self._fair, self._stopped = fair, stopped
@@ -67,6 +72,9 @@ class Sender:
         self._task_id = charger.rows.task_id
         #: A server's replies are read on the reply loop, not behind this loop's work.
         self._remote = remote(backend)
+        self._text = text
+        #: Per call (its index): the last attempt its streams got in this delivery.
+        self._text_calls: dict[int, CallAttempts] = {}
 
     async def attempt(self, request: Request) -> tuple[ModelReply, Any]:
         """One request: reserve, slot, send and record, validate, charge; settle."""
@@ -81,9 +89,15 @@ class Sender:
         charged_tokens, charged_usd = 0, Decimal(0)
         try:
             try:
-                reply = await self.send(request)
+                stream = self._stream(request)
+                reply = await self.send(request, stream)
                 if request.arrival is None:  # a backend that does not say when it arrived
                     self._charger.arrived(request, reply, asyncio.get_running_loop())
+                if stream is not None and self._text is not None:
+                    # Its last piece commits (beside the reply's row) before the call
+                    # returns: every write the task makes after the call follows it (by
+                    # txid), so a reader sees the text before the task's next transition.
+                    await self._text.finished(stream)
                 data = validated(reply, request.model_cls)
             except Exception as exc:
                 spent = exc.reply if isinstance(exc, BadModelReply) else None
@@ -102,8 +116,11 @@ class Sender:
                          "prompt tokens than estimated)",
                          extra={"task_id": str(self._task_id), "over": settled.over_tokens})
 
-    async def send(self, request: Request) -> ModelReply:
-        """Send ``request`` at its turn, once the gate lets it; settle its slot's estimate."""
+    async def send(self, request: Request, stream: TextStream | None = None) -> ModelReply:
+        """Send ``request`` at its turn, once the gate lets it; settle its slot's estimate.
+
+        ``stream`` takes the reply's text as the backend streams it (ended on arrival).
+        """
         ticket = self._slots.ticket(request, self._fair, self._stopped)
         held = request.held
         assert held is not None  # reserved by attempt()
@@ -111,6 +128,8 @@ class Sender:
         loop = asyncio.get_running_loop()
 
         def arrived(reply: ModelReply) -> None:  # on the thread that read the reply
+            if stream is not None:
+                stream.end()  # its last piece is written now, beside the reply's row
             if request.arrival is None:
                 self._charger.arrived(request, reply, loop)
 
@@ -121,12 +140,28 @@ class Sender:
                 **tools)
 
         recording = ON_ARRIVAL.set(arrived)
+        streaming = ON_TEXT.set(None if stream is None else stream.add)
         try:
             reply = await self._gate.send(  # cancelled? paused? (gate.py)
                 self._task_id, ticket,
                 lambda: ticket.answer(REPLY_LOOP.run(ask) if self._remote else ask()),
                 lease_token=self._lease_token)
+        except BaseException:
+            if stream is not None:
+                stream.end()  # what came before the failure is still written
+            raise
         finally:
+            ON_TEXT.reset(streaming)
             ON_ARRIVAL.reset(recording)
         ticket.settle(reply.prompt_tokens + reply.completion_tokens)  # its spend
         return reply
+
+    def _stream(self, request: Request) -> TextStream | None:
+        """A new stream (a new attempt) for the request about to be sent, when streaming."""
+        if self._text is None:
+            return None
+        attempts = self._text_calls.get(request.call_index)
+        if attempts is None:
+            attempts = self._text_calls[request.call_index] = CallAttempts()
+        return self._text.open(self._task_id, self._lease_token, self._charger.rows.phase,
+                               request.call_index, attempts)

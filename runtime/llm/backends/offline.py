@@ -10,6 +10,9 @@ list of behaviours used one per call, in order (then it behaves again):
   (not JSON, JSON that misses the schema, nothing, cut at the token limit);
 - ``"transient"``: a :class:`~runtime.llm.reply.RetryableModelError` (HTTP 503).
 
+Text is streamed word by word (:func:`runtime.llm.text_stream.text_in_pieces`) before
+the reply is returned, so streaming readers see the shape of a model server's reply.
+
 Tools: given ``tools=``, a conversation with no tool result yet is answered with one call
 of each tool (arguments built from the tool's parameter schema and the prompt, like a
 structured answer); once tool results are in the conversation it answers as usual. So
@@ -34,6 +37,7 @@ from runtime.llm.reply import (
     first_messages,
     message_tokens,
 )
+from runtime.llm.text_stream import text_in_pieces
 
 #: Behaviours the offline backend can be scripted with.
 BEHAVIOURS = ("ok", "broken_json", "wrong_shape", "empty", "length", "transient")
@@ -108,6 +112,7 @@ class OfflineBackend:
             text = offline_text(prompt)
         prompt_tokens = message_tokens(messages)
         completion_tokens = min(estimate_tokens(text), max(int(max_tokens), 0))
+        text_in_pieces(text)  # streamed word by word, as a model server's reply would be
         reply = ModelReply(text, None, prompt_tokens, completion_tokens, 0.0, model, self.name,
                            offline=True, done_reason=done_reason)
         return checked_reply(reply, schema)

@@ -18,6 +18,12 @@ was most of the worker's CPU). Failures are classified here:
 A reply is handed to :func:`runtime.llm.arrival.reply_arrived` the moment it is parsed,
 before it is checked against the call's schema: the model layer records it then.
 
+Streaming (``[streaming]`` on: the send stage set a text hook,
+:func:`runtime.llm.text_stream.text_hook`): the request says ``"stream": true`` and each
+NDJSON line's content goes to the hook as it arrives; the reply is put together from the
+lines and recorded on arrival of the last one, exactly as a non-streamed reply. With no
+hook, the request is the non-streamed one of before.
+
 This is the only module that imports ``ollama``.
 """
 
@@ -26,10 +32,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import json
 import logging
 import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -52,6 +59,7 @@ from runtime.llm.reply import (
     first_messages,
     message_tokens,
 )
+from runtime.llm.text_stream import text_hook
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +123,68 @@ class _Client(ollama.AsyncClient):
             body["format"] = schema
         return await self._request(ollama.ChatResponse, "POST", "/api/chat", json=body,
                                    stream=False)
+
+    async def text_chat_streamed(self, model: str, messages: Sequence[Message],
+                                 schema: dict[str, Any] | None, options: dict[str, Any],
+                                 think: bool, tools: Sequence[dict[str, Any]],
+                                 on_text: Callable[[str], None]) -> ollama.ChatResponse:
+        """:meth:`text_chat` with ``"stream": true``: ``on_text`` gets the content as it comes.
+
+        Ollama answers with NDJSON lines, each a piece of the message (``content``,
+        ``thinking``, ``tool_calls``); the last one says ``done`` and carries the counts.
+        Returned as the one ``ChatResponse`` a non-streamed call gets: the last line's
+        fields, the message put together. ``timeout_seconds`` bounds each wait for the
+        next bytes, not the whole reply. Errors as :meth:`text_chat`'s (``ResponseError``
+        with the status; one sent inside the stream has none: -1).
+        """
+        body: dict[str, Any] = {
+            "model": model, "stream": True, "options": options, "tools": list(tools),
+            "think": think,
+            "messages": [{k: v for k, v in m.items() if v} for m in messages],
+        }
+        if schema:
+            body["format"] = schema
+        client: LeanAsyncClient = self._client
+        response = await client.open_stream("POST", "/api/chat", body)
+        content: list[str] = []
+        thinking: list[str] = []
+        calls: list[Any] = []
+        last: dict[str, Any] | None = None
+        try:
+            if response.status_code >= 400:
+                await response.aread()
+                raise _response_error(response)
+            async for line in response.aiter_lines():
+                if not line.strip():
+                    continue
+                part = json.loads(line)
+                if part.get("error"):
+                    raise ollama.ResponseError(str(part["error"]))
+                message = part.get("message") or {}
+                if text := message.get("content"):
+                    content.append(text)
+                    on_text(text)
+                if text := message.get("thinking"):
+                    thinking.append(text)
+                calls.extend(message.get("tool_calls") or ())
+                if part.get("done"):
+                    last = part
+        finally:
+            await response.aclose()
+        if last is None:
+            raise httpx.RemoteProtocolError("the streamed reply ended before its last line")
+        message = {"role": "assistant", "content": "".join(content),
+                   "thinking": "".join(thinking) or None, "tool_calls": calls or None}
+        return ollama.ChatResponse(**{**last, "message": message})
+
+
+def _response_error(response: httpx.Response) -> ollama.ResponseError:
+    """The official client's error for a refused request (its ``error`` text, its status)."""
+    try:
+        error = str(response.json()["error"])
+    except (ValueError, KeyError, TypeError):
+        error = response.text
+    return ollama.ResponseError(error, response.status_code)
 
 
 class OllamaBackend:
@@ -190,9 +260,18 @@ class OllamaBackend:
         box: dict[str, float] = {}
         token = _RETRY_AFTER.set(box)
         started = time.monotonic()
+        on_text = text_hook()  # [streaming] on: the text is recorded as it comes
+        options = {"num_predict": max_tokens}
         try:
-            response = await client.text_chat(model, messages, schema,
-                                              {"num_predict": max_tokens}, think, tools)
+            response = await (
+                client.text_chat(model, messages, schema, options, think, tools)
+                if on_text is None else
+                client.text_chat_streamed(model, messages, schema, options, think, tools,
+                                          on_text))
+        except json.JSONDecodeError as exc:
+            raise RetryableModelError(
+                f"model server {host} sent a streamed line that is not JSON for "
+                f"{model!r}: {exc}") from exc
         except ollama.ResponseError as exc:
             if exc.status_code == 404:
                 raise ModelNotFound(model, f"{host} answered 404: {exc.error}") from exc

@@ -30,6 +30,7 @@ from runtime.llm.reply import (
     request_text,
     split_messages,
 )
+from runtime.llm.text_stream import text_in_pieces
 from runtime.llm.tool_loop import ToolRound, recorded_tool_calls, round_note
 
 
@@ -182,6 +183,7 @@ class ReplayBackend:
             ToolRound(list(messages), list(tools), number))
         record = self._next(hashlib.sha256(text.encode()).hexdigest(), prompt)
         calls = recorded_tool_calls(record.tool_calls)
+        text_in_pieces(record.response)
         reply = ModelReply(record.response, None, record.prompt_tokens,
                            record.completion_tokens, 0.0, model, self.name,
                            offline=record.backend == OfflineBackend.name, tool_calls=calls)
@@ -197,6 +199,7 @@ class ReplayBackend:
 
         """
         record = self._next(request_key(prompt, system, schema), prompt)
+        text_in_pieces(record.response)  # streamed word by word, as it was made
         reply = ModelReply(record.response, None, record.prompt_tokens,
                            record.completion_tokens, 0.0, model, self.name,
                            offline=record.backend == OfflineBackend.name)

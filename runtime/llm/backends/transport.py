@@ -27,6 +27,8 @@ sent again, once.
 as httpx would without a custom transport (httpx itself ignores them when a transport is
 given): a proxied URL goes through httpx's own proxy transport, the others through this
 one. It follows redirects when the client asks for them (the ``ollama`` client does).
+:meth:`LeanAsyncClient.open_stream` sends a JSON request on the same lean path and hands
+the response over with its body unread, for replies streamed as they are generated.
 """
 
 from __future__ import annotations
@@ -490,6 +492,35 @@ class LeanAsyncClient(httpx.AsyncClient):
                                       headers={"Content-Type": "application/json"})
             return await self.send(self._build_redirect_request(sent, response),
                                    follow_redirects=True)
+        return response
+
+    async def open_stream(self, method: str, url: str, json_body: Any) -> httpx.Response:
+        """Send a JSON request and return its response with the body still to be read.
+
+        The lean path of :meth:`request` (a streamed reply: Ollama's NDJSON chat), the
+        body handed over as its bytes arrive (``aiter_lines``); the caller closes the
+        response (``aclose``), which gives the connection back when the body was read to
+        the end and closes it otherwise. A proxied URL or a redirect goes the ordinary
+        httpx way (``send(..., stream=True)``).
+        """
+        head, request, key, direct = self._lean_head(method, url)
+        body = json.dumps(json_body, ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=False).encode("utf-8")
+        if not direct:
+            return await self.send(self.build_request(
+                method, url, content=body, headers={"Content-Type": "application/json"}),
+                stream=True)
+        data = head + str(len(body)).encode("ascii") + b"\r\n\r\n" + body
+        response = await self._lean.exchange(key, data, self.timeout.as_dict(), request,
+                                             read_body=False)
+        for hook in self.event_hooks["response"]:
+            await hook(response)
+        if self.follow_redirects and response.has_redirect_location:
+            await response.aclose()
+            sent = self.build_request(method, url, content=body,
+                                      headers={"Content-Type": "application/json"})
+            return await self.send(self._build_redirect_request(sent, response),
+                                   follow_redirects=True, stream=True)
         return response
 
     async def aclose(self) -> None:

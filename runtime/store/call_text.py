@@ -1,0 +1,78 @@
+"""Streamed model-call text: pieces written to ``call_text`` in batches, fenced by lease.
+
+One statement (``call_text_write_many`` in ``call_text.sql``) writes a batch of pieces of
+many calls: each piece is keyed by ``(task, phase, call_index, attempt, offset)`` and
+written only under its task's current lease token; a piece already stored is not stored
+again (``NOT EXISTS``; the unique violation of a race is the writer's to write again). A
+stream's first piece comes without an attempt: the statement gives it the call's next
+one (see :class:`TextPiece`). The writer thread that batches pieces is
+:class:`runtime.engine.text_writer.TextWriter`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from runtime.jsoncodec import dumps_fast
+from runtime.store.queries import load_queries
+from runtime.store.store import Store
+
+#: The statements of ``call_text.sql``.
+CALL_TEXT_QUERIES = load_queries(Path(__file__).with_name("call_text.sql"))
+_WRITE_MANY = sa.text(CALL_TEXT_QUERIES["call_text_write_many"])
+
+
+@dataclass(frozen=True)
+class TextPiece:
+    """One piece of one request's output, to be written.
+
+    Attributes:
+        task_id / lease_token / phase / call_index: whose call it is, under which delivery.
+        attempt: the stream's attempt, None for its first write (the statement picks the
+            call's next attempt, or this delivery's row above ``known`` when an earlier
+            try of the same write committed).
+        known: the highest attempt this delivery's earlier streams of the call got (0: none).
+        offset / text: where the text starts in the attempt's output (characters), the text.
+
+    """
+
+    task_id: uuid.UUID
+    lease_token: uuid.UUID
+    phase: str
+    call_index: int
+    attempt: int | None
+    known: int
+    offset: int
+    text: str
+
+
+@dataclass(frozen=True)
+class PieceOutcome:
+    """What became of one piece: refused (lease gone), or its attempt and whether it is ours.
+
+    ``ours`` False: another delivery had written that attempt's row at that offset first
+    (the stream must pick a new attempt and write its text again).
+    """
+
+    fenced: bool
+    attempt: int | None = None
+    ours: bool = False
+
+
+def write_pieces(store: Store, pieces: Sequence[TextPiece]) -> list[PieceOutcome]:
+    """Write ``pieces`` in one statement; one :class:`PieceOutcome` per piece, in order."""
+    if not pieces:
+        return []
+    batch = [{"n": n, "task_id": str(p.task_id), "token": str(p.lease_token),
+              "phase": p.phase, "call_index": p.call_index, "attempt": p.attempt,
+              "known": p.known, "offset": p.offset, "text": p.text}
+             for n, p in enumerate(pieces)]
+    with store.transaction() as conn:
+        rows = conn.execute(_WRITE_MANY, {"batch": dumps_fast(batch)}).all()
+    found = {int(r.n): PieceOutcome(True, int(r.attempt), bool(r.ours)) for r in rows}
+    return [found.get(n, PieceOutcome(False)) for n in range(len(pieces))]
