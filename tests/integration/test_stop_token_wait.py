@@ -91,7 +91,7 @@ def test_a_task_waiting_for_tokens_is_handed_back_at_once_on_stop(runtime: Runti
     store = runtime.store
     task = submit(store, agent, {"goal": "g"}, tenant="metered")
     worker = runtime.worker([agent], maintenance=False, listen=False)
-    assert worker.config.stop_grace_seconds == GRACE
+    assert worker.config.worker.stop_grace_seconds == GRACE
     meter = runtime.llm_factory.calls.meter
     assert meter is not None
     thread = threading.Thread(target=worker.run)

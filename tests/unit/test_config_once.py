@@ -38,7 +38,8 @@ def test_a_sections_value_is_what_each_part_uses() -> None:
         "ORGCHART_WEBHOOKS__TIMEOUT_SECONDS": "4", "ORGCHART_WEBHOOKS__MAX_ATTEMPTS": "2",
     })
     worker = WorkerConfig.from_settings(settings, ("echo",))
-    assert (worker.lease_seconds, worker.sync_threads, worker.max_delivery) == (7, 3, 9)
+    assert (worker.worker.lease_seconds, worker.worker.sync_threads,
+            worker.retry.max_delivery) == (7, 3, 9)
     assert FireConfig.from_settings(settings).limits.task_cap == 11
     delivery = DeliveryConfig.from_settings(settings)
     assert (delivery.webhooks.max_attempts, delivery.lease_seconds) == (2, 4 + 5.0)
@@ -53,7 +54,7 @@ def test_a_part_built_without_settings_gets_the_sections_defaults() -> None:
 def test_a_commands_override_is_validated_by_the_section() -> None:
     settings = Settings()
     assert WorkerConfig.from_settings(settings, ("echo",), lease_seconds=5,
-                                      task_cap=3).lease_seconds == 5
+                                      task_cap=3).worker.lease_seconds == 5
     with pytest.raises(ValueError, match="'batch_size': Input should be less than or equal"):
         WorkerConfig.from_settings(settings, ("echo",), batch_size=5000)
     assert settings.worker.override() is settings.worker

@@ -57,7 +57,7 @@ class Steps:
         cfg = self.config
         if cfg.task_cap is not None:
             capacity = min(capacity, cfg.task_cap - self.stats.claimed)
-        capacity = min(capacity, cfg.batch_size)
+        capacity = min(capacity, cfg.worker.batch_size)
         if capacity <= 0:
             return []
         with self._claim_lock:
@@ -69,14 +69,14 @@ class Steps:
             if room <= 0:
                 break
             if kind == "run" and cfg.run_agents:
-                rows = (self.store.claim(cfg.run_agents, room, cfg.worker_id, cfg.lease_seconds)
+                lease = cfg.worker.lease_seconds
+                rows = (self.store.claim(cfg.run_agents, room, cfg.worker_id, lease)
                         if cfg.root_ids is None else self.store.claim_in_trees(
-                            cfg.root_ids, cfg.run_agents, room, cfg.worker_id,
-                            cfg.lease_seconds))
+                            cfg.root_ids, cfg.run_agents, room, cfg.worker_id, lease))
             elif kind == "judge" and cfg.judges and self.judging_may_wait.is_set():
-                rows = (self.store.claim_judging(room, cfg.worker_id, cfg.lease_seconds)
+                rows = (self.store.claim_judging(room, cfg.worker_id, cfg.worker.lease_seconds)
                         if cfg.root_ids is None else self.store.claim_in_trees(
-                            cfg.root_ids, (), room, cfg.worker_id, cfg.lease_seconds,
+                            cfg.root_ids, (), room, cfg.worker_id, cfg.worker.lease_seconds,
                             judging=True))
                 if len(rows) < room:
                     # Nothing more waits for the judge: skip this round trip until a

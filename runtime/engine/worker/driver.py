@@ -73,9 +73,10 @@ class Worker:
         health = DbHealth(self.stats)
         self.steps = Steps(store, config, self.stats)
         # Parked sync agents free room to claim: the claim loop hears of it.
-        self.agents = SyncAgentRunner(executor, config.sync_threads,
-                                      config.max_in_flight + config.sync_threads, self.wake)
-        self.leases = LeaseKeeper(store, self.held, config.lease_seconds, health)
+        threads = config.worker.sync_threads
+        self.agents = SyncAgentRunner(executor, threads,
+                                      config.worker.max_in_flight + threads, self.wake)
+        self.leases = LeaseKeeper(store, self.held, config.worker.lease_seconds, health)
         self.liveness = Liveness(store, config, self.stats, health)
         self.scheduler = Scheduler(self.steps, self.agents, config, self.held, self.wake,
                                    health, self._stopping, self.stop)
@@ -151,7 +152,7 @@ class Worker:
         wants to step the runtime by hand.
         """
         self.steps.judging_may_wait.set()  # stepping by hand: always look at both queues
-        items = self.steps.claim_batch(self.config.batch_size)
+        items = self.steps.claim_batch(self.config.worker.batch_size)
         if items:
             self.steps.apply(run_to_end(self.scheduler.dispatch.step(items)))
         return len(items)

@@ -109,10 +109,10 @@ class Scheduler:
         """
         cfg = self.config
         if self.async_agents:
-            return cfg.max_in_flight
+            return cfg.worker.max_in_flight
         ahead = int(self.pace.per_second() * HOLD_AHEAD_SECONDS)
-        return min(cfg.max_in_flight,
-                   (cfg.sync_threads + self.agents.parked) * SYNC_PREFETCH + ahead)
+        return min(cfg.worker.max_in_flight,
+                   (cfg.worker.sync_threads + self.agents.parked) * SYNC_PREFETCH + ahead)
 
     def room(self, announced: bool = False) -> int:
         """How many more tasks this process may claim now (by the model slots, once used)."""
@@ -136,8 +136,9 @@ class Scheduler:
     def _claim_size(self, room: int) -> int:
         """The most one round of claims asks for: several batches at once with room."""
         if self.config.task_cap is not None:
-            return min(room, self.config.batch_size)  # one claim at a time keeps the cap exact
-        return min(room, self.config.batch_size * CLAIMS_AT_ONCE)
+            # one claim at a time keeps the cap exact
+            return min(room, self.config.worker.batch_size)
+        return min(room, self.config.worker.batch_size * CLAIMS_AT_ONCE)
 
     # ------------------------------------------------------------------ the loop
     async def run(self) -> None:
@@ -177,7 +178,7 @@ class Scheduler:
     async def _claim_loop(self) -> None:
         cfg = self.config
         started = time.monotonic()
-        threshold = max(1, min(cfg.batch_size, self.limit // 2))
+        threshold = max(1, min(cfg.worker.batch_size, self.limit // 2))
         delays = backoff.delays(0.1, DB_RETRY_MAX_SECONDS)
         polled = False  # the last wait ended at the poll interval, not on a wake-up
         while not self._must_stop(started):
@@ -206,13 +207,13 @@ class Scheduler:
             if cfg.once and not items and not self.held:
                 self.stop("queue empty")
                 return
-            polled = not await self.wake.sleep(cfg.poll_interval_seconds)
+            polled = not await self.wake.sleep(cfg.worker.poll_interval_seconds)
             if polled:
                 self.steps.judging_may_wait.set()  # the polling fallback covers judging too
 
     async def _claim(self, room: int) -> list[InFlight]:
         """Claim up to ``room`` tasks: concurrent claims of ``batch_size`` (SKIP LOCKED)."""
-        size, batch = self._claim_size(room), self.config.batch_size
+        size, batch = self._claim_size(room), self.config.worker.batch_size
         sizes = [min(batch, size - n) for n in range(0, size, batch)]
         if len(sizes) == 1:
             return await self._db(self.steps.claim_batch, sizes[0])
@@ -262,7 +263,7 @@ class Scheduler:
         room = self._claim_size(max(0, self.room() + freed))
         if cfg.task_cap is not None:
             room = min(room, cfg.task_cap - self.steps.stats.claimed)
-        return Handoff(cfg.run_agents, room, cfg.lease_seconds) if room > 0 else None
+        return Handoff(cfg.run_agents, room, cfg.worker.lease_seconds) if room > 0 else None
 
     def _run_handed(self, handoff: Handoff | None) -> int:
         """Start the work the writes leased to this worker; return how many tasks."""
@@ -294,7 +295,7 @@ class Scheduler:
                 await asyncio.sleep(next(delays))
 
     async def _maintenance_loop(self) -> None:
-        interval = self.config.maintenance_interval_seconds
+        interval = self.config.worker.maintenance_interval_seconds
         while not self.stopping.is_set():
             await asyncio.sleep(interval)
             try:
@@ -310,7 +311,7 @@ class Scheduler:
         bucket can outlast the grace, and where the task runs next its calls so far are
         replayed, not paid again.
         """
-        deadline = time.monotonic() + self.config.stop_grace_seconds
+        deadline = time.monotonic() + self.config.worker.stop_grace_seconds
         while self.held and time.monotonic() < deadline and not self.hurry.is_set():
             await self._let_go(self.held.take(self._waiting_for_tokens()))
             await self.wake.sleep(min(0.05, max(0.0, deadline - time.monotonic())))

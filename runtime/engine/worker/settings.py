@@ -42,9 +42,9 @@ class WorkerConfig:
     """How one worker runs: its ``[worker]`` and ``[retry]`` sections and the run's own fields.
 
     The sections hold every user-facing value, its default and its validation, once
-    (:mod:`runtime.config`); the properties below read them. The fields here are what a
-    run adds (the agents, whose trees, a task cap, ...). Build one with
-    :meth:`from_settings`.
+    (:mod:`runtime.config`): read them there (``config.worker.lease_seconds``). The
+    fields here are what a run adds (the agents, whose trees, a task cap, ...). Build one
+    with :meth:`from_settings`.
     """
 
     agents: tuple[str, ...]
@@ -85,46 +85,6 @@ class WorkerConfig:
         worker = settings.worker.override(**{k: given.pop(k) for k in worker_keys & set(given)})
         retry = settings.retry.override(**{k: given.pop(k) for k in retry_keys & set(given)})
         return cls(agents=agents, worker=worker, retry=retry, **given)
-
-    @property
-    def lease_seconds(self) -> float:
-        """``[worker] lease_seconds``."""
-        return self.worker.lease_seconds
-
-    @property
-    def batch_size(self) -> int:
-        """``[worker] batch_size``."""
-        return self.worker.batch_size
-
-    @property
-    def poll_interval_seconds(self) -> float:
-        """``[worker] poll_interval_seconds``."""
-        return self.worker.poll_interval_seconds
-
-    @property
-    def maintenance_interval_seconds(self) -> float:
-        """``[worker] maintenance_interval_seconds``."""
-        return self.worker.maintenance_interval_seconds
-
-    @property
-    def stop_grace_seconds(self) -> float:
-        """``[worker] stop_grace_seconds``."""
-        return self.worker.stop_grace_seconds
-
-    @property
-    def max_in_flight(self) -> int:
-        """``[worker] max_in_flight``."""
-        return self.worker.max_in_flight
-
-    @property
-    def sync_threads(self) -> int:
-        """``[worker] sync_threads``."""
-        return self.worker.sync_threads
-
-    @property
-    def max_delivery(self) -> int:
-        """``[retry] max_delivery``."""
-        return self.retry.max_delivery
 
     @property
     def run_agents(self) -> list[str]:
