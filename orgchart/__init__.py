@@ -44,12 +44,13 @@ from policies.base import Policy, Violation
 from runtime.errors import BadInput
 from runtime.store.rows import IdempotencyConflict, NotFound
 from runtime.store.steering import SteeringRefused
+from runtime.store.streams import StreamEvent
 
 __all__ = [
     "Agent", "AgentContext", "AgentError", "Answer", "AsyncClient", "AsyncRun", "BadInput",
     "ChildSpec", "ChildView", "Client", "Completion", "Delegate", "Escalate", "Fail",
     "GoalInput", "IdempotencyConflict", "NotFound", "Policy", "Question", "RequestFailed",
-    "Result", "RetryChildren", "RetryPolicy", "Run", "SteeringRefused", "TaskView",
+    "Result", "RetryChildren", "RetryPolicy", "Run", "SteeringRefused", "StreamEvent", "TaskView",
     "TextOutput", "Tool", "ToolCall", "ToolOutcome", "TransientStepError", "Violation",
     "register",
 ]

@@ -8,8 +8,12 @@ the loop between two reads of the root, so the loop stays free while a tree runs
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from decimal import Decimal
 from types import TracebackType
 from typing import Any
@@ -22,6 +26,17 @@ from orgchart.client import (
     as_id,
 )
 from orgchart.transports import Transport
+from runtime.store.streams import StreamEvent
+
+#: What the stream's thread hands the loop when the stream ended.
+_END = object()
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """The stream's thread failed: the reader raises ``error``."""
+
+    error: BaseException
 
 
 class AsyncRun:
@@ -168,6 +183,43 @@ class AsyncClient:
                      ) -> dict[str, Any]:
         """Answer a question to ``human``."""
         return await asyncio.to_thread(self.client.answer, task_id, answer, by=by)
+
+    async def stream(self, root_id: uuid.UUID | str, *, after: str | None = None
+                     ) -> AsyncIterator[StreamEvent]:
+        """A tree's events as they happen (:meth:`Client.stream`'s), to ``async for``.
+
+        The blocking reads run on a thread of their own; each event is handed to the loop
+        as it comes. Leaving the loop early stops the thread at its next read.
+        """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        stopped = threading.Event()
+
+        def hand(item: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is reading
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def pump() -> None:
+            try:
+                for event in self.client.stream(root_id, after=after, stop=stopped.is_set):
+                    hand(event)
+            except BaseException as exc:  # handed to the reader, raised there
+                hand(_Failed(exc))
+            else:
+                hand(_END)
+
+        thread = threading.Thread(target=pump, name=f"stream {root_id}", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    return
+                if isinstance(item, _Failed):
+                    raise item.error
+                yield item
+        finally:
+            stopped.set()
 
     async def close(self) -> None:
         """Release the connections."""

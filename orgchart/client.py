@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
 from types import TracebackType
 from typing import Any
 
 from orgchart.transports import DatabaseTransport, Goal, HttpTransport, Transport
 from runtime.store.rows import TERMINAL_STATUSES
+from runtime.store.streams import StreamEvent
 
 #: The first wait between two reads of a root's status; doubled up to the most.
 FIRST_WAIT_POLL_SECONDS = 0.005
@@ -208,6 +209,23 @@ class Client:
 
         """
         return self.transport.steer("answer", as_id(task_id), {"answer": answer, "by": by})
+
+    def stream(self, root_id: uuid.UUID | str, *, after: str | None = None,
+               stop: Callable[[], bool] | None = None) -> Iterator[StreamEvent]:
+        """A tree's events as they happen: its model calls' text and its transitions.
+
+        Yields :class:`~runtime.store.streams.StreamEvent` (``kind``: ``text``,
+        ``superseded`` or ``transition``; ``id``; ``data``, as ``GET
+        /trees/{root_id}/stream`` sends them) until the root's terminal transition;
+        ``after`` resumes after an event's ``id`` (every later event comes once);
+        ``stop`` is checked after each event (True ends the iteration).
+
+        Raises:
+            NotFound: no tree has that root.
+            BadInput: ``after`` is no event id of a stream.
+
+        """
+        return self.transport.stream(as_id(root_id), after, stop)
 
     def close(self) -> None:
         """Release the connections (the embedded server stops with the last user)."""

@@ -24,7 +24,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
@@ -32,9 +32,13 @@ from typing import Any, Protocol
 from runtime.errors import BadInput
 from runtime.store.rows import IdempotencyConflict, NotFound
 from runtime.store.steering import SteeringRefused
+from runtime.store.streams import Position, StreamEvent, StreamReader, follow
 
 #: Seconds an HTTP request may take before the client gives up on it.
 HTTP_TIMEOUT_SECONDS = 30.0
+#: Times a tree's stream is opened again in a row, with no event between, before the
+#: client gives up (the pause doubles from 0.1 s up to 2 s).
+STREAM_RECONNECTS = 5
 
 
 class RequestFailed(Exception):
@@ -94,6 +98,10 @@ class Transport(Protocol):
 
     def inbox(self) -> list[dict[str, Any]]:
         """What waits for a person (``GET /inbox``)."""
+
+    def stream(self, root_id: uuid.UUID, after: str | None = None,
+               stop: Callable[[], bool] | None = None) -> Iterator[StreamEvent]:
+        """A tree's stream after event ``after`` (None: from its start), until it ends."""
 
     def close(self) -> None:
         """Release connections."""
@@ -220,6 +228,21 @@ class DatabaseTransport:
 
         return [inbox_json(r) for r in self.store.inbox()]
 
+    def stream(self, root_id: uuid.UUID, after: str | None = None,
+               stop: Callable[[], bool] | None = None) -> Iterator[StreamEvent]:
+        """Read the tree's stream from the database (what ``orgchart follow`` reads).
+
+        Raises:
+            NotFound: ``root_id`` is no tree's root.
+            BadInput: ``after`` is no event id of a stream.
+
+        """
+        position = Position.parse(after)
+        reader = StreamReader(self.store.engine)
+        if not reader.exists(root_id):
+            raise NotFound(f"no tree with root {root_id}")
+        yield from follow(reader, root_id, position, stop=stop)
+
     def close(self) -> None:
         """Dispose of the store's connections."""
         self.store.dispose()
@@ -255,17 +278,46 @@ class HttpTransport:
         response = self.http.request(method, path, **kwargs)
         if response.status_code < 400:
             return response.json()
-        try:
-            message = str(response.json().get("error"))
-        except ValueError:
-            message = response.text[:500]
-        if response.status_code == 404:
-            raise NotFound(message)
-        if response.status_code == 422:
-            raise refused(message)
-        if response.status_code == 409 and conflict is not None:
-            raise conflict(message)
-        raise RequestFailed(response.status_code, message)
+        raise _error_of(response, refused, conflict)
+
+    def stream(self, root_id: uuid.UUID, after: str | None = None,
+               stop: Callable[[], bool] | None = None) -> Iterator[StreamEvent]:
+        """``GET /trees/{root_id}/stream``, reconnecting with ``Last-Event-ID`` on a drop.
+
+        Ends at the server's ``end`` message. A connection that breaks is opened again
+        after the last event received (every later event comes once), up to
+        :data:`STREAM_RECONNECTS` times in a row without an event in between.
+        """
+        import httpx
+
+        last, failures = after, 0
+        Position.parse(after)  # a malformed id fails here, not on the server
+        while True:
+            headers = {"Last-Event-ID": last} if last else {}
+            try:
+                with self.http.stream("GET", f"/trees/{root_id}/stream",
+                                      headers=headers) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        raise _error_of(response, BadInput, None)
+                    for kind, event_id, data in sse_messages(response.iter_lines()):
+                        if kind == "end":
+                            return
+                        if event_id is None:
+                            continue
+                        last, failures = event_id, 0
+                        yield StreamEvent(kind, Position.parse(event_id), json.loads(data))
+                        if stop is not None and stop():
+                            return
+            except (httpx.TransportError, httpx.DecodingError):
+                failures += 1
+                if failures > STREAM_RECONNECTS:
+                    raise
+            else:
+                failures += 1  # closed without its end message: reconnect
+                if failures > STREAM_RECONNECTS:
+                    raise RequestFailed(502, "the stream closed without its end message")
+            time.sleep(min(0.05 * 2 ** failures, 2.0))
 
     def submit(self, goal: Goal) -> dict[str, Any]:
         """``POST /tasks`` (the server's agents: ``agents_module`` is refused)."""
@@ -321,3 +373,45 @@ class HttpTransport:
     def close(self) -> None:
         """Close the HTTP connections."""
         self.http.close()
+
+
+def _error_of(response: Any, refused: type[Exception],
+              conflict: Callable[[str], Exception] | None) -> Exception:
+    """The error an HTTP error status stands for, as the database door would raise it."""
+    try:
+        message = str(response.json().get("error"))
+    except ValueError:
+        message = response.text[:500]
+    if response.status_code == 404:
+        return NotFound(message)
+    if response.status_code == 422:
+        return refused(message)
+    if response.status_code == 409 and conflict is not None:
+        return conflict(message)
+    return RequestFailed(response.status_code, message)
+
+
+def sse_messages(lines: Iterable[str]) -> Iterator[tuple[str, str | None, str]]:
+    """``(event, id, data)`` of each Server-Sent Events message in ``lines``.
+
+    Comment lines (``: keepalive``) and ``retry:`` are skipped; several ``data:`` lines
+    are joined with newlines, as EventSource joins them.
+    """
+    kind, event_id = "message", None
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield kind, event_id, "\n".join(data)
+            kind, event_id, data = "message", None, []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "event":
+            kind = value
+        elif name == "id":
+            event_id = value
+        elif name == "data":
+            data.append(value)

@@ -29,6 +29,7 @@ from runtime.cli import (
     audit,
     configuration,
     experiments,
+    following,
     inspection,
     models,
     ops,
@@ -110,6 +111,7 @@ app.add_typer(experiment_app, name="experiment")
 COMMANDS: tuple[tuple[typer.Typer, str, Callable[..., Any]], ...] = (
     (app, "submit", running.submit),
     (app, "run", running.run),
+    (app, "follow", following.follow),
     (app, "worker", running.worker),
     (app, "agents", running.agents),
     (app, "tree", inspection.tree),

@@ -8,7 +8,9 @@ Endpoints (all JSON; shapes from :mod:`runtime.views`, documented in ``docs/api.
 - ``GET /metrics``, ``GET /healthz``; OpenAPI at ``/docs``; ``GET /`` and ``/ui/trees/{id}``;
   steering (cancel, pause, inbox, answers, approvals): ``runtime/http/steering.py``;
   forks and diffs (fork, branches, ``GET /diff/{a}/{b}``, ``/ui/diff/{a}/{b}``):
-  ``runtime/http/forks.py``.
+  ``runtime/http/forks.py``; a tree's text and transitions as Server-Sent Events
+  (``GET /trees/{root_id}/stream``, ``?token=`` accepted for EventSource):
+  ``runtime/http/stream.py``.
 
 Errors are always ``{"error": "<message>"}``: 401 without the bearer token (when
 ``ORGCHART_API_TOKEN`` is set), 404 for a missing task, 405 with an ``Allow`` naming
@@ -29,6 +31,7 @@ import html
 import json
 import logging
 import os
+import re
 import threading
 import urllib.parse
 import uuid
@@ -70,6 +73,7 @@ from runtime.http.forks import add_fork_routes
 from runtime.http.messages import validation_message
 from runtime.http.schedules import add_schedule_routes
 from runtime.http.steering import add_steering_routes
+from runtime.http.stream import add_stream_routes
 from runtime.http.webhooks import add_webhook_routes
 from runtime.store.postgres.failover import DatabaseUnavailable
 from runtime.store.rows import IdempotencyConflict, NotFound, ResolveRefused
@@ -96,6 +100,8 @@ STATIC_FILES = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/c
                 "dom.js": "text/javascript; charset=utf-8"}
 #: Paths where ``?token=`` is accepted instead of the header (a browser cannot set it).
 _PAGE_PREFIXES = ("/ui/", "/docs", "/openapi.json")
+#: The tree stream takes ``?token=`` too: EventSource cannot send a header.
+_STREAM_PATH = re.compile(r"/trees/[0-9A-Fa-f-]{32,36}/stream")
 _PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
              "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 #: FastAPI's 400 for a JSON body it cannot read (bytes that are not UTF-8).
@@ -199,7 +205,8 @@ class _Guard:
                     return True
         path = scope.get("path", "")
         if scope.get("method") in ("GET", "HEAD") and (path == "/"
-                                                       or path.startswith(_PAGE_PREFIXES)):
+                                                       or path.startswith(_PAGE_PREFIXES)
+                                                       or _STREAM_PATH.fullmatch(path)):
             query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"))
             for given in query.get("token", []):
                 if hmac.compare_digest(given.encode(), self.token):
@@ -289,6 +296,7 @@ def create_app(store: Store | None = None, settings: Settings | None = None,
     add_experiment_routes(app, store, page)
     add_schedule_routes(app, store, settings, registry)
     add_webhook_routes(app, store, settings)
+    add_stream_routes(app, store)
     return app
 
 

@@ -3002,3 +3002,95 @@ WHERE status = 'pending' AND created_at < now() - make_interval(secs => :alert_a
 -- Subscribe to the webhook channel: the outbox trigger, a test event and a redelivery
 -- notify it, so a deliverer sends within milliseconds instead of at its next poll.
 LISTEN {webhooks_channel};
+
+-- stream_horizon --
+-- A tree stream's probe: the lowest transaction still open (the snapshot's xmin). Rows
+-- become readable only when it passes them, so while it stands still nothing new can be
+-- read and the stream's reader skips stream_read.
+SELECT CAST(pg_snapshot_xmin(pg_current_snapshot()) AS text) AS xmin;
+
+-- stream_root_end --
+-- A tree stream's root: its status, and its newest transition when that one is terminal
+-- and readable (its transaction below the snapshot's xmin: every row it or an earlier
+-- transaction wrote is readable too). No row: the tree does not exist (or was pruned).
+-- Run in the same REPEATABLE READ transaction as stream_read, so both see one snapshot.
+-- A transition without txid (written before migration 0017) counts as txid 0.
+SELECT t.status, CAST(e.txid AS text) AS end_txid, e.id AS end_id
+FROM tasks t
+LEFT JOIN LATERAL (
+    SELECT COALESCE(x.txid, CAST('0' AS xid8)) AS txid, x.id, x.to_status
+    FROM task_events x WHERE x.task_id = t.id
+    ORDER BY x.id DESC LIMIT 1
+) e ON e.to_status IN ('done', 'failed', 'escalated', 'cancelled')
+   AND e.txid < pg_snapshot_xmin(pg_current_snapshot())
+WHERE t.id = :root_id AND t.root_id = t.id;
+
+-- stream_read --
+-- The next :limit rows of a tree's stream after a cursor, gap-free: its model calls'
+-- text pieces (call_text, source 0) and its tasks' transitions (task_events, source 1),
+-- merged in (txid, source, id) order and read only below the snapshot's xmin, so no
+-- transaction still open can later commit a row before what was read. Pieces come after
+-- (:text_txid, :text_id) inclusive, transitions after (:event_txid, :event_id); the
+-- caller drops what it already sent. :until_txid (or NULL): the root's terminal
+-- transaction, the stream's last.
+-- A piece of an older attempt written after a newer attempt's first piece is left out
+-- (a worker that lost its lease, late); the first piece of an attempt carries in
+-- ``superseded`` the newest older attempt already streamed. Transitions without txid
+-- (older than migration 0017) come first, by id (txid 0).
+WITH horizon AS (
+    SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin,
+           CAST(:until_txid AS xid8) AS until_txid
+), pieces AS (
+    SELECT 0 AS source, c.txid, c.id, c.task_id, c.phase, c.call_index, c.attempt,
+           c."offset", c.text, older.attempt AS superseded,
+           CAST(NULL AS text) AS from_status, CAST(NULL AS text) AS to_status,
+           CAST(NULL AS timestamptz) AS at, CAST(NULL AS text) AS agent
+    FROM call_text c
+    CROSS JOIN horizon h
+    LEFT JOIN LATERAL (
+        SELECT max(p.attempt) AS attempt FROM call_text p
+        WHERE p.task_id = c.task_id AND p.phase = c.phase AND p.call_index = c.call_index
+          AND p.attempt < c.attempt AND (p.txid, p.id) < (c.txid, c.id)
+    ) older ON c.attempt > 1 AND NOT EXISTS (
+        SELECT 1 FROM call_text f
+        WHERE f.task_id = c.task_id AND f.phase = c.phase AND f.call_index = c.call_index
+          AND f.attempt = c.attempt AND (f.txid, f.id) < (c.txid, c.id))
+    WHERE c.root_id = :root_id
+      AND (c.txid, c.id) >= (CAST(:text_txid AS xid8), CAST(:text_id AS bigint))
+      AND c.txid < h.xmin
+      AND (h.until_txid IS NULL OR c.txid <= h.until_txid)
+      AND NOT EXISTS (
+          SELECT 1 FROM call_text n
+          WHERE n.task_id = c.task_id AND n.phase = c.phase
+            AND n.call_index = c.call_index AND n.attempt > c.attempt
+            AND (n.txid, n.id) < (c.txid, c.id))
+    ORDER BY c.txid, c.id
+    LIMIT :limit
+), transitions AS (
+    SELECT 1 AS source, e.txid, e.id, t.id AS task_id, CAST(NULL AS text) AS phase,
+           CAST(NULL AS int) AS call_index, CAST(NULL AS int) AS attempt,
+           CAST(NULL AS int) AS "offset", CAST(NULL AS text) AS text,
+           CAST(NULL AS int) AS superseded, e.from_status, e.to_status, e.at,
+           t.to_agent AS agent
+    FROM tasks t
+    CROSS JOIN horizon h
+    CROSS JOIN LATERAL (
+        SELECT COALESCE(x.txid, CAST('0' AS xid8)) AS txid, x.id, x.from_status,
+               x.to_status, x.at
+        FROM task_events x
+        WHERE x.task_id = t.id
+          AND (COALESCE(x.txid, CAST('0' AS xid8)), x.id)
+              > (CAST(:event_txid AS xid8), CAST(:event_id AS bigint))
+          AND (x.txid IS NULL OR x.txid < h.xmin)
+          AND (h.until_txid IS NULL OR COALESCE(x.txid, CAST('0' AS xid8)) <= h.until_txid)
+        OFFSET 0  -- a fence: read per task on (task_id, id), as task_tree_changes does
+    ) e
+    WHERE t.root_id = :root_id
+    ORDER BY e.txid, e.id
+    LIMIT :limit
+)
+SELECT CAST(txid AS text) AS txid, source, id, task_id, phase, call_index, attempt,
+       "offset", text, superseded, from_status, to_status, at, agent
+FROM (SELECT * FROM pieces UNION ALL SELECT * FROM transitions) s
+ORDER BY s.txid, s.source, s.id
+LIMIT :limit;

@@ -1,0 +1,312 @@
+"""A tree's stream (issue 47, the read side) on the real test database.
+
+``GET /trees/{root_id}/stream`` served by uvicorn and read over HTTP with reconnects
+(``Last-Event-ID``: no gap, no duplicate, the text equal to what was written), two
+writers committing out of id order, the end after the root's terminal transition, a
+newer attempt superseding an older one, ``orgchart follow`` and the client's iterators.
+Pieces are written into ``call_text`` as the model layer writes them (one row per
+piece, in its own transaction).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import sqlalchemy as sa
+from typer.testing import CliRunner
+
+from orgchart import AsyncClient, Client
+from orgchart.transports import sse_messages
+from runtime.cli.app import app
+from runtime.http.api import create_app
+from runtime.store.postgres.urls import libpq_url
+from runtime.store.rows import NewTask
+from runtime.store.store import Store
+from runtime.store.streams import START, Position, StreamEvent, StreamReader, follow
+from runtime.wiring import Runtime
+from tests.integration.test_browser import Server
+from tests.support import drain
+
+_PIECE = sa.text(
+    'INSERT INTO call_text (root_id, task_id, phase, call_index, attempt, "offset", text) '
+    "VALUES (:root, :task, :phase, :call, :attempt, :offset, :text)")
+_PIECE_PG = ('INSERT INTO call_text (root_id, task_id, phase, call_index, attempt, "offset", '
+             "text) VALUES (%s, %s, 'run', 0, 1, %s, %s)")
+
+
+def _submit(store: Store, agent: str = "echo") -> uuid.UUID:
+    task, _ = store.submit(NewTask(agent, "task", {"goal": "stream me"}))
+    return uuid.UUID(str(task["id"]))
+
+
+def _piece(store: Store, root: uuid.UUID, text: str, offset: int, *, task: uuid.UUID | None = None,
+           call: int = 0, attempt: int = 1, phase: str = "run") -> None:
+    with store.transaction() as conn:
+        conn.execute(_PIECE, {"root": root, "task": task or root, "phase": phase, "call": call,
+                              "attempt": attempt, "offset": offset, "text": text})
+
+
+def _texts(events: list[StreamEvent]) -> dict[tuple[str, int, int], str]:
+    """The text of each (task, call, attempt), joined in offset order, checked contiguous."""
+    joined: dict[tuple[str, int, int], str] = {}
+    for e in events:
+        if e.kind == "text":
+            key = (e.data["task_id"], e.data["call"], e.data["attempt"])
+            assert e.data["offset"] == len(joined.get(key, "")), "a gap or a repeat in the text"
+            joined[key] = joined.get(key, "") + e.data["text"]
+    return joined
+
+
+def _ordered_once(events: list[StreamEvent]) -> None:
+    ids = [e.id for e in events]
+    assert len(ids) == len(set(ids)), "an event came twice"
+    positions = [e.position for e in events]
+    assert positions == sorted(positions), "events out of their order"
+
+
+# ---------------------------------------------------------------------- cursors
+def test_event_ids_round_trip_and_a_bad_one_is_refused() -> None:
+    from runtime.errors import BadInput
+
+    for text in ("4051.s3", "4051.t3", "0.e17"):
+        assert str(Position.parse(text)) == text
+    assert Position.parse(None) == START == Position.parse("")
+    assert Position.parse("9.s3") < Position.parse("9.t3") < Position.parse("9.e1")
+    assert Position.parse("9.e1") < Position.parse("10.t0")
+    for bad in ("x", "1.q2", "1.t", "-1.t2", "1.t9999999999999999999"):
+        with pytest.raises(BadInput):
+            Position.parse(bad)
+
+
+def test_sse_messages_are_parsed_as_eventsource_does() -> None:
+    lines = ["retry: 1000", "", ": keepalive", "", "id: 5.t1", "event: text",
+             'data: {"a":1}', "", "event: end", "data: {}", ""]
+    assert list(sse_messages(lines)) == [("text", "5.t1", '{"a":1}'), ("end", None, "{}")]
+
+
+# ---------------------------------------------------------------------- the reader
+def test_the_stream_reads_text_and_transitions_then_ends(store: Store) -> None:
+    root = _submit(store)
+    words = ["Durable ", "agents ", "stream\n", "their ", "thoughts."]
+    offset = 0
+    for word in words:
+        _piece(store, root, word, offset)
+        offset += len(word)
+    store.cancel(root, actor="test")
+    _piece(store, root, " after the end", offset)  # a later transaction: never shown
+    events = list(follow(StreamReader(store.engine), root))
+    _ordered_once(events)
+    assert _texts(events) == {(str(root), 0, 1): "".join(words)}
+    transitions = [(e.data["from"], e.data["to"]) for e in events if e.kind == "transition"]
+    assert transitions == [(None, "pending"), ("pending", "cancelled")]
+    assert events[-1].kind == "transition" and events[-1].data["to"] == "cancelled"
+    # A reader that comes back after the end gets nothing more, and ends at once.
+    assert list(follow(StreamReader(store.engine), root, events[-1].position)) == []
+    # ... and one that comes back from the middle gets exactly the rest.
+    rest = list(follow(StreamReader(store.engine), root, events[2].position))
+    assert [e.id for e in rest] == [e.id for e in events[3:]]
+
+
+def test_two_writers_committing_out_of_id_order_lose_no_row(store: Store, db_url: str) -> None:
+    root = _submit(store)
+    reader = StreamReader(store.engine)
+    seen = [e for e in reader.read(root, START).events]
+    cursor = seen[-1].position
+    with psycopg.connect(libpq_url(db_url)) as first, psycopg.connect(libpq_url(db_url)) as second:
+        first.execute(_PIECE_PG, (root, root, 0, "lower id, "))   # id n, still open
+        second.execute(_PIECE_PG, (root, root, 10, "higher id"))  # id n+1
+        second.commit()  # the later id commits first
+        page = reader.read(root, cursor)
+        assert page.events == [], "a row read past a transaction still open"
+        first.commit()
+    # Now both, the lower id first, and nothing skipped.
+    page = reader.read(root, cursor)
+    assert [e.data["text"] for e in page.events] == ["lower id, ", "higher id"]
+    # The other way round: the transaction with the lower txid writes the higher id.
+    cursor = page.events[-1].position
+    with psycopg.connect(libpq_url(db_url)) as early, psycopg.connect(libpq_url(db_url)) as late:
+        early.execute("SELECT pg_current_xact_id()")              # the lower txid
+        late.execute(_PIECE_PG, (root, root, 19, "late txid, low id"))
+        early.execute(_PIECE_PG, (root, root, 36, "early txid, high id"))
+        early.commit()
+        got = reader.read(root, cursor).events
+        assert [e.data["text"] for e in got] == ["early txid, high id"]
+        cursor = got[-1].position
+        late.commit()
+    assert [e.data["text"] for e in reader.read(root, cursor).events] == ["late txid, low id"]
+
+
+def test_a_newer_attempt_supersedes_the_older_one(store: Store) -> None:
+    root = _submit(store)
+    _piece(store, root, "The ans", 0)
+    _piece(store, root, "wer is", 7)
+    _piece(store, root, "Fresh start", 0, attempt=2)
+    _piece(store, root, " from a lost lease", 13)  # attempt 1, late: left out
+    _piece(store, root, ".", 11, attempt=2)
+    store.cancel(root, actor="test")
+    events = list(follow(StreamReader(store.engine), root))
+    _ordered_once(events)
+    kinds = [e.kind for e in events]
+    assert kinds == ["transition", "text", "text", "superseded", "text", "text", "transition"]
+    superseded = events[3]
+    assert superseded.data == {"task_id": str(root), "phase": "run", "call": 0,
+                               "attempt": 1, "by": 2}
+    assert superseded.id.split(".")[1].startswith("s")
+    assert _texts(events) == {(str(root), 0, 1): "The answer is",
+                              (str(root), 0, 2): "Fresh start."}
+
+
+def test_the_stream_ends_after_the_roots_terminal_transition(runtime: Runtime) -> None:
+    root = _submit(runtime.store, "fanout")
+    drain(runtime)
+    assert runtime.store.get(root)["status"] == "done"
+    events = list(follow(StreamReader(runtime.store.engine), root))
+    _ordered_once(events)
+    last = [e for e in events if e.kind == "transition"][-1]
+    assert last.data["task_id"] == str(root) and last.data["to"] == "done"
+    assert events[-1].position.txid == last.position.txid  # nothing after its transaction
+    children = {e.data["task_id"] for e in events if e.kind == "transition"} - {str(root)}
+    assert len(children) >= 1
+
+
+# ---------------------------------------------------------------------- over HTTP
+def _read_sse(url: str, root: uuid.UUID, last: str | None, limit: int | None
+              ) -> tuple[list[StreamEvent], bool]:
+    """Read the stream over HTTP, at most ``limit`` events; (events, ended)."""
+    headers = {"Last-Event-ID": last} if last else {}
+    got: list[StreamEvent] = []
+    with httpx.stream("GET", f"{url}/trees/{root}/stream", headers=headers,
+                      timeout=30) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for kind, event_id, data in sse_messages(response.iter_lines()):
+            if kind == "end":
+                assert json.loads(data)["status"] == "cancelled"
+                return got, True
+            assert event_id is not None
+            got.append(StreamEvent(kind, Position.parse(event_id), json.loads(data)))
+            if limit is not None and len(got) >= limit:
+                return got, False
+    return got, False
+
+
+def test_the_sse_stream_resumes_with_last_event_id(runtime: Runtime) -> None:
+    store = runtime.store
+    root = _submit(store)
+    written: dict[tuple[str, int, int], str] = {}
+
+    def write() -> None:
+        """Three calls streaming at once, 40 pieces each, then the root cancelled."""
+        for i in range(40):
+            for call in range(3):
+                key = (str(root), call, 1)
+                text = f"<{call}:{i}>"
+                _piece(store, root, text, len(written.get(key, "")), call=call)
+                written[key] = written.get(key, "") + text
+            time.sleep(0.005)
+        store.cancel(root, actor="test")
+
+    with Server(create_app(store=store, settings=runtime.settings, registry=runtime.registry,
+                           api_token="")) as server:
+        writer = threading.Thread(target=write)
+        writer.start()
+        events: list[StreamEvent] = []
+        last, ended, reconnects = None, False, 0
+        while not ended:
+            page, ended = _read_sse(server.url, root, last, None if reconnects >= 6 else 17)
+            events += page
+            last = events[-1].id if events else None
+            reconnects += 1
+        writer.join()
+    assert reconnects >= 7
+    _ordered_once(events)
+    assert _texts(events) == written
+    assert [e.id for e in events] == [e.id for e in follow(StreamReader(store.engine), root)]
+
+
+def test_the_stream_refuses_a_missing_tree_and_a_bad_id(client: Any, runtime: Runtime) -> None:
+    assert client.get(f"/trees/{uuid.uuid4()}/stream").status_code == 404
+    root = _submit(runtime.store)
+    response = client.get(f"/trees/{root}/stream", headers={"Last-Event-ID": "nope"})
+    assert response.status_code == 422 and "Last-Event-ID" in response.json()["error"]
+
+
+# ---------------------------------------------------------------------- faces
+@pytest.fixture
+def finished(runtime: Runtime) -> Iterator[uuid.UUID]:
+    """A root cancelled after its call streamed two pieces."""
+    root = _submit(runtime.store)
+    _piece(runtime.store, root, "Hello, ", 0)
+    _piece(runtime.store, root, "world", 7)
+    runtime.store.cancel(root, actor="test")
+    yield root
+
+
+def test_orgchart_follow_prints_a_finished_tree(orgchart_env: dict[str, str],
+                                                finished: uuid.UUID) -> None:
+    result = CliRunner().invoke(app, ["follow", str(finished)])
+    assert result.exit_code == 1, result.output  # the root ended cancelled, not done
+    assert "Hello, world" in result.stdout
+    assert "pending -> cancelled" in result.stdout
+    quiet = CliRunner().invoke(app, ["follow", str(finished)[:8], "--quiet"])
+    assert "Hello" not in quiet.stdout and "cancelled" in quiet.stderr
+    lines = CliRunner().invoke(app, ["follow", str(finished), "--json"]).stdout.splitlines()
+    events = [json.loads(line) for line in lines]
+    assert [e["event"] for e in events] == ["transition", "text", "text", "transition"]
+    resumed = CliRunner().invoke(app, ["follow", str(finished), "--json",
+                                       "--after", events[1]["id"]]).stdout.splitlines()
+    assert [json.loads(line)["id"] for line in resumed] == [e["id"] for e in events[2:]]
+
+
+def test_the_clients_iterate_over_the_stream(db_url: str, finished: uuid.UUID,
+                                             client: Any) -> None:
+    with Client(db_url) as db:
+        events = list(db.stream(finished))
+        assert "".join(e.data["text"] for e in events if e.kind == "text") == "Hello, world"
+        assert [e.id for e in db.stream(str(finished), after=events[1].id)] == \
+            [e.id for e in events[2:]]
+    over_http = Client.http("http://testserver", http_client=client)
+    assert [e.id for e in over_http.stream(finished)] == [e.id for e in events]
+
+    async def read_async() -> list[str]:
+        async with AsyncClient(db_url) as aio:
+            return [e.id async for e in aio.stream(finished, after=events[0].id)]
+
+    assert asyncio.run(read_async()) == [e.id for e in events[1:]]
+
+
+def test_the_async_iterator_sees_text_as_it_is_written(db_url: str, store: Store) -> None:
+    root = _submit(store)
+
+    async def read() -> list[float]:
+        delays: list[float] = []
+        async with AsyncClient(db_url) as aio:
+            sent: dict[str, float] = {}
+
+            def write() -> None:
+                for i in range(20):
+                    sent[f"piece {i};"] = time.monotonic()
+                    _piece(store, root, f"piece {i};", sum(len(f"piece {j};") for j in range(i)))
+                    time.sleep(0.01)
+                store.cancel(root, actor="test")
+
+            writer = threading.Thread(target=write)
+            writer.start()
+            async for event in aio.stream(root):
+                if event.kind == "text":
+                    delays.append(time.monotonic() - sent[event.data["text"]])
+            writer.join()
+        return delays
+
+    delays = asyncio.run(read())
+    assert len(delays) == 20
+    assert sorted(delays)[10] < 0.5  # a loose bound: the figure is in the report
