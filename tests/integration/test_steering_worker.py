@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -123,9 +122,21 @@ def test_the_poll_alone_stops_a_cancelled_task(runtime: Runtime,
 
 
 def test_a_paused_tree_starts_no_call_until_resumed(runtime: Runtime,
-                                                    fake_ollama: FakeOllama) -> None:
+                                                    fake_ollama: FakeOllama,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     fake_ollama.delay_seconds = 0.5
     task = submit(runtime.store, "steer_caller", {"goal": "g", "calls": 3})
+    # The gate's reads (through the real database): how often it answered "paused" for
+    # this task, the positive sign that the next call reached the gate and was held.
+    paused_answers: list[int] = []
+    read = runtime.store.gate_calls_held
+
+    def counting(ids: Any) -> Any:
+        rows, release = read(ids)
+        paused_answers.extend(1 for i, g in rows.items() if i == task["id"] and g.paused)
+        return rows, release
+
+    monkeypatch.setattr(runtime.store, "gate_calls_held", counting)
     worker = runtime.worker(["steer_caller", "judge"], maintenance=False, lease_seconds=30)
     thread = threading.Thread(target=worker.run)
     thread.start()
@@ -135,8 +146,10 @@ def test_a_paused_tree_starts_no_call_until_resumed(runtime: Runtime,
         # the call in flight finishes and is recorded
         wait_until(lambda: fake_ollama.in_flight == 0
                    and recorded_calls(runtime.store, task["id"]) >= 1)
-        held = fake_ollama.received
-        time.sleep(1.5)
+        held, answered = fake_ollama.received, len(paused_answers)
+        # The next call asked the gate, was told "paused", waited and asked again: it had
+        # its chance to be sent, twice, and was not.
+        wait_until(lambda: len(paused_answers) >= answered + 2, what="the gate's answers")
         assert fake_ollama.received == held  # no new call while paused
         assert runtime.store.get(task["id"])["status"] == "running"  # lease kept
         runtime.store.resume(task["id"])
