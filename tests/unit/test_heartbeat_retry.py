@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from runtime.engine.worker.leases import RETRY_SECONDS, LeaseKeeper
+from runtime.engine.worker.leases import LeaseKeeper
 from runtime.engine.worker.settings import WorkerStats
 from runtime.engine.worker.state import DbHealth, Held, InFlight
 
@@ -33,6 +33,9 @@ class _AwayThenBack:
             raise psycopg.OperationalError("server closed the connection unexpectedly")
         return {token for _, token in leases}
 
+    def dispose(self) -> None:
+        """Nothing to close (no engine)."""
+
 
 def test_a_failed_beat_is_retried_long_before_the_next_interval() -> None:
     store = _AwayThenBack(failures=2)
@@ -40,20 +43,26 @@ def test_a_failed_beat_is_retried_long_before_the_next_interval() -> None:
     held.add(InFlight(_Row(), "run", threading.Event()))  # type: ignore[arg-type]
     stats = WorkerStats()
     keeper = LeaseKeeper(store, held, lease_seconds=60.0, health=DbHealth(stats))  # type: ignore[arg-type]
-    keeper._own_store = store  # type: ignore[assignment]  # no engine to open
     assert keeper.beat_once() == 0 and keeper.failing  # the database is away
-    keeper.start = lambda: None  # type: ignore[method-assign]
 
-    async def run_a_while() -> None:
-        from runtime.engine.threads import ThreadRunner
-
-        keeper._thread = ThreadRunner(1, "heartbeat")
+    async def run_until_back() -> float:
+        keeper.start(own_store=store)  # type: ignore[arg-type]  # no engine to open
+        started = asyncio.get_running_loop().time()
         job = asyncio.ensure_future(keeper.run())
-        await asyncio.sleep(RETRY_SECONDS * 4)  # the interval is 20 s
-        job.cancel()
-        await asyncio.gather(job, return_exceptions=True)
-        keeper._thread.shutdown(wait=True)
+        try:
+            while store.calls < 3 or keeper.failing:
+                assert not job.done(), job
+                assert asyncio.get_running_loop().time() - started < keeper.interval, \
+                    "not retried before the next interval (20 s)"
+                await asyncio.sleep(0.02)
+            return asyncio.get_running_loop().time() - started
+        finally:
+            job.cancel()
+            await asyncio.gather(job, return_exceptions=True)
+            keeper.close()
 
-    asyncio.run(run_a_while())
-    assert store.calls >= 3, store.calls  # retried (and succeeded) within seconds
-    assert not keeper.failing and stats.db_errors == 2
+    took = asyncio.run(run_until_back())
+    # Retried (and succeeded) within seconds (two retries RETRY_SECONDS apart: about
+    # 1 s), long before the 20 s interval.
+    assert took < keeper.interval / 2, took
+    assert store.calls >= 3 and not keeper.failing and stats.db_errors == 2

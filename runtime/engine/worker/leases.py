@@ -110,10 +110,14 @@ class LeaseKeeper:
             except Exception:  # a hook's bug must not stop the heartbeat
                 log.exception("a lease-lost hook failed")
 
-    def start(self) -> None:
-        """Open the heartbeat's own thread and connection (call before :meth:`run`)."""
+    def start(self, own_store: Store | None = None) -> None:
+        """Open the heartbeat's own thread and connection (call before :meth:`run`).
+
+        ``own_store`` is the store the beats write through (closed by :meth:`close`);
+        by default a new one with one connection to the worker's database.
+        """
         self._thread = ThreadRunner(1, "heartbeat")
-        self._own_store = Store(create_db_engine(
+        self._own_store = own_store or Store(create_db_engine(
             self.store.engine.url.render_as_string(hide_password=False), pool_size=1))
 
     async def run(self) -> None:
