@@ -22,6 +22,7 @@ from runtime.engine.store_ledger import StoreLedger
 from runtime.errors import TransientModelError
 from runtime.llm.backends.offline import OfflineBackend
 from runtime.llm.backends.ollama import OllamaBackend
+from runtime.llm.fair_slots import FairSlots
 from runtime.llm.handle import LLMFactory, TaskLLM
 from runtime.llm.reply import BadModelReply
 from runtime.store.rows import NewTask
@@ -190,12 +191,13 @@ def test_calls_in_flight_are_bounded_per_server_and_model(
     fake_ollama.delay_seconds = 0.2
     row = claim_new(store)
     settings = make_settings(ollama={"max_parallel": 2})
-    llm = llm_for(factories, store, row, settings, OllamaBackend(fake_ollama.url, 5.0))
+    factory = factories(store, settings, OllamaBackend(fake_ollama.url, 5.0))
+    llm = factory.for_task(row, row["lease_token"], threading.Event())
 
     async def six() -> list[Any]:
         return await asyncio.gather(*(llm.acomplete(f"{PROMPT} {i}") for i in range(6)))
 
-    replies = llm._factory.calls.run(six())
+    replies = factory.calls.run(six())
     assert len(replies) == 6 and fake_ollama.max_in_flight == 2
     assert sorted(r.call_index for r in replies) == list(range(6))
 
@@ -265,11 +267,13 @@ def test_parallel_calls_keep_their_positions_across_deliveries(
     async def run(llm: TaskLLM) -> list[Any]:
         return await asyncio.gather(*(llm.acomplete(p) for p in prompts))
 
-    first = llm_for(factories, store, row, settings, OllamaBackend(fake_ollama.url, 5.0))
-    made = first._factory.calls.run(run(first))
+    factory = factories(store, settings, OllamaBackend(fake_ollama.url, 5.0))
+    made = factory.calls.run(run(factory.for_task(row, row["lease_token"],
+                                                  threading.Event())))
     again = redeliver(store, row)
-    second = llm_for(factories, store, again, settings, OllamaBackend(fake_ollama.url, 5.0))
-    served = second._factory.calls.run(run(second))
+    factory = factories(store, settings, OllamaBackend(fake_ollama.url, 5.0))
+    served = factory.calls.run(run(factory.for_task(again, again["lease_token"],
+                                                    threading.Event())))
     assert all(s.replayed for s in served) and fake_ollama.received == 4
     assert [s.text for s in served] == [m.text for m in made]
     assert [s.position for s in served] == ["0", "1", "2", "3"]
@@ -378,7 +382,8 @@ def _chain_gap(store: Store, fake_ollama: FakeOllama, factories: Any,
     small tree and taken."""
     settings = make_settings(ollama={"max_parallel": 2},
                              scheduler={"anticipate_seconds": anticipate})
-    factory = factories(store, settings, OllamaBackend(fake_ollama.url, 5.0))
+    backend = OllamaBackend(fake_ollama.url, 5.0)
+    factory = factories(store, settings, backend)
     llms = []
     for tenant in ("big", "small"):
         store.submit(NewTask(to_agent="scout", type="task", payload={"goal": tenant},
@@ -387,21 +392,23 @@ def _chain_gap(store: Store, fake_ollama: FakeOllama, factories: Any,
         llms.append(factory.for_task(row, row["lease_token"], threading.Event()))
     wide, small = llms
 
-    async def scenario() -> None:
+    async def scenario() -> FairSlots:
+        # The slots every call to the server shares (2: the tighter of the two limits).
+        slots = factory.calls.slot(backend.host_for("local"), 2)
         calls = [asyncio.create_task(wide.acomplete(f"wide {i}")) for i in range(6)]
         deadline = time.monotonic() + 30
-        while not factory.calls._slots or next(iter(factory.calls._slots.values())).waiting < 4:
+        while slots.waiting < 4:
             assert time.monotonic() < deadline, "the wide calls never queued"
             await asyncio.sleep(0.01)
         await small.acomplete("small first")  # waits for the wide wave, then goes first
         await small.acomplete("small second")  # made as soon as the first returned
         await asyncio.gather(*calls)
+        return slots
 
     seen = len(fake_ollama.arrived)
-    factory.calls.run(scenario())
+    slots = factory.calls.run(scenario())
     order = [r["messages"][-1]["content"] for r in fake_ollama.arrived[seen:]]
     wide_before = sum(p.startswith("wide") for p in order[:order.index("small second")])
-    (slots,) = factory.calls._slots.values()
     return wide_before, slots.held_taken
 
 
