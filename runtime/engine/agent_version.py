@@ -41,7 +41,7 @@ def agent_version(cls: type[Agent]) -> str:
             made = _MADE.get(cls)
             if made is None:
                 lines = cls.__dict__.get("loaded_lines") or module_lines(cls)
-                made = _MADE[cls] = _lines_version(cls, lines)
+                made = _MADE[cls] = lines_version(cls, lines)
     return made
 
 
@@ -58,8 +58,12 @@ def _short_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _lines_version(cls: type, lines: list[str]) -> str:
-    """:func:`source_version` of ``cls``, its source cut from ``lines`` (``inspect.getsource``)."""
+def lines_version(cls: type, lines: list[str]) -> str:
+    """:func:`source_version` of ``cls``, its source cut from ``lines`` (``inspect.getsource``).
+
+    Parses ``lines`` (before Python 3.13): :func:`agent_version` calls it once per class,
+    under :data:`_VERSION_LOCK`.
+    """
     first = _first_line(cls, lines) if lines else None
     text = (f"{cls.__module__}.{cls.__qualname__}" if first is None
             else "".join(inspect.getblock(lines[first:])))

@@ -95,14 +95,14 @@ def test_threads_reading_a_new_version_at_once_make_it_once(
     monkeypatch.setattr(sys, "modules", dict(sys.modules))
     cls = _load(path, "threaded_agent").Outer.Edited  # type: ignore[attr-defined]
     made: list[str] = []
-    real = version_module._lines_version
+    real = version_module.lines_version
 
     def slow(cls: type, lines: list[str]) -> str:
         made.append(cls.__qualname__)
         time.sleep(0.05)
         return real(cls, lines)
 
-    monkeypatch.setattr(version_module, "_lines_version", slow)
+    monkeypatch.setattr(version_module, "lines_version", slow)
     start = threading.Barrier(16)
 
     def read(_: int) -> str:
