@@ -180,13 +180,13 @@ def test_a_durable_call_replays_without_calling_the_model(store: Store,
 
 
 def test_a_cloud_routed_call_is_recorded_under_the_file_at_its_own_price(
-        store: Store, model: EmbeddedBackend) -> None:
+        store: Store, model: EmbeddedBackend, monkeypatch: pytest.MonkeyPatch) -> None:
     # A long prompt takes the cloud route; qwen3:14b never runs, the GGUF file does.
     settings = Settings.model_validate({"embedded": {"price_per_token": "0.000002"}})
-    backend = EmbeddedBackend(settings.embedded)
-    backend._contexts, backend._loaded = model._contexts, True  # the loaded model, shared
+    # The loaded model, priced (the backend reads its section at each call).
+    monkeypatch.setattr(model, "settings", settings.embedded)
     row = claim_new(store)
-    reply = llm_for(store, row, backend, settings).complete(
+    reply = llm_for(store, row, model, settings).complete(
         "Say hi. " + "x" * (settings.routing.prompt_threshold + 1), max_tokens=4)
     (call,) = store.model_calls(row["id"])
     assert call["route"] == "cloud" and call["model"] == model.path.name
