@@ -63,7 +63,7 @@ def make_client(kind: str, url: str, connections: int) -> Any:
     if kind == "lean":
         from runtime.llm.backends.ollama import OllamaBackend
 
-        return OllamaBackend(url, 120.0)._new_client(url, connections)
+        return OllamaBackend(url, 120.0).new_client(url, connections)
     limits = httpx.Limits(max_connections=connections,
                           max_keepalive_connections=connections, keepalive_expiry=30.0)
     return ollama.AsyncClient(host=url, timeout=120.0, limits=limits)

@@ -123,7 +123,7 @@ class CallLoop:
         A route is its server ``host`` and its limit (``[ollama] max_parallel`` or
         ``cloud_max_parallel``, per server): every model's calls on it share one set of
         ``limit`` slots, keyed as the backend keys its connection pool
-        (``OllamaBackend._client_for``), so the calls the slots let through never wait
+        (``OllamaBackend.client_for``), so the calls the slots let through never wait
         for a connection. Two models on one server share its limit and its pool.
         """
         key = (id(asyncio.get_running_loop()), host, limit)

@@ -42,7 +42,7 @@ def keep_alive_server() -> Iterator[str]:
 
 def test_a_streamed_chat_and_a_whole_one_say_the_same(fake_ollama: FakeOllama) -> None:
     async def both() -> tuple[str, str]:
-        client = OllamaBackend(fake_ollama.url, 5.0)._new_client(fake_ollama.url, 4)
+        client = OllamaBackend(fake_ollama.url, 5.0).new_client(fake_ollama.url, 4)
         try:
             parts = [p.message.content async for p in
                      await client.chat(model=MODEL, messages=MESSAGES, stream=True)]
@@ -58,15 +58,15 @@ def test_a_streamed_chat_and_a_whole_one_say_the_same(fake_ollama: FakeOllama) -
 def test_connections_are_kept_alive_and_bounded(keep_alive_server: str) -> None:
     async def calls() -> tuple[int, int]:
         backend = OllamaBackend(keep_alive_server, 5.0, max_parallel=3)
-        client = backend._new_client(keep_alive_server, 3)
-        transport = client._client._lean  # type: ignore[attr-defined]
+        client = backend.new_client(keep_alive_server, 3)
+        pool = client.http.pool
         try:
             for _ in range(5):  # one after another: one connection, reused
                 await client.chat(model=MODEL, messages=MESSAGES)
-            sequential = sum(len(v) for v in transport._idle.values())
+            sequential = pool.idle_connections
             await asyncio.gather(*(client.chat(model=MODEL, messages=MESSAGES)
                                    for _ in range(10)))
-            gathered = sum(len(v) for v in transport._idle.values())
+            gathered = pool.idle_connections
         finally:
             await client.close()
         return sequential, gathered
@@ -79,7 +79,7 @@ def test_a_refused_connection_is_an_httpx_connect_error_and_frees_its_slot() -> 
     async def calls() -> list[BaseException]:
         # One connection allowed: a failed connect that kept its slot would make the
         # second call wait for the pool (a PoolTimeout) instead of failing to connect.
-        client = OllamaBackend("http://127.0.0.1:9", 2.0)._new_client("http://127.0.0.1:9", 1)
+        client = OllamaBackend("http://127.0.0.1:9", 2.0).new_client("http://127.0.0.1:9", 1)
         errors: list[BaseException] = []
         try:
             for _ in range(2):
@@ -132,14 +132,19 @@ async def _connections_free(client: Any) -> int:
     return list(await asyncio.gather(one(), one())).count("connected")
 
 
-def test_a_call_waits_for_a_free_connection_up_to_the_pool_timeout() -> None:
-    from runtime.llm.backends.ollama import _Client
+def _one_connection(url: str, timeout: httpx.Timeout) -> Any:
+    """The backend's client to ``url`` with one connection and ``timeout``."""
+    client = OllamaBackend(url, 5.0).new_client(url, 1)
+    client.http.timeout = timeout
+    return client
 
+
+def test_a_call_waits_for_a_free_connection_up_to_the_pool_timeout() -> None:
     listener = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
     url = f"http://127.0.0.1:{listener.getsockname()[1]}"
 
     async def calls() -> None:
-        client = _Client(host=url, timeout=httpx.Timeout(5.0, pool=0.2), max_connections=1)
+        client = _one_connection(url, httpx.Timeout(5.0, pool=0.2))
         try:
             first = asyncio.ensure_future(client.chat(model=MODEL, messages=MESSAGES))
             await asyncio.sleep(0.05)  # the first call holds the only connection
@@ -167,10 +172,8 @@ def test_a_call_waits_for_a_free_connection_up_to_the_pool_timeout() -> None:
 ])
 def test_a_broken_body_is_an_httpx_error_and_frees_its_slot_once(
         raw: bytes, error: type[Exception]) -> None:
-    from runtime.llm.backends.ollama import _Client
-
     async def call(url: str) -> None:
-        client = _Client(host=url, timeout=httpx.Timeout(2.0, pool=0.2), max_connections=1)
+        client = _one_connection(url, httpx.Timeout(2.0, pool=0.2))
         try:
             with pytest.raises(error):
                 await client.chat(model=MODEL, messages=MESSAGES)
@@ -186,29 +189,24 @@ def test_a_broken_body_is_an_httpx_error_and_frees_its_slot_once(
 @pytest.mark.parametrize("schema", [None, {"type": "object", "required": ["a"],
                                            "properties": {"a": {"type": "string"}}}])
 @pytest.mark.parametrize("think", [False, True])
-def test_text_chat_sends_the_body_the_official_chat_sends(monkeypatch: pytest.MonkeyPatch,
+def test_text_chat_sends_the_body_the_official_chat_sends(fake_ollama: FakeOllama,
                                                           schema: dict[str, Any] | None,
                                                           think: bool) -> None:
-    from runtime.llm.backends.ollama import _Client
-
-    bodies: list[dict[str, Any]] = []
-
-    async def capture(self: Any, cls: Any, method: str, path: str, **kwargs: Any) -> None:
-        assert (method, path, kwargs["stream"]) == ("POST", "/api/chat", False)
-        bodies.append(kwargs["json"])
-
-    monkeypatch.setattr(_Client, "_request", capture)
-    client = _Client(host="http://127.0.0.1:1", max_connections=1)
+    """The bodies as the server reads them: the official ``chat``'s, then ``text_chat``'s."""
+    client = OllamaBackend(fake_ollama.url, 5.0).new_client(fake_ollama.url, 1)
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
                 {"role": "assistant", "content": ""},  # an empty reply echoed in a repair
                 {"role": "user", "content": "again, as JSON"}]
     options = {"num_predict": 7}
 
     async def both() -> None:
-        await client.chat(model="m", messages=messages, format=schema or None,
-                          options=options, stream=False, think=think)
-        await client.text_chat("m", messages, schema, options, think)
+        try:
+            await client.chat(model=MODEL, messages=messages, format=schema or None,
+                              options=options, stream=False, think=think)
+            await client.text_chat(MODEL, messages, schema, options, think)
+        finally:
+            await client.close()
 
     asyncio.run(both())
-    official, ours = bodies
+    official, ours = fake_ollama.requests
     assert ours == official

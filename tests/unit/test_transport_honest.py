@@ -85,7 +85,7 @@ def _run(handle: Callable[[socket.socket, int], None], conn: socket.socket, n: i
 def chat_once(url: str, **backend: Any) -> ollama.ChatResponse:
     """One chat through the backend's client (the lean path), on a fresh loop."""
     async def run() -> ollama.ChatResponse:
-        client = OllamaBackend(url, 3.0, **backend)._new_client(url, 2)
+        client = OllamaBackend(url, 3.0, **backend).new_client(url, 2)
         try:
             return await client.chat(model=MODEL, messages=MESSAGES)
         finally:
@@ -104,7 +104,7 @@ def test_a_stale_keep_alive_connection_is_replaced_and_the_call_succeeds() -> No
             conn.sendall(answer())
 
     async def two(url: str) -> list[str]:
-        client = OllamaBackend(url, 3.0)._new_client(url, 1)
+        client = OllamaBackend(url, 3.0).new_client(url, 1)
         try:
             return [(await client.chat(model=MODEL, messages=MESSAGES)).message.content or ""
                     for _ in range(2)]
@@ -248,11 +248,11 @@ def test_one_limit_per_server_and_route_for_the_slots_and_the_pool() -> None:
         # one gate per server and route (every model shares it), as large as its pool
         assert calls.slot(backend.host_for("local"), local) is \
             calls.slot(backend.host_for("local"), local)
-        client = backend._client_for("local")
-        assert client._client._lean.max_connections == local  # type: ignore[attr-defined]
-        cloud = backend._client_for("cloud")  # the same server, the cloud route's limit
+        client = backend.client_for("local")
+        assert client.http.pool.max_connections == local
+        cloud = backend.client_for("cloud")  # the same server, the cloud route's limit
         assert cloud is not client
-        assert cloud._client._lean.max_connections == 5  # type: ignore[attr-defined]
+        assert cloud.http.pool.max_connections == 5
         await backend.aclose()
 
     asyncio.run(gates())
@@ -264,8 +264,7 @@ def test_a_pool_timeout_says_it_waited_for_a_slot() -> None:
     backend = OllamaBackend(url, 5.0, max_parallel=1)
 
     async def calls() -> None:
-        client = backend._client_for("local")
-        client._client.timeout = httpx.Timeout(5.0, pool=0.2)
+        backend.client_for("local").http.timeout = httpx.Timeout(5.0, pool=0.2)
         first = asyncio.ensure_future(backend.achat(MODEL, MESSAGES, None, 8))
         await asyncio.sleep(0.05)
         try:

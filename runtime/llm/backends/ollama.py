@@ -103,6 +103,12 @@ class _Client(ollama.AsyncClient):
         # ollama.AsyncClient.__init__ passes httpx.AsyncClient; its base takes the class.
         super(ollama.AsyncClient, self).__init__(LeanAsyncClient, host, **kwargs)
 
+    @property
+    def http(self) -> LeanAsyncClient:
+        """The httpx client under it: its ``timeout``, its connection pool (``pool``)."""
+        client: LeanAsyncClient = self._client
+        return client
+
     async def text_chat(self, model: str, messages: Sequence[Message],
                         schema: dict[str, Any] | None, options: dict[str, Any],
                         think: bool,
@@ -218,12 +224,14 @@ class OllamaBackend:
         """How many calls may be in flight at once to one model on ``route``'s server."""
         return self.cloud_max_parallel if route == "cloud" else self.max_parallel
 
-    def _new_client(self, host: str, parallel: int) -> _Client:
+    def new_client(self, host: str, parallel: int) -> _Client:
+        """A new client to ``host``, at most ``parallel`` connections (the caller closes it)."""
         return _Client(host=host, timeout=self.timeout_seconds, max_connections=parallel,
                        ssl_context=_tls_context() if host.startswith("https:") else None,
                        event_hooks={"response": [_note_retry_after]})
 
-    def _client_for(self, route: str) -> _Client:
+    def client_for(self, route: str) -> _Client:
+        """The client ``route``'s calls go through on the running loop (kept; see aclose)."""
         # One client (one connection pool) per loop, server and limit: the same key as the
         # call slots of runtime.llm.loop.CallLoop.slot, so the pool is never smaller than
         # the calls the slots let through.
@@ -231,7 +239,7 @@ class OllamaBackend:
         key = (id(asyncio.get_running_loop()), host, parallel)
         client = self._clients.get(key)
         if client is None:
-            client = self._clients[key] = self._new_client(host, parallel)
+            client = self._clients[key] = self.new_client(host, parallel)
         return client
 
     async def achat(self, model: str, messages: Sequence[Message],
@@ -250,7 +258,7 @@ class OllamaBackend:
             BadModelReply: a schema was given and the reply does not fit it.
 
         """
-        return await self._send(self._client_for(route), self.host_for(route), model,
+        return await self._send(self.client_for(route), self.host_for(route), model,
                                 messages, schema, max_tokens, think, tools)
 
     async def _send(self, client: _Client, host: str, model: str,
@@ -321,7 +329,7 @@ class OllamaBackend:
         Raises the same errors as :meth:`achat`.
         """
         async def once() -> ModelReply:
-            client = self._new_client(self.host_for(route), 1)
+            client = self.new_client(self.host_for(route), 1)
             try:
                 return await self._send(client, self.host_for(route), model,
                                         first_messages(prompt, system), schema, max_tokens,

@@ -195,6 +195,11 @@ class StreamTransport(httpx.AsyncBaseTransport):
         self._slots = asyncio.Semaphore(max_connections)
         self._idle: dict[_Key, list[_Connection]] = {}
 
+    @property
+    def idle_connections(self) -> int:
+        """How many kept-alive connections wait for a request now (every server)."""
+        return sum(len(idle) for idle in self._idle.values())
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` and return its response with the body still to be read."""
         timeouts: dict[str, Any] = request.extensions.get("timeout", {})
@@ -452,6 +457,11 @@ class LeanAsyncClient(httpx.AsyncClient):
             kwargs.setdefault("verify", ssl_context)
         super().__init__(transport=self._lean, **kwargs)
         self._heads: dict[tuple[str, str], tuple[bytes, httpx.Request, _Key, bool]] = {}
+
+    @property
+    def pool(self) -> StreamTransport:
+        """Its connections: ``max_connections``, ``idle_connections``."""
+        return self._lean
 
     def _get_proxy_map(self, proxy: Any, allow_env_proxies: bool) -> dict[str, Any]:
         # httpx reads the environment's proxies only when no transport is given.
