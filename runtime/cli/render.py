@@ -1,11 +1,24 @@
-"""Drawing task trees on a terminal with rich (``orgchart run``, ``orgchart tree``)."""
+"""Drawing task trees on a terminal with rich (``orgchart run``, ``orgchart tree``).
+
+And a tree's stream as a person reads it (:class:`StreamPrinter`: ``orgchart follow``,
+``orgchart run``), with :class:`LiveText`, the thread that prints a running tree's text.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 from rich.text import Text
 from rich.tree import Tree
+from sqlalchemy.engine import Engine
+
+from runtime.store.streams import StreamEvent, StreamReader, follow
+
+log = logging.getLogger(__name__)
 
 STATUS_STYLE = {
     "pending": "grey62",
@@ -114,3 +127,121 @@ def served_totals_text(totals: dict[str, Any]) -> str:
         text += (f" (${totals['estimated_usd']} est.: the price of a model that did not "
                  "run, counted by budgets)")
     return text
+
+
+class StreamPrinter:
+    """Turns stream events into text for a person.
+
+    Args:
+        write: where the text goes (a terminal's ``write``).
+        whole_lines: hold a call's text until a line is complete (for a live display,
+            which redraws under what was printed); else it is written as it arrives.
+        transitions: print the transitions too (a live tree shows them already).
+
+    """
+
+    def __init__(self, write: Callable[[str], None], whole_lines: bool = False,
+                 transitions: bool = True) -> None:
+        self.write = write
+        self.whole_lines = whole_lines
+        self.transitions = transitions
+        self.agents: dict[str, str] = {}
+        self._call: tuple[str, str, int, int] | None = None
+        self._line = ""
+
+    def _name(self, task_id: str) -> str:
+        agent = self.agents.get(task_id)
+        return f"{agent} {task_id[:8]}" if agent else task_id[:8]
+
+    def _close_text(self) -> None:
+        """End the text of the current call (a newline, or the held partial line)."""
+        if self._call is None:
+            return
+        if self.whole_lines:
+            if self._line:
+                self.write(f"  {self._line}\n")
+        else:
+            self.write("\n")
+        self._call, self._line = None, ""
+
+    def show(self, event: StreamEvent) -> None:
+        """Print one event."""
+        data = event.data
+        if event.kind == "transition":
+            if data.get("agent"):
+                self.agents[data["task_id"]] = data["agent"]
+            if self.transitions:
+                self._close_text()
+                self.write(f"{self._name(data['task_id'])}: {data['from'] or 'new'} -> "
+                           f"{data['to']}\n")
+        elif event.kind == "superseded":
+            self._close_text()
+            self.write(f"{self._name(data['task_id'])}: {data['phase']} call "
+                       f"{data['call']}: attempt {data['attempt']} superseded by attempt "
+                       f"{data['by']}\n")
+        elif event.kind == "text":
+            self._text(data)
+
+    def _text(self, data: dict[str, Any]) -> None:
+        key = (data["task_id"], data["phase"], data["call"], data["attempt"])
+        if key != self._call:
+            self._close_text()
+            self._call = key
+            attempt = f", attempt {key[3]}" if key[3] > 1 else ""
+            self.write(f"{self._name(key[0])} {key[1]} call {key[2]}{attempt}:\n")
+        if not self.whole_lines:
+            self.write(data["text"])
+            return
+        lines = (self._line + data["text"]).split("\n")
+        self._line = lines.pop()
+        for line in lines:
+            self.write(f"  {line}\n")
+
+    def finish(self) -> None:
+        """End the text in progress (the stream ended)."""
+        self._close_text()
+
+
+#: Seconds a run's text printer gets, once the root ended, to print the stream's end.
+LIVE_TEXT_DRAIN_SECONDS = 2.0
+
+
+class LiveText:
+    """A thread that prints a tree's stream (:class:`StreamPrinter`) while it runs.
+
+    Args:
+        engine: the store's engine.
+        root_id: the tree's root.
+        write: where the text goes.
+        whole_lines: see :class:`StreamPrinter`; a live tree: no transition lines either.
+
+    """
+
+    def __init__(self, engine: Engine, root_id: uuid.UUID, write: Callable[[str], None],
+                 whole_lines: bool = False) -> None:
+        self.reader = StreamReader(engine)
+        self.root_id = root_id
+        self.printer = StreamPrinter(write, whole_lines, transitions=not whole_lines)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"text {root_id}", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            for event in follow(self.reader, self.root_id, stop=self._stopped.is_set):
+                self.printer.show(event)
+        except Exception:  # the text is a courtesy: the run goes on without it
+            log.warning("the live text stopped", exc_info=True)
+        finally:
+            self.printer.finish()
+
+    def start(self) -> LiveText:
+        """Start printing; return self."""
+        self._thread.start()
+        return self
+
+    def stop(self, ended: bool) -> None:
+        """Stop: when the root ``ended``, first let the stream reach its end (2 s at most)."""
+        if ended:
+            self._thread.join(LIVE_TEXT_DRAIN_SECONDS)
+        self._stopped.set()
+        self._thread.join(LIVE_TEXT_DRAIN_SECONDS)

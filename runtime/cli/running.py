@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
+from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -169,8 +170,15 @@ def run(goal: str, options: GoalOptions, json_: JsonOpt = False,
         timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 600,
         max_in_flight: Annotated[int | None, typer.Option(
             help="Most tasks held at once (default [worker] max_in_flight).")] = None,
+        quiet: Annotated[bool, typer.Option(
+            "--quiet", help="Print only the root's answer (for scripts): no live "
+            "tree, no model text.")] = False,
         ) -> None:
-    """Submit a goal, run its tree (only it) here, drawing it live; print the root's answer."""
+    """Submit a goal, run its tree (only it) here, drawing it live; print the root's answer.
+
+    The model calls' text is printed as it streams: above the live tree on a terminal,
+    else on stderr (``--quiet`` or ``--json``: not at all).
+    """
     runtime = open_runtime(options.agents_module)
     from runtime.wiring import submit_root
 
@@ -178,19 +186,21 @@ def run(goal: str, options: GoalOptions, json_: JsonOpt = False,
                           options.new_task(runtime.registry, runtime.settings, goal), "cli",
                           runtime.settings.database.failover_timeout_seconds)
     _say_if_held(task)  # then it waits for the approval like any other step, up to timeout
-    drain(runtime, task["id"], json_, timeout, max_in_flight)
+    drain(runtime, task["id"], json_, timeout, max_in_flight, quiet=quiet)
 
 
 def drain(runtime: Any, root_id: Any, json_: bool, timeout: float,
-          max_in_flight: int | None) -> None:
+          max_in_flight: int | None, quiet: bool = False) -> None:
     """Run a worker in this process for the tree of ``root_id`` until it ends; print it.
 
     The worker claims that tree only (:func:`runtime.inprocess.run_tree`, what
-    ``orgchart.Client.run`` runs too). The tree is drawn live on a terminal, then the
-    root's answer is printed; the exit status is 1 when the root did not end ``done``
-    (or is still running after ``timeout`` seconds).
+    ``orgchart.Client.run`` runs too). The tree is drawn live on a terminal, with the
+    model calls' text printed above it as it streams (on stderr when stdout is no
+    terminal), then the root's answer is printed; ``quiet`` prints the answer only. The
+    exit status is 1 when the root did not end ``done`` (or is still running after
+    ``timeout`` seconds).
     """
-    from runtime.cli.render import render_tree
+    from runtime.cli.render import LiveText, render_tree
     from runtime.inprocess import run_tree
     from runtime.views import TreeFollower, critical_path_summary
 
@@ -199,7 +209,7 @@ def drain(runtime: Any, root_id: Any, json_: bool, timeout: float,
         tune_gc(runtime.settings.worker.gc_threshold)  # this process is the worker's
 
     current = TreeFollower(runtime.store, root_id).refresh  # reads what changed only
-    if out.is_terminal and not json_:
+    if out.is_terminal and not json_ and not quiet:
         with Live(render_tree(current()), console=out, refresh_per_second=8) as live:
 
             def redraw() -> str:
@@ -207,29 +217,43 @@ def drain(runtime: Any, root_id: Any, json_: bool, timeout: float,
                 live.update(render_tree(tree))
                 return str(tree["status"])
 
-            run_tree(runtime, root_id, timeout=timeout, max_in_flight=max_in_flight,
-                     started=started, tick=redraw)
+            text = LiveText(runtime.store.engine, root_id, _printer_of(live.console),
+                            whole_lines=True).start()
+            status = run_tree(runtime, root_id, timeout=timeout,
+                              max_in_flight=max_in_flight, started=started, tick=redraw)
+            text.stop(status in TERMINAL_STATUSES)
         tree = current()
     else:
-        run_tree(runtime, root_id, timeout=timeout, max_in_flight=max_in_flight,
-                 started=started)
+        printing = (None if json_ or quiet else
+                    LiveText(runtime.store.engine, root_id, _printer_of(err)).start())
+        status = run_tree(runtime, root_id, timeout=timeout, max_in_flight=max_in_flight,
+                          started=started)
+        if printing is not None:
+            printing.stop(status in TERMINAL_STATUSES)
         tree = current()
-        if not json_:
+        if not json_ and not quiet:
             out.print(render_tree(tree))
     if json_:
         print_json(tree)
     else:
         print_answer(tree)
-    err.print(f"root {root_id} (orgchart tree {root_id})", style="dim", markup=False,
-              highlight=False)
-    err.print(critical_path_summary(runtime.store, root_id), markup=False, highlight=False,
-              soft_wrap=True)
+    if not quiet:
+        err.print(f"root {root_id} (orgchart tree {root_id})", style="dim", markup=False,
+                  highlight=False)
+        err.print(critical_path_summary(runtime.store, root_id), markup=False,
+                  highlight=False, soft_wrap=True)
     if tree["status"] not in TERMINAL_STATUSES:
         fail(f"root {root_id} is still {tree['status']} after {timeout:g}s", EXIT_FAILED)
     if tree["status"] != "done":
         err.print(f"root {root_id} ended {tree['status']}: {tree.get('error') or ''}",
                   markup=False, highlight=False)
         raise typer.Exit(EXIT_FAILED)
+
+
+def _printer_of(console: Console) -> Callable[[str], None]:
+    """Write text to ``console`` as it is (no markup, no highlighting, no added newline)."""
+    return lambda text: console.print(text, end="", markup=False, highlight=False,
+                                      soft_wrap=True)
 
 
 def print_answer(tree: dict[str, Any]) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -27,6 +29,7 @@ from typer.testing import CliRunner
 from orgchart import AsyncClient, Client
 from orgchart.transports import sse_messages
 from runtime.cli.app import app
+from runtime.cli.render import StreamPrinter
 from runtime.http.api import create_app
 from runtime.store.postgres.urls import libpq_url
 from runtime.store.rows import NewTask
@@ -310,3 +313,45 @@ def test_the_async_iterator_sees_text_as_it_is_written(db_url: str, store: Store
     delays = asyncio.run(read())
     assert len(delays) == 20
     assert sorted(delays)[10] < 0.5  # a loose bound: the figure is in the report
+
+
+def test_orgchart_run_prints_the_live_text_unless_quiet(orgchart_env: dict[str, str]) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "runtime.cli.app", "run", *args],
+                              env=orgchart_env, capture_output=True, text=True, timeout=120,
+                              check=False)
+
+    ran = run("Assess the market for durable agent runtimes")
+    assert ran.returncode == 0, ran.stderr
+    assert "ceo " in ran.stderr and "run call 0:\n{" in ran.stderr  # the text, on stderr
+    assert "ceo " in ran.stderr and ": running -> done" in ran.stderr
+    assert ran.stdout.split("\nanswer\n", 1)[1].startswith("summary: offline: ")
+    assert ran.stderr.strip().splitlines()[-1].startswith("critical path ")
+    quiet = run("Assess the market for durable agent runtimes", "--quiet")
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout.startswith("answer\nsummary: offline: ")
+    assert "call 0" not in quiet.stderr and "critical path" not in quiet.stderr
+
+
+def test_the_printer_holds_whole_lines_for_a_live_tree() -> None:
+    written: list[str] = []
+    printer = StreamPrinter(written.append, whole_lines=True, transitions=False)
+    task = str(uuid.uuid4())
+
+    def text(piece: str, offset: int, attempt: int = 1) -> StreamEvent:
+        return StreamEvent("text", START, {"task_id": task, "phase": "run", "call": 0,
+                                           "attempt": attempt, "offset": offset, "text": piece})
+
+    printer.show(StreamEvent("transition", START, {"task_id": task, "from": None,
+                                                   "to": "pending", "at": None,
+                                                   "agent": "ceo"}))
+    printer.show(text("first li", 0))
+    printer.show(text("ne\nsecond", 8))
+    printer.show(StreamEvent("superseded", START, {"task_id": task, "phase": "run", "call": 0,
+                                                   "attempt": 1, "by": 2}))
+    printer.show(text("again", 0, attempt=2))
+    printer.finish()
+    assert "".join(written) == (
+        f"ceo {task[:8]} run call 0:\n  first line\n  second\n"
+        f"ceo {task[:8]}: run call 0: attempt 1 superseded by attempt 2\n"
+        f"ceo {task[:8]} run call 0, attempt 2:\n  again\n")

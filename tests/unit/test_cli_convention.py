@@ -126,7 +126,7 @@ def test_submit_and_run_share_one_option_set() -> None:
     commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
     options = {name: {opt for p in commands[name].params for opt in p.opts}
                for name in ("submit", "run")}
-    assert options["run"] - options["submit"] == {"--timeout", "--max-in-flight"}
+    assert options["run"] - options["submit"] == {"--timeout", "--max-in-flight", "--quiet"}
     assert options["submit"] - options["run"] == set()
     assert {"--agent", "--type", "--priority", "--budget-tokens", "--budget-seconds",
             "--budget-usd", "--payload", "--success", "--kill", "--idempotency-key",
