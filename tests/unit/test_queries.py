@@ -57,7 +57,7 @@ HOT = ("task_claim_available", "task_claim_capped", "task_claim_judging", "task_
 
 
 def test_the_statements_of_every_batch_fit_psycopgs_query_cache() -> None:
-    import psycopg._queries
+    import psycopg._queries  # third-party private: the cache limit has no public name
     from sqlalchemy.dialects import postgresql
 
     from runtime.store.queries import MAX_SENT_CHARS, TEXT
