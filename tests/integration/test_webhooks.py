@@ -168,7 +168,11 @@ def test_events_of_one_tree_go_out_in_commit_order(store: Store, receiver: Recei
         store.cancel(root["id"])  # task.cancelled, then tree.finished
     deliverer = _deliverer(store)
     first = deliverer.run_once()
-    assert len(first) == 2  # one event per tree at a time: the question of each
+    # One event per tree at a time: the question of each first. A delivery that ends
+    # within the pass frees its tree's next event for the same pass (on a loaded machine
+    # the pass's second claim comes after it), so the pass sends 2 or more; the order
+    # each tree's receiver saw is the promise.
+    assert len(first) >= 2
     while deliverer.run_once():
         pass
     for root in roots:
