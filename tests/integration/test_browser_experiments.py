@@ -20,7 +20,7 @@ from tests.integration.test_browser import (
     serve,
 )
 from tests.integration.test_experiments import (
-    _plan,
+    example_plan,
     runtime,  # noqa: F401  (the fixture)
 )
 
@@ -36,7 +36,7 @@ def test_the_experiment_page_shows_the_table_the_chart_and_a_regressions_diff(
         browser: Any, runtime: Runtime) -> None:  # noqa: F811  (the fixtures)
     from runtime.experiments.runner import ExperimentRunner
 
-    ExperimentRunner(runtime).run(_plan(runtime, "page"))
+    ExperimentRunner(runtime).run(example_plan(runtime, "page"))
     ARTIFACTS.mkdir(exist_ok=True)
     with serve(runtime) as server:
         page = browser.new_page(viewport={"width": 1200, "height": 900})

@@ -41,7 +41,8 @@ def runtime(db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch) -> Runti
     return build_runtime(settings, [MODULE], store=store)
 
 
-def _plan(runtime: Runtime, name: str, **extra: object) -> ExperimentPlan:
+def example_plan(runtime: Runtime, name: str, **extra: object) -> ExperimentPlan:
+    """An experiment ``name`` over the example's dataset and variants (``extra``: its fields)."""
     cases = read_cases(EXAMPLE / "market_goals.jsonl")
     dataset_id, _ = runtime.store.dataset_put("market_goals", version_of(cases), "test",
                                               [c.body for c in cases])
@@ -63,7 +64,7 @@ def _report(runtime: Runtime, name: str) -> dict:
 
 
 def test_a_variant_pays_only_for_the_calls_it_changed(runtime: Runtime) -> None:
-    summary = ExperimentRunner(runtime).run(_plan(runtime, "sharper"))
+    summary = ExperimentRunner(runtime).run(example_plan(runtime, "sharper"))
     assert summary.started == 6 and summary.stopped is None
     report = _report(runtime, "sharper")
     assert report["status"] == "finished"
@@ -95,7 +96,7 @@ def test_a_variant_pays_only_for_the_calls_it_changed(runtime: Runtime) -> None:
 
 
 def test_a_rerun_of_the_same_experiment_starts_no_tree_twice(runtime: Runtime) -> None:
-    plan = _plan(runtime, "twice")
+    plan = example_plan(runtime, "twice")
     first = ExperimentRunner(runtime).run(plan)
     calls_before = runtime.store.query("experiment_spend",
                                        experiment_id=first.experiment_id)[0]["spent"]
@@ -106,7 +107,7 @@ def test_a_rerun_of_the_same_experiment_starts_no_tree_twice(runtime: Runtime) -
 
 
 def test_rescoring_adds_rows_without_running_a_tree(runtime: Runtime) -> None:
-    plan = _plan(runtime, "rescored")
+    plan = example_plan(runtime, "rescored")
     plan = ExperimentPlan(**{**plan.__dict__, "scorers": [SCORERS["done"]]})
     summary = ExperimentRunner(runtime).run(plan)
     trees = {r["root_id"] for r in runtime.store.experiment_runs(summary.experiment_id)}
@@ -120,7 +121,7 @@ def test_rescoring_adds_rows_without_running_a_tree(runtime: Runtime) -> None:
 
 
 def test_the_budget_stops_new_trees_and_says_so(runtime: Runtime) -> None:
-    plan = _plan(runtime, "cheap", budget_usd=Decimal("0.0001"))
+    plan = example_plan(runtime, "cheap", budget_usd=Decimal("0.0001"))
     summary = ExperimentRunner(runtime).run(plan)
     assert summary.stopped and "budget reached" in summary.stopped
     report = _report(runtime, "cheap")
@@ -206,7 +207,7 @@ def test_model_judges_run_as_trees_recorded_once_with_the_order_shown(
                                   "ORGCHART_LLM__BACKEND": "ollama",
                                   "ORGCHART_OLLAMA__URL": fake_ollama.url})
     runtime = build_runtime(settings, [MODULE], store=store)
-    plan = _plan(runtime, "judged")
+    plan = example_plan(runtime, "judged")
     plan = ExperimentPlan(**{**plan.__dict__,
                              "scorers": [lookup("done"), lookup("rubric"), lookup("pairwise")]})
     runner = ExperimentRunner(runtime)
@@ -250,8 +251,8 @@ def test_deleting_an_experiment_keeps_its_trees_unless_asked(runtime: Runtime) -
 
     from runtime.cli.app import app
 
-    kept = ExperimentRunner(runtime).run(_plan(runtime, "kept"))
-    pruned = ExperimentRunner(runtime).run(_plan(runtime, "pruned"))
+    kept = ExperimentRunner(runtime).run(example_plan(runtime, "kept"))
+    pruned = ExperimentRunner(runtime).run(example_plan(runtime, "pruned"))
     kept_roots = [r["root_id"] for r in runtime.store.experiment_runs(kept.experiment_id)]
     pruned_roots = [r["root_id"] for r in runtime.store.experiment_runs(pruned.experiment_id)]
     env = {"ORGCHART_DATABASE_URL": runtime.settings.database.url or "",
