@@ -46,7 +46,7 @@ __all__ = ["EVENT_ID_PATTERN", "START", "TERMINAL_STATUSES", "Page", "Position",
 #: Rows read at most per statement; a full page is followed at once by the next.
 PAGE_ROWS = 500
 #: Seconds between two probes of the horizon while nothing new is readable.
-POLL_SECONDS = 0.02
+POLL_SECONDS = 0.01
 #: The sources, in the order they take within one transaction.
 TEXT_SOURCE, EVENT_SOURCE = 0, 1
 _BIGINT_MAX = 2**63 - 1

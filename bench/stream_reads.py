@@ -1,0 +1,227 @@
+"""Streamed text's read side: how soon a connected SSE reader sees a piece.
+
+    python -m bench.stream_reads [--calls 100] [--tokens 40] [--tokens-per-second 20]
+
+One tree on a scratch database: a root and ``calls`` children, each claimed, so every
+write is fenced by its lease as in a worker. ``GET /trees/{root}/stream`` is served by
+uvicorn on loopback (the stream's routes only) and read by one httpx client over real
+HTTP. Figures:
+
+- ``stream_first_text_ms_p50`` / ``_p99`` (issue 47's ``stream_first_text_ms``: goal
+  p50 <= 30 ms, p99 <= 150 ms): ``calls`` calls stream at once through the worker's
+  :class:`~runtime.engine.text_writer.TextWriter` at the default ``[streaming]``
+  settings; from each call's first token handed to the writer to the reader receiving
+  the SSE event that carries it (the writer writes a call's first text at once);
+- ``stream_piece_ms_p50`` / ``_p99``: the same for every token (its flush window
+  included: a piece waits up to ``flush_seconds`` for its batch);
+- ``stream_read_ms_p50`` / ``_p99``: the read side alone: from the COMMIT of a piece
+  written in its own transaction (``--pieces`` of them, ``--gap`` seconds apart) to the
+  reader receiving it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import threading
+import time
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+from fastapi import FastAPI
+
+from bench.common import open_store, report, scratch_database
+from runtime.engine.text_writer import TextWriter
+from runtime.http.stream import add_stream_routes
+from runtime.llm.text_stream import CallAttempts
+from runtime.store.rows import ChildRow, NewTask
+from runtime.store.store import Store
+
+
+class _Server:
+    """uvicorn serving the stream's routes in a thread, on a loopback port."""
+
+    def __init__(self, store: Store) -> None:
+        import uvicorn
+
+        app = FastAPI()
+        add_stream_routes(app, store)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
+
+    def __enter__(self) -> _Server:
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+class _Reader:
+    """One SSE reader on a thread: the arrival time of each text event, by its text."""
+
+    def __init__(self, url: str, root: uuid.UUID) -> None:
+        self.url, self.root = url, root
+        self.arrived: dict[str, float] = {}
+        self.connected = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.stream("GET", f"{self.url}/trees/{self.root}/stream", timeout=60) as response:
+            self.connected.set()
+            event = ""
+            for line in response.iter_lines():
+                if line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: ") and event == "text":
+                    self.arrived[json.loads(line[6:])["text"]] = time.monotonic()
+                if self.stop.is_set():
+                    return
+
+    def __enter__(self) -> _Reader:
+        self.thread.start()
+        self.connected.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+def _tree(store: Store, calls: int) -> tuple[uuid.UUID, list[Any]]:
+    """A root that delegated to ``calls`` children, every child claimed."""
+    root, _ = store.submit(NewTask(to_agent="boss", type="task", payload={"goal": "g"}))
+    [claimed] = store.claim(["boss"], 1, "bench", 300)
+    children = [ChildRow("scout", "task", {"goal": f"part {i}"}, f"k{i}", 100, 60,
+                         Decimal("0.01")) for i in range(calls)]
+    store.delegate(root["id"], claimed["lease_token"], children, "bench")
+    return root["id"], list(store.claim(["scout"], calls, "bench", 300))
+
+
+def _quantiles(values: list[float]) -> tuple[float, float]:
+    cuts = statistics.quantiles(values, n=100)
+    return round(statistics.median(values), 1), round(cuts[98], 1)
+
+
+def _through_the_writer(store: Store, url: str, calls: int, tokens: int,
+                        tokens_per_second: float) -> dict[str, Any]:
+    root, rows = _tree(store, calls)
+    writer = TextWriter(store)
+    added: dict[str, float] = {}
+    firsts: list[str] = []
+    lock = threading.Lock()
+    gap = 1.0 / tokens_per_second
+
+    def one(row: Any, n: int) -> None:
+        stream = writer.open(row["id"], row["lease_token"], "run", 0, CallAttempts())
+        time.sleep(gap * n / calls)
+        next_at = time.monotonic()
+        for i in range(tokens):
+            token = f"<{n}:{i}>"
+            with lock:
+                added[token] = time.monotonic()
+                if i == 0:
+                    firsts.append(token)
+            stream.add(token)
+            next_at += gap
+            time.sleep(max(0.0, next_at - time.monotonic()))
+        stream.end()
+
+    with _Reader(url, root) as reader:
+        threads = [threading.Thread(target=one, args=(row, n)) for n, row in enumerate(rows)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and sum(
+                len(t) for t in reader.arrived) < len("".join(added)):
+            time.sleep(0.05)
+        arrived = dict(reader.arrived)
+        store.cancel(root, actor="bench")  # the stream ends: the reader's thread with it
+    writer.close()
+    first_ms, piece_ms = [], []
+    for text, at in arrived.items():
+        tokens_in = [t for t in (f"<{t}" for t in text.split("<") if t) if t in added]
+        if tokens_in and tokens_in[0] in firsts:
+            first_ms.append((at - added[tokens_in[0]]) * 1000)
+        piece_ms += [(at - added[t]) * 1000 for t in tokens_in]
+    first = _quantiles(first_ms)
+    piece = _quantiles(piece_ms)
+    return {"stream_calls": calls, "stream_tokens_per_call": tokens,
+            "stream_tokens_per_second_per_call": tokens_per_second,
+            "stream_first_texts_seen": len(first_ms),
+            "stream_tokens_seen": len(piece_ms), "stream_tokens_sent": len(added),
+            "stream_first_text_ms_p50": first[0], "stream_first_text_ms_p99": first[1],
+            "stream_piece_ms_p50": piece[0], "stream_piece_ms_p99": piece[1]}
+
+
+def _read_side(store: Store, url: str, pieces: int, gap: float) -> dict[str, Any]:
+    root, rows = _tree(store, 1)
+    insert = sa.text('INSERT INTO call_text (root_id, task_id, phase, call_index, attempt, '
+                     '"offset", text) VALUES (:root, :task, \'run\', 0, 1, :offset, :text)')
+    committed: dict[str, float] = {}
+    with _Reader(url, root) as reader:
+        offset = 0
+        for i in range(pieces):
+            text = f"[{i}]"
+            with store.transaction() as conn:
+                conn.execute(insert, {"root": root, "task": rows[0]["id"], "offset": offset,
+                                      "text": text})
+            committed[text] = time.monotonic()
+            offset += len(text)
+            time.sleep(gap)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(reader.arrived) < pieces:
+            time.sleep(0.05)
+        arrived = dict(reader.arrived)
+        store.cancel(root, actor="bench")
+    read_ms = [(arrived[t] - committed[t]) * 1000 for t in committed if t in arrived]
+    p50, p99 = _quantiles(read_ms)
+    return {"stream_read_pieces": pieces, "stream_read_seen": len(read_ms),
+            "stream_read_ms_p50": p50, "stream_read_ms_p99": p99}
+
+
+def measure(calls: int, tokens: int, tokens_per_second: float, pieces: int, gap: float,
+            server: str | None = None) -> dict[str, Any]:
+    """Both measures on one scratch database; return the figures."""
+    with scratch_database("stream_reads", server) as url:
+        store = open_store(url, pool_size=8)
+        with _Server(store) as http:
+            figures = _through_the_writer(store, http.url, calls, tokens, tokens_per_second)
+            figures.update(_read_side(store, http.url, pieces, gap))
+        store.engine.dispose()
+    return figures
+
+
+def main(calls: int = 100, tokens: int = 40, tokens_per_second: float = 20.0,
+         pieces: int = 200, gap: float = 0.013, server: str | None = None) -> dict[str, Any]:
+    """Measure and print the figures."""
+    return report("stream_reads", measure(calls, tokens, tokens_per_second, pieces, gap,
+                                          server))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--tokens", type=int, default=40)
+    parser.add_argument("--tokens-per-second", type=float, default=20.0)
+    parser.add_argument("--pieces", type=int, default=200)
+    parser.add_argument("--gap", type=float, default=0.013)
+    parser.add_argument("--server", default=None)
+    args = parser.parse_args()
+    main(args.calls, args.tokens, args.tokens_per_second, args.pieces, args.gap, args.server)
