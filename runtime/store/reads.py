@@ -14,14 +14,14 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager
 from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from runtime.store.postgres import failover
+from runtime.store.database import Database
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
 from runtime.store.rows import NotFound, Tenancy, canonical_json, served_totals
@@ -45,38 +45,18 @@ class StoreReads:
     tenancy: Tenancy = Tenancy()
 
     engine: Engine
+    #: The engine, the transaction helper and the named statements (every part shares it).
+    database: Database
 
-    @contextmanager
-    def transaction(self) -> Iterator[Connection]:
-        """Yield a connection inside one transaction (committed on success).
+    def transaction(self) -> AbstractContextManager[Connection]:
+        """One transaction (:meth:`runtime.store.database.Database.transaction`)."""
+        return self.database.transaction()
 
-        An error raised by the COMMIT itself when the connection broke is flagged
-        in doubt (:func:`runtime.store.postgres.failover.in_doubt`): the transaction may have
-        committed, and the caller must find out from the database before it acts again.
-        """
-        with self.engine.connect() as conn:
-            trans = conn.begin()
-            try:
-                yield conn
-            except BaseException:
-                if trans.is_active:
-                    with suppress(sa.exc.DBAPIError):  # the connection may be gone already
-                        trans.rollback()
-                raise
-            try:
-                trans.commit()
-            except sa.exc.DBAPIError as exc:
-                if failover.is_failover_error(exc):
-                    failover.mark_in_doubt(exc)
-                raise
-
-    def _rows(self, conn: Connection, name: str, **params: Any) -> list[Task]:
-        return [dict(row._mapping) for row in conn.execute(_TEXT[name], params)]
+    _rows = staticmethod(Database.rows)
 
     def query(self, name: str, **params: Any) -> list[Task]:
         """Run one named read-only statement and return its rows as dicts."""
-        with self.engine.connect() as conn:
-            return self._rows(conn, name, **params)
+        return self.database.query(name, **params)
 
     # ------------------------------------------------------------------ reads
     def recorded_charges(self, charges: Sequence[Any]) -> set[int]:

@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from runtime.store.claims import StoreClaims
+from runtime.store.database import Database
 from runtime.store.experiments import StoreExperiments
 from runtime.store.hygiene import MAINTENANCE_LOCK_KEY, Maintained, StoreHygiene
 from runtime.store.outbox import StoreWebhooks
@@ -72,6 +73,7 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering, St
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.database = Database(engine)
 
     # ------------------------------------------------------------------ plumbing
     def ping(self) -> bool:
