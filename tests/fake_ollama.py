@@ -10,7 +10,9 @@ the reply (bad-JSON tests). It
 counts the tokens it reported so tests can compare sums. A streamed reply comes in pieces
 of ``piece_chars`` characters, ``piece_delay_seconds`` apart (thinking first, tool calls
 in the last line, as Ollama sends them); ``cut_after_pieces`` closes the connection
-after that many pieces, with no last line (a server or a network dying mid-reply).
+after that many pieces, with no last line (a server or a network dying mid-reply);
+``piece_log`` lists every piece written. A request whose last message is the assistant's
+(a reply cut off, continued) gets the rest of its answer after that start (``continued``).
 
 Misbehaviour (:data:`MODES`): ``script`` is a list of modes used one per chat request, in
 order; ``every_call`` (``{7: "500"}``: every 7th chat request) and ``every_structured``
@@ -119,6 +121,10 @@ class FakeOllama:
         self.piece_delay_seconds = 0.0
         #: A streamed reply stops after this many pieces, its connection closed (a crash).
         self.cut_after_pieces: int | None = None
+        #: Every streamed piece written: (the request's user prompt, wall time, characters).
+        self.piece_log: list[tuple[str, float, int]] = []
+        #: Every continued request: (its user prompt, the length of the start it continued).
+        self.continued: list[tuple[str, int]] = []
         self.requests: list[dict[str, Any]] = []
         self.arrived: list[dict[str, Any]] = []
         self.prompt_tokens = 0
@@ -202,6 +208,13 @@ class FakeOllama:
         with self._lock:
             self.in_flight -= 1
 
+    def piece_written(self, body: dict[str, Any], chars: int) -> None:
+        """A streamed piece of ``chars`` characters was just written (``piece_log``)."""
+        user = next((str(m.get("content", "")) for m in body.get("messages") or []
+                     if m.get("role") == "user"), "")
+        with self._lock:
+            self.piece_log.append((user, time.time(), chars))
+
     def sent(self, body: dict[str, Any]) -> None:
         """A chat reply's last byte was just written (``sent_log``)."""
         with self._lock:
@@ -236,6 +249,14 @@ class FakeOllama:
             content = ""
         elif mode == "length":
             content, done_reason = content[: max(1, len(content) // 3)], "length"
+        last = messages[-1] if messages else {}
+        if last.get("role") == "assistant" and not last.get("tool_calls"):
+            # A reply continued (its start as the assistant's last message): the rest only.
+            start = str(last.get("content") or "")
+            with self._lock:
+                self.continued.append((user, len(start)))
+            if content.startswith(start):
+                content = content[len(start):]
         thinking = (f"fake thinking: the user asks about {prompt_snippet(user)}"
                     if body.get("think") else None)
         num_predict = int((body.get("options") or {}).get("num_predict") or 1 << 30)
@@ -367,6 +388,7 @@ def _handler_for(fake: FakeOllama) -> type[BaseHTTPRequestHandler]:
                 self._chunk({"model": model, "created_at": now, "done": False,
                              "message": {"role": "assistant", "content": piece}})
                 self.wfile.flush()
+                fake.piece_written(body, len(piece))
             last: dict[str, Any] = {"role": "assistant", "content": ""}
             if answer["tool_calls"]:
                 last["tool_calls"] = answer["tool_calls"]

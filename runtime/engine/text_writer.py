@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 from runtime.engine.threads import handoff_for
 from runtime.llm.text_stream import CallAttempts, TextSink, TextStream
-from runtime.store.call_text import PieceOutcome, TextPiece, write_pieces
+from runtime.store.call_text import PieceOutcome, TextPiece, cut_off_text, write_pieces
 from runtime.store.postgres import failover, retry
 from runtime.store.store import Store
 
@@ -111,6 +111,10 @@ class TextWriter(TextSink):
         if stream.wait(lambda ok: handoff.settle(future, ok)):
             return not stream.refused
         return await future
+
+    def cut_off(self, task_id: uuid.UUID, phase: str, call_index: int) -> tuple[int, str] | None:
+        """``(attempt, text)`` of the call when it was cut off mid-generation (blocking read)."""
+        return cut_off_text(self.store, task_id, phase, call_index)
 
     def close(self) -> None:
         """Write what is queued, then stop the threads."""

@@ -43,7 +43,7 @@ from runtime.llm.reply import Backend, BadModelReply, ModelReply, message_tokens
 from runtime.llm.reply_loop import REPLY_LOOP, remote
 from runtime.llm.request import Request
 from runtime.llm.server_slots import Fair, ServerSlots
-from runtime.llm.text_stream import ON_TEXT, CallAttempts, TextSink, TextStream
+from runtime.llm.text_stream import CONTINUE_FROM, ON_TEXT, CallAttempts, TextSink, TextStream
 from runtime.llm.token_meter import StopCheck
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,8 @@ class Sender:
         #: A server's replies are read on the reply loop, not behind this loop's work.
         self._remote = remote(backend)
         self._text = text
+        #: The backend continues a prefix (a call cut off is continued, not made again).
+        self._continues = bool(getattr(backend, "continues_prefix", False))
         #: Per call (its index): the last attempt its streams got in this delivery.
         self._text_calls: dict[int, CallAttempts] = {}
 
@@ -89,8 +91,8 @@ class Sender:
         charged_tokens, charged_usd = 0, Decimal(0)
         try:
             try:
-                stream = self._stream(request)
-                reply = await self.send(request, stream)
+                stream, prefix = await self._open_stream(request)
+                reply = await self.send(request, stream, prefix)
                 if request.arrival is None:  # a backend that does not say when it arrived
                     self._charger.arrived(request, reply, asyncio.get_running_loop())
                 if stream is not None and self._text is not None:
@@ -116,10 +118,12 @@ class Sender:
                          "prompt tokens than estimated)",
                          extra={"task_id": str(self._task_id), "over": settled.over_tokens})
 
-    async def send(self, request: Request, stream: TextStream | None = None) -> ModelReply:
+    async def send(self, request: Request, stream: TextStream | None = None,
+                   prefix: str | None = None) -> ModelReply:
         """Send ``request`` at its turn, once the gate lets it; settle its slot's estimate.
 
-        ``stream`` takes the reply's text as the backend streams it (ended on arrival).
+        ``stream`` takes the reply's text as the backend streams it (ended on arrival);
+        ``prefix``: the recorded text of the call cut off, which the backend continues.
         """
         ticket = self._slots.ticket(request, self._fair, self._stopped)
         held = request.held
@@ -141,6 +145,7 @@ class Sender:
 
         recording = ON_ARRIVAL.set(arrived)
         streaming = ON_TEXT.set(None if stream is None else stream.add)
+        continuing = CONTINUE_FROM.set(prefix)
         try:
             reply = await self._gate.send(  # cancelled? paused? (gate.py)
                 self._task_id, ticket,
@@ -151,10 +156,42 @@ class Sender:
                 stream.end()  # what came before the failure is still written
             raise
         finally:
+            CONTINUE_FROM.reset(continuing)
             ON_TEXT.reset(streaming)
             ON_ARRIVAL.reset(recording)
         ticket.settle(reply.prompt_tokens + reply.completion_tokens)  # its spend
         return reply
+
+    async def _open_stream(self, request: Request) -> tuple[TextStream | None, str | None]:
+        """The request's stream, and the recorded text it continues (None: from the start).
+
+        A call cut off mid-generation on an earlier delivery (its text recorded, no reply
+        ever arrived) is continued, not made again, when the backend can continue a
+        prefix: only on a later delivery of the task (``delivery_count`` > 1: the first
+        costs no read), the call's first request of it, free text (a schema's grammar and
+        a tool round start over).
+        """
+        stream = self._stream(request)
+        if (stream is None or self._text is None or not self._continues
+                or self._charger.rows.attempt < 2  # the task's first delivery: nothing cut
+                or request.rows != 1 or request.kind != "call"
+                or request.json_schema is not None or request.tools):
+            return stream, None
+        try:
+            found = await asyncio.to_thread(self._text.cut_off, self._task_id, stream.phase,
+                                            request.call_index)
+        except Exception as exc:  # the call is made whole rather than not at all
+            log.warning("could not read a call's recorded text; it is made again whole",
+                        extra={"task_id": str(self._task_id), "error": str(exc)})
+            found = None
+        if found is None:
+            return stream, None
+        attempt, text = found
+        stream.resume(attempt, len(text))
+        log.info("a call cut off mid-generation continues from its recorded text",
+                 extra={"task_id": str(self._task_id), "call_index": request.call_index,
+                        "attempt": attempt, "chars": len(text)})
+        return stream, text
 
     def _stream(self, request: Request) -> TextStream | None:
         """A new stream (a new attempt) for the request about to be sent, when streaming."""

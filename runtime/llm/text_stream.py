@@ -14,8 +14,14 @@ A backend that does not stream (no hook called) writes nothing here: its reply i
 The hook returns at once (a list append under a lock, a queue put when the stream
 becomes dirty): it never waits for the database, so a backend's read loop is not slowed.
 
-Attempts: every request (the call's first, a retry, a repair; on any delivery) is a new
-stream and, when it has text, a new attempt of its call (``1, 2, ...`` per task, phase and
+Continuing (:data:`CONTINUE_FROM`): a call whose last attempt was cut off by its
+worker's death (text recorded, no reply ever arrived) is continued on its next delivery
+by a backend that can continue a prefix (``continues_prefix``: the embedded model): the
+send stage reads the recorded text, the stream goes on with the same attempt from its
+end (:meth:`TextStream.resume`), and the backend generates only what comes after it.
+
+Attempts: every other request (the call's first, a retry, a repair; on any delivery) is
+a new stream and, when it has text, a new attempt of its call (``1, 2, ...`` per task, phase and
 call index). The writer learns a stream's attempt from the database on its first write
 (the call's highest attempt + 1, under the lease fence); :class:`CallAttempts` carries
 the last one a delivery got, so a write retried after an in-doubt COMMIT finds its row
@@ -35,6 +41,16 @@ from typing import Protocol
 #: Set by the send stage around one request: takes the request's text as it arrives.
 ON_TEXT: contextvars.ContextVar[Callable[[str], None] | None] = \
     contextvars.ContextVar("orgchart_on_text", default=None)
+#: Set by the send stage around a request that continues a call cut off mid-generation:
+#: the text recorded before the cut (a backend that ``continues_prefix`` generates the
+#: rest of the reply after it, and its reply's text starts with it).
+CONTINUE_FROM: contextvars.ContextVar[str | None] = \
+    contextvars.ContextVar("orgchart_continue_from", default=None)
+
+
+def continued_text() -> str | None:
+    """The recorded text the current request continues (None: a fresh generation)."""
+    return CONTINUE_FROM.get()
 
 
 def text_arrived(piece: str) -> None:
@@ -179,6 +195,14 @@ class TextStream:
             self._in_flight = False
             self.queued = True
 
+    def resume(self, attempt: int, offset: int) -> None:
+        """Continue ``attempt`` of the call from ``offset`` (its recorded text's length)."""
+        with self._lock:
+            self.attempt = attempt
+            self.offset = offset
+            self.written = offset
+        self.attempts.last = max(self.attempts.last, attempt)
+
     def has_pending(self) -> bool:
         """Whether text is buffered."""
         with self._lock:
@@ -216,4 +240,8 @@ class TextSink(Protocol):
 
     async def finished(self, stream: TextStream) -> bool:
         """End ``stream`` and await the write of its last piece; False: refused or failed."""
+        ...
+
+    def cut_off(self, task_id: uuid.UUID, phase: str, call_index: int) -> tuple[int, str] | None:
+        """``(attempt, text)`` of the call when it was cut off mid-generation, else None."""
         ...

@@ -25,6 +25,7 @@ from runtime.store.store import Store
 #: The statements of ``call_text.sql``.
 CALL_TEXT_QUERIES = load_queries(Path(__file__).with_name("call_text.sql"))
 _WRITE_MANY = sa.text(CALL_TEXT_QUERIES["call_text_write_many"])
+_CUT_OFF = sa.text(CALL_TEXT_QUERIES["call_text_cut_off"])
 
 
 @dataclass(frozen=True)
@@ -76,3 +77,16 @@ def write_pieces(store: Store, pieces: Sequence[TextPiece]) -> list[PieceOutcome
         rows = conn.execute(_WRITE_MANY, {"batch": dumps_fast(batch)}).all()
     found = {int(r.n): PieceOutcome(True, int(r.attempt), bool(r.ours)) for r in rows}
     return [found.get(n, PieceOutcome(False)) for n in range(len(pieces))]
+
+
+def cut_off_text(store: Store, task_id: uuid.UUID, phase: str,
+                 call_index: int) -> tuple[int, str] | None:
+    """``(attempt, text)`` of a call cut off mid-generation (no reply ever recorded), or None.
+
+    The text is the call's last attempt's pieces, put together; None when the call has
+    any ``model_calls`` row, no pieces, or pieces with a gap.
+    """
+    with store.engine.connect() as conn:
+        row = conn.execute(_CUT_OFF, {"task_id": task_id, "phase": phase,
+                                      "call_index": call_index}).first()
+    return None if row is None else (int(row.attempt), str(row.text))

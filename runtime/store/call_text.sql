@@ -63,3 +63,23 @@ SELECT nb.n, nb.attempt,
                      AND c.call_index = nb.call_index AND c.attempt = nb.attempt
                      AND c."offset" = nb."offset" AND c.lease_token = nb.token)) AS ours
 FROM numbered nb;
+
+-- call_text_cut_off --
+-- The recorded text of a call cut off mid-generation, to continue from: the text of the
+-- call's last attempt (its pieces contiguous from offset 0) when the call has no
+-- model_calls row at all (no reply of it ever arrived: its worker died while the model
+-- generated). No row otherwise: the call is made again whole.
+WITH last AS (
+    SELECT max(attempt) AS attempt FROM call_text
+    WHERE task_id = :task_id AND phase = :phase AND call_index = :call_index
+)
+SELECT last.attempt, string_agg(c.text, '' ORDER BY c."offset") AS text
+FROM last JOIN call_text c
+  ON c.task_id = :task_id AND c.phase = :phase AND c.call_index = :call_index
+ AND c.attempt = last.attempt
+WHERE NOT EXISTS (SELECT 1 FROM model_calls m
+                  WHERE m.task_id = :task_id AND m.phase = :phase
+                    AND m.call_index = :call_index)
+GROUP BY last.attempt
+HAVING min(c."offset") = 0
+   AND sum(char_length(c.text)) = max(c."offset" + char_length(c.text));

@@ -301,3 +301,82 @@ def test_the_embedded_model_streams_token_by_token(
     finally:
         writer.close()
         backend.close()
+
+
+def test_a_call_cut_off_mid_generation_continues_from_its_recorded_text(
+        store: Store, charges: ChargeWriter) -> None:
+    """The embedded model continues a prefix: only what came after the last piece is made."""
+    from runtime.llm.backends.embedded import (
+        EmbeddedBackend,
+        default_model_path,
+        extra_installed,
+    )
+    from tests.factories import hand_over
+
+    if not extra_installed() or default_model_path() is None:
+        pytest.skip("the embedded extra is not installed ('make install-embedded')")
+    backend = EmbeddedBackend(Settings().embedded)
+    writer = TextWriter(store, flush_seconds=0.01, flush_chars=10_000)
+    try:
+        row = _claimed(store)
+        # The first delivery streamed the start of its reply, then its worker died.
+        dead = writer.open(row["id"], row["lease_token"], "run", 0, CallAttempts())
+        dead.add("Durable queues keep every job in a table, so")
+        _wait_written(dead)
+        token = hand_over(store, row["id"])  # taken back, delivered again
+        again = store.get(row["id"])
+        llm = _factory(store, charges, backend, writer).for_task(again, token,
+                                                                 threading.Event())
+        reply = llm.complete("Write two sentences about durable queues.", max_tokens=40)
+        assert reply.text.startswith("Durable queues keep every job in a table, so")
+        assert len(reply.text) > len("Durable queues keep every job in a table, so")
+        pieces = _pieces(store, row["id"])
+        assert {p["attempt"] for p in pieces} == {1}  # the same attempt, continued
+        assert _text_of(pieces, 1) == reply.text
+        assert {p["lease_token"] for p in pieces} == {row["lease_token"], token}
+        (call,) = store.model_calls(row["id"])
+        assert call["response"] == reply.text
+        # Its start was evaluated as prompt and counts as completion too (never charged).
+        assert call["completion_tokens"] > backend.count_tokens(
+            "Durable queues keep every job in a table, so")
+        # A later call of the same delivery starts from nothing.
+        other = llm.complete("Name a durable runtime.", max_tokens=20)
+        assert not other.text.startswith("Durable queues keep")
+    finally:
+        writer.close()
+        backend.close()
+
+
+def test_an_ollama_call_cut_off_continues_as_the_assistants_last_message(
+        store: Store, charges: ChargeWriter, text_writer: TextWriter,
+        fake_ollama: FakeOllama) -> None:
+    from tests.factories import hand_over
+
+    row = _claimed(store)
+    dead = text_writer.open(row["id"], row["lease_token"], "run", 0, CallAttempts())
+    dead.add("The first half,")
+    _wait_written(dead)
+    token = hand_over(store, row["id"])
+    fake_ollama.reply_text = " and the second."  # what the model adds after the prefix
+    llm = _factory(store, charges, OllamaBackend(fake_ollama.url, 10.0), text_writer) \
+        .for_task(store.get(row["id"]), token, threading.Event())
+    reply = llm.complete(PROMPT)
+    sent = fake_ollama.requests[-1]["messages"]
+    assert sent[-1] == {"role": "assistant", "content": "The first half,"}
+    assert reply.text == "The first half, and the second."
+    pieces = _pieces(store, row["id"])
+    assert {p["attempt"] for p in pieces} == {1}
+    assert _text_of(pieces, 1) == reply.text
+    # A structured call is never continued: its grammar (format) starts over.
+    dead2 = text_writer.open(row["id"], token, "run", 1, CallAttempts())
+    dead2.add('{"te')
+    _wait_written(dead2)
+    token2 = hand_over(store, row["id"])
+    fake_ollama.reply_text = None
+    llm2 = _factory(store, charges, OllamaBackend(fake_ollama.url, 10.0), text_writer) \
+        .for_task(store.get(row["id"]), token2, threading.Event())
+    llm2.complete(PROMPT)  # call 0: replayed from the record (no request)
+    structured = llm2.complete(PROMPT + " as JSON", schema=Answer)
+    assert fake_ollama.requests[-1]["messages"][-1]["role"] == "user"
+    assert _text_of([p for p in _pieces(store, row["id"]) if p["call_index"] == 1],
+                    2) == structured.text
