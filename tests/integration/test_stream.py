@@ -243,6 +243,18 @@ def test_the_stream_refuses_a_missing_tree_and_a_bad_id(client: Any, runtime: Ru
     assert response.status_code == 422 and "Last-Event-ID" in response.json()["error"]
 
 
+def test_the_stream_takes_the_token_in_the_query(runtime: Runtime) -> None:
+    from fastapi.testclient import TestClient
+
+    root = _submit(runtime.store)
+    runtime.store.cancel(root, actor="test")
+    with TestClient(create_app(store=runtime.store, settings=runtime.settings,
+                               registry=runtime.registry, api_token="s3cret")) as c:
+        assert c.get(f"/trees/{root}/stream?token=s3cret").status_code == 200  # EventSource
+        assert c.get(f"/trees/{root}/stream?token=wrong").status_code == 401
+        assert c.get(f"/trees/{root}/events?token=s3cret").status_code == 401  # only there
+
+
 # ---------------------------------------------------------------------- faces
 @pytest.fixture
 def finished(runtime: Runtime) -> Iterator[uuid.UUID]:

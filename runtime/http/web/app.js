@@ -238,12 +238,70 @@
     return el("li", { className: "node", "data-task-id": node.id, "data-status": node.status }, [
       line,
       goal ? el("div", { className: "node-goal", text: goal }) : null,
+      liveTextOf(node),
       node.error ? el("div", { className: "error", text: node.error }) : null,
       actions(node),
       extras(node),
       stepsDetails(node),
       children.length ? childList(node, children) : null,
     ]);
+  }
+
+  // ------------------------------------------------------------------ live text
+  // The model calls' text as it streams: GET /trees/{id}/stream (Server-Sent Events;
+  // EventSource resumes with Last-Event-ID by itself). Each open task shows the text of
+  // its current call (the newest call and attempt), the last LIVE_CHARS characters.
+  const LIVE_CHARS = 4000;
+  const live = new Map(); // task id -> { key, label, text, done }
+
+  function liveTextOf(node) {
+    const entry = live.get(node.id);
+    if (!entry || TERMINAL.has(node.status)) return null;
+    return el("div", { className: "live-text", "data-call": entry.label }, [
+      el("span", { className: "live-label", text: entry.label }),
+      el("pre", { className: "live-body", text: entry.text.slice(-LIVE_CHARS) }),
+    ]);
+  }
+
+  function showLiveText(taskId) {
+    const li = document.querySelector('li.node[data-task-id="' + taskId + '"]');
+    if (!li || TERMINAL.has(li.dataset.status)) return;
+    const fresh = liveTextOf({ id: taskId, status: li.dataset.status });
+    const old = li.querySelector(":scope > .live-text");
+    if (old && fresh) old.replaceWith(fresh);
+    else if (fresh) li.querySelector(":scope > .line").after(fresh);
+  }
+
+  function onText(data) {
+    const key = data.phase + "/" + data.call + "/" + data.attempt;
+    let entry = live.get(data.task_id);
+    if (!entry || entry.key !== key) {
+      // A newer attempt that resumes a call cut off starts at its offset: the older
+      // attempt's text up to there is its own too.
+      const sameCall = entry && entry.key.startsWith(data.phase + "/" + data.call + "/");
+      entry = { key: key, text: sameCall ? entry.text.slice(0, data.offset) : "",
+        label: data.phase + " call " + data.call +
+          (data.attempt > 1 ? ", attempt " + data.attempt : "") };
+      live.set(data.task_id, entry);
+    }
+    if (data.offset > entry.text.length) return; // not the next piece of this attempt
+    entry.text = entry.text.slice(0, data.offset) + data.text;
+    showLiveText(data.task_id);
+  }
+
+  function followText() {
+    if (typeof EventSource === "undefined") return;
+    const source = new EventSource("/trees/" + state.rootId + "/stream" + tokenQuery);
+    source.addEventListener("text", (e) => onText(JSON.parse(e.data)));
+    source.addEventListener("superseded", (e) => {
+      const data = JSON.parse(e.data);
+      const entry = live.get(data.task_id);
+      if (entry && entry.key === data.phase + "/" + data.call + "/" + data.attempt) {
+        entry.label += " (superseded by attempt " + data.by + ")";
+        showLiveText(data.task_id);
+      }
+    });
+    source.addEventListener("end", () => source.close());
   }
 
   // A task's durable steps and tool calls, read from GET /tasks/{id} when opened.
@@ -882,6 +940,7 @@
     } else if (page === "tree") {
       state.rootId = document.body.dataset.rootId;
       refreshTree();
+      followText();
     }
   });
 })();
