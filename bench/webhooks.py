@@ -56,9 +56,9 @@ from bench.common import (
     submit_noop,
 )
 from runtime.config import WebhooksSettings
-from runtime.store.outbox import EndpointRow
 from runtime.store.rows import RunOutcome
 from runtime.store.store import Store
+from runtime.store.webhooks import EndpointRow
 from runtime.webhooks import Deliverer, DeliveryConfig
 from tests.webhook_receiver import SECRET, Receiver
 
@@ -71,7 +71,7 @@ POLL_SECONDS = 0.01
 
 
 def _subscribe(store: Store, url: str, events: tuple[str, ...]) -> None:
-    store.upsert_endpoints([EndpointRow("bench", url, events, SECRET_ENV)], source="cli")
+    store.webhooks.upsert_endpoints([EndpointRow("bench", url, events, SECRET_ENV)], source="cli")
 
 
 def _finish_paced(store: Store, trees: int, rate: float) -> dict[str, float]:

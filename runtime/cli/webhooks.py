@@ -50,7 +50,7 @@ def add(name: Annotated[str, typer.Argument(help="The endpoint's name.")],
 def list_(json_: JsonOpt = False) -> None:
     """The endpoints, with their pending, delivered and dead events."""
     with opened_store() as store:
-        rows = [as_json(r) for r in store.webhook_endpoints()]
+        rows = [as_json(r) for r in store.webhooks.endpoints()]
     if json_:
         print_json(rows)
         return
@@ -86,7 +86,7 @@ def deliveries(failed: Annotated[bool, typer.Option(
                json_: JsonOpt = False) -> None:
     """The latest events sent or to send, newest first."""
     with opened_store() as store:
-        rows = [as_json(r) for r in store.webhook_deliveries(failed, endpoint, limit)]
+        rows = [as_json(r) for r in store.webhooks.deliveries(failed, endpoint, limit)]
     if json_:
         print_json(rows)
         return
@@ -102,7 +102,7 @@ def redeliver(outbox_id: Annotated[int, typer.Argument(help="The event's id (del
               json_: JsonOpt = False) -> None:
     """Send a delivered or dead event again, with the same ``webhook-id``."""
     with opened_store() as store:
-        row = store.redeliver_webhook(outbox_id)
+        row = store.webhooks.redeliver(outbox_id)
     if row is None:
         raise NotFound(f"no webhook event {outbox_id}")
     if json_:

@@ -79,7 +79,7 @@ def add_webhook_routes(app: FastAPI, store: Store, settings: Settings) -> None:
     @app.get("/webhooks", tags=["webhooks"])
     def list_webhooks() -> list[dict[str, Any]]:
         """The endpoints, with their pending, delivered and dead events."""
-        return [as_json(r) for r in store.webhook_endpoints()]
+        return [as_json(r) for r in store.webhooks.endpoints()]
 
     @app.post("/webhooks", tags=["webhooks"], status_code=201, responses=_ERRORS)
     def add_webhook(body: WebhookRequest) -> dict[str, Any]:
@@ -99,13 +99,13 @@ def add_webhook_routes(app: FastAPI, store: Store, settings: Settings) -> None:
                         endpoint: str | None = Query(None, pattern=f"^{NAME_PATTERN}$"),
                         limit: int = Query(50, ge=1, le=10_000)) -> list[dict[str, Any]]:
         """The latest events sent or to send, newest first (``failed``: dead or failing)."""
-        return [as_json(r) for r in store.webhook_deliveries(failed, endpoint, limit)]
+        return [as_json(r) for r in store.webhooks.deliveries(failed, endpoint, limit)]
 
     @app.post("/webhooks/deliveries/{outbox_id}/redeliver", tags=["webhooks"],
               responses=_ERRORS)
     def redeliver(outbox_id: int = PathParam(ge=1, le=MAX_BIGINT)) -> dict[str, Any]:
         """Send a delivered or dead event again, with the same ``webhook-id``."""
-        row = store.redeliver_webhook(outbox_id)
+        row = store.webhooks.redeliver(outbox_id)
         if row is None:
             raise NotFound(f"no webhook event {outbox_id}")
         return as_json(row)

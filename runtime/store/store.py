@@ -29,7 +29,6 @@ from runtime.store.claims import StoreClaims
 from runtime.store.database import Database
 from runtime.store.experiments import StoreExperiments
 from runtime.store.hygiene import MAINTENANCE_LOCK_KEY, Maintained, StoreHygiene
-from runtime.store.outbox import StoreWebhooks
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
 from runtime.store.rows import (
@@ -45,6 +44,7 @@ from runtime.store.rows import (
 from runtime.store.schedules import StoreSchedules
 from runtime.store.spend import StoreSpend, StoreSteps, step_begin_params, step_record
 from runtime.store.steering import StoreSteering
+from runtime.store.webhooks import Webhooks
 
 __all__ = ["MAINTENANCE_LOCK_KEY", "Maintained", "Store"]
 
@@ -56,7 +56,7 @@ def _json_or_none(value: Any) -> str | None:
 
 
 class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering, StoreSchedules,
-            StoreExperiments, StoreWebhooks):
+            StoreExperiments):
     """The database door: named statements, one transaction per state change.
 
     Submitting and resolving live here; the rest comes from mixins, one module per
@@ -74,6 +74,8 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering, St
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.database = Database(engine)
+        #: Webhook endpoints and the outbox's deliveries.
+        self.webhooks = Webhooks(self.database)
 
     # ------------------------------------------------------------------ plumbing
     def ping(self) -> bool:

@@ -43,9 +43,9 @@ import httpx
 from runtime.config import Settings, WebhooksSettings
 from runtime.core import backoff
 from runtime.errors import BadInput
-from runtime.store.outbox import MAX_RESPONSE_BYTES
 from runtime.store.rows import NotFound
 from runtime.store.store import Store
+from runtime.store.webhooks import MAX_RESPONSE_BYTES
 from runtime.webhooks.signing import headers, secret_bytes
 from runtime.webhooks.targets import check_url
 
@@ -178,7 +178,7 @@ class Deliverer:
             if free <= 0:
                 return futures
             token = uuid.uuid4()
-            rows = self.store.claim_webhooks(min(free, self.config.per_endpoint), busy,
+            rows = self.store.webhooks.claim(min(free, self.config.per_endpoint), busy,
                                              self.config.lease_seconds, token)
             if not rows:
                 return futures
@@ -227,11 +227,11 @@ class Deliverer:
     def _record(self, row: Mapping[str, Any], token: uuid.UUID, status: int | None,
                 error: str | None, answer: str | None) -> Attempt:
         if error is None and status is not None:
-            ok = self.store.webhook_delivered(row["id"], token, status, answer)
+            ok = self.store.webhooks.delivered(row["id"], token, status, answer)
             return Attempt(row["id"], "delivered" if ok else "lost", status)
         delay = backoff_seconds(row["attempts"], self.config.webhooks.retry_base_seconds,
                                 self.config.webhooks.retry_max_seconds)
-        state = self.store.webhook_failed(
+        state = self.store.webhooks.failed(
             row["id"], token, http_status=status, error=error or "failed", response=answer,
             delay_seconds=delay, max_attempts=self.config.webhooks.max_attempts)
         if state == "dead":
@@ -266,7 +266,7 @@ class Deliverer:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                with self.store.webhook_channel() as channel:
+                with self.store.webhooks.channel() as channel:
                     self._serve(channel)
             except Exception:
                 log.warning("webhook deliverer: database error; trying again", exc_info=True)
@@ -314,7 +314,7 @@ def send_test(store: Store, config: DeliveryConfig, name: str) -> dict[str, Any]
     """
     from runtime.webhooks.endpoints import NAME_PATTERN
 
-    queued = store.queue_webhook_test(name) if re.fullmatch(NAME_PATTERN, name) else None
+    queued = store.webhooks.queue_test(name) if re.fullmatch(NAME_PATTERN, name) else None
     if queued is None:
         raise NotFound(f"no webhook endpoint named {name!r} (orgchart webhooks list)")
     deliverer = Deliverer(store, config)
@@ -322,7 +322,7 @@ def send_test(store: Store, config: DeliveryConfig, name: str) -> dict[str, Any]
     try:
         while True:
             attempts = deliverer.run_once()
-            row = store.webhook_delivery(queued["id"])
+            row = store.webhooks.delivery(queued["id"])
             if (any(a.outbox_id == queued["id"] for a in attempts) or row["attempts"]
                     or time.monotonic() > deadline):
                 return row
@@ -357,7 +357,7 @@ def start_delivery(store: Store, settings: Settings) -> Deliverer | None:
     from runtime.webhooks.endpoints import sync_configured
 
     sync_configured(store, settings)
-    if not settings.webhooks.endpoints and not store.webhook_endpoints():
+    if not settings.webhooks.endpoints and not store.webhooks.endpoints():
         return None
     with _start_lock:
         if _running is None:

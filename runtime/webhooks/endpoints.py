@@ -17,8 +17,8 @@ from pydantic import ValidationError
 
 from runtime.config import Settings, WebhookEndpointSettings
 from runtime.errors import BadInput
-from runtime.store.outbox import EndpointRow
 from runtime.store.store import Store
+from runtime.store.webhooks import EndpointRow
 from runtime.webhooks.targets import check_url
 
 #: What an endpoint's name may be.
@@ -57,7 +57,7 @@ def sync_configured(store: Store, settings: Settings) -> list[str]:
     # (every delivery checks the addresses the name resolves to then).
     rows = [endpoint_row(name, entry, hooks.allow_private, resolve=False)
             for name, entry in sorted(hooks.endpoints.items())]
-    return store.upsert_endpoints(rows, source="config", prune=True)
+    return store.webhooks.upsert_endpoints(rows, source="config", prune=True)
 
 
 def add_endpoint(store: Store, settings: Settings, name: str, url: str, events: Sequence[str],
@@ -81,5 +81,5 @@ def add_endpoint(store: Store, settings: Settings, name: str, url: str, events: 
         message = str(first["msg"]).removeprefix("Value error, ")
         raise BadInput(f"webhook {name!r}: bad {where}: {message}") from None
     row = endpoint_row(name, entry, settings.webhooks.allow_private)
-    store.upsert_endpoints([row], source="cli")
+    store.webhooks.upsert_endpoints([row], source="cli")
     return row

@@ -23,9 +23,9 @@ from typer.testing import CliRunner
 
 from runtime.cli.app import app
 from runtime.config import WebhooksSettings, expand_webhook_events, load_settings
-from runtime.store.outbox import EndpointRow
 from runtime.store.rows import RunOutcome
 from runtime.store.store import Store
+from runtime.store.webhooks import EndpointRow
 from runtime.webhooks import Deliverer, DeliveryConfig
 from tests.factories import submit
 from tests.webhook_receiver import SECRET, Receiver
@@ -45,7 +45,7 @@ def receiver() -> Iterator[Receiver]:
 def _subscribe(store: Store, url: str, events: tuple[str, ...] = ("tree.finished",),
                name: str = "ops") -> None:
     names = tuple(expand_webhook_events(list(events)))  # globs are expanded before storing
-    store.upsert_endpoints([EndpointRow(name, url, names, "HOOK_SECRET")], source="cli")
+    store.webhooks.upsert_endpoints([EndpointRow(name, url, names, "HOOK_SECRET")], source="cli")
 
 
 def _deliverer(store: Store, **kw: Any) -> Deliverer:
@@ -278,7 +278,7 @@ def test_cli_bad_input_exits_2_and_stores_nothing(orgchart_env: dict[str, str], 
     result = runner.invoke(app, ["webhooks", "add", "ops", *args, "--secret-env", "S"])
     assert result.exit_code == 2, result.output
     assert says in result.output
-    assert store.webhook_endpoints() == []
+    assert store.webhooks.endpoints() == []
 
 
 def test_configured_endpoints_are_stored_at_start_and_checked(tmp_path: Path,
@@ -290,11 +290,11 @@ def test_configured_endpoints_are_stored_at_start_and_checked(tmp_path: Path,
                       'url = "http://127.0.0.1:9/x"\nevents = ["task.*"]\n'
                       'secret_env = "HOOK_SECRET"\n')
     sync_configured(store, load_settings(config, env={}))
-    [row] = store.webhook_endpoints()
+    [row] = store.webhooks.endpoints()
     assert row["name"] == "ops" and row["source"] == "config" and len(row["events"]) == 4
     config.write_text("")
     assert sync_configured(store, load_settings(config, env={})) == ["ops"]
-    assert store.webhook_endpoints() == []
+    assert store.webhooks.endpoints() == []
     _ = uuid  # ids are compared as strings above
 
 
@@ -384,7 +384,7 @@ def test_a_worker_process_stores_its_configured_endpoint_and_delivers(
     [got] = receiver.received
     assert got.event == "tree.finished" and got.data["root_id"] == str(root["id"])
     assert got.data["status"] == store.get(root["id"])["status"]
-    assert [e["name"] for e in store.webhook_endpoints()] == ["ops"]
+    assert [e["name"] for e in store.webhooks.endpoints()] == ["ops"]
 
 
 def test_every_committed_event_arrives_signed_while_deliverers_are_killed(db_url: str) -> None:
