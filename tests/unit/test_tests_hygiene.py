@@ -11,7 +11,8 @@ Two scans of every ``.py`` file under ``tests/`` (its syntax tree, nothing is ru
   delay) is what the test is about, not a wait, and is not known here.
 - **No private attribute of another object**: ``x._name`` (read or written) where ``x``
   is not ``self`` or ``cls``, ``getattr``/``setattr``/``hasattr``/``delattr`` or
-  ``monkeypatch.setattr`` with a ``"_name"``, and imports of private names or modules.
+  ``monkeypatch.setattr`` with a ``"_name"``, and imports of private names or modules
+  (a helper one test module imports from another is the tests' own code: not checked).
   Our classes offer a public, documented name for what a test needs; a test that cannot
   see something from outside asks for one.
 
@@ -213,6 +214,8 @@ def private_reads(path: Path) -> Iterator[tuple[int, str]]:
             module = node.module or ""
             if any(_private(part) for part in module.split(".")):
                 yield node.lineno, module
+            if module.split(".")[0] == "tests":
+                continue  # one test module's helper used by another: the tests' own code
             for alias in node.names:
                 if _private(alias.name):
                     yield node.lineno, f"{module}.{alias.name}"
@@ -253,6 +256,7 @@ def test_the_scans_find_what_they_look_for(tmp_path: Path) -> None:
         "import asyncio, time\n"
         "import psycopg._queries\n"
         "from runtime.store.rows import _TASK_FIELDS\n"
+        "from tests.support import _helper\n"
         "LONG = 0.25\n"
         "class A:\n"
         "    def f(self, other, monkeypatch):\n"
@@ -267,6 +271,6 @@ def test_the_scans_find_what_they_look_for(tmp_path: Path) -> None:
         "    def g(self, monkeypatch):\n"
         "        monkeypatch.setattr(A, '_w', 1)\n", encoding="utf-8")
     assert sorted((line, seconds) for line, _, seconds in fixed_waits(sample)) == [
-        (9, 1.0), (10, 1.0), (12, 2.0), (13, 3.0)]
+        (10, 1.0), (11, 1.0), (13, 2.0), (14, 3.0)]
     assert sorted(name for _, name in private_reads(sample)) == [
         "A._w", "other._y", "other._z", "psycopg._queries", "runtime.store.rows._TASK_FIELDS"]
