@@ -55,11 +55,11 @@ PRIVATE_ALLOWED: dict[tuple[str, str], str] = {
 #: (file, the call as written) -> why the fixed wait stays.
 WAIT_ALLOWED: dict[tuple[str, str], str] = {
     ("tests/integration/test_store_contracts.py", "pg_sleep(5)"):
-        "a statement that keeps a connection busy is the thing under test; the test "
-        "waits on its own signals, never on this",
+        "the long statement that statement_timeout_ms (200 ms) must cancel: the thing "
+        "under test, never waited for",
     ("tests/integration/test_cli_database_dropped.py", "pg_sleep(5)"):
-        "a session busy in a statement while the database is dropped is the thing "
-        "under test, not a wait",
+        "the long statement that statement_timeout_ms (100 ms) must cancel, for the CLI's "
+        "one-line error: the thing under test, never waited for",
     ("tests/chaos/agents.py", "asyncio.sleep(TOOL_SECONDS)"):
         "a chaos tool's work: the crash must land while a tool runs (the thing under "
         "test, not a wait)",
