@@ -43,6 +43,7 @@ from runtime.mcp.tools import (
 from runtime.store.postgres.failover import DatabaseUnavailable
 from runtime.store.rows import TERMINAL_STATUSES
 from runtime.store.store import Store
+from runtime.store.streams import StreamReader, TreeStream
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,10 @@ log = logging.getLogger(__name__)
 WORKER_STOP_SECONDS = 30.0
 #: How often a ``submit_goal`` with ``wait`` reads its tree (and may send progress).
 WAIT_POLL_SECONDS = 0.5
+#: How often it reads the tree's stream for the model calls' text (with a progress token).
+TEXT_POLL_SECONDS = 0.1
+#: Characters of text after which the progress fraction of :class:`_TextProgress` is 1/2.
+TEXT_PROGRESS_CHARS = 1000
 INSTRUCTIONS = (
     "orgchart runs trees of agents on PostgreSQL. submit_goal starts a tree (wait=true "
     "returns when it ends); get_tree and the orgchart://trees/{root_id} resource show it; "
@@ -77,22 +82,85 @@ def _refusal(message: str) -> types.CallToolResult:
 
 async def _wait(ctx: ServerRequestContext[Any], store: Store, root_id: uuid.UUID,
                 timeout: float) -> bool:
-    """Poll the tree until its root ends or ``timeout``; send progress on each change."""
+    """Poll the tree until its root ends or ``timeout``; send progress on each change.
+
+    With a progress token, the model calls' text goes out too, as it streams: one
+    notification per call per read of the tree's stream (every
+    :data:`TEXT_POLL_SECONDS`), its ``message`` the text (:class:`_TextProgress`).
+    """
     token = (ctx.meta or {}).get("progress_token")
     deadline = time.monotonic() + timeout
     last: tuple[str, int, int] | None = None
+    text = _TextProgress(store, root_id) if token is not None else None
+    next_read = 0.0
     while True:
-        status, ended, total = await anyio.to_thread.run_sync(root_progress, store, root_id)
+        if time.monotonic() >= next_read:
+            status, ended, total = await anyio.to_thread.run_sync(root_progress, store,
+                                                                  root_id)
+            next_read = time.monotonic() + WAIT_POLL_SECONDS
+        if text is not None and token is not None:
+            for message in await anyio.to_thread.run_sync(text.messages):
+                await ctx.session.send_progress_notification(
+                    token, text.progress(ended), total, message=message,
+                    related_request_id=str(ctx.request_id))
         if token is not None and (status, ended, total) != last:
+            done = status in TERMINAL_STATUSES
             await ctx.session.send_progress_notification(
-                token, ended, total, message=f"root {status}: {ended} of {total} tasks ended",
+                token, ended if done or text is None else text.progress(ended), total,
+                message=f"root {status}: {ended} of {total} tasks ended",
                 related_request_id=str(ctx.request_id))
         last = (status, ended, total)
         if status in TERMINAL_STATUSES:
             return True
         if time.monotonic() >= deadline:
             return False
-        await anyio.sleep(WAIT_POLL_SECONDS)
+        await anyio.sleep(TEXT_POLL_SECONDS if text is not None else WAIT_POLL_SECONDS)
+
+
+class _TextProgress:
+    """A tree's streamed text as progress messages (``submit_goal`` with ``wait``).
+
+    Each message is one call's new text, headed ``<agent> <task id[:8]> <phase> call
+    <n>:`` (``superseded`` notices likewise). :meth:`progress` keeps the progress value
+    rising with every message while staying below the next task's end: the tasks ended,
+    plus a fraction that grows with the characters sent.
+    """
+
+    def __init__(self, store: Store, root_id: uuid.UUID) -> None:
+        self.stream = TreeStream(StreamReader(store.engine), root_id)
+        self.agents: dict[str, str] = {}
+        self.chars = 0
+
+    def progress(self, ended: int) -> float:
+        """``ended`` plus a fraction below 1 that grows with the characters sent."""
+        return ended + self.chars / (self.chars + TEXT_PROGRESS_CHARS)
+
+    def messages(self) -> list[str]:
+        """The text that became readable since the last call, one message per call."""
+        if self.stream.ended:
+            return []
+        messages: list[str] = []
+        current: tuple[str, str, int, int] | None = None
+        for event in self.stream.step():
+            data = event.data
+            if event.kind == "transition":
+                self.agents[data["task_id"]] = str(data.get("agent") or "")
+                continue
+            head = (f"{self.agents.get(data['task_id'], '')} {data['task_id'][:8]} "
+                    f"{data['phase']} call {data['call']}").lstrip()
+            if event.kind == "superseded":
+                messages.append(f"{head}: attempt {data['attempt']} superseded by attempt "
+                                f"{data['by']}")
+                current = None
+                continue
+            key = (data["task_id"], data["phase"], data["call"], data["attempt"])
+            self.chars += len(data["text"])
+            if key == current:
+                messages[-1] += data["text"]
+            else:
+                messages.append(f"{head}: {data['text']}")
+                current = key
+        return messages
 
 
 class _Handlers:

@@ -367,3 +367,52 @@ def test_the_printer_holds_whole_lines_for_a_live_tree() -> None:
         f"ceo {task[:8]} run call 0:\n  first line\n  second\n"
         f"ceo {task[:8]}: run call 0: attempt 1 superseded by attempt 2\n"
         f"ceo {task[:8]} run call 0, attempt 2:\n  again\n")
+
+
+class _Session:
+    """The MCP session's one call ``_wait`` makes: the notifications, recorded."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[float, float | None, str | None]] = []
+
+    async def send_progress_notification(self, token: Any, progress: float,
+                                         total: float | None = None, message: str | None = None,
+                                         related_request_id: str | None = None) -> None:
+        self.sent.append((progress, total, message))
+
+
+def test_mcp_submit_goal_with_wait_sends_the_text_as_progress(store: Store) -> None:
+    import anyio
+
+    from runtime.mcp import server
+
+    root = _submit(store)
+    session = _Session()
+    ctx = type("Ctx", (), {"meta": {"progress_token": "p"}, "request_id": 7,
+                           "session": session})()
+
+    def write() -> None:
+        time.sleep(0.3)
+        text = ""
+        for word in ["Durable ", "and ", "resumable."]:
+            _piece(store, root, word, len(text))
+            text += word
+            time.sleep(0.15)
+        _piece(store, root, "Again", 0, attempt=2)
+        time.sleep(0.2)
+        store.cancel(root, actor="test")
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    ended = anyio.run(server._wait, ctx, store, root, 30.0)
+    writer.join()
+    assert ended is True
+    messages = [m or "" for _, _, m in session.sent]
+    texts = [m.split(": ", 1)[1] for m in messages if " run call 0: " in m]
+    assert "".join(texts[:-2]) == "Durable and resumable."
+    assert texts[-2:] == ["attempt 1 superseded by attempt 2", "Again"]
+    assert all(m.startswith(f"echo {str(root)[:8]} run call 0: ")
+               for m in messages if " call 0: " in m)
+    values = [p for p, _, _ in session.sent]
+    assert values == sorted(values), "progress went back"
+    assert session.sent[-1] == (1, 1, "root cancelled: 1 of 1 tasks ended")
