@@ -80,7 +80,7 @@ def wait_serving_later(proc: subprocess.Popen[str], lines: list[str]) -> None:
 
 def _count(store: Store, first: dt.datetime, last: dt.datetime) -> dict[str, Any]:
     """The slots' figures from the recorded rows (see the module docstring)."""
-    runs = store.schedule_runs(NAME, 1_000_000)
+    runs = store.schedules.runs(NAME, 1_000_000)
     fired = [r for r in runs if r["state"] == "fired"]
     missed = sum(int(r["slots"]) for r in runs if r["state"] == "missed")
     expected = int((last - first).total_seconds()) + 1
@@ -117,7 +117,7 @@ def measure(url: str, seconds: float, kill_every: float, workers: int,
     add_schedule(store, name=NAME, cron=None, every="1s", timezone=None, overlap="allow",
                  task=NewTask("noop", "work", {"goal": "tick"}, budget_usd=Decimal("1")),
                  actor="bench")
-    store.schedule_set_paused(NAME, True)
+    store.schedules.set_paused(NAME, True)
     kinds = ["worker"] * workers + (["serve"] if serve else [])
     procs = [_spawn(url, kind, wait=True) for kind in kinds]
     kills = 0
@@ -135,8 +135,8 @@ def measure(url: str, seconds: float, kill_every: float, workers: int,
                 kills += 1
                 next_kill += kill_every
         # The pause waits for a tick holding the row; slots before its next_at are handled.
-        row = store.schedule_set_paused(NAME, True)
-        now = store.schedule(NAME)["db_now"]
+        row = store.schedules.set_paused(NAME, True)
+        now = store.schedules.get(NAME)["db_now"]
         last = row["next_at"] - dt.timedelta(seconds=1)
         due_at_pause = max(0, int((now - row["next_at"]).total_seconds()) + 1)
     finally:

@@ -96,7 +96,7 @@ def add(
 def list_(json_: JsonOpt = False) -> None:
     """Every schedule: its cadence, next slot, last fired slot and counts."""
     with opened_store() as store:
-        rows = [schedule_json(r) for r in store.schedules()]
+        rows = [schedule_json(r) for r in store.schedules.all()]
     if json_:
         print_json(rows)
         return
@@ -117,7 +117,7 @@ def runs(name: NameArg, limit: Annotated[int, typer.Option(help="Most slots show
          json_: JsonOpt = False) -> None:
     """A schedule's recorded slots, newest first: fired (with the root), skipped, missed."""
     with opened_store() as store:
-        rows = [run_json(r) for r in store.schedule_runs(name, limit)]
+        rows = [run_json(r) for r in store.schedules.runs(name, limit)]
     if json_:
         print_json(rows)
         return
@@ -144,7 +144,7 @@ def resume(name: NameArg, json_: JsonOpt = False) -> None:
 def remove(name: NameArg, json_: JsonOpt = False) -> None:
     """Remove a schedule and its recorded slots (the roots it started stay)."""
     with opened_store() as store:
-        store.schedule_remove(name)
+        store.schedules.remove(name)
     _said({"name": name, "removed": True}, f"schedule {name} removed", json_)
 
 

@@ -164,7 +164,7 @@ def _escalated_at(row: Mapping[str, Any]) -> dt.datetime | None:
 
 def check(store: Store, limits: DoctorLimits, now: dt.datetime | None = None) -> Checkup:
     """Read the last fire, the stranded work, the escalations and the inbox; diagnose them."""
-    schedules = store.schedules_active()
+    schedules = store.schedules.active()
     limits = fire_limits(limits, schedules)
     checkup = diagnose(store.last_fire(), store.stranded(), store.escalations(), limits, now)
     diagnose_schedules(checkup, schedules)

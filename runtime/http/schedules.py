@@ -52,7 +52,7 @@ def add_schedule_routes(app: FastAPI, store: Store, settings: Settings,
     @app.get("/schedules", tags=["schedules"])
     def list_schedules() -> list[dict[str, Any]]:
         """Every schedule: cadence, next slot, last fired slot, slots fired/skipped/missed."""
-        return [schedule_json(r) for r in store.schedules()]
+        return [schedule_json(r) for r in store.schedules.all()]
 
     @app.post("/schedules", status_code=201, tags=["schedules"], responses=_ERRORS)
     def create_schedule(body: ScheduleRequest) -> dict[str, Any]:
@@ -75,7 +75,7 @@ def add_schedule_routes(app: FastAPI, store: Store, settings: Settings,
     @app.get("/schedules/{name}/runs", tags=["schedules"], responses=_ERRORS)
     def schedule_runs(name: str, limit: int = 100) -> list[dict[str, Any]]:
         """The schedule's recorded slots, newest first (with each root's status)."""
-        return [run_json(r) for r in store.schedule_runs(name, max(1, min(limit, 10_000)))]
+        return [run_json(r) for r in store.schedules.runs(name, max(1, min(limit, 10_000)))]
 
     @app.post("/schedules/{name}/pause", tags=["schedules"], responses=_ERRORS)
     def pause(name: str) -> dict[str, Any]:
@@ -90,7 +90,7 @@ def add_schedule_routes(app: FastAPI, store: Store, settings: Settings,
     @app.post("/schedules/{name}/run-now", tags=["schedules"], responses=_ERRORS)
     def fire_now(name: str) -> dict[str, Any]:
         """Fire an extra slot now (the overlap policy holds): its root, or why it skipped."""
-        if store.schedule(name)["kind"] == "fire":  # this schedule's kind: a conflict
+        if store.schedules.get(name)["kind"] == "fire":  # this schedule's kind: a conflict
             raise HTTPException(409, f"{name!r} schedules the fire, which runs in the "
                                 f"caller's foreground: use `orgchart schedule run-now {name}`")
         return run_now(store, name, actor="api").as_dict()
@@ -98,5 +98,5 @@ def add_schedule_routes(app: FastAPI, store: Store, settings: Settings,
     @app.delete("/schedules/{name}", status_code=204, tags=["schedules"], responses=_ERRORS)
     def remove(name: str) -> Response:
         """Remove the schedule and its recorded slots (the roots it started stay)."""
-        store.schedule_remove(name)
+        store.schedules.remove(name)
         return Response(status_code=204)

@@ -29,19 +29,19 @@ def add_schedule(store: Store, *, name: str, cron: str | None, every: str | None
     """
     spec = ScheduleSpec(name=name, cadence=parse_cadence(cron, every, timezone), task=task,
                         overlap=overlap, catchup_seconds=parse_window(catchup_window))
-    return schedule_json(store.schedule_create(spec.columns(dt.datetime.now(dt.UTC), actor)))
+    return schedule_json(store.schedules.create(spec.columns(dt.datetime.now(dt.UTC), actor)))
 
 
 def pause_schedule(store: Store, name: str) -> dict[str, Any]:
     """Pause: the schedule fires nothing until resumed (its slots meanwhile are not kept)."""
-    return schedule_json(store.schedule_set_paused(name, True))
+    return schedule_json(store.schedules.set_paused(name, True))
 
 
 def resume_schedule(store: Store, name: str) -> dict[str, Any]:
     """Resume from the first slot after now (slots that passed while paused never fire)."""
-    row = store.schedule(name)
+    row = store.schedules.get(name)
     next_at = cadence_of(row).next_after(row["db_now"])
-    return schedule_json(store.schedule_set_paused(name, False, next_at))
+    return schedule_json(store.schedules.set_paused(name, False, next_at))
 
 
 def run_now(store: Store, name: str, actor: str = "cli") -> Ticked:

@@ -2,7 +2,7 @@
 
 :meth:`Ticker.run_once` reads the schedules with a slot due (``ix_schedules_due``), then
 handles each in its own transaction under the schedule's row lock
-(:meth:`runtime.store.schedules.StoreSchedules.schedule_tick`):
+(:meth:`runtime.store.schedules.Schedules.tick`):
 
 1. the due slots are split by the catch-up window (:func:`~runtime.schedules.slots.plan_slots`):
    older ones are recorded as one ``missed`` row counting them, the others are fired
@@ -118,11 +118,11 @@ class Ticker:
     def run_once(self) -> Ticked:
         """One tick over every due schedule."""
         done = Ticked()
-        for schedule_id in self.store.schedules_due(self.start_fire is not None,
+        for schedule_id in self.store.schedules.due(self.start_fire is not None,
                                                     MAX_SCHEDULES_PER_TICK):
             one = Ticked()  # counted only once its transaction committed
             try:
-                with self.store.schedule_tick(self.config.worker, schedule_id) as tick:
+                with self.store.schedules.tick(self.config.worker, schedule_id) as tick:
                     if tick is not None:
                         self._tick(tick, one)
             except Exception:
@@ -143,7 +143,7 @@ class Ticker:
 
         """
         done = Ticked()
-        with self.store.schedule_tick(self.config.worker, name=name) as tick:
+        with self.store.schedules.tick(self.config.worker, name=name) as tick:
             assert tick is not None
             self._fire_slots(tick, (tick.row["db_now"],), done)
         self._start_fires(done.fires)

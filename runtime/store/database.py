@@ -54,11 +54,14 @@ class Database:
         return self.engine.connect()
 
     @staticmethod
-    def rows(conn: Connection, name: str, **params: Any) -> list[Task]:
-        """Run the named statement ``name`` on ``conn``; its rows as dicts."""
-        return [dict(row._mapping) for row in conn.execute(_TEXT[name], params)]
+    def rows(conn: Connection, statement: str, /, **params: Any) -> list[Task]:
+        """Run the named statement on ``conn``; its rows as dicts.
 
-    def query(self, name: str, **params: Any) -> list[Task]:
+        ``statement`` is positional only, so that ``name`` may be one of the parameters.
+        """
+        return [dict(row._mapping) for row in conn.execute(_TEXT[statement], params)]
+
+    def query(self, statement: str, /, **params: Any) -> list[Task]:
         """Run one named read-only statement on a connection of its own; its rows as dicts."""
         with self.engine.connect() as conn:
-            return self.rows(conn, name, **params)
+            return self.rows(conn, statement, **params)

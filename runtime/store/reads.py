@@ -54,9 +54,9 @@ class StoreReads:
 
     _rows = staticmethod(Database.rows)
 
-    def query(self, name: str, **params: Any) -> list[Task]:
+    def query(self, statement: str, /, **params: Any) -> list[Task]:
         """Run one named read-only statement and return its rows as dicts."""
-        return self.database.query(name, **params)
+        return self.database.query(statement, **params)
 
     # ------------------------------------------------------------------ reads
     def recorded_charges(self, charges: Sequence[Any]) -> set[int]:

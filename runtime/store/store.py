@@ -41,7 +41,7 @@ from runtime.store.rows import (
     StepRecord,
     canonical_json,
 )
-from runtime.store.schedules import StoreSchedules
+from runtime.store.schedules import Schedules
 from runtime.store.spend import StoreSpend, StoreSteps, step_begin_params, step_record
 from runtime.store.steering import StoreSteering
 from runtime.store.webhooks import Webhooks
@@ -55,12 +55,17 @@ def _json_or_none(value: Any) -> str | None:
     return None if value is None else _dumps(value)
 
 
-class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering, StoreSchedules,
+class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering,
             StoreExperiments):
     """The database door: named statements, one transaction per state change.
 
-    Submitting and resolving live here; the rest comes from mixins, one module per
-    concern: reads, pruning and the orchestrator's bookkeeping
+    Composed of parts, one per concern, each taking the shared
+    :class:`~runtime.store.database.Database`: ``store.webhooks``
+    (:class:`~runtime.store.webhooks.Webhooks`), ``store.schedules``
+    (:class:`~runtime.store.schedules.Schedules`).
+
+    The task lifecycle is still built from mixins, one module per concern: submitting
+    and resolving live here; reads, pruning and the orchestrator's bookkeeping
     (:class:`~runtime.store.reads.StoreReads`), claims and leases
     (:class:`~runtime.store.claims.StoreClaims`), outcomes and fan-in
     (:class:`~runtime.store.writes.StoreWrites`), spend
@@ -68,7 +73,7 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering, St
     (:class:`~runtime.store.spend.StoreSteps`), maintenance
     (:class:`~runtime.store.hygiene.StoreHygiene`), a person's hand on a running
     tree: cancel, pause, answers, approvals (:class:`~runtime.store.steering.StoreSteering`),
-    and schedules (:class:`~runtime.store.schedules.StoreSchedules`).
+    and experiments (:class:`~runtime.store.experiments.StoreExperiments`).
     """
 
     def __init__(self, engine: Engine) -> None:
@@ -76,6 +81,8 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering, St
         self.database = Database(engine)
         #: Webhook endpoints and the outbox's deliveries.
         self.webhooks = Webhooks(self.database)
+        #: Stored schedules and the ticks' transactions.
+        self.schedules = Schedules(self.database, self)
 
     # ------------------------------------------------------------------ plumbing
     def ping(self) -> bool:

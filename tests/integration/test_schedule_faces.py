@@ -45,7 +45,7 @@ def test_the_cli_adds_lists_pauses_resumes_runs_and_removes(store: Store) -> Non
     assert text.exit_code == 0 and "morning" in text.output and "1/0/0" in text.output
     assert ran["roots"][0] in cli("runs", "morning").output
     assert cli("remove", "morning").exit_code == 0
-    assert [r["name"] for r in store.schedules()] == ["fire"]
+    assert [r["name"] for r in store.schedules.all()] == ["fire"]
 
 
 @pytest.mark.usefixtures("orgchart_env")
@@ -62,7 +62,7 @@ def test_bad_input_exits_2_with_a_message_and_stores_nothing(store: Store, args:
                                                              message: str) -> None:
     result = cli("add", "bad", *args)
     assert result.exit_code == 2 and message in result.output, result.output
-    assert store.schedules() == []
+    assert store.schedules.all() == []
 
 
 def test_the_api_serves_the_same_schedules(store: Store) -> None:

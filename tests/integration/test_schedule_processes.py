@@ -25,7 +25,7 @@ TIMEOUT = 60.0
 
 
 def _fired(store: Store) -> list[dict[str, Any]]:
-    return [r for r in store.schedule_runs("every-second", 100_000) if r["state"] == "fired"]
+    return [r for r in store.schedules.runs("every-second", 100_000) if r["state"] == "fired"]
 
 
 def test_every_slot_fires_once_across_worker_processes_one_killed(
@@ -45,9 +45,9 @@ def test_every_slot_fires_once_across_worker_processes_one_killed(
         at_kill = len(_fired(store))
         wait_until(lambda: len(_fired(store)) >= at_kill + SLOTS_AFTER_KILL, TIMEOUT,
                    "slots fired after the kill")
-        store.schedule_set_paused("every-second", True)
+        store.schedules.set_paused("every-second", True)
         assert not fleet.unexpected_exits()
-    runs = list(reversed(store.schedule_runs("every-second", 100_000)))
+    runs = list(reversed(store.schedules.runs("every-second", 100_000)))
     slots = [r["slot_at"] for r in runs]
     assert len(slots) == len(set(slots))
     assert {r["state"] for r in runs} == {"fired"}  # none skipped, none missed

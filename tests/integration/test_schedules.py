@@ -46,11 +46,11 @@ def _store_schedule(store: Store, name: str, *, every: str = "1s", overlap: str 
     spec = ScheduleSpec(name, parse_cadence(None, every, None), None if fire else
                         (task or _task()), overlap, catchup)
     now = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=behind)
-    return store.schedule_create(spec.columns(now, "test"))
+    return store.schedules.create(spec.columns(now, "test"))
 
 
 def _runs(store: Store, name: str) -> list[dict[str, Any]]:
-    return list(reversed(store.schedule_runs(name, 100_000)))
+    return list(reversed(store.schedules.runs(name, 100_000)))
 
 
 def _ticker(store: Store, name: str = "test") -> Ticker:
@@ -205,7 +205,7 @@ def test_bad_input_exits_with_a_message_and_stores_nothing(store: Store) -> None
     add_schedule(store, name="taken", cron=None, every="1m", timezone=None, task=_task())
     with pytest.raises(BadInput, match="exists"):
         add_schedule(store, name="taken", cron=None, every="1m", timezone=None, task=_task())
-    assert [r["name"] for r in store.schedules()] == ["taken"]
+    assert [r["name"] for r in store.schedules.all()] == ["taken"]
 
 
 def test_doctor_reports_a_schedule_late_past_its_grace(store: Store) -> None:
@@ -222,7 +222,7 @@ def _wait_next_slot(store: Store, name: str) -> None:
     """Poll until the schedule's next slot is due (at most a second: every='1s')."""
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
-        row = store.schedule(name)
+        row = store.schedules.get(name)
         if row["next_at"] <= row["db_now"]:
             return
         time.sleep(0.05)
@@ -252,9 +252,9 @@ def test_a_scheduled_fire_that_cannot_run_finishes_its_row_saying_why(store: Sto
 
 def test_resuming_a_schedule_that_is_not_paused_keeps_its_due_slots(store: Store) -> None:
     _store_schedule(store, "awake", every="1s", behind=5)
-    before = store.schedule("awake")["next_at"]
+    before = store.schedules.get("awake")["next_at"]
     resume_schedule(store, "awake")
-    assert store.schedule("awake")["next_at"] == before
+    assert store.schedules.get("awake")["next_at"] == before
     assert _ticker(store).run_once().fired >= 5
 
 
@@ -264,10 +264,10 @@ def test_a_schedule_whose_root_cannot_be_inserted_holds_up_no_other(store: Store
                     task=NewTask(bad.to_agent, bad.type, bad.payload,
                                  budget_usd=Decimal("1000000000")))  # past numeric(16, 8)
     _store_schedule(store, "fine", every="1s", behind=2)
-    before = store.schedule("broken")["next_at"]
+    before = store.schedules.get("broken")["next_at"]
     done = _ticker(store).run_once()
     assert done.fired >= 2 and all(r["state"] == "fired" for r in _runs(store, "fine"))
-    assert _runs(store, "broken") == [] and store.schedule("broken")["next_at"] == before
+    assert _runs(store, "broken") == [] and store.schedules.get("broken")["next_at"] == before
 
 
 def test_a_scheduled_fire_that_died_unfinished_holds_up_no_later_slot(store: Store) -> None:

@@ -1,4 +1,4 @@
-"""The schedule statements of ``queries.sql`` (``schedule_*``), as Store methods.
+"""The schedule statements of ``queries.sql`` (``schedule_*``): ``store.schedules``.
 
 Two processes ticking one schedule, a dead ticker, a late one: the tick's transaction
 holds the schedule's row lock (taken with ``SKIP LOCKED`` by a tick, waited for by
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import Connection
 
 from runtime.errors import BadInput
+from runtime.store.database import Database
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.rows import NewTask, NotFound, canonical_json
 
@@ -29,9 +30,7 @@ if TYPE_CHECKING:
 Row = dict[str, Any]
 
 
-def _all(conn: Connection, query: str, **params: Any) -> list[Row]:
-    """Rows of a named statement as dicts (``name`` is a parameter here, so not ``_rows``)."""
-    return [dict(r._mapping) for r in conn.execute(_TEXT[query], params)]
+_rows = Database.rows
 
 
 class ScheduleExists(BadInput):
@@ -42,11 +41,11 @@ class SlotWriter:
     """One schedule's tick: its locked row, and the writes of its slots.
 
     Every method runs in the tick's transaction (committed when the ``with`` block of
-    :meth:`StoreSchedules.schedule_tick` ends without an error).
+    :meth:`Schedules.tick` ends without an error).
     """
 
-    def __init__(self, store: Store, conn: Connection, row: Row, worker: str) -> None:
-        self.store = store
+    def __init__(self, tasks: Store, conn: Connection, row: Row, worker: str) -> None:
+        self.tasks = tasks
         self.conn = conn
         self.row = row
         self.worker = worker
@@ -56,8 +55,8 @@ class SlotWriter:
 
         A fire unfinished after ``fire_open_seconds`` is taken for dead (its process was).
         """
-        return _all(self.conn, "schedule_runs_open", id=self.row["id"],
-                    fire_open_seconds=fire_open_seconds)
+        return _rows(self.conn, "schedule_runs_open", id=self.row["id"],
+                     fire_open_seconds=fire_open_seconds)
 
     def record(self, slot_at: dt.datetime, state: str, detail: str | None = None,
                slots: int = 1, root_id: uuid.UUID | None = None) -> bool:
@@ -76,7 +75,7 @@ class SlotWriter:
         root_id = uuid.uuid4()
         if not self.record(slot_at, "fired", detail, root_id=root_id):
             return None
-        params = self.store.root_params(new, f"schedule:{self.row['name']}", root_id)
+        params = self.tasks.root_params(new, f"schedule:{self.row['name']}", root_id)
         self.conn.execute(_TEXT["task_insert_root"], params)
         return root_id
 
@@ -102,19 +101,18 @@ class SlotWriter:
                                                           "next_at": next_at})
 
 
-class StoreSchedules:
-    """Schedules: store, list, pause, resume, remove, and the tick's transaction."""
+class Schedules:
+    """Schedules: store, list, pause, resume, remove, and the tick's transaction.
 
-    if TYPE_CHECKING:
-        engine: Any
+    ``store.schedules``; ``tasks`` is the store whose ``root_params`` a goal slot's root
+    is inserted with (the same require_approval parameters as any submitted root).
+    """
 
-        def transaction(self) -> Any: ...  # noqa: D102 (the Store's)
+    def __init__(self, database: Database, tasks: Store) -> None:
+        self.database = database
+        self.tasks = tasks
 
-    def _read(self, query: str, **params: Any) -> list[Row]:
-        with self.engine.connect() as conn:
-            return _all(conn, query, **params)
-
-    def schedule_create(self, values: Mapping[str, Any]) -> Row:
+    def create(self, values: Mapping[str, Any]) -> Row:
         """Store a schedule (``values``: the columns of ``schedule_insert``).
 
         Raises:
@@ -123,68 +121,67 @@ class StoreSchedules:
         """
         params = dict(values)
         params["task"] = None if params.get("task") is None else canonical_json(params["task"])
-        with self.transaction() as conn:
-            rows = _all(conn, "schedule_insert", **params)
+        with self.database.transaction() as conn:
+            rows = _rows(conn, "schedule_insert", **params)
         if not rows:
             raise ScheduleExists(f"a schedule named {values['name']!r} exists: remove it first "
                                  "(`orgchart schedule remove`) or pick another name")
         return rows[0]
 
-    def schedules(self) -> list[Row]:
+    def all(self) -> list[Row]:
         """Every schedule, with its last fired slot and its counts of slots per state."""
-        return self._read("schedule_list_all")
+        return self.database.query("schedule_list_all")
 
-    def schedules_active(self) -> list[Row]:
+    def active(self) -> list[Row]:
         """The schedules not paused, each with the database's clock (``db_now``)."""
-        return self._read("schedule_list_active")
+        return self.database.query("schedule_list_active")
 
-    def schedule(self, name: str) -> Row:
+    def get(self, name: str) -> Row:
         """One schedule by name (with ``db_now``); :class:`NotFound` if there is none."""
-        rows = self._read("schedule_get_by_name", name=name)
+        rows = self.database.query("schedule_get_by_name", name=name)
         if not rows:
             raise NotFound(f"no schedule named {name!r} (see `orgchart schedule list`)")
         return rows[0]
 
-    def schedule_set_paused(self, name: str, paused: bool,
-                            next_at: dt.datetime | None = None) -> Row:
+    def set_paused(self, name: str, paused: bool, next_at: dt.datetime | None = None) -> Row:
         """Pause, or resume from ``next_at``; :class:`NotFound` if there is no such schedule."""
-        with self.transaction() as conn:
-            rows = _all(conn, "schedule_set_paused", name=name, paused=paused,
-                              next_at=next_at)
+        with self.database.transaction() as conn:
+            rows = _rows(conn, "schedule_set_paused", name=name, paused=paused,
+                         next_at=next_at)
         if not rows:
             raise NotFound(f"no schedule named {name!r} (see `orgchart schedule list`)")
         return rows[0]
 
-    def schedule_remove(self, name: str) -> None:
+    def remove(self, name: str) -> None:
         """Remove a schedule and its slots' rows (roots it started stay)."""
-        with self.transaction() as conn:
-            if not _all(conn, "schedule_delete_by_name", name=name):
+        with self.database.transaction() as conn:
+            if not _rows(conn, "schedule_delete_by_name", name=name):
                 raise NotFound(f"no schedule named {name!r} (see `orgchart schedule list`)")
 
-    def schedule_runs(self, name: str, limit: int = 100) -> list[Row]:
+    def runs(self, name: str, limit: int = 100) -> list[Row]:
         """A schedule's recorded slots, newest first (with each root's status)."""
-        self.schedule(name)  # NotFound for an unknown name, not an empty list
-        return self._read("schedule_runs_by_name", name=name, n=limit)
+        self.get(name)  # NotFound for an unknown name, not an empty list
+        return self.database.query("schedule_runs_by_name", name=name, n=limit)
 
-    def schedules_due(self, can_fire: bool, limit: int = 100) -> list[int]:
+    def due(self, can_fire: bool, limit: int = 100) -> list[int]:
         """Ids of the schedules with a slot due now (fire schedules only if ``can_fire``)."""
-        return [int(r["id"]) for r in self._read("schedule_list_due", can_fire=can_fire,
-                                                 n=limit)]
+        return [int(r["id"]) for r in self.database.query("schedule_list_due",
+                                                          can_fire=can_fire, n=limit)]
 
     @contextmanager
-    def schedule_tick(self, worker: str, schedule_id: int | None = None,
-                      name: str | None = None) -> Iterator[SlotWriter | None]:
+    def tick(self, worker: str, schedule_id: int | None = None,
+             name: str | None = None) -> Iterator[SlotWriter | None]:
         """One schedule's tick in one transaction, under its row lock.
 
         By id (a tick): the schedule is locked only if it is still due and no other
         process holds it; otherwise ``None`` is yielded. By name (run-now): the lock is
         waited for, and a schedule that does not exist raises :class:`NotFound`.
         """
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             if name is not None:
-                rows = _all(conn, "schedule_lock_by_name", name=name)
+                rows = _rows(conn, "schedule_lock_by_name", name=name)
                 if not rows:
                     raise NotFound(f"no schedule named {name!r} (see `orgchart schedule list`)")
             else:
-                rows = _all(conn, "schedule_lock_due", id=schedule_id)
-            yield SlotWriter(self, conn, rows[0], worker) if rows else None  # type: ignore[arg-type]
+                rows = _rows(conn, "schedule_lock_due", id=schedule_id)
+            yield SlotWriter(self.tasks, conn, rows[0], worker) if rows else None
