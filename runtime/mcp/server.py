@@ -80,8 +80,8 @@ def _refusal(message: str) -> types.CallToolResult:
                                 is_error=True)
 
 
-async def _wait(ctx: ServerRequestContext[Any], store: Store, root_id: uuid.UUID,
-                timeout: float) -> bool:
+async def wait_with_progress(ctx: ServerRequestContext[Any], store: Store, root_id: uuid.UUID,
+                             timeout: float) -> bool:
     """Poll the tree until its root ends or ``timeout``; send progress on each change.
 
     With a progress token, the model calls' text goes out too, as it streams: one
@@ -191,7 +191,7 @@ class _Handlers:
             value = await anyio.to_thread.run_sync(run_tool, self.deps, spec, args)
             if isinstance(args, SubmitGoalArgs) and args.wait:
                 root = uuid.UUID(value["id"])
-                ended = await _wait(ctx, self.deps.store, root, args.timeout_seconds)
+                ended = await wait_with_progress(ctx, self.deps.store, root, args.timeout_seconds)
                 detail = await anyio.to_thread.run_sync(
                     get_task, self.deps, GetTaskArgs(task_id=str(root)))
                 value = {**detail, "created": value["created"], "ended": ended,

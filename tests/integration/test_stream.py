@@ -370,7 +370,7 @@ def test_the_printer_holds_whole_lines_for_a_live_tree() -> None:
 
 
 class _Session:
-    """The MCP session's one call ``_wait`` makes: the notifications, recorded."""
+    """The MCP session's one call ``wait_with_progress`` makes: the notifications, recorded."""
 
     def __init__(self) -> None:
         self.sent: list[tuple[float, float | None, str | None]] = []
@@ -404,7 +404,7 @@ def test_mcp_submit_goal_with_wait_sends_the_text_as_progress(store: Store) -> N
 
     writer = threading.Thread(target=write)
     writer.start()
-    ended = anyio.run(server._wait, ctx, store, root, 30.0)
+    ended = anyio.run(server.wait_with_progress, ctx, store, root, 30.0)
     writer.join()
     assert ended is True
     messages = [m or "" for _, _, m in session.sent]
