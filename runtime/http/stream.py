@@ -73,7 +73,7 @@ async def sse_stream(reader: StreamReader, root_id: uuid.UUID, after: Position,
                      poll_seconds: float = POLL_SECONDS) -> AsyncIterator[bytes]:
     """The SSE body of a tree's stream after ``after``, until the stream ends."""
     loop = asyncio.get_running_loop()
-    stream = TreeStream(reader, root_id, after)
+    stream = TreeStream(reader, root_id, after, poll_seconds)
     yield f"retry: {RETRY_MS}\n\n".encode()
     quiet_since = time.monotonic()
     while not stream.ended:
@@ -85,7 +85,7 @@ async def sse_stream(reader: StreamReader, root_id: uuid.UUID, after: Position,
             yield b": keepalive\n\n"
             quiet_since = time.monotonic()
         if stream.waiting:
-            await asyncio.sleep(poll_seconds)
+            await asyncio.sleep(stream.pause())
     status = None
     if stream.found:
         status = await loop.run_in_executor(executor, reader.root_status, root_id)
