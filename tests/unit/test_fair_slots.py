@@ -115,7 +115,8 @@ def test_the_worker_claims_no_more_than_one_round_of_model_slots_ahead() -> None
     def room(slots: int, waiting: int, held: int, announced: bool = False) -> int:
         calls = SimpleNamespace(pressure=lambda loop: (slots, waiting))
         sched = Scheduler.__new__(Scheduler)
-        sched.config = SimpleNamespace(max_in_flight=1000)  # type: ignore[assignment]
+        sched.config = SimpleNamespace(  # type: ignore[assignment]
+            worker=SimpleNamespace(max_in_flight=1000))
         sched.async_agents = True
         sched.held = [None] * held  # type: ignore[assignment]
         sched.executor = SimpleNamespace(llm_factory=SimpleNamespace(calls=calls))  # type: ignore[assignment]
