@@ -14,6 +14,10 @@ HTTP. Figures:
   the SSE event that carries it (the writer writes a call's first text at once);
 - ``stream_piece_ms_p50`` / ``_p99``: the same for every token (its flush window
   included: a piece waits up to ``flush_seconds`` for its batch);
+- ``stream_reconnects``, ``_gaps``, ``_duplicates``: a second reader drops its
+  connection 100 times while the calls stream and comes back each time with
+  ``Last-Event-ID``; what it got against one whole read of the stream afterwards (issue
+  47's ``reconnect``: 0 gaps, 0 duplicates);
 - ``stream_read_ms_p50`` / ``_p99``: the read side alone: from the COMMIT of a piece
   written in its own transaction (``--pieces`` of them, ``--gap`` seconds apart) to the
   reader receiving it.
@@ -41,6 +45,7 @@ from runtime.http.stream import add_stream_routes
 from runtime.llm.text_stream import CallAttempts
 from runtime.store.rows import ChildRow, NewTask
 from runtime.store.store import Store
+from runtime.store.streams import StreamReader, follow
 
 
 class _Server:
@@ -102,6 +107,37 @@ class _Reader:
         self.thread.join(10)
 
 
+class _Reconnecting:
+    """A reader that drops its connection every ``per`` events and comes back with
+    ``Last-Event-ID``, until the stream's end: every id it got, in order."""
+
+    def __init__(self, url: str, root: uuid.UUID, per: int, times: int) -> None:
+        self.url, self.root, self.per, self.times = url, root, per, times
+        self.ids: list[str] = []
+        self.reconnects = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _once(self) -> bool:
+        """One connection; True when the stream's end came."""
+        headers = {"Last-Event-ID": self.ids[-1]} if self.ids else {}
+        got = 0
+        with httpx.stream("GET", f"{self.url}/trees/{self.root}/stream", headers=headers,
+                          timeout=60) as response:
+            for line in response.iter_lines():
+                if line.startswith("event: end"):
+                    return True
+                if line.startswith("id: "):
+                    self.ids.append(line[4:])
+                    got += 1
+                    if got >= self.per and self.reconnects < self.times:
+                        return False
+        return False
+
+    def _run(self) -> None:
+        while not self._once():
+            self.reconnects += 1
+
+
 def _tree(store: Store, calls: int) -> tuple[uuid.UUID, list[Any]]:
     """A root that delegated to ``calls`` children, every child claimed."""
     root, _ = store.submit(NewTask(to_agent="boss", type="task", payload={"goal": "g"}))
@@ -141,6 +177,8 @@ def _through_the_writer(store: Store, url: str, calls: int, tokens: int,
             time.sleep(max(0.0, next_at - time.monotonic()))
         stream.end()
 
+    dropping = _Reconnecting(url, root, per=max(1, calls * tokens // 400), times=100)
+    dropping.thread.start()
     with _Reader(url, root) as reader:
         threads = [threading.Thread(target=one, args=(row, n)) for n, row in enumerate(rows)]
         for thread in threads:
@@ -154,6 +192,9 @@ def _through_the_writer(store: Store, url: str, calls: int, tokens: int,
         arrived = dict(reader.arrived)
         store.cancel(root, actor="bench")  # the stream ends: the reader's thread with it
     writer.close()
+    dropping.thread.join(30)
+    whole = [e.id for e in follow(StreamReader(store.engine), root)]
+    got = dropping.ids
     first_ms, piece_ms = [], []
     for text, at in arrived.items():
         tokens_in = [t for t in (f"<{t}" for t in text.split("<") if t) if t in added]
@@ -167,7 +208,12 @@ def _through_the_writer(store: Store, url: str, calls: int, tokens: int,
             "stream_first_texts_seen": len(first_ms),
             "stream_tokens_seen": len(piece_ms), "stream_tokens_sent": len(added),
             "stream_first_text_ms_p50": first[0], "stream_first_text_ms_p99": first[1],
-            "stream_piece_ms_p50": piece[0], "stream_piece_ms_p99": piece[1]}
+            "stream_piece_ms_p50": piece[0], "stream_piece_ms_p99": piece[1],
+            "stream_reconnects": dropping.reconnects,
+            "stream_reconnect_events": len(got),
+            "stream_reconnect_gaps": len(set(whole) - set(got)),
+            "stream_reconnect_duplicates": len(got) - len(set(got)),
+            "stream_reconnect_in_order": got == whole}
 
 
 def _read_side(store: Store, url: str, pieces: int, gap: float) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,11 +48,13 @@ __all__ = ["EVENT_ID_PATTERN", "START", "TERMINAL_STATUSES", "Page", "Position",
 PAGE_ROWS = 500
 #: Seconds between two probes of the horizon while nothing new is readable.
 POLL_SECONDS = 0.01
-#: A stream waits at least this many times its last read's duration before the next one:
-#: on a big tree (a read of a 931-task tree with 6,500 transitions takes 12 ms, each
-#: task's transitions checked on its index) one reader keeps the database busy a fifth
-#: of the time at most, not all of it.
+#: A stream waits at least this many times a read's cost before the next one: on a big
+#: tree (a read of a 931-task tree with 6,500 transitions takes 12 ms, each task's
+#: transitions checked on its index) one reader keeps the database busy a fifth of the
+#: time at most, not all of it. A read's cost is the shortest of the last
+#: :data:`READ_COSTS` reads: a process short of CPU makes reads look longer, not dearer.
 READ_SHARE = 4.0
+READ_COSTS = 8
 #: The sources, in the order they take within one transaction.
 TEXT_SOURCE, EVENT_SOURCE = 0, 1
 _BIGINT_MAX = 2**63 - 1
@@ -229,7 +232,7 @@ class TreeStream:
         self.found = True
         self._horizon: int | None = None
         self._more = True
-        self._read_seconds = 0.0
+        self._reads: deque[float] = deque(maxlen=READ_COSTS)
 
     def step(self) -> list[StreamEvent]:
         """The events readable now after the cursor (maybe none); sets :attr:`ended`."""
@@ -240,7 +243,7 @@ class TreeStream:
             self._horizon = horizon
         started = time.monotonic()
         page = self.reader.read(self.root_id, self.cursor)
-        self._read_seconds = time.monotonic() - started
+        self._reads.append(time.monotonic() - started)
         self._more = page.full
         if page.events:
             self.cursor = page.events[-1].position
@@ -254,7 +257,7 @@ class TreeStream:
 
     def pause(self) -> float:
         """Seconds to wait before the next step: the poll, or more after a long read."""
-        return max(self.poll_seconds, READ_SHARE * self._read_seconds)
+        return max(self.poll_seconds, READ_SHARE * min(self._reads, default=0.0))
 
 
 def follow(reader: StreamReader, root_id: uuid.UUID, after: Position = START, *,
