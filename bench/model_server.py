@@ -1,6 +1,6 @@
 """A loopback Ollama-compatible server that answers every chat after a fixed delay.
 
-    python -m bench.model_server [--port 0] [--delay 1.0]
+    python -m bench.model_server [--port 0] [--delay 1.0] [--pieces 0]
 
 Prints ``port N`` once it listens. Speaks just enough HTTP/1.1 (keep-alive,
 ``Content-Length`` bodies) for the official client: ``POST /api/chat`` (non-streaming;
@@ -9,6 +9,9 @@ a ``format`` schema gets ``{}``-shaped JSON text, which the bench agents do not 
 flight now, peak in flight, calls aborted by their client), ``GET /starts`` (when each
 call started) and ``POST /stats/reset`` for the benchmark. One asyncio loop,
 no thread per connection, so a thousand concurrent calls cost a thousand sockets.
+With ``--pieces N`` (N > 0), a chat that asks ``"stream": true`` is answered as Ollama
+streams: NDJSON lines, chunked, N pieces of the answer spread over the delay, then the
+last line with the counts (``[streaming]``'s cost, docs/streaming.md); 0: one body.
 """
 
 from __future__ import annotations
@@ -55,11 +58,19 @@ def _response(status: str, body: dict[str, Any]) -> bytes:
     return head.encode() + data
 
 
+def _chunk(writer: asyncio.StreamWriter, line: dict[str, Any]) -> None:
+    """Write one NDJSON line as one HTTP chunk."""
+    data = json.dumps(line).encode() + b"\n"
+    writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+
 class ModelServer:
     """The server: ``delay`` seconds per chat, counting calls in flight."""
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, pieces: int = 0) -> None:
         self.delay = delay
+        #: A streamed chat's pieces (0: a streamed chat gets the whole answer at once).
+        self.pieces = pieces
         self.counts = Counts()
         #: When each chat started (``time.time()``, this machine's clock), in order.
         self.starts: list[float] = []
@@ -90,6 +101,35 @@ class ModelServer:
             "prompt_eval_count": max(1, len(prompt) // 4), "prompt_eval_duration": 0,
             "eval_count": 4, "eval_duration": int(self.delay * 1e9),
         }
+
+    async def stream_chat(self, request: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        """One chat streamed as Ollama does: ``pieces`` NDJSON lines over the delay, then the
+        last one (``done``, the counts). Counted as :meth:`chat` counts."""
+        self.starts.append(time.time())
+        c = self.counts
+        c.in_flight += 1
+        c.peak = max(c.peak, c.in_flight)
+        model = request.get("model", "bench")
+        now = dt.datetime.now(dt.UTC).isoformat()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")
+        try:
+            for n in range(self.pieces):
+                await asyncio.sleep(self.delay / self.pieces)
+                _chunk(writer, {"model": model, "created_at": now, "done": False,
+                                "message": {"role": "assistant", "content": f"piece {n}. "}})
+                await writer.drain()
+        finally:
+            c.in_flight -= 1
+        c.answered += 1
+        self.ends.append(time.time())
+        prompt = " ".join(str(m.get("content", "")) for m in request.get("messages", []))
+        _chunk(writer, {"model": model, "created_at": now, "done": True,
+                        "done_reason": "stop", "message": {"role": "assistant", "content": ""},
+                        "prompt_eval_count": max(1, len(prompt) // 4),
+                        "eval_count": 2 * self.pieces})
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
 
     async def route(self, method: str, path: str, body: bytes) -> bytes:
         """Answer one request."""
@@ -122,6 +162,11 @@ class ModelServer:
                            (line.partition(":") for line in lines[1:] if line)}
                 size = int(headers.get("content-length", "0"))
                 body = await reader.readexactly(size) if size else b""
+                if self.pieces and method == "POST" and path == "/api/chat":
+                    request = json.loads(body or b"{}")
+                    if request.get("stream"):
+                        await self.stream_chat(request, writer)
+                        continue
                 answer = await self._answer_unless_gone(reader, method, path.split("?")[0],
                                                         body)
                 if answer is None:
@@ -160,9 +205,9 @@ class ModelServer:
         return None
 
 
-async def serve(port: int, delay: float) -> None:
+async def serve(port: int, delay: float, pieces: int = 0) -> None:
     """Listen on loopback and serve forever."""
-    server = ModelServer(delay)
+    server = ModelServer(delay, pieces)
     listener = await asyncio.start_server(server.handle, "127.0.0.1", port, backlog=4096)
     print(f"port {listener.sockets[0].getsockname()[1]}", flush=True)
     async with listener:
@@ -174,9 +219,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--delay", type=float, default=1.0)
+    parser.add_argument("--pieces", type=int, default=0)
     args = parser.parse_args(argv)
     raise_open_files_limit()
-    asyncio.run(serve(args.port, args.delay))
+    asyncio.run(serve(args.port, args.delay, args.pieces))
 
 
 if __name__ == "__main__":
