@@ -118,12 +118,12 @@ def run_model(label: str, model: str, dataset: Path, server: str | None) -> dict
             raise RuntimeError(f"experiment {label} failed: {done.stderr[-2000:]}")
         store = open_store(url)
         try:
-            experiment = store.experiment_get(label)
+            experiment = store.experiments.get(label)
             if experiment is None:
                 raise RuntimeError(f"experiment {label} did not start: {done.stderr[-2000:]}")
-            cases = store.dataset_cases(experiment["dataset_id"])
+            cases = store.experiments.dataset_cases(experiment["dataset_id"])
             trees = []
-            for row in store.experiment_runs(experiment["id"]):
+            for row in store.experiments.runs(experiment["id"]):
                 calls = store.query("model_call_list_tree", root_id=row["root_id"])
                 goal = cases[row["position"]]["payload"]["goal"]
                 repairs = sum(1 for c in calls if c["attempt_kind"] == "repair")

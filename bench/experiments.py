@@ -140,8 +140,8 @@ def main(cases: int = 20, delay: float = 0.05, server: str | None = None) -> dic
 
 def _measure(runtime: Runtime, fake: FakeOllama, cases: list[Case]) -> dict[str, Any]:
     store = runtime.store
-    dataset_id, _ = store.dataset_put("bench", version_of(cases), "bench",
-                                      [c.body for c in cases])
+    dataset_id, _ = store.experiments.dataset_put("bench", version_of(cases), "bench",
+                                                  [c.body for c in cases])
     plan = ExperimentPlan(name="bench", dataset_id=dataset_id, cases=cases,
                           variants=[Variant(BASELINE), Variant("sharper_trends", dict(SWAP))],
                           scorers=[SCORERS[n] for n in DEFAULT_SCORERS if n != "tokens"],
@@ -154,7 +154,7 @@ def _measure(runtime: Runtime, fake: FakeOllama, cases: list[Case]) -> dict[str,
     experiment_seconds = time.perf_counter() - started
     baseline_calls = at["baselines"] - at["start"]
     variant_calls = at["variants"] - at["baselines"]
-    runs = store.experiment_runs(summary.experiment_id)
+    runs = store.experiments.runs(summary.experiment_id)
     roots = [r["root_id"] for r in runs if r["variant"] == BASELINE]
     total, changed = _changed_calls(runtime, roots)
     replayed = sum(int(r["replayed_calls"]) for r in runs if r["variant"] != BASELINE)

@@ -52,8 +52,8 @@ def dataset_add(name: Annotated[str, typer.Argument(help="The dataset's name.")]
 
     cases = read_cases(file)
     version = version_of(cases)
-    dataset_id, created = _store().dataset_put(name, version, str(file),
-                                               [c.body for c in cases])
+    dataset_id, created = _store().experiments.dataset_put(name, version, str(file),
+                                                           [c.body for c in cases])
     result = {"id": str(dataset_id), "name": name, "version": version, "cases": len(cases),
               "created": created}
     if json_:
@@ -65,7 +65,7 @@ def dataset_add(name: Annotated[str, typer.Argument(help="The dataset's name.")]
 
 def dataset_list(json_: JsonOpt = False) -> None:
     """List stored datasets and their versions."""
-    rows = _store().dataset_list()
+    rows = _store().experiments.datasets()
     if json_:
         print_json([{**r, "id": str(r["id"]), "created_at": r["created_at"].isoformat()}
                     for r in rows])
@@ -103,7 +103,7 @@ def dataset_from_roots(name: Annotated[str, typer.Argument(help="The dataset's n
         bodies.append(body)
     cases = [Case(b, i) for i, b in enumerate(bodies)]
     version = version_of(cases)
-    dataset_id, created = store.dataset_put(name, version, "from roots", bodies)
+    dataset_id, created = store.experiments.dataset_put(name, version, "from roots", bodies)
     if json_:
         print_json({"id": str(dataset_id), "name": name, "version": version,
                     "cases": len(cases), "created": created})
@@ -120,14 +120,14 @@ def _dataset(store: Any, key: str) -> tuple[uuid.UUID, list[Any]]:
     path = Path(key)
     if path.suffix in (".jsonl", ".json") or path.exists():
         cases = read_cases(path)
-        dataset_id, _ = store.dataset_put(path.stem, version_of(cases), str(path),
-                                          [c.body for c in cases])
+        dataset_id, _ = store.experiments.dataset_put(path.stem, version_of(cases), str(path),
+                                                      [c.body for c in cases])
         return dataset_id, cases
-    row = store.dataset_get(key)
+    row = store.experiments.dataset_get(key)
     if row is None:
         raise BadInput(f"no dataset {key!r} (orgchart dataset add {key} FILE.jsonl, or name "
                        "a .jsonl file)")
-    return row["id"], [Case(b, i) for i, b in enumerate(store.dataset_cases(row["id"]))]
+    return row["id"], [Case(b, i) for i, b in enumerate(store.experiments.dataset_cases(row["id"]))]
 
 
 def _fail_rule(value: str | None) -> tuple[str, float] | None:
@@ -324,7 +324,7 @@ def experiment_show(key: Annotated[str, typer.Argument(help="An experiment's nam
 
 def experiment_list(json_: JsonOpt = False) -> None:
     """List experiments, newest first."""
-    rows = _store().experiment_list()
+    rows = _store().experiments.all()
     if json_:
         print_json([{"id": str(r["id"]), "name": r["name"], "status": r["status"],
                      "dataset": r["dataset_name"], "version": r["dataset_version"],
@@ -350,7 +350,7 @@ def experiment_rescore(
 
     chosen = [lookup(n) for n in scorer_names]
     runtime = open_runtime(agents_module)
-    experiment = runtime.store.experiment_get(key)
+    experiment = runtime.store.experiments.get(key)
     if experiment is None:
         raise NotFound(f"no experiment {key!r}")
     runner = ExperimentRunner(runtime)
@@ -367,11 +367,11 @@ def experiment_delete(
 ) -> None:
     """Remove an experiment with its runs and scores; its trees stay unless --prune-trees."""
     store = _store()
-    experiment = store.experiment_get(key)
+    experiment = store.experiments.get(key)
     if experiment is None:
         fail(f"no experiment {key!r}")
-    roots = [r["root_id"] for r in store.experiment_runs(experiment["id"])]
-    store.experiment_delete(experiment["id"])
+    roots = [r["root_id"] for r in store.experiments.runs(experiment["id"])]
+    store.experiments.delete(experiment["id"])
     if not prune_trees:
         out.print(f"experiment {experiment['name']} removed; its {len(roots)} trees stay "
                   "(--prune-trees deletes them)", highlight=False, markup=False)

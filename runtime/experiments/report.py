@@ -178,17 +178,17 @@ def build_report(experiment: dict[str, Any], runs: Sequence[dict[str, Any]],
 
 def run_outcomes(store: Store, experiment_id: uuid.UUID) -> list[RunOutcome]:
     """Every finished tree of an experiment as the scorers read it."""
-    experiment = store.experiment_get(str(experiment_id))
+    experiment = store.experiments.get(str(experiment_id))
     if experiment is None:
         raise NotFound(f"no experiment {experiment_id}")
-    cases = store.dataset_cases(experiment["dataset_id"])
+    cases = store.experiments.dataset_cases(experiment["dataset_id"])
     variants = {v["name"] for v in experiment["variants"]}  # not the judges' trees
     # A replayed call took no time here; it counts what it took when made (latency_s).
-    replayed = replayed_path(store.experiment_task_replayed_seconds(experiment_id))
+    replayed = replayed_path(store.experiments.task_replayed_seconds(experiment_id))
     return [RunOutcome(cases[row["position"]], row["variant"], row["repetition"], row,
                        Decimal(row["replayed_cost_usd"]), int(row["replayed_tokens"]),
                        replayed.get(row["root_id"], 0.0))
-            for row in store.experiment_runs(experiment_id)
+            for row in store.experiments.runs(experiment_id)
             if row["status"] in TERMINAL_STATUSES and row["variant"] in variants]
 
 
@@ -199,13 +199,13 @@ def load_report(store: Store, key: str) -> dict[str, Any]:
         NotFound: no such experiment.
 
     """
-    experiment = store.experiment_get(key)
+    experiment = store.experiments.get(key)
     if experiment is None:
         raise NotFound(f"no experiment {key!r}")
-    return build_report(experiment, store.experiment_runs(experiment["id"]),
-                        store.experiment_scores(experiment["id"]),
+    return build_report(experiment, store.experiments.runs(experiment["id"]),
+                        store.experiments.scores(experiment["id"]),
                         run_outcomes(store, experiment["id"]),
-                        store.dataset_cases(experiment["dataset_id"]))
+                        store.experiments.dataset_cases(experiment["dataset_id"]))
 
 
 def worse_than_baseline(report: dict[str, Any], scorer: str,

@@ -106,19 +106,19 @@ class ExperimentRunner:
     def open(self, plan: ExperimentPlan) -> dict[str, Any]:
         """Create the experiment, or find the one of that name to resume."""
         variants = [v.as_json() for v in plan.variants]
-        created = self.store.experiment_create(plan.name, plan.dataset_id, variants,
-                                               plan.repeat, plan.budget_usd, plan.tenant,
-                                               plan.agents_modules)
+        created = self.store.experiments.create(plan.name, plan.dataset_id, variants,
+                                                plan.repeat, plan.budget_usd, plan.tenant,
+                                                plan.agents_modules)
         if created is not None:
             return created
-        existing = self.store.experiment_get(plan.name)
+        existing = self.store.experiments.get(plan.name)
         assert existing is not None
         if (existing["dataset_id"] != plan.dataset_id or existing["variants"] != variants
                 or existing["repeat"] != plan.repeat):
             raise BadInput(f"experiment {plan.name!r} exists with another dataset, variants or "
                            "--repeat; resume it with the same ones or pick another --name")
         if existing["status"] != "running":
-            self.store.experiment_set_status(existing["id"], "running")
+            self.store.experiments.set_status(existing["id"], "running")
         self.say(f"resuming experiment {plan.name!r}")
         return existing
 
@@ -155,9 +155,9 @@ class ExperimentRunner:
         if submit_only:
             return summary
         if summary.stopped:
-            self.store.experiment_set_status(experiment["id"], "stopped", summary.stopped)
+            self.store.experiments.set_status(experiment["id"], "stopped", summary.stopped)
         else:
-            self.store.experiment_set_status(experiment["id"], "finished")
+            self.store.experiments.set_status(experiment["id"], "finished")
         return summary
 
     # ---------------------------------------------------------------- starting trees
@@ -166,7 +166,7 @@ class ExperimentRunner:
             return False
         if budget is None:
             return True
-        spent = self.store.experiment_spend(summary.experiment_id)
+        spent = self.store.experiments.spend(summary.experiment_id)
         if spent >= budget:
             summary.stopped = (f"budget reached: ${spent:.5f} spent of "
                                f"${budget:.5f}; no new tree started")
@@ -179,14 +179,14 @@ class ExperimentRunner:
         for repetition in range(plan.repeat):
             for case in plan.cases:
                 key = (case.position, repetition)
-                known = self.store.experiment_run_root(summary.experiment_id, case.position,
-                                                       "baseline", repetition)
+                known = self.store.experiments.run_root(summary.experiment_id, case.position,
+                                                        "baseline", repetition)
                 if known is not None:
                     roots[key], summary.resumed = known, summary.resumed + 1
                     continue
                 if not self._budget_left(plan.budget_usd, summary):
                     return roots
-                root, started = self.store.experiment_start(
+                root, started = self.store.experiments.start(
                     summary.experiment_id, case.position, "baseline", repetition,
                     new=case_root(self.runtime, case, plan.tenant))
                 roots[key] = root
@@ -201,15 +201,15 @@ class ExperimentRunner:
             if variant.is_baseline:
                 continue
             for (position, repetition), baseline in sorted(baselines.items()):
-                known = self.store.experiment_run_root(summary.experiment_id, position,
-                                                       variant.name, repetition)
+                known = self.store.experiments.run_root(summary.experiment_id, position,
+                                                        variant.name, repetition)
                 if known is not None:
                     roots.append(known)
                     summary.resumed += 1
                     continue
                 if not self._budget_left(plan.budget_usd, summary):
                     return roots
-                root, started = self.store.experiment_start(
+                root, started = self.store.experiments.start(
                     summary.experiment_id, position, variant.name, repetition,
                     branch=self._branch(plan, variant, baseline))
                 roots.append(root)
@@ -244,7 +244,7 @@ class ExperimentRunner:
         """Until every tree of ``roots`` ended (or the budget or the time ran out)."""
         wanted = set(roots)
         while wanted:
-            open_roots = sorted(self.store.experiment_open_roots(summary.experiment_id)
+            open_roots = sorted(self.store.experiments.open_roots(summary.experiment_id)
                                 & wanted)
             if not open_roots:
                 return
@@ -286,7 +286,7 @@ class ExperimentRunner:
             rows += self._judged(experiment_id, outcomes, judges, tenant,
                                  summary or RunSummary(experiment_id),
                                  deadline or time.monotonic() + JUDGE_TIMEOUT_SECONDS, budget)
-        self.store.experiment_scores_put(experiment_id, rows)
+        self.store.experiments.put_scores(experiment_id, rows)
         return len(rows)
 
     def _judged(self, experiment_id: uuid.UUID, outcomes: Sequence[RunOutcome],
@@ -303,7 +303,7 @@ class ExperimentRunner:
             for _, r in requests:
                 if not self._budget_left(budget, summary):
                     break
-                root, _ = self.store.experiment_start(
+                root, _ = self.store.experiments.start(
                     experiment_id, r.outcome.root["position"], r.run_variant,
                     r.outcome.repetition, new=r.task)
                 roots.append(root)

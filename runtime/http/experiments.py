@@ -31,7 +31,7 @@ def add_experiment_routes(app: FastAPI, store: Store,
         return [{"id": str(r["id"]), "name": r["name"], "status": r["status"],
                  "dataset": r["dataset_name"], "version": r["dataset_version"],
                  "trees": r["trees"], "created_at": r["created_at"].isoformat()}
-                for r in store.experiment_list()]
+                for r in store.experiments.all()]
 
     @app.get("/experiments/{key}", tags=["experiments"], responses=_ERRORS)
     def get_experiment(key: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from sqlalchemy.engine import Engine
 
 from runtime.store.claims import StoreClaims
 from runtime.store.database import Database
-from runtime.store.experiments import StoreExperiments
+from runtime.store.experiments import Experiments
 from runtime.store.hygiene import MAINTENANCE_LOCK_KEY, Maintained, StoreHygiene
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
@@ -55,14 +55,14 @@ def _json_or_none(value: Any) -> str | None:
     return None if value is None else _dumps(value)
 
 
-class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering,
-            StoreExperiments):
+class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
     """The database door: named statements, one transaction per state change.
 
     Composed of parts, one per concern, each taking the shared
     :class:`~runtime.store.database.Database`: ``store.webhooks``
     (:class:`~runtime.store.webhooks.Webhooks`), ``store.schedules``
-    (:class:`~runtime.store.schedules.Schedules`).
+    (:class:`~runtime.store.schedules.Schedules`), ``store.experiments``
+    (:class:`~runtime.store.experiments.Experiments`).
 
     The task lifecycle is still built from mixins, one module per concern: submitting
     and resolving live here; reads, pruning and the orchestrator's bookkeeping
@@ -72,8 +72,7 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering,
     (:class:`~runtime.store.spend.StoreSpend`), durable steps
     (:class:`~runtime.store.spend.StoreSteps`), maintenance
     (:class:`~runtime.store.hygiene.StoreHygiene`), a person's hand on a running
-    tree: cancel, pause, answers, approvals (:class:`~runtime.store.steering.StoreSteering`),
-    and experiments (:class:`~runtime.store.experiments.StoreExperiments`).
+    tree: cancel, pause, answers, approvals (:class:`~runtime.store.steering.StoreSteering`).
     """
 
     def __init__(self, engine: Engine) -> None:
@@ -83,6 +82,8 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering,
         self.webhooks = Webhooks(self.database)
         #: Stored schedules and the ticks' transactions.
         self.schedules = Schedules(self.database, self)
+        #: Datasets, experiments, their trees and their scores.
+        self.experiments = Experiments(self.database, self)
 
     # ------------------------------------------------------------------ plumbing
     def ping(self) -> bool:

@@ -71,9 +71,9 @@ def test_a_killed_experiment_run_resumes_to_the_same_report(
     resumed = json.loads(again.stdout)
     assert "found from before" in again.stderr
 
-    experiment = store.experiment_get("killed")
+    experiment = store.experiments.get("killed")
     assert experiment is not None and experiment["status"] == "finished"
-    runs = store.experiment_runs(experiment["id"])
+    runs = store.experiments.runs(experiment["id"])
     assert len(runs) == 6 and len({r["root_id"] for r in runs}) == 6
     with store.engine.connect() as conn:
         roots = conn.exec_driver_sql(

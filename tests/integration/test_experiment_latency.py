@@ -51,8 +51,8 @@ def test_a_fully_replayed_variant_is_as_slow_as_the_baseline(
                                   "ORGCHART_OLLAMA__URL": fake_ollama.url})
     runtime = build_runtime(settings, [MODULE], store=store)
     cases = read_cases(EXAMPLE / "market_goals.jsonl")[:1]
-    dataset_id, _ = store.dataset_put("one_goal", version_of(cases), "test",
-                                      [c.body for c in cases])
+    dataset_id, _ = store.experiments.dataset_put("one_goal", version_of(cases), "test",
+                                                  [c.body for c in cases])
     plan = ExperimentPlan(name="replayed", dataset_id=dataset_id, cases=cases,
                           variants=[Variant("baseline"), Variant("again")],
                           scorers=[SCORERS[n] for n in DEFAULT_SCORERS], timeout_seconds=300)
@@ -77,15 +77,15 @@ def test_a_fully_replayed_variant_is_as_slow_as_the_baseline(
     assert base.latency_seconds is not None and base.latency_seconds >= path
     assert again.latency_seconds >= path
 
-    experiment = store.experiment_get("replayed")
+    experiment = store.experiments.get("replayed")
     assert experiment is not None
-    report = build_report(experiment, store.experiment_runs(experiment["id"]),
-                          store.experiment_scores(experiment["id"]),
+    report = build_report(experiment, store.experiments.runs(experiment["id"]),
+                          store.experiments.scores(experiment["id"]),
                           runner.outcomes(experiment["id"]),
-                          store.dataset_cases(experiment["dataset_id"]))
+                          store.experiments.dataset_cases(experiment["dataset_id"]))
     latency = {v["name"]: v["latency_p50"] for v in report["variants"]}
     assert latency["again"] == pytest.approx(again.latency_seconds)
-    scores = {(s["variant"], s["scorer"]): s for s in store.experiment_scores(experiment["id"])}
+    scores = {(s["variant"], s["scorer"]): s for s in store.experiments.scores(experiment["id"])}
     assert scores[("again", "latency_s")]["value"] == pytest.approx(again.latency_seconds)
     assert "replayed calls as recorded" in scores[("again", "latency_s")]["explanation"]
 

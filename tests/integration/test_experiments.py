@@ -44,8 +44,8 @@ def runtime(db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch) -> Runti
 def example_plan(runtime: Runtime, name: str, **extra: object) -> ExperimentPlan:
     """An experiment ``name`` over the example's dataset and variants (``extra``: its fields)."""
     cases = read_cases(EXAMPLE / "market_goals.jsonl")
-    dataset_id, _ = runtime.store.dataset_put("market_goals", version_of(cases), "test",
-                                              [c.body for c in cases])
+    dataset_id, _ = runtime.store.experiments.dataset_put("market_goals", version_of(cases), "test",
+                                                          [c.body for c in cases])
     variants = read_variants(EXAMPLE / "variants.toml")
     check_variants(variants, runtime.registry, runtime.settings)
     return ExperimentPlan(name=name, dataset_id=dataset_id, cases=cases, variants=variants,
@@ -55,12 +55,12 @@ def example_plan(runtime: Runtime, name: str, **extra: object) -> ExperimentPlan
 
 def _report(runtime: Runtime, name: str) -> dict:
     store = runtime.store
-    experiment = store.experiment_get(name)
+    experiment = store.experiments.get(name)
     assert experiment is not None
-    return build_report(experiment, store.experiment_runs(experiment["id"]),
-                        store.experiment_scores(experiment["id"]),
+    return build_report(experiment, store.experiments.runs(experiment["id"]),
+                        store.experiments.scores(experiment["id"]),
                         ExperimentRunner(runtime).outcomes(experiment["id"]),
-                        store.dataset_cases(experiment["dataset_id"]))
+                        store.experiments.dataset_cases(experiment["dataset_id"]))
 
 
 def test_a_variant_pays_only_for_the_calls_it_changed(runtime: Runtime) -> None:
@@ -102,22 +102,22 @@ def test_a_rerun_of_the_same_experiment_starts_no_tree_twice(runtime: Runtime) -
                                        experiment_id=first.experiment_id)[0]["spent"]
     again = ExperimentRunner(runtime).run(plan)
     assert (again.started, again.resumed) == (0, 6)
-    assert runtime.store.experiment_spend(first.experiment_id) == Decimal(calls_before)
-    assert len(runtime.store.experiment_runs(first.experiment_id)) == 6
+    assert runtime.store.experiments.spend(first.experiment_id) == Decimal(calls_before)
+    assert len(runtime.store.experiments.runs(first.experiment_id)) == 6
 
 
 def test_rescoring_adds_rows_without_running_a_tree(runtime: Runtime) -> None:
     plan = example_plan(runtime, "rescored")
     plan = ExperimentPlan(**{**plan.__dict__, "scorers": [SCORERS["done"]]})
     summary = ExperimentRunner(runtime).run(plan)
-    trees = {r["root_id"] for r in runtime.store.experiment_runs(summary.experiment_id)}
-    assert {s["scorer"] for s in runtime.store.experiment_scores(summary.experiment_id)} == {
+    trees = {r["root_id"] for r in runtime.store.experiments.runs(summary.experiment_id)}
+    assert {s["scorer"] for s in runtime.store.experiments.scores(summary.experiment_id)} == {
         "done"}
     written = ExperimentRunner(runtime).score(summary.experiment_id, [SCORERS["tokens"]])
     assert written == 6
-    assert {s["scorer"] for s in runtime.store.experiment_scores(summary.experiment_id)} == {
+    assert {s["scorer"] for s in runtime.store.experiments.scores(summary.experiment_id)} == {
         "done", "tokens"}
-    assert {r["root_id"] for r in runtime.store.experiment_runs(summary.experiment_id)} == trees
+    assert {r["root_id"] for r in runtime.store.experiments.runs(summary.experiment_id)} == trees
 
 
 def test_the_budget_stops_new_trees_and_says_so(runtime: Runtime) -> None:
@@ -212,14 +212,14 @@ def test_model_judges_run_as_trees_recorded_once_with_the_order_shown(
                              "scorers": [lookup("done"), lookup("rubric"), lookup("pairwise")]})
     runner = ExperimentRunner(runtime)
     summary = runner.run(plan)
-    runs = store.experiment_runs(summary.experiment_id)
+    runs = store.experiments.runs(summary.experiment_id)
     judged = Counter(r["variant"] for r in runs)
     # One rubric judge per tree, one pairwise judge per variant tree.
     assert judged == {"baseline": 3, "sharper_trends": 3, "rubric:baseline": 3,
                       "rubric:sharper_trends": 3, "pairwise:sharper_trends": 3}
     agents = {store.get(r["root_id"])["to_agent"] for r in runs if ":" in r["variant"]}
     assert agents == {"judge", "pairwise_judge"}
-    scores = store.experiment_scores(summary.experiment_id)
+    scores = store.experiments.scores(summary.experiment_id)
     rubric = [s for s in scores if s["scorer"] == "rubric"]
     assert len(rubric) == 6
     assert all(s["value"] is None or 0 <= s["value"] <= 1 for s in rubric)
@@ -230,9 +230,9 @@ def test_model_judges_run_as_trees_recorded_once_with_the_order_shown(
         if s["explanation"]:
             assert s["explanation"].split(" shown first")[0] in ("variant", "baseline")
     # Rescoring with the judges again starts no judge tree twice.
-    before = len(store.experiment_runs(summary.experiment_id))
+    before = len(store.experiments.runs(summary.experiment_id))
     runner.score(summary.experiment_id, [lookup("rubric"), lookup("pairwise")])
-    assert len(store.experiment_runs(summary.experiment_id)) == before
+    assert len(store.experiments.runs(summary.experiment_id)) == before
     report = _report(runtime, "judged")
     assert [v["name"] for v in report["variants"]] == ["baseline", "sharper_trends"]
     assert report["variants"][0]["trees"] == 3  # the judges' trees are not the variant's
@@ -253,8 +253,8 @@ def test_deleting_an_experiment_keeps_its_trees_unless_asked(runtime: Runtime) -
 
     kept = ExperimentRunner(runtime).run(example_plan(runtime, "kept"))
     pruned = ExperimentRunner(runtime).run(example_plan(runtime, "pruned"))
-    kept_roots = [r["root_id"] for r in runtime.store.experiment_runs(kept.experiment_id)]
-    pruned_roots = [r["root_id"] for r in runtime.store.experiment_runs(pruned.experiment_id)]
+    kept_roots = [r["root_id"] for r in runtime.store.experiments.runs(kept.experiment_id)]
+    pruned_roots = [r["root_id"] for r in runtime.store.experiments.runs(pruned.experiment_id)]
     env = {"ORGCHART_DATABASE_URL": runtime.settings.database.url or "",
            "ORGCHART_LLM__BACKEND": "offline"}
     cli = CliRunner()
@@ -264,7 +264,7 @@ def test_deleting_an_experiment_keeps_its_trees_unless_asked(runtime: Runtime) -
     second = cli.invoke(app, ["experiment", "delete", "pruned", "--prune-trees"], env=env)
     assert second.exit_code == 0, second.output
     assert "with 6 trees" in second.output
-    assert runtime.store.experiment_get("kept") is None
+    assert runtime.store.experiments.get("kept") is None
     assert all(runtime.store.get(r)["status"] == "done" for r in kept_roots)
     with runtime.store.engine.connect() as conn:
         left = conn.exec_driver_sql(
