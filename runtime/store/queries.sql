@@ -3010,18 +3010,24 @@ LISTEN {webhooks_channel};
 SELECT CAST(pg_snapshot_xmin(pg_current_snapshot()) AS text) AS xmin;
 
 -- stream_root_end --
--- A tree stream's root: its status, and its newest transition when that one is terminal
--- and readable (its transaction below the snapshot's xmin: every row it or an earlier
--- transaction wrote is readable too). No row: the tree does not exist (or was pruned).
--- Run in the same REPEATABLE READ transaction as stream_read, so both see one snapshot.
--- A transition without txid (written before migration 0017) counts as txid 0.
-SELECT t.status, CAST(e.txid AS text) AS end_txid, e.id AS end_id
+-- A tree stream's root: its status, and, when its newest transition (by id) is terminal,
+-- the stream's last transaction: the newest of the root's transitions' transactions
+-- (a transaction that took its id early and waited for the root's lock writes a later
+-- event under an older txid), when it is readable (below the snapshot's xmin: every row
+-- it or an earlier transaction wrote is readable too). No row: the tree does not exist
+-- (or was pruned). Run in the same REPEATABLE READ transaction as stream_read, so both
+-- see one snapshot. A transition without txid (before migration 0017) counts as txid 0.
+SELECT t.status, CAST(e.txid AS text) AS end_txid
 FROM tasks t
 LEFT JOIN LATERAL (
-    SELECT COALESCE(x.txid, CAST('0' AS xid8)) AS txid, x.id, x.to_status
-    FROM task_events x WHERE x.task_id = t.id
+    SELECT x.to_status FROM task_events x WHERE x.task_id = t.id
     ORDER BY x.id DESC LIMIT 1
-) e ON e.to_status IN ('done', 'failed', 'escalated', 'cancelled')
+) newest ON true
+LEFT JOIN LATERAL (
+    SELECT COALESCE(x.txid, CAST('0' AS xid8)) AS txid
+    FROM task_events x WHERE x.task_id = t.id
+    ORDER BY 1 DESC LIMIT 1
+) e ON newest.to_status IN ('done', 'failed', 'escalated', 'cancelled')
    AND e.txid < pg_snapshot_xmin(pg_current_snapshot())
 WHERE t.id = :root_id AND t.root_id = t.id;
 

@@ -104,7 +104,7 @@ def test_the_stream_reads_text_and_transitions_then_ends(store: Store) -> None:
     for word in words:
         _piece(store, root, word, offset)
         offset += len(word)
-    store.cancel(root, actor="test")
+    store.steering.cancel(root, actor="test")
     _piece(store, root, " after the end", offset)  # a later transaction: never shown
     events = list(follow(StreamReader(store.engine), root))
     _ordered_once(events)
@@ -155,7 +155,7 @@ def test_a_newer_attempt_supersedes_the_older_one(store: Store) -> None:
     _piece(store, root, "Fresh start", 0, attempt=2)
     _piece(store, root, " from a lost lease", 13)  # attempt 1, late: left out
     _piece(store, root, ".", 11, attempt=2)
-    store.cancel(root, actor="test")
+    store.steering.cancel(root, actor="test")
     events = list(follow(StreamReader(store.engine), root))
     _ordered_once(events)
     kinds = [e.kind for e in events]
@@ -216,7 +216,7 @@ def test_the_sse_stream_resumes_with_last_event_id(runtime: Runtime) -> None:
                 _piece(store, root, text, len(written.get(key, "")), call=call)
                 written[key] = written.get(key, "") + text
             time.sleep(0.005)
-        store.cancel(root, actor="test")
+        store.steering.cancel(root, actor="test")
 
     with Server(create_app(store=store, settings=runtime.settings, registry=runtime.registry,
                            api_token="")) as server:
@@ -247,7 +247,7 @@ def test_the_stream_takes_the_token_in_the_query(runtime: Runtime) -> None:
     from fastapi.testclient import TestClient
 
     root = _submit(runtime.store)
-    runtime.store.cancel(root, actor="test")
+    runtime.store.steering.cancel(root, actor="test")
     with TestClient(create_app(store=runtime.store, settings=runtime.settings,
                                registry=runtime.registry, api_token="s3cret")) as c:
         assert c.get(f"/trees/{root}/stream?token=s3cret").status_code == 200  # EventSource
@@ -262,7 +262,7 @@ def finished(runtime: Runtime) -> Iterator[uuid.UUID]:
     root = _submit(runtime.store)
     _piece(runtime.store, root, "Hello, ", 0)
     _piece(runtime.store, root, "world", 7)
-    runtime.store.cancel(root, actor="test")
+    runtime.store.steering.cancel(root, actor="test")
     yield root
 
 
@@ -312,7 +312,7 @@ def test_the_async_iterator_sees_text_as_it_is_written(db_url: str, store: Store
                     sent[f"piece {i};"] = time.monotonic()
                     _piece(store, root, f"piece {i};", sum(len(f"piece {j};") for j in range(i)))
                     time.sleep(0.01)
-                store.cancel(root, actor="test")
+                store.steering.cancel(root, actor="test")
 
             writer = threading.Thread(target=write)
             writer.start()
@@ -400,7 +400,7 @@ def test_mcp_submit_goal_with_wait_sends_the_text_as_progress(store: Store) -> N
             time.sleep(0.15)
         _piece(store, root, "Again", 0, attempt=2)
         time.sleep(0.2)
-        store.cancel(root, actor="test")
+        store.steering.cancel(root, actor="test")
 
     writer = threading.Thread(target=write)
     writer.start()
@@ -416,3 +416,19 @@ def test_mcp_submit_goal_with_wait_sends_the_text_as_progress(store: Store) -> N
     values = [p for p, _, _ in session.sent]
     assert values == sorted(values), "progress went back"
     assert session.sent[-1] == (1, 1, "root cancelled: 1 of 1 tasks ended")
+
+
+def test_the_end_waits_for_a_root_event_written_under_an_older_txid(store: Store,
+                                                                      db_url: str) -> None:
+    root = _submit(store)
+    event = ("INSERT INTO task_events (task_id, from_status, to_status) "
+             "VALUES (%s, %s, %s)")
+    with psycopg.connect(libpq_url(db_url)) as early, psycopg.connect(libpq_url(db_url)) as late:
+        early.execute("SELECT pg_current_xact_id()")   # takes its txid first
+        late.execute(event, (root, "pending", "running"))
+        late.commit()                                   # the newer txid, the lower id
+        early.execute(event, (root, "running", "done"))  # the older txid, the newest event
+        early.commit()
+    events = list(follow(StreamReader(store.engine), root))
+    assert [(e.data["from"], e.data["to"]) for e in events] == [
+        (None, "pending"), ("running", "done"), ("pending", "running")]
