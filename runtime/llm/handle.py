@@ -234,7 +234,7 @@ class TaskLLM:
         call it from a coroutine running on the factory's loop: await :meth:`acomplete`.
         """
         return self._factory.calls.run(self.acomplete(
-            prompt, schema=schema, system=system, max_tokens=max_tokens,  # type: ignore[arg-type]
+            prompt, schema=schema, system=system, max_tokens=max_tokens,
             key=key, tools=tools, max_tool_rounds=max_tool_rounds))
 
     @overload
@@ -309,9 +309,10 @@ class TaskLLM:
                            self._settings.ollama.think, call_index, at, round_)
 
         if tools:  # every round is a call of its own, at position <position>#<round>
-            return await run_with_tools(
+            completion: Completion[Any] = await run_with_tools(
                 lambda at, rnd: self._call(request(at, rnd)), self.steps, tools, position,
                 self.tool_check, first_messages(prompt, system), max_tool_rounds)
+            return completion
         return await self._call(request(position))
 
     async def _call(self, request: Request) -> Completion[Any]:

@@ -370,7 +370,7 @@ class OllamaBackend:
                                         first_messages(prompt, system), schema, max_tokens,
                                         think)
             finally:
-                await client.close()
+                await client.close()  # type: ignore[no-untyped-call]  # (ollama's: untyped)
 
         return asyncio.run(once())
 
@@ -384,13 +384,13 @@ class OllamaBackend:
             log.debug("ollama probe failed", extra={"url": self.url, "error": str(exc)})
             return False
         finally:
-            client.close()
+            client.close()  # type: ignore[no-untyped-call]  # (ollama's: untyped)
 
     async def aclose(self) -> None:
         """Close the connections opened on the running loop."""
         loop_id = id(asyncio.get_running_loop())
         for key in [k for k in self._clients if k[0] == loop_id]:
-            await self._clients.pop(key).close()
+            await self._clients.pop(key).close()  # type: ignore[no-untyped-call]
 
     def close(self) -> None:
         """Forget clients of loops that are gone (their sockets close with them)."""

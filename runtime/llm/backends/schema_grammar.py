@@ -177,7 +177,8 @@ class GrammarMask:
     def accepts(self, tokens: list[int]) -> bool:
         """True when ``tokens`` are a whole reply the grammar allows (this mask unchanged)."""
         matcher = self.matcher.deep_copy()
-        return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
+        return bool(matcher.try_consume_tokens(tokens) == len(tokens)
+                    and matcher.is_accepting())
 
     @property
     def error(self) -> str:

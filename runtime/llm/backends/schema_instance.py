@@ -33,7 +33,7 @@ from runtime.core.canonical import canonical_json_spaced
 try:  # Python 3.11+: the regex parser lives in re._parser (sre_parse is deprecated).
     from re import _parser as _sre_parse  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - older interpreters
-    import sre_parse as _sre_parse  # type: ignore[no-redef]
+    import sre_parse as _sre_parse
 
 #: Past this depth only required fields are filled and Optional fields become null.
 MAX_OPTIONAL_DEPTH = 4
