@@ -432,3 +432,23 @@ def test_the_end_waits_for_a_root_event_written_under_an_older_txid(store: Store
     events = list(follow(StreamReader(store.engine), root))
     assert [(e.data["from"], e.data["to"]) for e in events] == [
         (None, "pending"), ("running", "done"), ("pending", "running")]
+
+
+def test_an_escalated_root_ends_the_stream_and_a_retry_goes_on(store: Store) -> None:
+    root = _submit(store)
+
+    def event(before: str, after: str) -> None:
+        with store.transaction() as conn:
+            conn.execute(sa.text("INSERT INTO task_events (task_id, from_status, to_status) "
+                                 "VALUES (:t, :a, :b)"), {"t": root, "a": before, "b": after})
+
+    event("pending", "escalated")
+    reader = StreamReader(store.engine)
+    first = list(follow(reader, root))
+    assert [e.data["to"] for e in first] == ["pending", "escalated"]
+    event("escalated", "pending")  # a person said retry
+    _piece(store, root, "second try", 0)
+    event("pending", "done")
+    rest = list(follow(reader, root, first[-1].position))
+    assert [(e.kind, e.data.get("to") or e.data.get("text")) for e in rest] == [
+        ("transition", "pending"), ("text", "second try"), ("transition", "done")]
