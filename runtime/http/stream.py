@@ -50,8 +50,10 @@ from runtime.store.streams import (
 KEEPALIVE_SECONDS = 15.0
 #: The reconnection delay the server suggests to EventSource (``retry:``), milliseconds.
 RETRY_MS = 1000
-#: Threads that run the streams' reads (each read is one short transaction).
-READ_THREADS = 16
+#: Threads that run the streams' reads (each one short transaction on a pooled
+#: connection): at most this many of the API's connections ([database] pool_size, 10 by
+#: default) serve streams at once, however many readers are connected.
+READ_THREADS = 4
 _HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no",
             "X-Content-Type-Options": "nosniff"}
 
