@@ -119,8 +119,10 @@ class FakeOllama:
         #: A streamed reply's pieces: their size (characters) and the wait before each.
         self.piece_chars = 8
         self.piece_delay_seconds = 0.0
-        #: A streamed reply stops after this many pieces, its connection closed (a crash).
+        #: A streamed reply stops after this many pieces, its connection closed (a crash);
+        #: ``cuts`` of them (None: every one).
         self.cut_after_pieces: int | None = None
+        self.cuts: int | None = None
         #: Every streamed piece written: (the request's user prompt, wall time, characters).
         self.piece_log: list[tuple[str, float, int]] = []
         #: Every continued request: (its user prompt, the length of the start it continued).
@@ -207,6 +209,16 @@ class FakeOllama:
         """A chat request was served."""
         with self._lock:
             self.in_flight -= 1
+
+    def take_cut(self) -> bool:
+        """Whether this streamed reply is cut (one of ``cuts`` left, or every one)."""
+        with self._lock:
+            if self.cuts is None:
+                return True
+            if self.cuts <= 0:
+                return False
+            self.cuts -= 1
+            return True
 
     def piece_written(self, body: dict[str, Any], chars: int) -> None:
         """A streamed piece of ``chars`` characters was just written (``piece_log``)."""
@@ -379,7 +391,8 @@ def _handler_for(fake: FakeOllama) -> type[BaseHTTPRequestHandler]:
                                          "thinking": thought[i:i + size]}})
             pieces = [content[i:i + size] for i in range(0, len(content), size)]
             for n, piece in enumerate(pieces):
-                if fake.cut_after_pieces is not None and n >= fake.cut_after_pieces:
+                if (fake.cut_after_pieces is not None and n >= fake.cut_after_pieces
+                        and fake.take_cut()):
                     self.close_connection = True
                     self.wfile.flush()
                     return  # cut off mid-stream: no last chunk
