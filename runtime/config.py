@@ -415,6 +415,8 @@ class StreamingSettings(Section):
     flush_seconds: float = Field(0.1, ge=0.005, le=10)
     #: A call with this many characters waiting is written at once.
     flush_chars: int = Field(256, ge=1, le=1_000_000)
+    #: A call cut off by a worker's death continues from its recorded text (off: made again).
+    continue_cut_off: bool = True
 
 
 class DoctorSettings(Section):

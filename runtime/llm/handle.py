@@ -189,7 +189,8 @@ class TaskLLM:
         stop = TaskStop(self.task_id, lease_lost, factory.gate.is_stopped)
         self._sender = Sender(factory.backend, factory.slots, factory.gate, self.budget,
                               charger, fair, stop, lease_token, lease_lost,
-                              text=factory.text)
+                              text=factory.text,
+                              continue_cut_off=self._settings.streaming.continue_cut_off)
         self.steps = TaskSteps(step_ledger(factory.ledger, self._recorded.counterpart),
                                task_row, lease_token, lease_lost,
                                in_ledger=factory.in_ledger, budget=self.budget)

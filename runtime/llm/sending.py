@@ -58,13 +58,15 @@ class Sender:
         fair / stopped: whose the requests are (fair order) and why they may not start.
         lease_token / lease_lost: the task's lease (fencing).
         text: where requests' streamed text is written (``[streaming]`` on), else None.
+        continue_cut_off: a call cut off on an earlier delivery continues from its
+            recorded text (``[streaming] continue_cut_off``) when the backend can.
 
     """
 
     def __init__(self, backend: Backend, slots: ServerSlots, gate: CallGate,
                  budget: TaskBudget, charger: Charger, fair: Fair, stopped: StopCheck,
                  lease_token: uuid.UUID, lease_lost: threading.Event,
-                 text: TextSink | None = None) -> None:
+                 text: TextSink | None = None, continue_cut_off: bool = True) -> None:
         self._backend, self._slots, self._gate = backend, slots, gate
         self._budget, self._charger = budget, charger
         self._fair, self._stopped = fair, stopped
@@ -74,7 +76,8 @@ class Sender:
         self._remote = remote(backend)
         self._text = text
         #: The backend continues a prefix (a call cut off is continued, not made again).
-        self._continues = bool(getattr(backend, "continues_prefix", False))
+        self._continues = continue_cut_off and bool(getattr(backend, "continues_prefix",
+                                                            False))
         #: Per call (its index): the last attempt its streams got in this delivery.
         self._text_calls: dict[int, CallAttempts] = {}
 

@@ -375,3 +375,24 @@ def test_an_ollama_call_cut_off_continues_as_the_assistants_last_message(
     assert fake_ollama.requests[-1]["messages"][-1]["role"] == "user"
     assert _text_of([p for p in _pieces(store, row["id"]) if p["call_index"] == 1],
                     2) == structured.text
+
+
+def test_with_continuing_off_a_call_cut_off_is_made_again_as_a_new_attempt(
+        store: Store, charges: ChargeWriter, text_writer: TextWriter,
+        fake_ollama: FakeOllama) -> None:
+    from tests.factories import hand_over
+
+    row = _claimed(store)
+    dead = text_writer.open(row["id"], row["lease_token"], "run", 0, CallAttempts())
+    dead.add("The first half,")
+    _wait_written(dead)
+    token = hand_over(store, row["id"])
+    settings = Settings.model_validate({"streaming": {"continue_cut_off": False}})
+    factory = LLMFactory(settings, StoreLedger(store, charges),
+                         backend=OllamaBackend(fake_ollama.url, 10.0), announcement="test",
+                         text=text_writer)
+    reply = factory.for_task(store.get(row["id"]), token, threading.Event()).complete(PROMPT)
+    assert fake_ollama.requests[-1]["messages"][-1]["role"] == "user"
+    pieces = _pieces(store, row["id"])
+    assert _text_of(pieces, 1) == "The first half,"  # superseded, kept
+    assert _text_of(pieces, 2) == reply.text
