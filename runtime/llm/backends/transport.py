@@ -139,16 +139,8 @@ class _Body(httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         reader = self._conn.reader
         if self._chunked:
-            while True:
-                size = _chunk_size(await self._read(reader.readuntil(b"\r\n")))
-                if size == 0:
-                    await self._trailers(reader)
-                    break
-                data = await self._read(reader.readexactly(size + 2))
-                if data[-2:] != b"\r\n":
-                    raise httpx.RemoteProtocolError(
-                        f"a chunk of {size} bytes is not followed by CRLF: {data[-2:]!r}")
-                yield data[:-2]
+            async for data in self._chunks(reader):
+                yield data
         elif self._length is not None:
             remaining = self._length
             while remaining:
@@ -161,14 +153,53 @@ class _Body(httpx.AsyncByteStream):
                 yield data
         self._complete = True
 
-    async def _trailers(self, reader: asyncio.StreamReader) -> None:
-        """Read the trailer lines after the last chunk, up to the blank line (bounded)."""
-        total = 0
-        while (line := await self._read(reader.readuntil(b"\r\n"))) != b"\r\n":
-            total += len(line)
-            if total > MAX_HEAD_BYTES:
+    async def _chunks(self, reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+        """A chunked body's data, read in as few reads as its bytes arrive in.
+
+        One read (up to :data:`READ_CHUNK`) per arrival, and every chunk complete in the
+        buffer then handed over at once: a streamed reply (Ollama's NDJSON, a line a
+        chunk) cost two reads, each under its own timeout, per line. Strict as before: a
+        size line of hex digits (at most :data:`MAX_HEAD_BYTES`), CRLF after each chunk's
+        data, trailers (bounded) up to the blank line after the last chunk.
+        """
+        buf = bytearray()
+        while True:
+            out: list[bytes] = []
+            done = False
+            while (eol := buf.find(b"\r\n")) >= 0:
+                size = _chunk_size(bytes(buf[:eol + 2]))
+                if size == 0:  # the last chunk: trailers up to the blank line
+                    end = 0 if buf.startswith(b"\r\n", eol + 2) else buf.find(
+                        b"\r\n\r\n", eol + 2) - eol
+                    if end >= 0:
+                        done = True
+                    elif len(buf) > MAX_HEAD_BYTES:
+                        raise httpx.RemoteProtocolError(
+                            f"the trailers are larger than {MAX_HEAD_BYTES // 1024} KiB")
+                    break
+                start = eol + 2
+                if len(buf) < start + size + 2:
+                    break  # the rest of this chunk is still to come
+                if buf[start + size:start + size + 2] != b"\r\n":
+                    raise httpx.RemoteProtocolError(
+                        f"a chunk of {size} bytes is not followed by CRLF: "
+                        f"{bytes(buf[start + size:start + size + 2])!r}")
+                out.append(bytes(buf[start:start + size]))
+                del buf[:start + size + 2]
+            else:
+                if len(buf) > MAX_HEAD_BYTES:
+                    raise httpx.RemoteProtocolError(
+                        f"a line of the response body is longer than "
+                        f"{MAX_HEAD_BYTES // 1024} KiB")
+            if out:
+                yield b"".join(out)
+            if done:
+                return
+            data = await self._read(reader.read(READ_CHUNK))
+            if not data:
                 raise httpx.RemoteProtocolError(
-                    f"the trailers are larger than {MAX_HEAD_BYTES // 1024} KiB")
+                    "the server closed the connection before the end of the response body")
+            buf += data
 
     async def aclose(self) -> None:
         """Give the connection back (read to the end, keep-alive) or close it."""
