@@ -194,7 +194,9 @@ async def _ndjson(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
     loop).
     """
     rest = b""
-    async for data in response.aiter_raw():
+    # The body's own stream (the transport's, or httpx's on a proxied URL), not
+    # aiter_raw's layer around it; the caller closes the response.
+    async for data in response.stream:  # type: ignore[union-attr]
         lines = (rest + data).split(b"\n")
         rest = lines.pop()
         for line in lines:

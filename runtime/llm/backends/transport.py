@@ -136,12 +136,14 @@ class _Body(httpx.AsyncByteStream):
     async def _read(self, call: Any) -> bytes:
         return await _read_within(call, self._timeout, "the response body")
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        # A chunked body is its own generator, not one more layer around it (every layer
+        # costs each piece of a streamed reply a step).
+        return self._chunks(self._conn.reader) if self._chunked else self._unchunked()
+
+    async def _unchunked(self) -> AsyncIterator[bytes]:
         reader = self._conn.reader
-        if self._chunked:
-            async for data in self._chunks(reader):
-                yield data
-        elif self._length is not None:
+        if self._length is not None:
             remaining = self._length
             while remaining:
                 data = await self._read(reader.readexactly(min(remaining, READ_CHUNK)))
@@ -194,6 +196,7 @@ class _Body(httpx.AsyncByteStream):
             if out:
                 yield b"".join(out)
             if done:
+                self._complete = True
                 return
             data = await self._read(reader.read(READ_CHUNK))
             if not data:
