@@ -11,6 +11,7 @@ piece, in its own transaction).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -56,6 +57,11 @@ def _piece(store: Store, root: uuid.UUID, text: str, offset: int, *, task: uuid.
     with store.transaction() as conn:
         conn.execute(_PIECE, {"root": root, "task": task or root, "phase": phase, "call": call,
                               "attempt": attempt, "offset": offset, "text": text})
+
+
+def _cancel(store: Store, root: uuid.UUID) -> None:
+    """Cancel a tree (``store.steering`` once steering is a part of the store)."""
+    getattr(store, "steering", store).cancel(root, actor="test")
 
 
 def _texts(events: list[StreamEvent]) -> dict[tuple[str, int, int], str]:
@@ -104,7 +110,7 @@ def test_the_stream_reads_text_and_transitions_then_ends(store: Store) -> None:
     for word in words:
         _piece(store, root, word, offset)
         offset += len(word)
-    store.steering.cancel(root, actor="test")
+    _cancel(store, root)
     _piece(store, root, " after the end", offset)  # a later transaction: never shown
     events = list(follow(StreamReader(store.engine), root))
     _ordered_once(events)
@@ -155,7 +161,7 @@ def test_a_newer_attempt_supersedes_the_older_one(store: Store) -> None:
     _piece(store, root, "Fresh start", 0, attempt=2)
     _piece(store, root, " from a lost lease", 13)  # attempt 1, late: left out
     _piece(store, root, ".", 11, attempt=2)
-    store.steering.cancel(root, actor="test")
+    _cancel(store, root)
     events = list(follow(StreamReader(store.engine), root))
     _ordered_once(events)
     kinds = [e.kind for e in events]
@@ -216,7 +222,7 @@ def test_the_sse_stream_resumes_with_last_event_id(runtime: Runtime) -> None:
                 _piece(store, root, text, len(written.get(key, "")), call=call)
                 written[key] = written.get(key, "") + text
             time.sleep(0.005)
-        store.steering.cancel(root, actor="test")
+        _cancel(store, root)
 
     with Server(create_app(store=store, settings=runtime.settings, registry=runtime.registry,
                            api_token="")) as server:
@@ -247,7 +253,7 @@ def test_the_stream_takes_the_token_in_the_query(runtime: Runtime) -> None:
     from fastapi.testclient import TestClient
 
     root = _submit(runtime.store)
-    runtime.store.steering.cancel(root, actor="test")
+    _cancel(runtime.store, root)
     with TestClient(create_app(store=runtime.store, settings=runtime.settings,
                                registry=runtime.registry, api_token="s3cret")) as c:
         assert c.get(f"/trees/{root}/stream?token=s3cret").status_code == 200  # EventSource
@@ -262,7 +268,7 @@ def finished(runtime: Runtime) -> Iterator[uuid.UUID]:
     root = _submit(runtime.store)
     _piece(runtime.store, root, "Hello, ", 0)
     _piece(runtime.store, root, "world", 7)
-    runtime.store.steering.cancel(root, actor="test")
+    _cancel(runtime.store, root)
     yield root
 
 
@@ -312,7 +318,7 @@ def test_the_async_iterator_sees_text_as_it_is_written(db_url: str, store: Store
                     sent[f"piece {i};"] = time.monotonic()
                     _piece(store, root, f"piece {i};", sum(len(f"piece {j};") for j in range(i)))
                     time.sleep(0.01)
-                store.steering.cancel(root, actor="test")
+                _cancel(store, root)
 
             writer = threading.Thread(target=write)
             writer.start()
@@ -400,7 +406,7 @@ def test_mcp_submit_goal_with_wait_sends_the_text_as_progress(store: Store) -> N
             time.sleep(0.15)
         _piece(store, root, "Again", 0, attempt=2)
         time.sleep(0.2)
-        store.steering.cancel(root, actor="test")
+        _cancel(store, root)
 
     writer = threading.Thread(target=write)
     writer.start()
@@ -452,3 +458,88 @@ def test_an_escalated_root_ends_the_stream_and_a_retry_goes_on(store: Store) -> 
     rest = list(follow(reader, root, first[-1].position))
     assert [(e.kind, e.data.get("to") or e.data.get("text")) for e in rest] == [
         ("transition", "pending"), ("text", "second try"), ("transition", "done")]
+
+
+class _CuttingProxy:
+    """A TCP proxy that cuts its first ``cuts`` connections after ``after`` bytes back."""
+
+    def __init__(self, upstream: str, cuts: int, after: int) -> None:
+        import socket
+
+        host, port = upstream.removeprefix("http://").split(":")
+        self.upstream = (host, int(port))
+        self.cuts, self.after, self.cut = cuts, after, 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            limit = self.after if self.cut < self.cuts else None
+            self.cut += limit is not None
+            threading.Thread(target=self._pump, args=(client, server, None),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, limit),
+                             daemon=True).start()
+
+    @staticmethod
+    def _pump(source: Any, sink: Any, limit: int | None) -> None:
+        sent = 0
+        try:
+            while chunk := source.recv(4096):
+                if limit is not None and sent + len(chunk) >= limit:
+                    sink.sendall(chunk[:limit - sent])
+                    break
+                sink.sendall(chunk)
+                sent += len(chunk)
+        except OSError:
+            pass  # the other side closed: close both
+        import socket
+
+        for end in (source, sink):  # shutdown first: it wakes the other pump's recv
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                end.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_the_http_client_resumes_a_cut_stream_with_last_event_id(runtime: Runtime) -> None:
+    store = runtime.store
+    root = _submit(store)
+    words = [f"word{i} " for i in range(60)]
+
+    def write() -> None:
+        text = ""
+        for word in words:
+            _piece(store, root, word, len(text))
+            text += word
+            time.sleep(0.01)
+        _cancel(store, root)
+
+    with Server(create_app(store=store, settings=runtime.settings, registry=runtime.registry,
+                           api_token="")) as server:
+        proxy = _CuttingProxy(server.url, cuts=4, after=1500)
+        writer = threading.Thread(target=write)
+        writer.start()
+        try:
+            with Client.http(proxy.url) as over_http:
+                events = list(over_http.stream(root))
+        finally:
+            writer.join()
+            proxy.close()
+    assert proxy.cut == 4
+    _ordered_once(events)
+    assert _texts(events) == {(str(root), 0, 1): "".join(words)}
+    assert [e.id for e in events] == [e.id for e in follow(StreamReader(store.engine), root)]
