@@ -41,8 +41,7 @@ def follow(
 ) -> None:
     """Print a tree's transitions and model-call text as they happen, until the root ends.
 
-    Then print the root's answer; exit 1 unless the root ended done. A finished tree is
-    printed from its start.
+    Then the root's answer; exit 1 unless it ended done. A finished tree: from its start.
     """
     from runtime.cli.running import print_answer
     from runtime.views import task_json

@@ -176,8 +176,7 @@ def run(goal: str, options: GoalOptions, json_: JsonOpt = False,
         ) -> None:
     """Submit a goal, run its tree (only it) here, drawing it live; print the root's answer.
 
-    The model calls' text is printed as it streams: above the live tree on a terminal,
-    else on stderr (``--quiet`` or ``--json``: not at all).
+    The model calls' text is printed as it streams (on stderr off a terminal).
     """
     runtime = open_runtime(options.agents_module)
     from runtime.wiring import submit_root
