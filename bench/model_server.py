@@ -113,9 +113,14 @@ class ModelServer:
         now = dt.datetime.now(dt.UTC).isoformat()
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
                      b"Transfer-Encoding: chunked\r\n\r\n")
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         try:
             for n in range(self.pieces):
-                await asyncio.sleep(self.delay / self.pieces)
+                # On a schedule from the start (a model's fixed pace): a late wake-up of
+                # this busy loop does not push every later piece back.
+                await asyncio.sleep(max(0.0, began + (n + 1) * self.delay / self.pieces
+                                        - loop.time()))
                 _chunk(writer, {"model": model, "created_at": now, "done": False,
                                 "message": {"role": "assistant", "content": f"piece {n}. "}})
                 await writer.drain()
