@@ -280,3 +280,28 @@ def test_a_pool_timeout_says_it_waited_for_a_slot() -> None:
         asyncio.run(calls())
     finally:
         listener.close()
+
+
+@pytest.mark.parametrize(("no_proxy", "url", "straight"), [
+    ("", "http://model.example:11434", False),
+    ("*", "http://model.example:11434", True),
+    ("localhost,127.0.0.1", "http://127.0.0.1:11434", True),
+    ("localhost,127.0.0.1", "http://localhost:11434", True),
+    ("example.com", "http://model.example.com:11434", True),
+    ("example.com", "http://example.com", True),
+    ("example.com", "http://notexample.com", False),
+    (".example.com", "http://model.example.com", True),
+    ("::1", "http://[::1]:11434", True),
+    ("https://model.example", "http://model.example", False),
+])
+def test_the_environments_proxies_send_a_url_as_httpx_would(
+        no_proxy: str, url: str, straight: bool) -> None:
+    from runtime.llm.backends.transport import environment_mounts, goes_straight
+
+    proxies = {"http": "http://proxy.invalid:3128", "no": no_proxy}
+    mounts = environment_mounts(proxies, httpx.Limits())
+    assert goes_straight(httpx.URL(url), mounts) is straight
+    # httpx itself, given the same mounts, picks the proxy exactly when we do not go straight
+    client = httpx.AsyncClient(mounts=mounts)
+    picked = client._transport_for_url(httpx.URL(url))  # httpx's own choice, to compare
+    assert (picked is client._transport) is straight

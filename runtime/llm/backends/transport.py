@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator, Iterator
+import urllib.request
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -465,6 +467,70 @@ class StreamTransport(httpx.AsyncBaseTransport):
         self._idle.clear()
 
 
+#: What ``mounts`` maps a URL pattern to: a proxy's transport, or None (go straight).
+Mounts = dict[str, httpx.AsyncBaseTransport | None]
+
+
+def environment_mounts(proxies: Mapping[str, str], limits: httpx.Limits,
+                       verify: ssl.SSLContext | bool = True) -> Mounts:
+    """``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY``/``NO_PROXY`` as httpx ``mounts``.
+
+    What httpx does by itself only when no transport is given (``trust_env``): a proxy
+    per scheme (``http://``, ``https://``, ``all://``), and each ``NO_PROXY`` entry
+    mounted to None (straight to the server): an IP address or ``localhost`` as it is,
+    a name as itself and its subdomains, ``*`` as no proxy at all. ``proxies`` is
+    :func:`urllib.request.getproxies`' answer (scheme to URL, ``no`` for NO_PROXY).
+    """
+    mounts: Mounts = {}
+    for scheme in ("http", "https", "all"):
+        if url := proxies.get(scheme):
+            proxy = url if "://" in url else f"http://{url}"
+            mounts[f"{scheme}://"] = httpx.AsyncHTTPTransport(proxy=proxy, limits=limits,
+                                                              verify=verify)
+    for entry in (e.strip() for e in proxies.get("no", "").split(",")):
+        if entry == "*":
+            return {}
+        if not entry:
+            continue
+        if "://" in entry:
+            mounts[entry] = None
+        elif entry.lower() == "localhost" or _is_ip(entry):
+            mounts[f"all://[{entry}]" if ":" in entry else f"all://{entry}"] = None
+        else:
+            mounts[f"all://*{entry}"] = None
+    return mounts
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def goes_straight(url: httpx.URL, mounts: Mounts) -> bool:
+    """Whether ``mounts`` (:func:`environment_mounts`) send ``url`` to no proxy."""
+    host = url.host.lower()
+    proxied = False
+    for pattern, transport in mounts.items():
+        scheme, _, where = pattern.partition("://")
+        if scheme not in ("all", url.scheme):
+            continue
+        if transport is not None:  # a scheme's proxy (its pattern names no host)
+            proxied = True
+            continue
+        name = (where[1:where.index("]")] if where.startswith("[")  # an IPv6 address
+                else where.split(":")[0]).lower()
+        if name.startswith("*"):  # a name and its subdomains
+            name = name[1:].lstrip(".")
+            if host == name or host.endswith("." + name):
+                return True
+        elif host == name:
+            return True
+    return not proxied
+
+
 class LeanAsyncClient(httpx.AsyncClient):
     """An ``httpx.AsyncClient`` whose plain JSON requests skip httpx's per-request plumbing.
 
@@ -478,17 +544,24 @@ class LeanAsyncClient(httpx.AsyncClient):
     query parameters, other bodies) goes the ordinary httpx way, through the same
     transport. With ``trust_env`` (the default) the proxy variables are read as httpx
     reads them without a custom transport: a URL they proxy goes through httpx's proxy
-    transport (with the same connection limit), never the lean path.
+    transport (with the same connection limit: :func:`environment_mounts`), never the
+    lean path.
     """
 
     def __init__(self, *, max_connections: int, ssl_context: ssl.SSLContext | None = None,
                  **kwargs: Any) -> None:
         self._lean = StreamTransport(max_connections, ssl_context=ssl_context)
-        self._env_proxies = bool(kwargs.get("trust_env", True))
         kwargs.setdefault("limits", httpx.Limits(max_connections=max_connections,
                                                  max_keepalive_connections=max_connections))
         if ssl_context is not None:
             kwargs.setdefault("verify", ssl_context)
+        # httpx reads the environment's proxies only when no transport is given: read
+        # them here, as it would, into mounts of its own public kind.
+        self._proxies: Mounts = {}
+        if kwargs.get("trust_env", True) and "mounts" not in kwargs:
+            self._proxies = environment_mounts(urllib.request.getproxies(), kwargs["limits"],
+                                               kwargs.get("verify", True))
+            kwargs["mounts"] = self._proxies
         super().__init__(transport=self._lean, **kwargs)
         self._heads: dict[tuple[str, str], tuple[bytes, httpx.Request, _Key, bool]] = {}
 
@@ -496,10 +569,6 @@ class LeanAsyncClient(httpx.AsyncClient):
     def pool(self) -> StreamTransport:
         """Its connections: ``max_connections``, ``idle_connections``."""
         return self._lean
-
-    def _get_proxy_map(self, proxy: Any, allow_env_proxies: bool) -> dict[str, Any]:
-        # httpx reads the environment's proxies only when no transport is given.
-        return super()._get_proxy_map(proxy, allow_env_proxies or self._env_proxies)
 
     def _lean_head(self, method: str, path: str) -> tuple[bytes, httpx.Request, _Key, bool]:
         cached = self._heads.get((method, path))
@@ -513,7 +582,7 @@ class LeanAsyncClient(httpx.AsyncClient):
                                               b"transfer-encoding")]
             lines.append(b"Content-Type: application/json")
             head = b"\r\n".join(lines) + b"\r\nContent-Length: "
-            direct = self._transport_for_url(url) is self._lean  # not proxied
+            direct = goes_straight(url, self._proxies)
             cached = self._heads[(method, path)] = (head, request, key, direct)
         return cached
 
@@ -532,11 +601,16 @@ class LeanAsyncClient(httpx.AsyncClient):
         for hook in self.event_hooks["response"]:
             await hook(response)
         if self.follow_redirects and response.has_redirect_location:
-            sent = self.build_request(method, url, content=body,
-                                      headers={"Content-Type": "application/json"})
-            return await self.send(self._build_redirect_request(sent, response),
+            # Made again the ordinary httpx way, which follows the redirect as httpx
+            # does (the method and body per status); the redirecting server sees the
+            # request twice, having answered it only with a redirect.
+            return await self.send(self._json_request(method, url, body),
                                    follow_redirects=True)
         return response
+
+    def _json_request(self, method: str, url: str, body: bytes) -> httpx.Request:
+        return self.build_request(method, url, content=body,
+                                  headers={"Content-Type": "application/json"})
 
     async def open_stream(self, method: str, url: str, json_body: Any) -> httpx.Response:
         """Send a JSON request and return its response with the body still to be read.
@@ -551,19 +625,15 @@ class LeanAsyncClient(httpx.AsyncClient):
         body = json.dumps(json_body, ensure_ascii=False, separators=(",", ":"),
                           allow_nan=False).encode("utf-8")
         if not direct:
-            return await self.send(self.build_request(
-                method, url, content=body, headers={"Content-Type": "application/json"}),
-                stream=True)
+            return await self.send(self._json_request(method, url, body), stream=True)
         data = head + str(len(body)).encode("ascii") + b"\r\n\r\n" + body
         response = await self._lean.exchange(key, data, self.timeout.as_dict(), request,
                                              read_body=False)
         for hook in self.event_hooks["response"]:
             await hook(response)
         if self.follow_redirects and response.has_redirect_location:
-            await response.aclose()
-            sent = self.build_request(method, url, content=body,
-                                      headers={"Content-Type": "application/json"})
-            return await self.send(self._build_redirect_request(sent, response),
+            await response.aclose()  # made again the ordinary way, as in request()
+            return await self.send(self._json_request(method, url, body),
                                    follow_redirects=True, stream=True)
         return response
 
