@@ -9,14 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from agents.replies import Completion
-from runtime.llm.backends.offline import OfflineBackend
 from runtime.llm.reply import Backend, ModelReply
 from runtime.llm.request import Request
 
 
 def is_offline(backend: Backend) -> bool:
     """Offline backend, or a replay of a run that was recorded offline."""
-    return backend.name == OfflineBackend.name or bool(getattr(backend, "offline", False))
+    return backend.offline
 
 
 def output_of(request: Request, text: str, data: Any) -> Any:

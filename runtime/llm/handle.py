@@ -50,7 +50,7 @@ from runtime.llm.loop import CallLoop, token_rates
 from runtime.llm.recorded import RecordedReplies
 from runtime.llm.repair import ask_with_repairs
 from runtime.llm.reply import Backend, first_messages
-from runtime.llm.reply_loop import REPLY_LOOP, remote
+from runtime.llm.reply_loop import REPLY_LOOP
 from runtime.llm.request import Request, schema_of
 from runtime.llm.retries import ask_with_retries
 from runtime.llm.routing import Router
@@ -134,19 +134,15 @@ class LLMFactory:
 
         A remote backend's connections on the reply loop are closed too.
         """
-        aclose = getattr(self.backend, "aclose", None)  # a backend with connections has it
-        if aclose is not None:
-            await aclose()
-            if remote(self.backend):
-                await REPLY_LOOP.call(aclose)
+        await self.backend.aclose()
+        if self.backend.remote:  # its connections on the reply loop too
+            await REPLY_LOOP.call(self.backend.aclose)
         await self.ledger.aclose()
 
     def close(self) -> None:
         """Release the backend's connections, stop the factory's own loop (see detach)."""
         self.calls.close(self.aclose())
-        close = getattr(self.backend, "close", None)
-        if close is not None:
-            close()
+        self.backend.close()
         self._ledger_pool.shutdown(wait=False)
 
 

@@ -15,7 +15,8 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from decimal import Decimal
+from typing import Any
 
 from agents.replies import ToolCall as ToolCall  # defined with the reply agents see
 from runtime.core.canonical import canonical_sha256, sha256_hex
@@ -99,10 +100,36 @@ class BackendConfigError(OrgchartError, ValueError):
     """``[llm]`` settings that cannot give a backend (for example replay without a file)."""
 
 
-class Backend(Protocol):
-    """What every model backend offers to the model layer."""
+class Backend:
+    """A model backend: ``achat``, and what it can do, declared (issue 46).
 
-    name: str
+    The defaults are a backend that can do none of it; each backend overrides what it
+    can. The model layer reads these, never probes for them.
+    """
+
+    name: str = "backend"
+    #: Its requests go to a server: the model layer reads their replies on its reply loop.
+    remote: bool = False
+    #: It can continue a reply from a recorded prefix (a call cut off goes on).
+    continues_prefix: bool = False
+
+    @property
+    def offline(self) -> bool:
+        """Its answers are not a model's work (canned, or a replay of such)."""
+        return False
+
+    @property
+    def served_model(self) -> tuple[str, Decimal] | None:
+        """The one model it serves on every route, with its price; None: the routes'."""
+        return None
+
+    def host_for(self, route: str) -> str:
+        """The server a route's calls go to (one call-slot pool per server)."""
+        return self.name
+
+    def parallel_for(self, route: str) -> int | None:
+        """Its own limit of calls at once on ``route`` (None: only ``[ollama]``'s)."""
+        return None
 
     async def achat(self, model: str, messages: Sequence[Message],
                     schema: dict[str, Any] | None, max_tokens: int, *,
@@ -112,7 +139,13 @@ class Backend(Protocol):
         A backend that serves tool calling also takes ``tools=`` (Ollama's list of
         ``{"type": "function", ...}``); the model layer passes it only when tools are given.
         """
-        ...
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Close the connections it opened on the running loop (none by default)."""
+
+    def close(self) -> None:
+        """Release what it holds (nothing by default)."""
 
 
 # ---------------------------------------------------------------------- helpers

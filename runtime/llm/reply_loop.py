@@ -103,7 +103,3 @@ def _on_loop(loop: asyncio.AbstractEventLoop, hook: Callable[[], None]) -> Calla
 #: The process's reply loop.
 REPLY_LOOP = ReplyLoop()
 
-
-def remote(backend: Any) -> bool:
-    """Whether ``backend``'s requests go to a server (read on the reply loop)."""
-    return bool(getattr(backend, "remote", False))

@@ -122,7 +122,7 @@ class Router:
     def __init__(self, settings: Settings, read_depth: Callable[[], Awaitable[int]],
                  backend: Any = None) -> None:
         self._settings = settings
-        self._served: tuple[str, Decimal] | None = getattr(backend, "served_model", None)
+        self._served: tuple[str, Decimal] | None = backend.served_model
         self._read_depth = read_depth
         self._depth: tuple[float, int] | None = None
         self._depth_reads: dict[asyncio.AbstractEventLoop, asyncio.Future[int]] = {}

@@ -40,7 +40,7 @@ from runtime.llm.charging import Charger
 from runtime.llm.gate import CallGate
 from runtime.llm.repair import validated
 from runtime.llm.reply import Backend, BadModelReply, ModelReply, message_tokens
-from runtime.llm.reply_loop import REPLY_LOOP, remote
+from runtime.llm.reply_loop import REPLY_LOOP
 from runtime.llm.request import Request
 from runtime.llm.server_slots import Fair, ServerSlots
 from runtime.llm.text_stream import CONTINUE_FROM, ON_TEXT, CallAttempts, TextSink, TextStream
@@ -73,11 +73,10 @@ class Sender:
         self._lease_token, self._lease_lost = lease_token, lease_lost
         self._task_id = charger.rows.task_id
         #: A server's replies are read on the reply loop, not behind this loop's work.
-        self._remote = remote(backend)
+        self._remote = backend.remote
         self._text = text
         #: The backend continues a prefix (a call cut off is continued, not made again).
-        self._continues = continue_cut_off and bool(getattr(backend, "continues_prefix",
-                                                            False))
+        self._continues = continue_cut_off and backend.continues_prefix
         #: Per call (its index): the last attempt its streams got in this delivery.
         self._text_calls: dict[int, CallAttempts] = {}
 

@@ -42,20 +42,18 @@ class ServerSlots:
 
     def __init__(self, calls: CallLoop, backend: Backend, settings: Settings) -> None:
         self._calls = calls
-        self._host_for = getattr(backend, "host_for", None)  # one server per route
-        # A backend's own limit (the embedded model's [embedded] max_parallel).
-        self._parallel_for = getattr(backend, "parallel_for", None)
-        self._name = backend.name
+        self._backend = backend
         self._settings = settings
 
     def ticket(self, request: Request, fair: Fair, stopped: StopCheck | None = None) -> Ticket:
         """``request``'s turn at its route's server, its reservation as its estimate."""
         route = request.route.route
-        host = self._host_for(route) if self._host_for is not None else self._name
+        host = self._backend.host_for(route)  # one server per route
         ollama = self._settings.ollama
         limit = ollama.cloud_max_parallel if route == "cloud" else ollama.max_parallel
-        if self._parallel_for is not None:  # the tighter of the two
-            limit = min(limit, self._parallel_for(route))
+        own = self._backend.parallel_for(route)  # (the embedded model's max_parallel)
+        if own is not None:  # the tighter of the two
+            limit = min(limit, own)
         held = request.held
         estimate = held.prompt_tokens + held.completion_tokens if held is not None else 0
         return self._calls.slot(host, limit).ticket(

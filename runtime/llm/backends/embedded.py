@@ -62,6 +62,7 @@ from runtime.config import EmbeddedSettings, Settings
 from runtime.llm.backends.schema_grammar import GrammarMask, SchemaGrammars, guidance_installed
 from runtime.llm.gate import request_sent
 from runtime.llm.reply import (
+    Backend,
     BackendConfigError,
     Message,
     ModelReply,
@@ -338,7 +339,7 @@ class _Generation:
         self.started: float | None = None
 
 
-class EmbeddedBackend:
+class EmbeddedBackend(Backend):
     """A GGUF model run in this process by llama.cpp (``[llm] backend = "embedded"``)."""
 
     name = "embedded"

@@ -28,6 +28,7 @@ from typing import Any
 
 from runtime.llm.backends.schema_instance import instance_for_schema, offline_text
 from runtime.llm.reply import (
+    Backend,
     Message,
     ModelReply,
     RetryableModelError,
@@ -43,10 +44,15 @@ from runtime.llm.text_stream import text_in_pieces
 BEHAVIOURS = ("ok", "broken_json", "wrong_shape", "empty", "length", "transient")
 
 
-class OfflineBackend:
+class OfflineBackend(Backend):
     """Deterministic answers with no network; everything it says is labelled offline."""
 
     name = "offline"
+
+    @property
+    def offline(self) -> bool:
+        """Always: its answers are canned, not a model's."""
+        return True
 
     def __init__(self, script: Iterable[str] = ()) -> None:
         self.script = list(script)

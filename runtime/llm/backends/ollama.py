@@ -53,6 +53,7 @@ from runtime.llm.backends.transport import LeanAsyncClient
 from runtime.llm.reply import (
     PROBE_TIMEOUT_SECONDS,
     TRANSIENT_STATUSES,
+    Backend,
     Message,
     ModelReply,
     ModelRequestError,
@@ -215,7 +216,7 @@ def _response_error(response: httpx.Response) -> ollama.ResponseError:
     return ollama.ResponseError(error, response.status_code)
 
 
-class OllamaBackend:
+class OllamaBackend(Backend):
     """Ollama through the official client; the cloud route may go to a second server."""
 
     name = "ollama"

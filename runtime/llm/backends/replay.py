@@ -21,6 +21,7 @@ from runtime.llm.backends.offline import OfflineBackend
 from runtime.llm.backends.schema_instance import prompt_snippet
 from runtime.llm.reply import (
     NOT_RECORDED,
+    Backend,
     BackendConfigError,
     Message,
     ModelReply,
@@ -138,7 +139,7 @@ def load_replay_file(path: str | Path) -> dict[str, list[ReplayRecord]]:
     return dict(by_key)
 
 
-class ReplayBackend:
+class ReplayBackend(Backend):
     """Serves a recorded run's responses, the same ones in the same order.
 
     The n-th time a request is made it gets the n-th recorded response to that request;
