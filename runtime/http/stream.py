@@ -40,6 +40,7 @@ from runtime.store.store import Store
 from runtime.store.streams import (
     EVENT_ID_PATTERN,
     POLL_SECONDS,
+    Horizon,
     Position,
     StreamEvent,
     StreamReader,
@@ -72,22 +73,35 @@ def end_message(root_id: uuid.UUID, status: str | None) -> bytes:
 
 async def sse_stream(reader: StreamReader, root_id: uuid.UUID, after: Position,
                      executor: ThreadPoolExecutor | None = None,
-                     poll_seconds: float = POLL_SECONDS) -> AsyncIterator[bytes]:
-    """The SSE body of a tree's stream after ``after``, until the stream ends."""
+                     poll_seconds: float = POLL_SECONDS,
+                     horizon: Horizon | None = None) -> AsyncIterator[bytes]:
+    """The SSE body of a tree's stream after ``after``, until the stream ends.
+
+    With a shared ``horizon``, the stream reads (on ``executor``) only when it moved;
+    else each step probes it.
+    """
     loop = asyncio.get_running_loop()
     stream = TreeStream(reader, root_id, after, poll_seconds)
     yield f"retry: {RETRY_MS}\n\n".encode()
     quiet_since = time.monotonic()
-    while not stream.ended:
-        events = await loop.run_in_executor(executor, stream.step)
-        if events:
-            yield b"".join(sse(e) for e in events)
-            quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
-            yield b": keepalive\n\n"
-            quiet_since = time.monotonic()
-        if stream.waiting:
-            await asyncio.sleep(stream.pause())
+    if horizon is not None:
+        horizon.subscribe()
+    try:
+        while not stream.ended:
+            seen = horizon.value() if horizon is not None else None
+            events = (await loop.run_in_executor(executor, stream.step, seen)
+                      if stream.wants(seen) else [])
+            if events:
+                yield b"".join(sse(e) for e in events)
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
+                yield b": keepalive\n\n"
+                quiet_since = time.monotonic()
+            if stream.waiting:
+                await asyncio.sleep(stream.pause())
+    finally:
+        if horizon is not None:
+            horizon.unsubscribe()
     status = None
     if stream.found:
         status = await loop.run_in_executor(executor, reader.root_status, root_id)
@@ -106,6 +120,7 @@ def add_stream_routes(app: FastAPI, store: Store) -> None:
     """Add ``GET /trees/{root_id}/stream`` on ``store``."""
     reader = StreamReader(store.engine)
     executor = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="tree-stream")
+    horizon = Horizon(reader)
 
     @app.get("/trees/{root_id}/stream", tags=["trees"], response_class=StreamingResponse,
              responses=_RESPONSES)
@@ -128,5 +143,6 @@ def add_stream_routes(app: FastAPI, store: Store) -> None:
         loop = asyncio.get_running_loop()
         if not await loop.run_in_executor(executor, reader.exists, root_id):
             raise NotFound(f"no tree with root {root_id}")
-        return StreamingResponse(sse_stream(reader, root_id, position, executor),
+        return StreamingResponse(sse_stream(reader, root_id, position, executor,
+                                            horizon=horizon),
                                  media_type="text/event-stream", headers=_HEADERS)

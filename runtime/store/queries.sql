@@ -3094,9 +3094,18 @@ WITH horizon AS (
     WHERE t.root_id = :root_id
     ORDER BY e.txid, e.id
     LIMIT :limit
+), page AS (
+    SELECT CAST(txid AS text) AS txid, source, id, task_id, phase, call_index, attempt,
+           "offset", text, superseded, from_status, to_status, at, agent,
+           CAST(NULL AS float8) AS elapsed
+    FROM (SELECT * FROM pieces UNION ALL SELECT * FROM transitions) s
+    ORDER BY s.txid, s.source, s.id
+    LIMIT :limit
 )
-SELECT CAST(txid AS text) AS txid, source, id, task_id, phase, call_index, attempt,
-       "offset", text, superseded, from_status, to_status, at, agent
-FROM (SELECT * FROM pieces UNION ALL SELECT * FROM transitions) s
-ORDER BY s.txid, s.source, s.id
-LIMIT :limit;
+SELECT * FROM page
+UNION ALL
+-- Last, one row (source 2) with the statement's time on the server: what the reader
+-- paces itself by (a client short of CPU would see its reads as longer than they are).
+SELECT NULL, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       extract(epoch FROM clock_timestamp() - statement_timestamp())
+FROM (SELECT count(*) FROM page) AS after_the_page;

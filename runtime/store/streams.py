@@ -27,7 +27,9 @@ errors propagate to the caller, whose cursor stays valid for a new connection.
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 import time
 import uuid
 from collections import deque
@@ -41,7 +43,9 @@ from runtime.errors import BadInput
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.rows import TERMINAL_STATUSES
 
-__all__ = ["EVENT_ID_PATTERN", "START", "TERMINAL_STATUSES", "Page", "Position",
+log = logging.getLogger(__name__)
+
+__all__ = ["EVENT_ID_PATTERN", "START", "TERMINAL_STATUSES", "Horizon", "Page", "Position",
            "StreamEvent", "StreamReader", "TreeStream", "follow"]
 
 #: Rows read at most per statement; a full page is followed at once by the next.
@@ -51,12 +55,15 @@ POLL_SECONDS = 0.01
 #: A stream waits at least this many times a read's cost before the next one: on a big
 #: tree (a read of a 931-task tree with 6,500 transitions takes 12 ms, each task's
 #: transitions checked on its index) one reader keeps the database busy a fifth of the
-#: time at most, not all of it. A read's cost is the shortest of the last
-#: :data:`READ_COSTS` reads: a process short of CPU makes reads look longer, not dearer.
+#: time at most, not all of it. A read's cost is its statement's time on the server
+#: (a process short of CPU would see it longer than it is), the least of the last
+#: :data:`READ_COSTS`.
 READ_SHARE = 4.0
 READ_COSTS = 8
 #: The sources, in the order they take within one transaction.
 TEXT_SOURCE, EVENT_SOURCE = 0, 1
+#: ``stream_read``'s last row: the statement's time on the server, not an event.
+_COST_SOURCE = 2
 _BIGINT_MAX = 2**63 - 1
 #: An event id: ``<txid>.<s|t|e><row id>`` (18 digits at most each: within bigint).
 EVENT_ID_PATTERN = r"^(0|\d{1,18}\.[set]\d{1,18})?$"
@@ -138,6 +145,8 @@ class Page:
     ended: bool = False
     found: bool = True
     full: bool = False
+    #: Seconds the read's main statement took on the server.
+    cost: float = 0.0
 
 
 def _events_of(row: Any) -> list[StreamEvent]:
@@ -209,9 +218,12 @@ class StreamReader:
                 "text_id": text_after[1], "event_txid": str(event_after[0]),
                 "event_id": event_after[1], "until_txid": until,
                 "limit": self.page_rows}).all()
+        cost = next((float(r.elapsed) for r in rows if r.source == _COST_SOURCE), 0.0)
+        rows = sorted((r for r in rows if r.source != _COST_SOURCE),
+                      key=lambda r: (int(r.txid), r.source, r.id))
         events = [e for row in rows for e in _events_of(row) if e.position > after]
         full = len(rows) >= self.page_rows
-        return Page(events, ended=until is not None and not full, full=full)
+        return Page(events, ended=until is not None and not full, full=full, cost=cost)
 
 
 class TreeStream:
@@ -234,16 +246,27 @@ class TreeStream:
         self._more = True
         self._reads: deque[float] = deque(maxlen=READ_COSTS)
 
-    def step(self) -> list[StreamEvent]:
-        """The events readable now after the cursor (maybe none); sets :attr:`ended`."""
+    def wants(self, horizon: int | None) -> bool:
+        """Whether a step would read, given what a shared :class:`Horizon` saw.
+
+        None: unknown, the step probes the horizon itself.
+        """
+        return self._more or horizon is None or horizon != self._horizon
+
+    def step(self, horizon: int | None = None) -> list[StreamEvent]:
+        """The events readable now after the cursor (maybe none); sets :attr:`ended`.
+
+        ``horizon``: the xmin a shared :class:`Horizon` saw (it must have been probed
+        before this call); None: probe it here.
+        """
         if not self._more:
-            horizon = self.reader.probe()
+            if horizon is None:
+                horizon = self.reader.probe()
             if horizon == self._horizon:
                 return []
             self._horizon = horizon
-        started = time.monotonic()
         page = self.reader.read(self.root_id, self.cursor)
-        self._reads.append(time.monotonic() - started)
+        self._reads.append(page.cost)
         self._more = page.full
         if page.events:
             self.cursor = page.events[-1].position
@@ -258,6 +281,58 @@ class TreeStream:
     def pause(self) -> float:
         """Seconds to wait before the next step: the poll, or more after a long read."""
         return max(self.poll_seconds, READ_SHARE * min(self._reads, default=0.0))
+
+
+class Horizon:
+    """One probe of the horizon for all the streams of a process (the API's).
+
+    A thread probes every ``poll_seconds`` while a stream is subscribed, so N readers cost
+    one trivial statement per poll, not N. A stream reads only when the value moved.
+
+    A value is the xmin seen by a probe that finished before :meth:`value` returned it:
+    a stream that read after seeing ``h`` has read every row below ``h``, so while the
+    value stays ``h`` there is nothing new for it (:meth:`TreeStream.wants`).
+    """
+
+    def __init__(self, reader: StreamReader, poll_seconds: float = POLL_SECONDS) -> None:
+        self.reader = reader
+        self.poll_seconds = poll_seconds
+        self._value: int | None = None
+        self._users = 0
+        self._lock = threading.Lock()
+        self._running = False
+
+    def value(self) -> int | None:
+        """The newest xmin probed (None before the first probe, or after a failed one)."""
+        return self._value
+
+    def subscribe(self) -> None:
+        """A stream starts: probe while any is subscribed."""
+        with self._lock:
+            self._users += 1
+            if self._running:
+                return
+            self._running = True
+        threading.Thread(target=self._run, name="stream-horizon", daemon=True).start()
+
+    def unsubscribe(self) -> None:
+        """A stream ended."""
+        with self._lock:
+            self._users -= 1
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if self._users <= 0:
+                    self._running = False
+                    self._value = None
+                    return
+            try:
+                self._value = self.reader.probe()
+            except Exception:  # the streams probe themselves meanwhile (value None)
+                self._value = None
+                log.warning("the streams' horizon probe failed", exc_info=True)
+            time.sleep(self.poll_seconds)
 
 
 def follow(reader: StreamReader, root_id: uuid.UUID, after: Position = START, *,

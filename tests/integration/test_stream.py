@@ -543,3 +543,31 @@ def test_the_http_client_resumes_a_cut_stream_with_last_event_id(runtime: Runtim
     _ordered_once(events)
     assert _texts(events) == {(str(root), 0, 1): "".join(words)}
     assert [e.id for e in events] == [e.id for e in follow(StreamReader(store.engine), root)]
+
+
+def test_one_horizon_probe_serves_every_stream_of_the_process(store: Store) -> None:
+    from runtime.store.streams import Horizon
+
+    class Counting(StreamReader):
+        probes = 0
+
+        def probe(self) -> int:
+            Counting.probes += 1
+            return super().probe()
+
+    horizon = Horizon(Counting(store.engine), poll_seconds=0.01)
+    for _ in range(10):  # ten streams
+        horizon.subscribe()
+    deadline = time.monotonic() + 10
+    while horizon.value() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.3)
+    assert Counting.probes <= 40  # one loop: about 30 probes, not 10 x 30
+    for _ in range(10):
+        horizon.unsubscribe()
+    time.sleep(0.1)
+    assert horizon.value() is None  # the thread stopped with the last stream
+    stopped_at = Counting.probes
+    time.sleep(0.1)
+    assert Counting.probes == stopped_at
