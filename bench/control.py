@@ -266,7 +266,7 @@ def measure_answers(store: Store, answers: int) -> dict[str, Any]:
     lags: list[float] = []
     for parent, question in questions.items():
         started = time.monotonic()
-        store.answer(question, "yes", actor="bench")
+        store.steering.answer(question, "yes", actor="bench")
         while store.get(parent)["status"] in ("ready_to_aggregate", "waiting"):
             if time.monotonic() - started > 30:
                 raise RuntimeError("an answered question's parent was never claimed")

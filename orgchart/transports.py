@@ -213,20 +213,20 @@ class DatabaseTransport:
         by = body.get("by") or "client"
         outcome: Any
         if action == "cancel":
-            outcome = self.store.cancel(task_id, actor=by, note=body.get("note"))
+            outcome = self.store.steering.cancel(task_id, actor=by, note=body.get("note"))
         elif action == "pause":
-            outcome = self.store.pause(task_id, actor=by, note=body.get("note"))
+            outcome = self.store.steering.pause(task_id, actor=by, note=body.get("note"))
         elif action == "resume":
-            outcome = self.store.resume(task_id, actor=by)
+            outcome = self.store.steering.resume(task_id, actor=by)
         else:
-            outcome = self.store.answer(task_id, body["answer"], actor=by)
+            outcome = self.store.steering.answer(task_id, body["answer"], actor=by)
         return steer_json(outcome)
 
     def inbox(self) -> list[dict[str, Any]]:
         """What waits for a person, oldest first."""
         from runtime.views import inbox_json
 
-        return [inbox_json(r) for r in self.store.inbox()]
+        return [inbox_json(r) for r in self.store.steering.inbox()]
 
     def stream(self, root_id: uuid.UUID, after: str | None = None,
                stop: Callable[[], bool] | None = None) -> Iterator[StreamEvent]:

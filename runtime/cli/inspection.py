@@ -104,7 +104,7 @@ def tree(
             time.sleep(interval)
             current = follow()
         summary = None if json_ else critical_path_summary(store, rid)
-        pause = store.pause_of(rid)
+        pause = store.steering.pause_of(rid)
     if json_:
         # A paused tree says so on its root (fields may be added to the shape).
         print_json({**current, "paused": True} if pause is not None else current)

@@ -2,7 +2,7 @@
 
 ``reject`` is ``approve``'s opposite.
 
-Each command is one call of :class:`runtime.store.steering.StoreSteering` and prints
+Each command is one call of :class:`runtime.store.steering.Steering` and prints
 what it did (``--json``: the shape of ``runtime.views.steer_json``, as the HTTP API
 answers). A no-op (cancelling a finished task, a second approve, pausing a paused tree)
 exits 0 and says so. An id is a whole UUID or a unique prefix of one (as ``tree`` prints
@@ -58,7 +58,7 @@ def cancel(task_id: Annotated[str, typer.Argument(help="The task to cancel, with
     ref = TaskRef.parse(task_id)
     check_storable(note, "--note")
     with opened_store() as store:
-        _say(store.cancel(ref.resolve(store), actor=by, note=note), json_)
+        _say(store.steering.cancel(ref.resolve(store), actor=by, note=note), json_)
 
 
 def pause(root_id: Annotated[str, typer.Argument(help="The root of the tree to pause.")],
@@ -67,7 +67,7 @@ def pause(root_id: Annotated[str, typer.Argument(help="The root of the tree to p
     ref = TaskRef.parse(root_id, "root id")
     check_storable(note, "--note")
     with opened_store() as store:
-        _say(store.pause(ref.resolve(store), actor=by, note=note), json_)
+        _say(store.steering.pause(ref.resolve(store), actor=by, note=note), json_)
 
 
 def resume(root_id: Annotated[str, typer.Argument(help="The root of the paused tree.")],
@@ -75,13 +75,13 @@ def resume(root_id: Annotated[str, typer.Argument(help="The root of the paused t
     """Resume a paused tree where it stood."""
     ref = TaskRef.parse(root_id, "root id")
     with opened_store() as store:
-        _say(store.resume(ref.resolve(store), actor=by), json_)
+        _say(store.steering.resume(ref.resolve(store), actor=by), json_)
 
 
 def inbox(json_: JsonOpt = False) -> None:
     """What waits for a person: questions, approvals and escalations, oldest first."""
     with opened_store() as store:
-        items = [inbox_json(r) for r in store.inbox()]
+        items = [inbox_json(r) for r in store.steering.inbox()]
     if json_:
         print_json(items)
         return
@@ -109,7 +109,7 @@ def answer(task_id: Annotated[str, typer.Argument(help="The question's task id."
     value = parse_json_option("--json", json_text)
     check_storable(value, "the answer")
     with opened_store() as store:
-        _say(store.answer(ref.resolve(store), value, actor=by), False)
+        _say(store.steering.answer(ref.resolve(store), value, actor=by), False)
 
 
 def approve(task_id: Annotated[str, typer.Argument(help="The task awaiting approval.")],
@@ -118,7 +118,7 @@ def approve(task_id: Annotated[str, typer.Argument(help="The task awaiting appro
     ref = TaskRef.parse(task_id)
     check_storable(note, "--note")
     with opened_store() as store:
-        _say(store.approve(ref.resolve(store), actor=by, note=note), json_)
+        _say(store.steering.approve(ref.resolve(store), actor=by, note=note), json_)
 
 
 def reject(task_id: Annotated[str, typer.Argument(help="The task awaiting approval.")],
@@ -128,7 +128,7 @@ def reject(task_id: Annotated[str, typer.Argument(help="The task awaiting approv
     ref = TaskRef.parse(task_id)
     check_storable(note, "--note")
     with opened_store() as store:
-        _say(store.reject(ref.resolve(store), note=note, actor=by), json_)
+        _say(store.steering.reject(ref.resolve(store), note=note, actor=by), json_)
 
 
 def _payload(text: str | None) -> dict[str, object] | None:

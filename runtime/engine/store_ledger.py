@@ -104,7 +104,7 @@ class StoreLedger(CallLedger):
 
         Read under the trees' steering locks, held until the returned ``release()``.
         """
-        rows, release = self.store.gate_calls_held(task_ids)
+        rows, release = self.store.steering.gate_calls_held(task_ids)
         return {i: (g.status, g.paused, g.lease_token) for i, g in rows.items()}, release
 
     def step_begin(self, begin: StepBegin) -> StepRecord | None:

@@ -250,7 +250,7 @@ class ExperimentRunner:
                 return
             if budget is not None and not self._budget_left(budget, summary):
                 for root in open_roots:
-                    self.store.cancel(root, actor="experiment", note=summary.stopped)
+                    self.store.steering.cancel(root, actor="experiment", note=summary.stopped)
                 summary.stopped = (summary.stopped or "") + (
                     f"; {len(open_roots)} running tree(s) cancelled")
                 return

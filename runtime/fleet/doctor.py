@@ -168,7 +168,7 @@ def check(store: Store, limits: DoctorLimits, now: dt.datetime | None = None) ->
     limits = fire_limits(limits, schedules)
     checkup = diagnose(store.last_fire(), store.stranded(), store.escalations(), limits, now)
     diagnose_schedules(checkup, schedules)
-    diagnose_inbox(checkup, store.inbox_older_than(limits.inbox_age_alert_seconds), limits)
+    diagnose_inbox(checkup, store.steering.inbox_older_than(limits.inbox_age_alert_seconds), limits)
     diagnose_webhooks(checkup, store.webhooks.health(limits.webhook_alert_after_seconds), limits)
     return checkup
 

@@ -86,12 +86,12 @@ def add_steering_routes(app: FastAPI, store: Store) -> None:
         """Pause a tree: no claims, no new model calls; leases stay alive."""
         note = body.note if body else None
         check_storable(note, "note")
-        return steer_json(store.pause(root_id, actor=actor(body), note=note))
+        return steer_json(store.steering.pause(root_id, actor=actor(body), note=note))
 
     @app.post("/trees/{root_id}/resume", tags=["steering"], responses=_ERRORS)
     def resume_tree(root_id: uuid.UUID, body: NoteRequest | None = None) -> dict[str, Any]:
         """Resume a paused tree where it stood."""
-        return steer_json(store.resume(root_id, actor=actor(body)))
+        return steer_json(store.steering.resume(root_id, actor=actor(body)))
 
     _add_tree_routes(app, store, actor)
     _add_task_routes(app, store, actor)
@@ -102,7 +102,7 @@ def _add_tree_routes(app: FastAPI, store: Store, actor: Any) -> None:
     def get_pause(root_id: uuid.UUID) -> dict[str, Any]:
         """Whether a tree is paused: ``paused``, and since when, by whom, why."""
         store.get(root_id)  # 404 for a missing task
-        pause = store.pause_of(root_id)
+        pause = store.steering.pause_of(root_id)
         return {"root_id": str(root_id), "paused": pause is not None,
                 "paused_at": pause["paused_at"].isoformat() if pause else None,
                 "paused_by": pause["paused_by"] if pause else None,
@@ -115,28 +115,28 @@ def _add_task_routes(app: FastAPI, store: Store, actor: Any) -> None:
         """Cancel a task and every open task below it (``cancelled``, one event each)."""
         note = body.note if body else None
         check_storable(note, "note")
-        return steer_json(store.cancel(task_id, actor=actor(body), note=note))
+        return steer_json(store.steering.cancel(task_id, actor=actor(body), note=note))
 
     @app.get("/inbox", tags=["steering"])
     def list_inbox() -> list[dict[str, Any]]:
         """What waits for a person, oldest first: questions, approvals, escalations."""
-        return [inbox_json(r) for r in store.inbox()]
+        return [inbox_json(r) for r in store.steering.inbox()]
 
     @app.post("/tasks/{task_id}/answer", tags=["steering"], responses=_ERRORS)
     def answer_task(task_id: uuid.UUID, body: AnswerRequest) -> dict[str, Any]:
         """Answer a question to ``human``; its parent's fan-in follows at once."""
         check_storable(body.answer, "answer")
-        return steer_json(store.answer(task_id, body.answer, actor=actor(body)))
+        return steer_json(store.steering.answer(task_id, body.answer, actor=actor(body)))
 
     @app.post("/tasks/{task_id}/approve", tags=["steering"], responses=_ERRORS)
     def approve_task(task_id: uuid.UUID, body: NoteRequest | None = None) -> dict[str, Any]:
         """Let a task held for approval run (once)."""
         note = body.note if body else None
         check_storable(note, "note")
-        return steer_json(store.approve(task_id, actor=actor(body), note=note))
+        return steer_json(store.steering.approve(task_id, actor=actor(body), note=note))
 
     @app.post("/tasks/{task_id}/reject", tags=["steering"], responses=_ERRORS)
     def reject_task(task_id: uuid.UUID, body: RejectRequest) -> dict[str, Any]:
         """Fail a task held for approval with the note (required, not blank)."""
         check_storable(body.note, "note")
-        return steer_json(store.reject(task_id, note=body.note, actor=actor(body)))
+        return steer_json(store.steering.reject(task_id, note=body.note, actor=actor(body)))

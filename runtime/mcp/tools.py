@@ -167,48 +167,48 @@ def get_task(deps: Deps, args: GetTaskArgs) -> dict[str, Any]:
 
 def list_inbox(deps: Deps, _: NoArgs) -> dict[str, Any]:
     """What waits for a person (``orgchart inbox``, ``GET /inbox``)."""
-    return {"items": [inbox_json(r) for r in deps.store.inbox()]}
+    return {"items": [inbox_json(r) for r in deps.store.steering.inbox()]}
 
 
 def answer(deps: Deps, args: AnswerArgs) -> dict[str, Any]:
     """Answer a question to ``human`` (``orgchart answer``)."""
     tid = parse_task_id(args.task_id)
     check_storable(args.answer, "the answer")
-    return steer_json(deps.store.answer(tid, args.answer, actor=_by(args)))
+    return steer_json(deps.store.steering.answer(tid, args.answer, actor=_by(args)))
 
 
 def approve(deps: Deps, args: TaskNoteArgs) -> dict[str, Any]:
     """Let a task held for approval run (``orgchart approve``)."""
     tid = parse_task_id(args.task_id)
     check_storable(args.note, "note")
-    return steer_json(deps.store.approve(tid, actor=_by(args), note=args.note))
+    return steer_json(deps.store.steering.approve(tid, actor=_by(args), note=args.note))
 
 
 def reject(deps: Deps, args: TaskNoteArgs) -> dict[str, Any]:
     """Fail a task held for approval with the note (``orgchart reject``)."""
     tid = parse_task_id(args.task_id)
     check_storable(args.note, "note")
-    return steer_json(deps.store.reject(tid, note=args.note or "", actor=_by(args)))
+    return steer_json(deps.store.steering.reject(tid, note=args.note or "", actor=_by(args)))
 
 
 def cancel(deps: Deps, args: TaskNoteArgs) -> dict[str, Any]:
     """Cancel a task and its open subtree (``orgchart cancel``)."""
     tid = parse_task_id(args.task_id)
     check_storable(args.note, "note")
-    return steer_json(deps.store.cancel(tid, actor=_by(args), note=args.note))
+    return steer_json(deps.store.steering.cancel(tid, actor=_by(args), note=args.note))
 
 
 def pause(deps: Deps, args: RootNoteArgs) -> dict[str, Any]:
     """Pause a tree (``orgchart pause``)."""
     rid = parse_task_id(args.root_id, "root id")
     check_storable(args.note, "note")
-    return steer_json(deps.store.pause(rid, actor=_by(args), note=args.note))
+    return steer_json(deps.store.steering.pause(rid, actor=_by(args), note=args.note))
 
 
 def resume(deps: Deps, args: RootNoteArgs) -> dict[str, Any]:
     """Resume a paused tree (``orgchart resume``)."""
     rid = parse_task_id(args.root_id, "root id")
-    return steer_json(deps.store.resume(rid, actor=_by(args)))
+    return steer_json(deps.store.steering.resume(rid, actor=_by(args)))
 
 
 def fork_task(deps: Deps, args: ForkArgs) -> dict[str, Any]:

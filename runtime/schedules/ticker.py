@@ -232,7 +232,7 @@ class Ticker:
             return False
         for run in open_runs:  # cancel_previous: through the one cancel a person uses
             try:
-                self.store.cancel(run["root_id"], actor=f"schedule:{name}",
+                self.store.steering.cancel(run["root_id"], actor=f"schedule:{name}",
                                   note=f"replaced by the slot of {slot.isoformat()}")
                 done.cancelled += 1
             except NotFound:  # pruned since

@@ -121,7 +121,7 @@ class StoreHygiene(StoreWrites):
             swept = self._sweep(conn, "sweeper", sweep_limit)
             late = conn.execute(_TEXT["task_fail_unanswered"],  # questions past their deadline
                                 {"worker": "watchdog", "limit": timeout_limit}).all()
-            self._children_ended(conn, late, "watchdog")
+            self.children_ended(conn, late, "watchdog")
         return Maintained(reaped, timed_out, swept, tuple(r.id for r in late))
 
     def reap(self, max_delivery: int, worker: str = "reaper", limit: int = 1000) -> Reaped:
@@ -162,7 +162,7 @@ class StoreHygiene(StoreWrites):
 
     def _reaped(self, conn: Connection, rows: Sequence[Any], worker: str) -> Reaped:
         """What a reap returned; the parents of the tasks it poisoned hear of it (fan-in)."""
-        self._children_ended(conn, [r for r in rows if r.to_status == "failed"], worker)
+        self.children_ended(conn, [r for r in rows if r.to_status == "failed"], worker)
         poisoned = sum(1 for r in rows if r.to_status == "failed")
         return Reaped(released=len(rows) - poisoned, poisoned=poisoned,
                       ids=tuple(r.id for r in rows))
@@ -175,7 +175,7 @@ class StoreHygiene(StoreWrites):
     def _time_out(self, conn: Connection, worker: str, limit: int) -> TimedOut:
         rows = conn.execute(_TEXT["task_fail_timed_out"],
                             {"worker": worker, "limit": limit}).all()
-        self._children_ended(conn, rows, worker)
+        self.children_ended(conn, rows, worker)
         return TimedOut(failed=len(rows), ids=tuple(r.id for r in rows))
 
     def sweep(self, worker: str = "sweeper", limit: int = 10_000) -> Swept:

@@ -70,7 +70,7 @@ class StoreSpend(StoreReads):
     def charge(self, charge: ModelCharge) -> bool:
         """Record one model call and charge it to its task only (one row, one insert).
 
-        The spend reaches the ancestors when the task ends (:meth:`_children_ended`).
+        The spend reaches the ancestors when the task ends (:meth:`children_ended`).
         Returns False (nothing written) when the task's lease is gone.
         """
         with self.transaction() as conn:

@@ -43,7 +43,7 @@ from runtime.store.rows import (
 )
 from runtime.store.schedules import Schedules
 from runtime.store.spend import StoreSpend, StoreSteps, step_begin_params, step_record
-from runtime.store.steering import StoreSteering
+from runtime.store.steering import Steering
 from runtime.store.webhooks import Webhooks
 
 __all__ = ["MAINTENANCE_LOCK_KEY", "Maintained", "Store"]
@@ -55,14 +55,16 @@ def _json_or_none(value: Any) -> str | None:
     return None if value is None else _dumps(value)
 
 
-class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
+class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps):
     """The database door: named statements, one transaction per state change.
 
     Composed of parts, one per concern, each taking the shared
     :class:`~runtime.store.database.Database`: ``store.webhooks``
     (:class:`~runtime.store.webhooks.Webhooks`), ``store.schedules``
     (:class:`~runtime.store.schedules.Schedules`), ``store.experiments``
-    (:class:`~runtime.store.experiments.Experiments`).
+    (:class:`~runtime.store.experiments.Experiments`), ``store.steering`` (a person's
+    hand on a running tree: cancel, pause, answers, approvals, and the model-call gate;
+    :class:`~runtime.store.steering.Steering`).
 
     The task lifecycle is still built from mixins, one module per concern: submitting
     and resolving live here; reads, pruning and the orchestrator's bookkeeping
@@ -71,8 +73,7 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
     (:class:`~runtime.store.writes.StoreWrites`), spend
     (:class:`~runtime.store.spend.StoreSpend`), durable steps
     (:class:`~runtime.store.spend.StoreSteps`), maintenance
-    (:class:`~runtime.store.hygiene.StoreHygiene`), a person's hand on a running
-    tree: cancel, pause, answers, approvals (:class:`~runtime.store.steering.StoreSteering`).
+    (:class:`~runtime.store.hygiene.StoreHygiene`).
     """
 
     def __init__(self, engine: Engine) -> None:
@@ -84,6 +85,8 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
         self.schedules = Schedules(self.database, self)
         #: Datasets, experiments, their trees and their scores.
         self.experiments = Experiments(self.database, self)
+        #: A person's hand on a running tree: cancel, pause, answers, approvals; the gate.
+        self.steering = Steering(self.database, self)
 
     # ------------------------------------------------------------------ plumbing
     def ping(self) -> bool:
@@ -258,6 +261,6 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps, StoreSteering):
             if not rows:
                 raise ResolveRefused(f"task {task_id} changed while resolving; try again")
             if to_status != "pending" and task.parent_id is not None:
-                self._children_ended(conn, [task], actor)
+                self.children_ended(conn, [task], actor)
             fresh = self._rows(conn, "task_get", id=task_id)[0]
         return fresh

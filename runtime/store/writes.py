@@ -99,7 +99,7 @@ class StoreWrites(StoreReads):
             rows = conn.execute(_TEXT[query], {"batch": dumps_fast(batch),
                                                "worker": worker}).all()
             done.applied = [r.id for r in rows]
-            done.parents_ready = self._children_ended(
+            done.parents_ready = self.children_ended(
                 conn, [r for r in rows if r.status in TERMINAL_STATUSES], worker,
                 handoff, got)
         if handoff is not None:
@@ -107,7 +107,7 @@ class StoreWrites(StoreReads):
         self._log_stale(outcomes, done)
         return done
 
-    def _children_ended(self, conn: Connection, ended: Sequence[Any], worker: str,
+    def children_ended(self, conn: Connection, ended: Sequence[Any], worker: str,
                         handoff: Handoff | None = None,
                         got: list[TaskRow] | None = None) -> list[uuid.UUID]:
         """Children reached a terminal status: roll their spend up, then fan in.
@@ -119,7 +119,7 @@ class StoreWrites(StoreReads):
                             handoff=handoff, got=got)
 
     @staticmethod
-    def _roll_up(conn: Connection, child_ids: Sequence[uuid.UUID]) -> None:
+    def roll_up(conn: Connection, child_ids: Sequence[uuid.UUID]) -> None:
         """Add terminal children's spend since their last roll-up to their locked parents.
 
         Budget rule 6 (:mod:`runtime.budget`): the SQL returns each child's unrolled spend,
@@ -150,7 +150,7 @@ class StoreWrites(StoreReads):
         ids = sorted(parent_ids)
         conn.execute(_TEXT["task_lock_parents"], {"ids": ids})
         if ended_children:
-            self._roll_up(conn, ended_children)
+            self.roll_up(conn, ended_children)
         offer = (handoff if handoff is not None and got is not None and handoff.offered()
                  and handoff.room > len(got) else None)
         rows = conn.execute(_TEXT["task_flip_ready_parents"], {

@@ -39,7 +39,7 @@ def _answer_all(store: Store, rec: Recorder, client: str, ids: list[uuid.UUID],
     for tid in ids:
         index = rec.invoke("answer", {"task": str(tid), "answer": client}, client)
         try:
-            store.answer(tid, {"text": client}, actor=client)
+            store.steering.answer(tid, {"text": client}, actor=client)
         except SteeringRefused as exc:
             rec.complete(index, "fail", {"status": 409, "error": str(exc)[:200]}, "answer",
                          client)

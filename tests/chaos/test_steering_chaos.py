@@ -130,7 +130,7 @@ def test_a_pause_survives_a_server_restart(
     # The leaves wake from their nap: their model calls wait at the gate.
     time.sleep(max(1.0, napping_since + PAUSE_NAP_SECONDS + 2.0 - time.monotonic()))
     assert worker.alive(), worker.log()
-    assert store.pause_of(root["id"]) is not None
+    assert store.steering.pause_of(root["id"]) is not None
     assert _scalar(store, "SELECT count(*) FROM model_calls") == calls
     # Nothing was claimed while paused (a call that met the restart may have gone back to
     # pending as a transient error: it stays there, unclaimed).

@@ -161,7 +161,7 @@ def test_fan_in_before_a_child_ended_is_named(runtime: Runtime, tree: uuid.UUID)
 # ---------------------------------------------------------------------- 3. steering
 def test_a_call_started_after_a_cancel_is_named(runtime: Runtime) -> None:
     root, _ = runtime.store.submit(NewTask("fork_planner", "task", {"goal": "cancel me"}))
-    runtime.store.cancel(root["id"], actor="test")
+    runtime.store.steering.cancel(root["id"], actor="test")
     run_sql(runtime.store, """
         INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model,
                                  prompt, response, duration_seconds, created_at)
@@ -177,10 +177,10 @@ def test_a_claim_during_a_pause_is_named(runtime: Runtime, tmp_path: Path) -> No
     root, _ = runtime.store.submit(NewTask("fork_planner", "task", {"goal": "pause me"}))
     rec = Recorder(tmp_path / "history.jsonl")
     with rec.operation("pause", {"root": str(root["id"])}):
-        runtime.store.pause(root["id"], actor="test")
+        runtime.store.steering.pause(root["id"], actor="test")
     time.sleep(0.05)
     with rec.operation("resume", {"root": str(root["id"])}):
-        runtime.store.resume(root["id"], actor="test")
+        runtime.store.steering.resume(root["id"], actor="test")
     # A claim inside the pause's window, as a broken claim would have written it.
     run_sql(runtime.store, "UPDATE task_events SET at = now() + interval '0.02 seconds' "
                            "WHERE task_id = :t", t=root["id"])
@@ -313,7 +313,7 @@ def test_a_refused_answer_that_changed_something_is_named(runtime: Runtime,
     question, _ = runtime.store.submit(NewTask("human", "question", {"question": "ok?"}))
     rec = Recorder(tmp_path / "history.jsonl")
     with rec.operation("answer", {"task": str(question["id"]), "answer": "yes"}) as told:
-        runtime.store.answer(question["id"], "yes", actor="test")
+        runtime.store.steering.answer(question["id"], "yes", actor="test")
         told.update(outcome="fail", status=409)
     v = only(audit(runtime.store, history=rec.path), "answers")
     assert "applied 1 time(s) but 0 client(s) were told ok" in v.message

@@ -71,7 +71,7 @@ def test_cancel_a_tree_on_the_page(browser: Any, runtime: Runtime) -> None:  # n
         page.wait_for_selector("button.steer.pause", timeout=TIMEOUT_MS)
         page.click("button.steer.pause")
         page.wait_for_selector("#paused:not([hidden])", timeout=TIMEOUT_MS)
-        assert runtime.store.pause_of(root["id"]) is not None
+        assert runtime.store.steering.pause_of(root["id"]) is not None
         page.click("button.steer.cancel")
         page.wait_for_selector('#root-status[data-status="cancelled"]', timeout=TIMEOUT_MS)
         page.screenshot(path=str(ARTIFACTS / "tree-cancelled.png"))

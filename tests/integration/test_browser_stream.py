@@ -58,7 +58,7 @@ def test_the_tree_page_shows_text_as_it_grows(browser: Any, runtime: Runtime) ->
             " return e !== null && e.textContent === 'Again'; }",
             arg=[body], timeout=TIMEOUT_MS)
         page.screenshot(path=str(ARTIFACTS / "tree-live-text.png"))
-        runtime.store.cancel(root, actor="test")
+        runtime.store.steering.cancel(root, actor="test")
         page.wait_for_selector('#root-status[data-status="cancelled"]', timeout=TIMEOUT_MS)
         page.wait_for_selector(body, state="detached", timeout=TIMEOUT_MS)
         assert errors == []

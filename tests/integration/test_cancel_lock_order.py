@@ -117,7 +117,7 @@ def test_a_cancel_and_the_finish_of_a_child_delegated_meanwhile_do_not_deadlock(
         delegation = Step(store.delegate, parent.id, parent.lease, child_rows(1), "w")
         delegation.start()
         assert paused_delegation.reached.wait(30)  # it holds the parent, uncommitted
-        cancel = Step(store.cancel, root["id"])
+        cancel = Step(store.steering.cancel, root["id"])
         cancel.start()
         wait_until(lambda: blocked(store) == 1, what="the cancel to wait for the delegation")
         paused_delegation.go()

@@ -110,7 +110,7 @@ def test_a_branch_root_of_an_approval_agent_waits_for_a_person(runtime: Runtime)
         f"forked from {original}: again; held for approval (policy require_approval)")
     drain(runtime)
     assert runtime.store.get(branch["id"])["status"] == "awaiting_approval"  # not claimed
-    assert runtime.store.approve(branch["id"], actor="dan").changed
+    assert runtime.store.steering.approve(branch["id"], actor="dan").changed
     drain(runtime)
     assert runtime.store.get(branch["id"])["status"] == "done"
     assert calls(runtime.store, branch["id"]) == (0, 4)  # approved, then replayed as usual
@@ -230,7 +230,7 @@ def test_a_fork_of_a_tree_with_a_cancelled_subtree(runtime: Runtime) -> None:
     root = submit(runtime.store, "fork_planner", {"goal": "g"})
     drain(runtime, agents=["fork_planner"])  # the writers are delegated, none ran yet
     w1 = by_key(runtime.store, root["id"])["w1"]
-    runtime.store.cancel(w1["id"], note="not needed")
+    runtime.store.steering.cancel(w1["id"], note="not needed")
     drain(runtime)
     old = by_key(runtime.store, root["id"])
     assert old["w1"]["status"] == "cancelled" and old["/"]["status"] == "done"

@@ -125,7 +125,7 @@ def test_the_last_childs_finish_hands_the_parent_up_with_no_claim(
 def test_a_paused_parent_is_not_handed_up(store: Store,
                                           listener: psycopg.Connection[Any]) -> None:
     root, (kid,) = claim_children(store, 1)
-    store.pause(root["id"])
+    store.steering.pause(root["id"])
     handoff = offer()
     store.finish_running([done(kid)], W, handoff)
     assert handoff.taken == []
@@ -133,13 +133,13 @@ def test_a_paused_parent_is_not_handed_up(store: Store,
     assert [e["detail"] for e in claim_events(store, root["id"])] == [
         "claimed for run, delivery 1"]
     assert "fanout" in heard(listener)  # left for a claim after the resume
-    store.resume(root["id"])
+    store.steering.resume(root["id"])
     assert [t.id for t in store.claim(["fanout"], 1, "w-other", 30)] == [root["id"]]
 
 
 def test_a_cancelled_parent_is_not_handed_up(store: Store) -> None:
     root, (kid,) = claim_children(store, 1)
-    store.cancel(root["id"])
+    store.steering.cancel(root["id"])
     handoff = offer()
     finished = store.finish_running([done(kid)], W, handoff)
     assert finished.stale == [kid.id] and handoff.taken == []

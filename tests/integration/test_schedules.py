@@ -128,7 +128,7 @@ def test_overlap_skip_records_the_slot_skipped_while_the_last_root_is_open(
     assert done.fired == 1 and done.skipped >= 2  # the first fired, the rest found it open
     states = [r["state"] for r in _runs(store, "skipper")]
     assert states[0] == "fired" and set(states[1:]) == {"skipped"}
-    store.cancel(done.roots[0], actor="test")  # the root ends: the next slot fires
+    store.steering.cancel(done.roots[0], actor="test")  # the root ends: the next slot fires
     _wait_next_slot(store, "skipper")
     assert _ticker(store).run_once().fired == 1
 

@@ -56,7 +56,7 @@ def _charge(row, usd: str = "0.5") -> ModelCharge:
 def test_cancel_ends_every_open_task_of_the_tree_with_one_event_each(store: Store) -> None:
     root, mids, leaves = _grow(store)
     running = store.claim(["echo"], 1, "w-leaf", 30)
-    out = store.cancel(root, actor="alice", note="bad goal")
+    out = store.steering.cancel(root, actor="alice", note="bad goal")
     assert out.cancelled == 1 + 2 + 4
     assert set(_statuses(store, root).values()) == {"cancelled"}
     counts = terminal_event_counts(store)
@@ -73,9 +73,9 @@ def test_cancel_ends_every_open_task_of_the_tree_with_one_event_each(store: Stor
 
 def test_cancel_twice_adds_no_event_and_says_so(store: Store) -> None:
     root, _, _ = _grow(store)
-    store.cancel(root)
+    store.steering.cancel(root)
     n = len(store.events(root))
-    again = store.cancel(root)
+    again = store.steering.cancel(root)
     assert again.cancelled == 0 and "already cancelled" in again.message
     assert len(store.events(root)) == n
 
@@ -84,14 +84,14 @@ def test_cancel_of_a_finished_task_is_a_no_op_that_says_so(store: Store) -> None
     task = submit(store)
     row = store.claim(["echo"], 1, "w", 30)[0]
     store.finish_running([RunOutcome(row.id, row.lease, "failed", error="x")], "w")
-    out = store.cancel(task["id"])
+    out = store.steering.cancel(task["id"])
     assert out.cancelled == 0 and "already finished (failed)" in out.message
     assert store.get(task["id"])["status"] == "failed"
 
 
 def test_cancel_of_an_unknown_task_raises_not_found(store: Store) -> None:
     with pytest.raises(NotFound):
-        store.cancel(uuid.uuid4())
+        store.steering.cancel(uuid.uuid4())
 
 
 def test_cancel_of_a_subtree_fans_in_its_parent_as_a_failed_child(store: Store) -> None:
@@ -101,7 +101,7 @@ def test_cancel_of_a_subtree_fans_in_its_parent_as_a_failed_child(store: Store) 
     second = next(r for r in rows if r.id == kids[1]["id"])
     store.charge_many([_charge(second, "0.25")])
     store.finish_running([RunOutcome(first.id, first.lease, "failed", error="x")], "w")
-    out = store.cancel(second.id, note="enough")
+    out = store.steering.cancel(second.id, note="enough")
     # The parent flipped in the cancel's own transaction, and the spend rolled up.
     assert out.parents_ready == (root["id"],)
     parent = store.get(root["id"])
@@ -114,7 +114,7 @@ def test_cancel_rolls_spend_up_through_every_level(store: Store) -> None:
     root, _, _ = _grow(store)
     leaf_rows = store.claim(["echo"], 4, "w", 30)
     store.charge_many([_charge(r, "0.5") for r in leaf_rows])
-    store.cancel(root)
+    store.steering.cancel(root)
     assert store.get(root)["spent_usd"] == Decimal("2.0")
 
 
@@ -122,7 +122,7 @@ def test_a_call_answered_before_the_cancel_is_charged_after_it_and_rolled_up(
         store: Store) -> None:
     root, _, _ = _grow(store)
     row = store.claim(["echo"], 1, "w", 30)[0]
-    store.cancel(root)
+    store.steering.cancel(root)
     # The reply came back before the worker stopped; its charge lands after the cancel.
     assert store.charge_many([_charge(row, "0.5")]) == [True]
     assert store.get(row.id)["spent_usd"] == Decimal("0.5")
@@ -155,7 +155,7 @@ def test_a_cancel_racing_a_workers_finish_leaves_one_terminal_event(store: Store
         t = threading.Thread(target=finish)
         t.start()
         barrier.wait()
-        store.cancel(root["id"])
+        store.steering.cancel(root["id"])
         t.join()
         counts = terminal_event_counts(store)
         assert all(counts[k["id"]] == 1 for k in kids)
@@ -255,7 +255,7 @@ def test_cancel_reaches_children_of_a_delegation_that_committed_meanwhile(store:
         tx = conn.begin()
         conn.execute(sa.text("SELECT 1 FROM tasks WHERE id = :id FOR UPDATE"), {"id": row.id})
         result: dict = {}
-        t = threading.Thread(target=lambda: result.update(out=store.cancel(root["id"])))
+        t = threading.Thread(target=lambda: result.update(out=store.steering.cancel(root["id"])))
         t.start()
         t.join(0.3)
         conn.execute(sa.text(
@@ -274,43 +274,43 @@ def test_cancel_reaches_children_of_a_delegation_that_committed_meanwhile(store:
 def test_a_paused_tree_is_not_claimed_until_resumed(store: Store) -> None:
     root, kids = parent_with_children(store, 3)
     other = submit(store)
-    assert store.pause(root["id"], actor="bob").changed
-    again = store.pause(root["id"])
+    assert store.steering.pause(root["id"], actor="bob").changed
+    again = store.steering.pause(root["id"])
     assert not again.changed and "already paused" in again.message
     claimed = store.claim(["echo"], 10, "w", 30)
     assert [r.id for r in claimed] == [other["id"]]
-    assert store.pause_of(root["id"])["paused_by"] == "bob"
-    assert store.resume(root["id"]).changed
-    assert not store.resume(root["id"]).changed
+    assert store.steering.pause_of(root["id"])["paused_by"] == "bob"
+    assert store.steering.resume(root["id"]).changed
+    assert not store.steering.resume(root["id"]).changed
     assert {r.id for r in store.claim(["echo"], 10, "w", 30)} == {k["id"] for k in kids}
 
 
 def test_pause_of_a_child_or_unknown_task_is_refused(store: Store) -> None:
     _, kids = parent_with_children(store, 1)
     with pytest.raises(SteeringRefused, match="not a root"):
-        store.pause(kids[0]["id"])
+        store.steering.pause(kids[0]["id"])
     with pytest.raises(NotFound):
-        store.pause(uuid.uuid4())
+        store.steering.pause(uuid.uuid4())
 
 
 def test_pause_gates_model_calls_and_keeps_leases(store: Store) -> None:
     root, _ = parent_with_children(store, 2)
     rows = store.claim(["echo"], 2, "w", 30)
-    store.pause(root["id"])
-    gate = store.gate_calls([r.id for r in rows])
+    store.steering.pause(root["id"])
+    gate = store.steering.gate_calls([r.id for r in rows])
     assert all(g.paused and not g.stopped for g in gate.values())
     assert store.heartbeat([r.lease for r in rows], 30) == {r.lease for r in rows}
-    store.resume(root["id"])
-    assert not any(g.paused for g in store.gate_calls([r.id for r in rows]).values())
+    store.steering.resume(root["id"])
+    assert not any(g.paused for g in store.steering.gate_calls([r.id for r in rows]).values())
 
 
 def test_resume_moves_running_deadlines_on_by_the_pause(store: Store) -> None:
     root, _ = parent_with_children(store, 1)
     row = store.claim(["echo"], 1, "w", 30)[0]
-    store.pause(root["id"])
+    store.steering.pause(root["id"])
     with store.transaction() as conn:
         conn.execute(sa.text("UPDATE tree_pauses SET paused_at = now() - interval '1 hour'"))
-    store.resume(root["id"])
+    store.steering.resume(root["id"])
     assert store.get(row.id)["deadline_at"] > row.deadline_at + dt_hours(0.99)
 
 
@@ -326,7 +326,7 @@ def test_claim_keeps_the_partial_index_with_a_paused_tree(store: Store) -> None:
             "INSERT INTO tasks (to_agent, type, payload, status, completed_at) "
             "SELECT 'echo', 'task', '{}', 'done', now() FROM generate_series(1, 20000)"))
         conn.execute(sa.text("ANALYZE tasks"))
-    store.pause(submit(store)["id"])
+    store.steering.pause(submit(store)["id"])
     submit(store)
     with store.engine.connect() as conn:
         plan = "\n".join(r[0] for r in conn.execute(
@@ -351,34 +351,34 @@ def test_a_question_is_never_claimed_and_its_answer_fans_in(store: Store) -> Non
               "required": ["ok"]}
     root, q = _ask(store, {"question": "ship it?", "answer_schema": schema})
     assert store.claim(["human", "echo"], 10, "w", 30) == []
-    inbox = store.inbox()
+    inbox = store.steering.inbox()
     assert [(i["kind"], i["id"], i["from_agent"]) for i in inbox] == [("question", q, "fanout")]
     with pytest.raises(SteeringRefused, match="answer_schema"):
-        store.answer(q, {"ok": "yes"})
+        store.steering.answer(q, {"ok": "yes"})
     assert store.get(q)["status"] == "pending"
-    out = store.answer(q, {"ok": True}, actor="carol")
+    out = store.steering.answer(q, {"ok": True}, actor="carol")
     assert out.parents_ready == (root,)
     task = store.get(q)
     assert task["status"] == "done" and task["result"] == {"ok": True}
     assert store.events(q)[-1]["worker"] == "carol"
     assert store.get(root)["status"] == "ready_to_aggregate"
     with pytest.raises(SteeringRefused, match="no longer an open question"):
-        store.answer(q, {"ok": False})
+        store.steering.answer(q, {"ok": False})
 
 
 def test_an_answer_must_be_one_of_the_choices(store: Store) -> None:
     _, q = _ask(store, {"question": "colour?", "choices": ["red", "blue"]})
     with pytest.raises(SteeringRefused, match="not one of the choices"):
-        store.answer(q, "green")
-    store.answer(q, {"choice": "blue"})
+        store.steering.answer(q, "green")
+    store.steering.answer(q, {"choice": "blue"})
     assert store.get(q)["result"] == {"choice": "blue"}
 
 
 def test_an_answer_racing_a_cancel_changes_nothing_when_second(store: Store) -> None:
     root, q = _ask(store, {"question": "go?"})
-    store.cancel(root)
+    store.steering.cancel(root)
     with pytest.raises(SteeringRefused, match="cancelled"):
-        store.answer(q, {"go": True})
+        store.steering.answer(q, {"go": True})
     assert terminal_event_counts(store)[q] == 1
 
 
@@ -387,7 +387,7 @@ def test_a_question_past_its_deadline_fails(store: Store) -> None:
     with store.transaction() as conn:
         conn.execute(sa.text("UPDATE tasks SET created_at = now() - interval '1 minute' "
                              "WHERE id = :id"), {"id": q})
-    assert store.fail_unanswered() == [q]
+    assert store.steering.fail_unanswered() == [q]
     task = store.get(q)
     assert task["status"] == "failed" and task["error"] == "no answer: deadline"
     assert store.get(root)["status"] == "ready_to_aggregate"
@@ -399,14 +399,14 @@ def test_require_approval_holds_a_child_until_approved_once(store: Store) -> Non
     _, kids = parent_with_children(store, 2)
     assert {k["status"] for k in kids} == {"awaiting_approval"}
     assert store.claim(["echo"], 10, "w", 30) == []
-    assert {i["kind"] for i in store.inbox()} == {"approval"}
-    assert store.approve(kids[0]["id"], actor="dan").changed
-    again = store.approve(kids[0]["id"])
+    assert {i["kind"] for i in store.steering.inbox()} == {"approval"}
+    assert store.steering.approve(kids[0]["id"], actor="dan").changed
+    again = store.steering.approve(kids[0]["id"])
     assert not again.changed and "not awaiting approval" in again.message
     assert [r.id for r in store.claim(["echo"], 10, "w", 30)] == [kids[0]["id"]]
     with pytest.raises(SteeringRefused, match="note"):
-        store.reject(kids[1]["id"], note="")
-    out = store.reject(kids[1]["id"], note="too costly", actor="dan")
+        store.steering.reject(kids[1]["id"], note="")
+    out = store.steering.reject(kids[1]["id"], note="too costly", actor="dan")
     assert out.changed
     task = store.get(kids[1]["id"])
     assert task["status"] == "failed" and "too costly" in task["error"]
@@ -419,8 +419,8 @@ def test_require_approval_holds_a_root_submitted_to_a_listed_agent(store: Store)
     assert events(store, held["id"]) == [(None, "awaiting_approval")]
     assert "held for approval" in store.events(held["id"])[0]["detail"]
     assert [r.id for r in store.claim(["echo", "fanout"], 10, "w", 30)] == [free["id"]]
-    assert [i["id"] for i in store.inbox()] == [held["id"]]
-    assert store.approve(held["id"], actor="dan").changed
+    assert [i["id"] for i in store.steering.inbox()] == [held["id"]]
+    assert store.steering.approve(held["id"], actor="dan").changed
     assert [r.id for r in store.claim(["echo"], 10, "w", 30)] == [held["id"]]
     assert events(store, held["id"])[-2:] == [("awaiting_approval", "pending"),
                                               ("pending", "running")]
@@ -430,7 +430,7 @@ def test_require_approval_holds_bulk_roots_and_never_a_question(store: Store) ->
     store.approval_agents = ("echo", "human")
     assert store.submit_many("echo", "task", [{"goal": "a"}, {"goal": "b"}]) == 2
     assert store.claim(["echo"], 10, "w", 30) == []
-    assert [i["kind"] for i in store.inbox()] == ["approval", "approval"]
+    assert [i["kind"] for i in store.steering.inbox()] == ["approval", "approval"]
     question = submit(store, "human")  # a question to a person waits for its answer only
     assert question["status"] == "pending"
 
@@ -447,7 +447,7 @@ def test_require_approval_above_a_tree_spend(store: Store) -> None:
 def test_rejecting_the_last_child_fans_in_its_parent(store: Store) -> None:
     store.approval_agents = ("echo",)
     root, kids = parent_with_children(store, 1)
-    out = store.reject(kids[0]["id"], note="no")
+    out = store.steering.reject(kids[0]["id"], note="no")
     assert out.parents_ready == (root["id"],)
 
 
@@ -456,20 +456,20 @@ def test_the_watchdog_spares_a_paused_tree(store: Store) -> None:
 
     root, _ = parent_with_children(store, 1)
     row = store.claim(["echo"], 1, "w", 30)[0]
-    store.pause(root["id"])
+    store.steering.pause(root["id"])
     backdate_claims(store, 3600)
     assert store.time_out().failed == 0
-    store.resume(root["id"])
+    store.steering.resume(root["id"])
     assert store.get(row.id)["status"] == "running"
 
 
 def test_a_cancel_waits_for_a_gate_read_that_holds_its_tree(store: Store) -> None:
     root, _ = parent_with_children(store, 1)
     row = store.claim(["echo"], 1, "w", 30)[0]
-    states, release = store.gate_calls_held([row.id])
+    states, release = store.steering.gate_calls_held([row.id])
     assert states[row.id].status == "running"
     done: dict = {}
-    t = threading.Thread(target=lambda: done.update(out=store.cancel(root["id"])))
+    t = threading.Thread(target=lambda: done.update(out=store.steering.cancel(root["id"])))
     t.start()
     t.join(0.5)
     assert t.is_alive()            # the calls that read let through start first
@@ -477,6 +477,6 @@ def test_a_cancel_waits_for_a_gate_read_that_holds_its_tree(store: Store) -> Non
     release()
     t.join(10)
     assert done["out"].cancelled == 2
-    again, release = store.gate_calls_held([row.id])
+    again, release = store.steering.gate_calls_held([row.id])
     release()
     assert again[row.id].status == "cancelled"

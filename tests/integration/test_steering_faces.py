@@ -91,7 +91,7 @@ def test_an_unanswered_question_lets_the_parent_decide(runtime: Runtime) -> None
 
         conn.execute(sa.text("UPDATE tasks SET created_at = now() - interval '2 hours' "
                              "WHERE id = :id"), {"id": q})
-    runtime.store.fail_unanswered()
+    runtime.store.steering.fail_unanswered()
     drain(runtime)
     assert runtime.store.get(root)["result"] == {"text": "not published: no answer: deadline"}
 

@@ -85,7 +85,7 @@ def test_a_cancelled_task_stops_and_starts_no_more_calls(runtime: Runtime,
     thread.start()
     try:
         wait_until(lambda: fake_ollama.received >= 1)
-        out = runtime.store.cancel(task["id"], note="stop it")
+        out = runtime.store.steering.cancel(task["id"], note="stop it")
         received_at_cancel = fake_ollama.received
         # The worker stops the task's coroutine (its call in flight is cancelled) ...
         wait_until(lambda: worker.stopper.stopped == 1)
@@ -113,7 +113,7 @@ def test_the_poll_alone_stops_a_cancelled_task(runtime: Runtime,
     thread.start()
     try:
         wait_until(lambda: fake_ollama.received >= 1)
-        runtime.store.cancel(task["id"])
+        runtime.store.steering.cancel(task["id"])
         wait_until(lambda: worker.stopper.stopped == 1)
     finally:
         worker.stop("test")
@@ -129,20 +129,20 @@ def test_a_paused_tree_starts_no_call_until_resumed(runtime: Runtime,
     # The gate's reads (through the real database): how often it answered "paused" for
     # this task, the positive sign that the next call reached the gate and was held.
     paused_answers: list[int] = []
-    read = runtime.store.gate_calls_held
+    read = runtime.store.steering.gate_calls_held
 
     def counting(ids: Any) -> Any:
         rows, release = read(ids)
         paused_answers.extend(1 for i, g in rows.items() if i == task["id"] and g.paused)
         return rows, release
 
-    monkeypatch.setattr(runtime.store, "gate_calls_held", counting)
+    monkeypatch.setattr(runtime.store.steering, "gate_calls_held", counting)
     worker = runtime.worker(["steer_caller", "judge"], maintenance=False, lease_seconds=30)
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
         wait_until(lambda: fake_ollama.received >= 1)
-        runtime.store.pause(task["id"])
+        runtime.store.steering.pause(task["id"])
         # the call in flight finishes and is recorded
         wait_until(lambda: fake_ollama.in_flight == 0
                    and recorded_calls(runtime.store, task["id"]) >= 1)
@@ -152,7 +152,7 @@ def test_a_paused_tree_starts_no_call_until_resumed(runtime: Runtime,
         wait_until(lambda: len(paused_answers) >= answered + 2, what="the gate's answers")
         assert fake_ollama.received == held  # no new call while paused
         assert runtime.store.get(task["id"])["status"] == "running"  # lease kept
-        runtime.store.resume(task["id"])
+        runtime.store.steering.resume(task["id"])
         wait_until(lambda: runtime.store.get(task["id"])["status"] in ("done", "failed"))
     finally:
         worker.stop("test")
@@ -193,7 +193,7 @@ def test_a_task_taken_away_starts_no_call_before_its_heartbeat_says_so(
 def store_gate(store: Store, calls: list[int]) -> tuple[CallGate, Callable[[], Any]]:
     """A gate reading ``store`` (as the ledger does), and a request that counts its sends."""
     def read(ids: Any) -> tuple[dict[uuid.UUID, Any], Any]:
-        rows, release = store.gate_calls_held(ids)
+        rows, release = store.steering.gate_calls_held(ids)
         return {i: (g.status, g.paused, g.lease_token) for i, g in rows.items()}, release
 
     async def off_loop(fn: Any, *args: Any) -> Any:
@@ -234,7 +234,7 @@ def test_the_gate_refuses_a_cancelled_task_without_calling(store: Store) -> None
     calls: list[int] = []
     gate, request = store_gate(store, calls)
     assert asyncio.run(gate.send(row.id, asyncio.Semaphore(1), request)) == "sent"
-    store.cancel(task["id"])
+    store.steering.cancel(task["id"])
     with pytest.raises(LeaseLost, match="cancelled"):
         asyncio.run(gate.send(row.id, asyncio.Semaphore(1), request))
     assert calls == [1]

@@ -49,7 +49,7 @@ def test_an_approved_tool_call_runs_once_after_the_approval(runtime: Runtime) ->
     (ask,) = store.tool_approvals(task["id"])
     assert (ask["phase"], ask["call_id"], ask["tool"], ask["status"]) == (
         "run", "0#0.0", "send_payment", "asked")
-    assert store.approve(task["id"], note="go ahead").changed
+    assert store.steering.approve(task["id"], note="go ahead").changed
     (ask,) = store.tool_approvals(task["id"])
     assert (ask["status"], ask["decided_by"]) == ("approved", "person")
     done = drive(runtime, task["id"], "done")
@@ -68,7 +68,7 @@ def test_a_redelivery_after_the_approval_does_not_ask_again(runtime: Runtime) ->
     store = runtime.store
     task, _ = store.submit(NewTask(to_agent="clerk", type="task", payload={"goal": "ACME"}))
     drive(runtime, task["id"], "awaiting_approval")
-    assert store.approve(task["id"]).changed
+    assert store.steering.approve(task["id"]).changed
     # A worker claims the approved task and dies before it gets anywhere.
     (claimed,) = store.claim(["clerk"], 1, "doomed", 30)
     assert claimed["id"] == task["id"]
@@ -85,7 +85,7 @@ def test_a_rejected_tool_call_never_runs(runtime: Runtime) -> None:
     store = runtime.store
     task, _ = store.submit(NewTask(to_agent="clerk", type="task", payload={"goal": "ACME"}))
     drive(runtime, task["id"], "awaiting_approval")
-    assert store.reject(task["id"], "not this supplier").changed
+    assert store.steering.reject(task["id"], "not this supplier").changed
     failed = store.get(task["id"])
     assert (failed["status"], failed["error"]) == ("failed",
                                                    "rejected by person: not this supplier")
@@ -101,7 +101,7 @@ def test_a_rerun_replays_an_approved_call_without_asking_again(runtime: Runtime)
     store = runtime.store
     task, _ = store.submit(NewTask(to_agent="clerk", type="task", payload={"goal": "ACME"}))
     drive(runtime, task["id"], "awaiting_approval")
-    assert store.approve(task["id"]).changed
+    assert store.steering.approve(task["id"]).changed
     drive(runtime, task["id"], "done")
     assert len(PAID) == 1
     # A re-run asks for no approval: the call is served from the original's record and
@@ -129,7 +129,7 @@ def test_show_lists_the_ask_and_the_decision(runtime: Runtime,
     store = runtime.store
     task, _ = store.submit(NewTask(to_agent="clerk", type="task", payload={"goal": "ACME"}))
     drive(runtime, task["id"], "awaiting_approval")
-    assert store.approve(task["id"], note="go ahead").changed
+    assert store.steering.approve(task["id"], note="go ahead").changed
     shown = CliRunner().invoke(app, ["show", str(task["id"]), "--json"])
     assert shown.exit_code == 0, shown.output
     (ask,) = json.loads(shown.stdout)["tool_approvals"]

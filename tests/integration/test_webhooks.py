@@ -165,7 +165,7 @@ def test_events_of_one_tree_go_out_in_commit_order(store: Store, receiver: Recei
     _subscribe(store, receiver.url, ("task.*", "tree.*"))
     roots = [submit(store, "human", {"question": f"q{i}"}) for i in range(2)]
     for root in roots:
-        store.cancel(root["id"])  # task.cancelled, then tree.finished
+        store.steering.cancel(root["id"])  # task.cancelled, then tree.finished
     deliverer = _deliverer(store)
     first = deliverer.run_once()
     # One event per tree at a time: the question of each first. A delivery that ends

@@ -79,7 +79,7 @@ class StopWatcher:
         if not items:
             return []
         try:
-            states = self.store.gate_calls([i.row.id for i in items])
+            states = self.store.steering.gate_calls([i.row.id for i in items])
         except DB_ERRORS as exc:
             self.health.error("stop check", exc)
             return []

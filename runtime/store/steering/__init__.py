@@ -1,10 +1,10 @@
 """A person's hand on a running tree: cancel, pause and resume, answers, approvals.
 
-A mixin of :class:`runtime.store.store.Store` (the same engine and named SQL). Every
+A part of the store (``store.steering``, :class:`Steering`). Every
 change is one guarded statement of ``queries.sql`` with its ``task_events`` rows; when a
 task ends here (cancelled, answered, rejected, past its question deadline), its spend is
 rolled up and its parent's fan-in runs in the same transaction, exactly as for a child a
-worker finished (``Store._children_ended``).
+worker finished (``Store.children_ended``).
 
 - **Cancel** (``task_cancel_subtree``) ends a task and every open task below it as
   ``cancelled`` and clears their leases: a worker still running one finds every fenced
@@ -17,7 +17,7 @@ worker finished (``Store._children_ended``).
   ``awaiting_approval`` by the ``require_approval`` policy.
 """
 
-from runtime.store.steering.commands import CANCEL_PASSES, StoreSteering
+from runtime.store.steering.commands import CANCEL_PASSES, Steering
 from runtime.store.steering.types import (
     CancelOutcome,
     GateRow,
@@ -27,5 +27,5 @@ from runtime.store.steering.types import (
     validate_answer,
 )
 
-__all__ = ["CANCEL_PASSES", "CancelOutcome", "GateRow", "SteerOutcome", "SteeringConflict",
-           "SteeringRefused", "StoreSteering", "validate_answer"]
+__all__ = ["CANCEL_PASSES", "CancelOutcome", "GateRow", "SteerOutcome", "Steering",
+           "SteeringConflict", "SteeringRefused", "validate_answer"]

@@ -1,6 +1,7 @@
 """The steering commands of the store: cancel, pause and resume, answers, approvals.
 
-See :mod:`runtime.store.steering` for what each command guarantees.
+``store.steering`` (:class:`Steering`). See :mod:`runtime.store.steering` for what each
+command guarantees.
 """
 
 from __future__ import annotations
@@ -9,11 +10,12 @@ import datetime as dt
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from runtime.store.database import Database
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.rows import HUMAN_AGENT, TERMINAL_STATUSES, NotFound, canonical_json
 from runtime.store.steering.types import (
@@ -24,7 +26,10 @@ from runtime.store.steering.types import (
     SteerOutcome,
     validate_answer,
 )
-from runtime.store.writes import STEER_LOCK_CLASS, StoreWrites
+from runtime.store.writes import STEER_LOCK_CLASS
+
+if TYPE_CHECKING:
+    from runtime.store.store import Store
 
 #: How many times a cancel repeats its statement to catch tasks that became open while it
 #: ran without taking the tree's steering lock (a person's resolve of an escalated task);
@@ -34,8 +39,17 @@ CANCEL_PASSES = 5
 DEADLOCK_SQLSTATE = "40P01"
 
 
-class StoreSteering(StoreWrites):
-    """The steering commands of the store (see the module docstring)."""
+class Steering:
+    """The steering commands of the store (see :mod:`runtime.store.steering`).
+
+    ``tasks`` is the store whose fan-in (``children_ended``) and spend roll-up
+    (``roll_up``) a task ended here goes through, in this part's transaction, exactly as
+    for a child a worker finished.
+    """
+
+    def __init__(self, database: Database, tasks: Store) -> None:
+        self.database = database
+        self.tasks = tasks
 
     # ------------------------------------------------------------------ cancel
     def cancel(self, task_id: uuid.UUID, actor: str = "person",
@@ -57,7 +71,7 @@ class StoreSteering(StoreWrites):
 
     def _cancel_once(self, task_id: uuid.UUID, actor: str, note: str | None) -> CancelOutcome:
         detail = f"cancelled by {actor}" + (f": {note}" if note else "")
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             top = conn.execute(_TEXT["task_get"], {"id": task_id}).first()
             if top is None:
                 raise NotFound(f"no task {task_id}")
@@ -87,7 +101,7 @@ class StoreSteering(StoreWrites):
 
         Deepest level first: a cancelled leaf's spend reaches its (cancelled, locked)
         parent before that parent's own spend is rolled into its parent in turn. The
-        top's parent is outside the subtree: ``_children_ended`` locks it, rolls up the
+        top's parent is outside the subtree: ``children_ended`` locks it, rolls up the
         top and flips it ready when the top was its last open child.
         """
         by_depth: dict[int, list[uuid.UUID]] = {}
@@ -98,10 +112,10 @@ class StoreSteering(StoreWrites):
             else:
                 by_depth.setdefault(r.depth, []).append(r.id)
         for depth in sorted(by_depth, reverse=True):
-            self._roll_up(conn, by_depth[depth])
+            self.tasks.roll_up(conn, by_depth[depth])
         if head is None:
             return []
-        return self._children_ended(conn, [head], actor)
+        return self.tasks.children_ended(conn, [head], actor)
 
     def stopped(self, task_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
         """Of the given tasks, the ones a worker must stop: cancelled, or gone."""
@@ -112,7 +126,7 @@ class StoreSteering(StoreWrites):
         """Whether each task may start a model call now (one read for a wave of calls)."""
         if not task_ids:
             return {}
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             rows = conn.execute(_TEXT["task_gate_calls"], {"ids": list(task_ids)}).all()
         return {r.id: GateRow(r.status, bool(r.paused), r.lease_token) for r in rows}
 
@@ -124,7 +138,7 @@ class StoreSteering(StoreWrites):
         of these trees (``tree_lock_steer``) waits for that, so it cannot commit between
         this read and the calls' start. Always call ``release`` (it ends the transaction).
         """
-        conn = self.engine.connect()
+        conn = self.database.connect()
         try:
             tx = conn.begin()
             conn.execute(_TEXT["tree_lock_steer_shared"],
@@ -162,7 +176,7 @@ class StoreSteering(StoreWrites):
             SteeringRefused: the task is not a root.
 
         """
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             root = self._root(conn, root_id)
             self._lock_steer(conn, root_id)
             row = conn.execute(_TEXT["tree_pause_insert"],
@@ -180,7 +194,7 @@ class StoreSteering(StoreWrites):
             SteeringRefused: the task is not a root.
 
         """
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             root = self._root(conn, root_id)
             row = conn.execute(_TEXT["tree_pause_delete"], {"root_id": root_id}).first()
         if row is None:
@@ -190,7 +204,7 @@ class StoreSteering(StoreWrites):
 
     def pause_of(self, root_id: uuid.UUID) -> dict[str, Any] | None:
         """The pause of a tree (``paused_at``, ``paused_by``, ``note``), or None."""
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             row = conn.execute(_TEXT["tree_pause_get"], {"root_id": root_id}).first()
         return None if row is None else dict(row._mapping)
 
@@ -214,7 +228,7 @@ class StoreSteering(StoreWrites):
 
         """
         detail = f"approved by {actor}" + (f": {note}" if note else "")
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             row = conn.execute(_TEXT["task_approve_awaiting"],
                                {"id": task_id, "actor": actor, "detail": detail}).first()
             status = self._status(conn, task_id)
@@ -235,11 +249,11 @@ class StoreSteering(StoreWrites):
         if not note or not note.strip():
             raise SteeringRefused("a rejection needs a note (--note) saying why")
         detail = f"rejected by {actor}: {note}"
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             rows = conn.execute(_TEXT["task_reject_awaiting"],
                                 {"id": task_id, "actor": actor, "detail": detail,
                                  "error": detail}).all()
-            ready = self._children_ended(conn, rows, actor) if rows else []
+            ready = self.tasks.children_ended(conn, rows, actor) if rows else []
             status = self._status(conn, task_id)
         if not rows:
             return SteerOutcome(task_id, False, status,
@@ -257,7 +271,7 @@ class StoreSteering(StoreWrites):
             SteeringRefused: not an open question, or an answer that does not fit.
 
         """
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             task = conn.execute(_TEXT["task_get"], {"id": task_id}).first()
         if task is None:
             raise NotFound(f"no task {task_id}")
@@ -268,11 +282,11 @@ class StoreSteering(StoreWrites):
             raise SteeringConflict(f"task {task_id} is {task.status}; it is no longer an open "
                                   "question")
         validate_answer(task.payload, answer)
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             rows = conn.execute(_TEXT["task_answer_question"],
                                 {"id": task_id, "answer": canonical_json(answer),
                                  "actor": actor, "detail": f"answered by {actor}"}).all()
-            ready = self._children_ended(conn, rows, actor) if rows else []
+            ready = self.tasks.children_ended(conn, rows, actor) if rows else []
             status = self._status(conn, task_id)
         if not rows:
             raise SteeringConflict(f"task {task_id} is {status}; it is no longer an open "
@@ -281,25 +295,25 @@ class StoreSteering(StoreWrites):
 
     def fail_unanswered(self, worker: str = "watchdog", limit: int = 1000) -> list[uuid.UUID]:
         """Fail questions past their deadline (``budget_seconds``); returns their ids."""
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             return self._fail_unanswered(conn, worker, limit)
 
     def _fail_unanswered(self, conn: Connection, worker: str, limit: int) -> list[uuid.UUID]:
         rows = conn.execute(_TEXT["task_fail_unanswered"],
                             {"worker": worker, "limit": limit}).all()
         if rows:
-            self._children_ended(conn, rows, worker)
+            self.tasks.children_ended(conn, rows, worker)
         return [r.id for r in rows]
 
     # ------------------------------------------------------------------ inbox
     def inbox(self) -> list[dict[str, Any]]:
         """What waits for a person: questions, approvals, escalations (oldest first)."""
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(_TEXT["task_list_inbox"])]
 
     def inbox_older_than(self, seconds: float) -> dict[str, Any]:
         """Questions and approvals waiting longer than ``seconds``: counts and the oldest."""
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             row = conn.execute(_TEXT["task_count_inbox_older"],
                                {"seconds": float(seconds)}).one()
         oldest: dt.datetime | None = row.oldest
