@@ -12,6 +12,11 @@ HTTP. Figures:
   :class:`~runtime.engine.text_writer.TextWriter` at the default ``[streaming]``
   settings; from each call's first token handed to the writer to the reader receiving
   the SSE event that carries it (the writer writes a call's first text at once);
+  ``stream_first_text_from_write_ms_*``: the same from the start of the transaction
+  that wrote it (its ``created_at``), the writer's queue left out, split at the moment
+  the snapshot's xmin passed its transaction (a thread probes it every 2 ms): from the
+  write's start to readable (the write, its commit, older transactions still open),
+  then from readable to the reader (the stream's own part);
 - ``stream_piece_ms_p50`` / ``_p99``: the same for every token (its flush window
   included: a piece waits up to ``flush_seconds`` for its batch);
 - ``stream_reconnects``, ``_gaps``, ``_duplicates``: a second reader drops its
@@ -81,6 +86,8 @@ class _Reader:
     def __init__(self, url: str, root: uuid.UUID) -> None:
         self.url, self.root = url, root
         self.arrived: dict[str, float] = {}
+        #: The wall clock at each arrival (against the database's created_at).
+        self.arrived_wall: dict[str, float] = {}
         self.connected = threading.Event()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -93,7 +100,9 @@ class _Reader:
                 if line.startswith("event: "):
                     event = line[7:]
                 elif line.startswith("data: ") and event == "text":
-                    self.arrived[json.loads(line[6:])["text"]] = time.monotonic()
+                    text = json.loads(line[6:])["text"]
+                    self.arrived[text] = time.monotonic()
+                    self.arrived_wall[text] = time.time()
                 if self.stop.is_set():
                     return
 
@@ -138,6 +147,35 @@ class _Reconnecting:
             self.reconnects += 1
 
 
+class _HorizonLog:
+    """A thread that records (wall clock, xmin) every 2 ms: when each row became readable."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.seen: list[tuple[float, int]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with self.store.engine.connect() as conn:
+            probe = sa.text("SELECT CAST(pg_snapshot_xmin(pg_current_snapshot()) AS text)")
+            while not self.stop.is_set():
+                xmin = int(conn.execute(probe).scalar_one())
+                conn.commit()
+                self.seen.append((time.time(), xmin))
+                time.sleep(0.002)
+
+    def readable_at(self, txid: int) -> float | None:
+        """The first time xmin was above ``txid``."""
+        return next((at for at, xmin in self.seen if xmin > txid), None)
+
+
+def _cancel(store: Store, root: uuid.UUID) -> None:
+    """Cancel the tree (``store.steering`` once steering is a part of the store)."""
+    steering: Any = getattr(store, "steering", store)
+    steering.cancel(root, actor="bench")
+
+
 def _tree(store: Store, calls: int) -> tuple[uuid.UUID, list[Any]]:
     """A root that delegated to ``calls`` children, every child claimed."""
     root, _ = store.submit(NewTask(to_agent="boss", type="task", payload={"goal": "g"}))
@@ -179,6 +217,8 @@ def _through_the_writer(store: Store, url: str, calls: int, tokens: int,
 
     dropping = _Reconnecting(url, root, per=max(1, calls * tokens // 400), times=100)
     dropping.thread.start()
+    horizon = _HorizonLog(store)
+    horizon.thread.start()
     with _Reader(url, root) as reader:
         threads = [threading.Thread(target=one, args=(row, n)) for n, row in enumerate(rows)]
         for thread in threads:
@@ -190,8 +230,11 @@ def _through_the_writer(store: Store, url: str, calls: int, tokens: int,
                 len(t) for t in reader.arrived) < len("".join(added)):
             time.sleep(0.05)
         arrived = dict(reader.arrived)
-        store.steering.cancel(root, actor="bench")  # the stream ends: the reader's thread with it
+        arrived_wall = dict(reader.arrived_wall)
+        _cancel(store, root)  # the stream ends: the reader's thread with it
     writer.close()
+    horizon.stop.set()
+    horizon.thread.join(5)
     dropping.thread.join(30)
     whole = [e.id for e in follow(StreamReader(store.engine), root)]
     got = dropping.ids
@@ -203,11 +246,33 @@ def _through_the_writer(store: Store, url: str, calls: int, tokens: int,
         piece_ms += [(at - added[t]) * 1000 for t in tokens_in]
     first = _quantiles(first_ms)
     piece = _quantiles(piece_ms)
+    with store.engine.connect() as conn:  # each first piece's transaction start
+        firsts_db = conn.execute(sa.text(
+            'SELECT text, extract(epoch FROM created_at) AS at, CAST(txid AS text) AS txid '
+            'FROM call_text WHERE root_id = :root AND attempt = 1 AND "offset" = 0'),
+            {"root": root}).all()
+    db_ms, held_ms, read_ms = [], [], []
+    for row in firsts_db:
+        if row.text not in arrived_wall:
+            continue
+        db_ms.append((arrived_wall[row.text] - float(row.at)) * 1000)
+        readable = horizon.readable_at(int(row.txid))
+        if readable is not None:
+            held_ms.append((readable - float(row.at)) * 1000)
+            read_ms.append((arrived_wall[row.text] - readable) * 1000)
+    first_db = _quantiles(db_ms)
+    held, after = _quantiles(held_ms), _quantiles(read_ms)
     return {"stream_calls": calls, "stream_tokens_per_call": tokens,
             "stream_tokens_per_second_per_call": tokens_per_second,
             "stream_first_texts_seen": len(first_ms),
             "stream_tokens_seen": len(piece_ms), "stream_tokens_sent": len(added),
             "stream_first_text_ms_p50": first[0], "stream_first_text_ms_p99": first[1],
+            "stream_first_text_from_write_ms_p50": first_db[0],
+            "stream_first_text_from_write_ms_p99": first_db[1],
+            "stream_first_text_write_to_readable_ms_p50": held[0],
+            "stream_first_text_write_to_readable_ms_p99": held[1],
+            "stream_first_text_readable_to_reader_ms_p50": after[0],
+            "stream_first_text_readable_to_reader_ms_p99": after[1],
             "stream_piece_ms_p50": piece[0], "stream_piece_ms_p99": piece[1],
             "stream_reconnects": dropping.reconnects,
             "stream_reconnect_events": len(got),
@@ -235,7 +300,7 @@ def _read_side(store: Store, url: str, pieces: int, gap: float) -> dict[str, Any
         while time.monotonic() < deadline and len(reader.arrived) < pieces:
             time.sleep(0.05)
         arrived = dict(reader.arrived)
-        store.steering.cancel(root, actor="bench")
+        _cancel(store, root)
     read_ms = [(arrived[t] - committed[t]) * 1000 for t in committed if t in arrived]
     p50, p99 = _quantiles(read_ms)
     return {"stream_read_pieces": pieces, "stream_read_seen": len(read_ms),
