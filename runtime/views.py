@@ -334,8 +334,8 @@ def task_detail_json(store: Store, task_id: uuid.UUID, model_calls: bool = True)
                           for c in store.children(task_id)]
     if model_calls:
         detail["model_calls"] = [model_call_json(c) for c in store.model_calls(task_id)]
-    detail["steps"] = [step_json(s) for s in store.steps(task_id)]
-    detail["tool_approvals"] = [approval_json(a) for a in store.tool_approvals(task_id)]
+    detail["steps"] = [step_json(s) for s in store.steps.for_task(task_id)]
+    detail["tool_approvals"] = [approval_json(a) for a in store.steps.tool_approvals(task_id)]
     return detail
 
 

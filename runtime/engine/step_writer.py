@@ -39,7 +39,7 @@ from psycopg.rows import namedtuple_row
 from runtime.records import StepBegin, StepEnd, StepRecord
 from runtime.store.postgres.urls import libpq_url
 from runtime.store.queries import QUERIES
-from runtime.store.spend import step_begin_params, step_end_params, step_record
+from runtime.store.steps import step_begin_params, step_end_params, step_record
 
 log = logging.getLogger(__name__)
 

@@ -109,21 +109,21 @@ class StoreLedger(CallLedger):
 
     def step_begin(self, begin: StepBegin) -> StepRecord | None:
         """Record a durable step as started, or return its finished record (fenced)."""
-        return self.store.step_begin(begin)
+        return self.store.steps.begin(begin)
 
     def step_from_counterpart(self, begin: StepBegin,
                               counterpart: uuid.UUID) -> StepRecord | None:
         """A fork's branch task's step served from its counterpart's record, or None."""
-        return self.store.step_from_counterpart(begin, counterpart)
+        return self.store.steps.from_counterpart(begin, counterpart)
 
     def step_finished_at(self, task_id: uuid.UUID, phase: str, position: str, name: str,
                          args_hash: str) -> bool:
         """Whether ``task_id`` finished that step with those arguments (a counterpart's)."""
-        return self.store.step_finished_at(task_id, phase, position, name, args_hash)
+        return self.store.steps.finished_at(task_id, phase, position, name, args_hash)
 
     def step_finish(self, end: StepEnd) -> bool:
         """Record a step's result or error (fenced); False when the lease is gone."""
-        return self.store.step_finish(end)
+        return self.store.steps.finish(end)
 
     async def astep_begin(self, begin: StepBegin) -> StepRecord | None:
         """:meth:`step_begin` from a coroutine, on the running loop's own connection."""
@@ -140,7 +140,7 @@ class StoreLedger(CallLedger):
     def tool_approval(self, task_id: uuid.UUID, lease_token: uuid.UUID, phase: str,
                       call_id: str, tool: str, args_hash: str, args: str) -> str | None:
         """A tool call's decision, or ``asked`` now (fenced); None when the lease is gone."""
-        return self.store.tool_approval(task_id, lease_token, phase, call_id, tool,
+        return self.store.steps.tool_approval(task_id, lease_token, phase, call_id, tool,
                                         args_hash, args)
 
 

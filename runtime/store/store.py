@@ -37,13 +37,12 @@ from runtime.store.rows import (
     NewTask,
     NotFound,
     ResolveRefused,
-    StepBegin,
-    StepRecord,
     canonical_json,
 )
 from runtime.store.schedules import Schedules
-from runtime.store.spend import StoreSpend, StoreSteps, step_begin_params, step_record
+from runtime.store.spend import StoreSpend
 from runtime.store.steering import Steering
+from runtime.store.steps import Steps
 from runtime.store.webhooks import Webhooks
 
 __all__ = ["MAINTENANCE_LOCK_KEY", "Maintained", "Store"]
@@ -55,7 +54,7 @@ def _json_or_none(value: Any) -> str | None:
     return None if value is None else _dumps(value)
 
 
-class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps):
+class Store(StoreHygiene, StoreClaims, StoreSpend):
     """The database door: named statements, one transaction per state change.
 
     Composed of parts, one per concern, each taking the shared
@@ -64,15 +63,15 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps):
     (:class:`~runtime.store.schedules.Schedules`), ``store.experiments``
     (:class:`~runtime.store.experiments.Experiments`), ``store.steering`` (a person's
     hand on a running tree: cancel, pause, answers, approvals, and the model-call gate;
-    :class:`~runtime.store.steering.Steering`).
+    :class:`~runtime.store.steering.Steering`), ``store.steps`` (durable steps and tool
+    approvals; :class:`~runtime.store.steps.Steps`).
 
     The task lifecycle is still built from mixins, one module per concern: submitting
     and resolving live here; reads, pruning and the orchestrator's bookkeeping
     (:class:`~runtime.store.reads.StoreReads`), claims and leases
     (:class:`~runtime.store.claims.StoreClaims`), outcomes and fan-in
     (:class:`~runtime.store.writes.StoreWrites`), spend
-    (:class:`~runtime.store.spend.StoreSpend`), durable steps
-    (:class:`~runtime.store.spend.StoreSteps`), maintenance
+    (:class:`~runtime.store.spend.StoreSpend`), maintenance
     (:class:`~runtime.store.hygiene.StoreHygiene`).
     """
 
@@ -87,6 +86,8 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps):
         self.experiments = Experiments(self.database, self)
         #: A person's hand on a running tree: cancel, pause, answers, approvals; the gate.
         self.steering = Steering(self.database, self)
+        #: Durable steps: begin, finish, replays from a counterpart; tool approvals.
+        self.steps = Steps(self.database)
 
     # ------------------------------------------------------------------ plumbing
     def ping(self) -> bool:
@@ -145,20 +146,6 @@ class Store(StoreHygiene, StoreClaims, StoreSpend, StoreSteps):
             "actor": actor,
             **self.approval_params(),
         }
-
-    def step_from_counterpart(self, begin: StepBegin,
-                              counterpart: uuid.UUID) -> StepRecord | None:
-        """A branch task's step served from its counterpart's record, or None (see the SQL).
-
-        The counterpart finished the same step (place, name and arguments): the branch's
-        row is recorded finished with its result, and the step does not run.
-        """
-        with self.transaction() as conn:
-            row = conn.execute(_TEXT["task_step_from_counterpart"],
-                               {**step_begin_params(begin), "counterpart": counterpart}).first()
-        if row is None:
-            return None
-        return step_record(row, replayed=True)
 
     def fork_root(self, branch: NewBranch, actor: str = "fork") -> Task:
         """Insert a fork's branch root and its event in one statement; return the row.

@@ -161,7 +161,7 @@ def test_a_tool_loop_runs_on_the_model(store: Store, model: EmbeddedBackend) -> 
     calls = store.model_calls(row["id"])
     assert calls[0]["backend"] == "embedded" and calls[0]["position"] == "0#0"
     if calls[0]["tool_calls"]:  # a round that called the tool ran it as a step
-        assert looked_up and store.steps(row["id"])
+        assert looked_up and store.steps.for_task(row["id"])
 
 
 def test_a_durable_call_replays_without_calling_the_model(store: Store,

@@ -65,7 +65,7 @@ def test_a_branch_replays_the_steps_its_counterpart_finished_with_the_same_argum
     original = submit(store, "fork_stepper", {"query": "tides", "post": "report"})
     drain(runtime)
     assert STEP_EFFECTS == [("lookup", "tides"), ("post", "report")]
-    before = [dict(s) for s in store.steps(original["id"])]
+    before = [dict(s) for s in store.steps.for_task(original["id"])]
 
     rerun = fork(store, runtime.registry, runtime.settings, original["id"])
     drain(runtime)
@@ -73,7 +73,7 @@ def test_a_branch_replays_the_steps_its_counterpart_finished_with_the_same_argum
     task = store.get(rerun["id"])
     assert task["status"] == "done"
     assert task["result"] == store.get(original["id"])["result"]
-    steps = store.steps(rerun["id"])
+    steps = store.steps.for_task(rerun["id"])
     assert [(s["name"], s["status"], s["starts"], s["replays"]) for s in steps] == [
         ("lookup", "finished", 0, 1), ("post", "finished", 0, 1)]
 
@@ -83,10 +83,10 @@ def test_a_branch_replays_the_steps_its_counterpart_finished_with_the_same_argum
     drain(runtime)
     assert STEP_EFFECTS[2:] == [("lookup", "currents")]
     assert store.get(changed["id"])["result"]["found"]["answer"] == "found currents"
-    steps = store.steps(changed["id"])
+    steps = store.steps.for_task(changed["id"])
     assert [(s["name"], s["starts"], s["replays"]) for s in steps] == [
         ("lookup", 1, 0), ("post", 0, 1)]
-    assert [dict(s) for s in store.steps(original["id"])] == before
+    assert [dict(s) for s in store.steps.for_task(original["id"])] == before
 
 
 def test_a_branch_replays_tool_calls_with_unchanged_arguments_and_runs_changed_ones(
@@ -120,7 +120,7 @@ def test_a_branch_replays_tool_calls_with_unchanged_arguments_and_runs_changed_o
                                                     tools=[effects.tool()])
     assert [n for _, n in effects.lines] == [0, 1, 7]
     assert [t.replayed for t in changed.tool_results] == [True, False]
-    steps = {s["tool_call_id"]: s for s in store.steps(other["id"])}
+    steps = {s["tool_call_id"]: s for s in store.steps.for_task(other["id"])}
     assert (steps["0#0.0"]["replays"], steps["0#1.0"]["starts"]) == (1, 1)
 
 

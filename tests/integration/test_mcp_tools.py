@@ -65,7 +65,7 @@ def test_mcp_tools_run_as_durable_steps_in_the_tool_loop(
     reply = llm.complete("What is durable execution about?", tools=[lookup])
     (outcome,) = reply.tool_results
     assert outcome.error is None and outcome.name == "lookup_note"
-    (step,) = store.steps(row["id"])
+    (step,) = store.steps.for_task(row["id"])
     assert (step["kind"], step["status"], step["result"]) == ("tool", "finished", outcome.result)
     assert (tmp_path / "calls.log").read_text().count("\n") == 1
     factory.close()

@@ -60,7 +60,7 @@ def test_a_recorded_step_returns_its_result_on_redelivery_without_running(store:
     again = steps_for(store, redeliver(store)).step("send", effects.send, "hello")
     assert first == again == {"sent": "hello", "n": 1}
     assert len(effects.calls) == 1
-    (step,) = store.steps(row["id"])
+    (step,) = store.steps.for_task(row["id"])
     assert (step["status"], step["starts"], step["replays"], step["tries"]) == (
         "finished", 1, 1, 1)
     assert step["result"] == first and step["idempotency_key"] == effects.calls[0][0]
@@ -72,10 +72,10 @@ def test_a_step_started_but_never_recorded_runs_again_with_the_same_key(store: S
     steps = steps_for(store, row)
     # The worker records the start, then dies inside the function.
     begin = steps.begin_of("send", ("hello",), {}, steps.next_position())
-    store.step_begin(begin)
+    store.steps.begin(begin)
     effects = SideEffects()
     assert steps_for(store, redeliver(store)).step("send", effects.send, "hello")["n"] == 1
-    (step,) = store.steps(row["id"])
+    (step,) = store.steps.for_task(row["id"])
     assert (step["status"], step["starts"], step["replays"]) == ("finished", 2, 0)
     assert effects.calls[0][0] == begin.idempotency_key == step["idempotency_key"]
 
@@ -93,7 +93,7 @@ def test_a_late_workers_step_result_is_not_recorded(store: Store) -> None:
     # The late worker's start is refused outright (its token no longer matches).
     with pytest.raises(LeaseLost, match="step 'double'"):
         late.step("double", slow, 2)
-    assert store.steps(row["id"]) == []
+    assert store.steps.for_task(row["id"]) == []
     # Started under the lease, then the lease is taken away while it runs: no result.
     holder = steps_for(store, fresh)
 
@@ -104,11 +104,11 @@ def test_a_late_workers_step_result_is_not_recorded(store: Store) -> None:
 
     with pytest.raises(LeaseLost, match="not recorded"):
         holder.step("double", taken_away, 2)
-    (step,) = store.steps(row["id"])
+    (step,) = store.steps.for_task(row["id"])
     assert (step["status"], step["result"]) == ("started", None)
     third = claim(store)
     assert steps_for(store, third).step("double", slow, 2) == 2
-    assert store.steps(row["id"])[0]["starts"] == 2
+    assert store.steps.for_task(row["id"])[0]["starts"] == 2
 
 
 def test_transient_errors_are_retried_with_backoff_and_other_errors_recorded(
@@ -130,7 +130,7 @@ def test_transient_errors_are_retried_with_backoff_and_other_errors_recorded(
 
     with pytest.raises(ValueError, match="no such record"):
         steps.step("broken", broken, retry=RetryPolicy(attempts=3, backoff_seconds=0))
-    flaky_row, broken_row = store.steps(row["id"])
+    flaky_row, broken_row = store.steps.for_task(row["id"])
     assert (flaky_row["status"], flaky_row["tries"]) == ("finished", 3)
     assert (broken_row["status"], broken_row["tries"]) == ("failed", 1)
     assert broken_row["error"] == "ValueError: no such record"
@@ -138,7 +138,7 @@ def test_transient_errors_are_retried_with_backoff_and_other_errors_recorded(
     again = steps_for(store, redeliver(store))
     again.step("flaky", flaky)
     assert again.step("broken", lambda: "fixed") == "fixed"
-    assert [s["starts"] for s in store.steps(row["id"])] == [1, 2]
+    assert [s["starts"] for s in store.steps.for_task(row["id"])] == [1, 2]
 
 
 def test_changed_arguments_at_the_same_place_are_a_new_step(store: Store) -> None:
@@ -166,7 +166,7 @@ def test_async_steps_run_at_once_and_keep_their_positions(store: Store) -> None:
     assert asyncio.run(agent(steps_for(store, row))) == ["A", "B", "C"]
     assert asyncio.run(agent(steps_for(store, redeliver(store)))) == ["A", "B", "C"]
     assert len(seen) == 3
-    rows = store.steps(row["id"])
+    rows = store.steps.for_task(row["id"])
     # Rows are inserted as the three begin at once; their positions follow the order of issue.
     assert sorted((r["position"], r["args"], r["replays"]) for r in rows) == [
         ("0", '{"args":["a"],"kwargs":{}}', 1), ("1", '{"args":["b"],"kwargs":{}}', 1),
@@ -191,14 +191,14 @@ def test_a_step_with_a_result_that_is_not_json_fails_and_says_so(store: Store) -
     row = new_task(store)
     with pytest.raises(TypeError, match="not JSON-serialisable"):
         steps_for(store, row).step("thing", object)
-    assert store.steps(row["id"])[0]["status"] == "failed"
+    assert store.steps.for_task(row["id"])[0]["status"] == "failed"
 
 
 def test_step_begin_without_the_lease_writes_nothing(store: Store) -> None:
     row = new_task(store)
     begin = StepBegin(row["id"], uuid.uuid4(), "run", "0", "x", "{}", "h", "k", 1)
-    assert store.step_begin(begin) is None
-    assert store.steps(row["id"]) == []
+    assert store.steps.begin(begin) is None
+    assert store.steps.for_task(row["id"]) == []
 
 
 def test_step_writes_survive_a_lost_connection_and_a_repeated_finish_charges_once(
@@ -230,6 +230,6 @@ def test_step_writes_survive_a_lost_connection_and_a_repeated_finish_charges_onc
 
     first, again = asyncio.run(run())
     assert first and again
-    (step,) = store.steps(row["id"])
+    (step,) = store.steps.for_task(row["id"])
     assert (step["status"], step["result"], step["starts"]) == ("finished", {"ok": 1}, 1)
     assert store.get(row["id"])["own_usd"] == Decimal("0.5")

@@ -46,11 +46,11 @@ def test_an_approved_tool_call_runs_once_after_the_approval(runtime: Runtime) ->
     assert hold[0]["detail"].startswith("tool call 0#0.0 (send_payment) waits for a "
                                         "person's approval")
     # The ask names exactly the call: its id (the step's position), tool and arguments.
-    (ask,) = store.tool_approvals(task["id"])
+    (ask,) = store.steps.tool_approvals(task["id"])
     assert (ask["phase"], ask["call_id"], ask["tool"], ask["status"]) == (
         "run", "0#0.0", "send_payment", "asked")
     assert store.steering.approve(task["id"], note="go ahead").changed
-    (ask,) = store.tool_approvals(task["id"])
+    (ask,) = store.steps.tool_approvals(task["id"])
     assert (ask["status"], ask["decided_by"]) == ("approved", "person")
     done = drive(runtime, task["id"], "done")
     assert len(PAID) == 1 and done["result"]["paid"] == [{"paid": True}]
@@ -59,7 +59,7 @@ def test_an_approved_tool_call_runs_once_after_the_approval(runtime: Runtime) ->
     # written with the task's outcome, so it is the last).
     assert sorted((c["position"], c["replayed"]) for c in calls) == [
         ("0#0", False), ("0#0", True), ("0#1", False)]
-    (step,) = store.steps(task["id"])
+    (step,) = store.steps.for_task(task["id"])
     assert (step["name"], step["status"], step["starts"]) == ("send_payment", "finished", 1)
     assert step["args_hash"] == ask["args_hash"]
 
@@ -78,7 +78,7 @@ def test_a_redelivery_after_the_approval_does_not_ask_again(runtime: Runtime) ->
     assert len(PAID) == 1 and done["result"]["paid"] == [{"paid": True}]
     holds = [e for e in store.events(task["id"]) if e["to_status"] == "awaiting_approval"]
     assert len(holds) == 1
-    assert [a["status"] for a in store.tool_approvals(task["id"])] == ["approved"]
+    assert [a["status"] for a in store.steps.tool_approvals(task["id"])] == ["approved"]
 
 
 def test_a_rejected_tool_call_never_runs(runtime: Runtime) -> None:
@@ -89,8 +89,8 @@ def test_a_rejected_tool_call_never_runs(runtime: Runtime) -> None:
     failed = store.get(task["id"])
     assert (failed["status"], failed["error"]) == ("failed",
                                                    "rejected by person: not this supplier")
-    assert PAID == [] and store.steps(task["id"]) == []
-    (ask,) = store.tool_approvals(task["id"])
+    assert PAID == [] and store.steps.for_task(task["id"]) == []
+    (ask,) = store.steps.tool_approvals(task["id"])
     assert (ask["call_id"], ask["status"], ask["note"]) == (
         "0#0.0", "denied", "rejected by person: not this supplier")
 
@@ -109,14 +109,14 @@ def test_a_rerun_replays_an_approved_call_without_asking_again(runtime: Runtime)
     branch = fork(store, runtime.registry, runtime.settings, task["id"], note="re-run")
     done = drive(runtime, branch["id"], "done")
     assert len(PAID) == 1 and done["result"] == store.get(task["id"])["result"]
-    assert store.tool_approvals(branch["id"]) == []
-    (step,) = store.steps(branch["id"])
+    assert store.steps.tool_approvals(branch["id"]) == []
+    (step,) = store.steps.for_task(branch["id"])
     assert (step["status"], step["starts"], step["replays"]) == ("finished", 0, 1)
     # Other arguments are another call: it asks, and does not run before the approval.
     other = fork(store, runtime.registry, runtime.settings, task["id"],
                  payload={"goal": "Initech"}, note="another customer")
     drive(runtime, other["id"], "awaiting_approval")
-    (ask,) = store.tool_approvals(other["id"])
+    (ask,) = store.steps.tool_approvals(other["id"])
     assert ask["status"] == "asked" and len(PAID) == 1
 
 

@@ -104,7 +104,7 @@ def test_the_loop_runs_tool_calls_as_steps_and_returns_the_final_answer(
                                                      "assistant", "tool"]
     assert last["messages"][2] == {"role": "tool", "tool_name": "lookup",
                                    "content": '{"n": 0, "value": 0}'}
-    steps = store.steps(row["id"])
+    steps = store.steps.for_task(row["id"])
     assert [(s["kind"], s["tool_call_id"], s["status"]) for s in steps] == [
         ("tool", "0#0.0", "finished"), ("tool", "0#1.0", "finished")]
 
@@ -140,7 +140,7 @@ def test_a_redelivery_mid_loop_replays_rounds_and_tools_and_pays_nothing_twice(
     replayed = [c["position"] for c in calls if c["replayed"]]
     assert replayed == ["0#0", "0#1"]
     assert all(c["cost_usd"] == 0 for c in calls if c["replayed"])
-    steps = {s["tool_call_id"]: s for s in store.steps(row["id"])}
+    steps = {s["tool_call_id"]: s for s in store.steps.for_task(row["id"])}
     assert (steps["0#0.0"]["replays"], steps["0#1.0"]["starts"]) == (1, 2)
 
 
@@ -160,7 +160,7 @@ def test_bad_arguments_go_back_to_the_model_as_a_repair_and_never_reach_the_tool
     assert sent["role"] == "tool" and sent["content"].startswith("error: BadToolArguments")
     kinds = [c["attempt_kind"] for c in store.model_calls(row["id"])]
     assert kinds == ["call", "repair", "call"]
-    assert store.steps(row["id"])[0]["status"] == "failed"
+    assert store.steps.for_task(row["id"])[0]["status"] == "failed"
 
 
 def test_the_round_limit_ends_a_runaway_loop_with_a_clear_error(
@@ -172,7 +172,7 @@ def test_the_round_limit_ends_a_runaway_loop_with_a_clear_error(
         llm_for(store, row, OllamaBackend(fake_ollama.url, 5.0)).complete(
             PROMPT, tools=[Ledger().tool()], max_tool_rounds=2)
     assert len(store.model_calls(row["id"])) == 3
-    assert len(store.steps(row["id"])) == 2
+    assert len(store.steps.for_task(row["id"])) == 2
 
 
 def test_a_tool_that_raises_answers_the_model_with_its_error(
@@ -188,7 +188,7 @@ def test_a_tool_that_raises_answers_the_model_with_its_error(
     assert reply.tool_results[0].error == "RuntimeError: no value for 0"
     assert fake_ollama.requests[1]["messages"][2]["content"] == (
         "error: RuntimeError: no value for 0")
-    (step,) = store.steps(row["id"])
+    (step,) = store.steps.for_task(row["id"])
     assert (step["status"], step["error"]) == ("failed", "RuntimeError: no value for 0")
 
 
@@ -217,7 +217,7 @@ def test_the_async_tool_calls_of_one_reply_run_at_once(
     reply = asyncio.run(run())
     assert [t.error for t in reply.tool_results] == [None, None, None]
     assert reply.tool_rounds == 1 and [t.result for t in reply.tool_results] == [0, 1, 2]
-    assert sorted(s["tool_call_id"] for s in store.steps(row["id"])) == [
+    assert sorted(s["tool_call_id"] for s in store.steps.for_task(row["id"])) == [
         "0#0.0", "0#0.1", "0#0.2"]
 
 
@@ -231,7 +231,7 @@ def test_a_tools_cost_is_charged_and_checked_against_the_budget(store: Store) ->
     task = store.get(row["id"])
     calls = store.model_calls(row["id"])
     assert task["own_usd"] == sum(c["cost_usd"] for c in calls) + Decimal("0.25")
-    assert store.steps(row["id"])[0]["cost_usd"] == Decimal("0.25")
+    assert store.steps.for_task(row["id"])[0]["cost_usd"] == Decimal("0.25")
     with pytest.raises(BudgetExceeded, match=r"tool 'lookup' refused .* costs \$1"):
         llm.complete("Again", tools=[effects.tool(cost_usd=Decimal("1"))])
     assert len(effects.lines) == 1
@@ -253,7 +253,7 @@ def test_a_denied_tool_call_ends_the_loop_and_another_call_asks_anew(store: Stor
     tools = [effects.tool(requires_approval=True)]
     with pytest.raises(ToolApprovalNeeded):
         llm.complete(PROMPT, tools=tools)
-    (ask,) = store.tool_approvals(row["id"])
+    (ask,) = store.steps.tool_approvals(row["id"])
     with store.engine.begin() as conn:  # a person's decision (orgchart reject's update)
         conn.execute(sa.text("UPDATE tool_approvals SET status = 'denied' "
                              "WHERE task_id = :id"), {"id": row["id"]})
@@ -264,7 +264,7 @@ def test_a_denied_tool_call_ends_the_loop_and_another_call_asks_anew(store: Stor
     # The decision holds for that call only: another call id asks again.
     with pytest.raises(ToolApprovalNeeded, match=r"tool call 1#0\.0"):
         again.complete(PROMPT, tools=tools)
-    assert [(a["call_id"], a["status"]) for a in store.tool_approvals(row["id"])] == [
+    assert [(a["call_id"], a["status"]) for a in store.steps.tool_approvals(row["id"])] == [
         ("0#0.0", "denied"), ("1#0.0", "asked")]
     assert ask["args_hash"]
 
@@ -330,7 +330,7 @@ def test_a_late_workers_tool_result_is_not_recorded_and_the_loop_stops(
     with pytest.raises(LeaseLost, match="pending; the model was not called"):
         llm.complete(PROMPT, tools=[effects.tool()])
     assert len(effects.lines) == 1  # the next round's tool never ran
-    (step,) = store.steps(row["id"])
+    (step,) = store.steps.for_task(row["id"])
     assert (step["status"], step["result"]) == ("started", None)
     # The next delivery runs it again (same key), records it, and goes on.
     effects.on_call = None
@@ -338,5 +338,5 @@ def test_a_late_workers_tool_result_is_not_recorded_and_the_loop_stops(
     reply = llm_for(store, fresh, OllamaBackend(fake_ollama.url, 5.0)).complete(
         PROMPT, tools=[effects.tool()])
     assert reply.tool_rounds == 2 and effects.lines[1][0] == effects.lines[0][0]
-    assert [(s["status"], s["starts"]) for s in store.steps(row["id"])] == [
+    assert [(s["status"], s["starts"]) for s in store.steps.for_task(row["id"])] == [
         ("finished", 2), ("finished", 1)]
