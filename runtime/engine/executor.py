@@ -68,6 +68,8 @@ from runtime.errors import (
     UnknownPrice,
 )
 from runtime.llm.call_records import defer_replays
+from runtime.llm.gate import CallGate
+from runtime.llm.loop import CallLoop
 from runtime.llm.tool_loop import ToolApprovalNeeded
 from runtime.store.rows import ChildRow, JudgeOutcome, RunOutcome, TaskRow
 from runtime.store.store import Store
@@ -89,13 +91,23 @@ class PolicyChecks(Protocol):
 
 
 class LLMFactoryLike(Protocol):
-    """What the executor needs from ``runtime.llm.handle.LLMFactory``."""
+    """What the worker needs from ``runtime.llm.handle.LLMFactory`` (nothing probed)."""
 
     offline: bool
+    #: The model calls' slots and token meter (how many are running, waiting, metered).
+    calls: CallLoop
+    #: The start gate of every request (cancelled tasks, paused trees).
+    gate: CallGate
 
     def for_task(self, task_row: Any, lease_token: uuid.UUID,
                  lease_lost: threading.Event) -> Any:
         """A ``ctx.llm`` bound to one leased task."""
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Make sync callers' calls on ``loop`` (the worker's, while it runs)."""
+
+    async def detach(self) -> None:
+        """From a coroutine on the attached loop about to close: close its connections."""
 
 
 class JudgeFn(Protocol):
@@ -285,7 +297,7 @@ class Executor:
         llm = LazyLLM(lambda: self._llm_for(row, token, lease_lost, view))
         tools = tuple(cls.tools) + (self.tools_for(cls.name) if self.tools_for else ())
         ctx = AgentContext(llm=llm, task=view, log=self._logger(cls.name), lease_lost=lease_lost,
-                           offline=bool(getattr(self.llm_factory, "offline", False)),
+                           offline=self.llm_factory.offline,
                            prompts_dir=cls.prompts_dir or PROMPTS_DIR, tools=tools)
         return Started(row, cls, cls(), view, ctx, llm, outcome)
 

@@ -82,8 +82,7 @@ class Worker:
                                    health, self._stopping, self.stop)
         # Cancelled tasks stop within a second: polled, and poked by the heartbeat (a lease
         # gone) and by the cancel's notification.
-        self.stopper = StopWatcher(store, self.held,
-                                   getattr(executor.llm_factory, "gate", None), health)
+        self.stopper = StopWatcher(store, self.held, executor.llm_factory.gate, health)
         self.leases.on_lost(lambda _lost: self.stopper.poke())
         self.listener: Listener | None = None
         if config.listen:
@@ -175,9 +174,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         # Sync agents' and the judge's model calls run on this loop too (async agents'
         # calls already do): one set of per-server limits, no second loop thread.
-        attach = getattr(self.executor.llm_factory, "attach", None)
-        if attach is not None:
-            attach(loop)
+        self.executor.llm_factory.attach(loop)
         self.wake.bind(loop, woken=self._stopping.is_set())
         # The first threads start now: a thread started on demand in the middle of a burst
         # blocks the thread that starts it until it runs (a few ms, waiting for the GIL),
@@ -202,9 +199,7 @@ class Worker:
             for job in background:
                 job.cancel()
             await asyncio.gather(*background, return_exceptions=True)
-            detach = getattr(self.executor.llm_factory, "detach", None)
-            if detach is not None:
-                await detach()
+            await self.executor.llm_factory.detach()
             self.leases.close()
             self.liveness.close()  # after the drain: the session ends, the lock with it
             self.wake.unbind()

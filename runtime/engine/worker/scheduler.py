@@ -124,14 +124,9 @@ class Scheduler:
         free = max(2 * slots - waiting, min(slots, 8 * slots - len(self.held)) if announced else 0)
         return min(room, max(0, free))
 
-    def _model_calls(self) -> Any:
-        """The model layer's :class:`~runtime.llm.loop.CallLoop`, or None (a stub factory)."""
-        return getattr(getattr(self.executor, "llm_factory", None), "calls", None)
-
     def _model_pressure(self) -> tuple[int, int]:
         """``(slots, waiting)`` of the model calls on this loop (``(0, 0)``: none made)."""
-        pressure = getattr(self._model_calls(), "pressure", None)
-        return pressure(asyncio.get_running_loop()) if pressure is not None else (0, 0)
+        return self.executor.llm_factory.calls.pressure(asyncio.get_running_loop())
 
     def _claim_size(self, room: int) -> int:
         """The most one round of claims asks for: several batches at once with room."""
@@ -319,7 +314,7 @@ class Scheduler:
 
     def _waiting_for_tokens(self) -> set[Any]:
         """The tasks whose model calls wait for their tenant's token bucket now."""
-        meter = getattr(self._model_calls(), "meter", None)
+        meter = self.executor.llm_factory.calls.meter
         return meter.waiting_tasks() if meter is not None else set()
 
     async def _let_go(self, items: list[InFlight]) -> None:
