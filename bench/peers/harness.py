@@ -201,6 +201,36 @@ def _table_rows(url: str) -> dict[str, int]:
             "FROM pg_stat_user_tables")}
 
 
+def _index_counters(url: str) -> dict[str, tuple[int, int, int, int]]:
+    """Per table: rows inserted, updated, updated HOT (no index touched), and its indexes."""
+    with connect(url) as conn:
+        return {f"{schema}.{name}": (int(ins), int(upd), int(hot), int(indexes))
+                for schema, name, ins, upd, hot, indexes in conn.execute(
+                    "SELECT s.schemaname, s.relname, s.n_tup_ins, s.n_tup_upd, s.n_tup_hot_upd, "
+                    "       (SELECT count(*) FROM pg_index i WHERE i.indrelid = s.relid) "
+                    "FROM pg_stat_user_tables s")}
+
+
+def index_writes(before: dict[str, tuple[int, int, int, int]],
+                 after: dict[str, tuple[int, int, int, int]], calls: int) -> dict[str, Any]:
+    """Where a call's database work goes: index entries written per call, by table.
+
+    An insert writes one entry in each of the table's indexes; an update that is not HOT
+    (it changed an indexed column, or its page had no room) writes one in each too; a HOT
+    update writes none. So ``(inserts + updates - HOT updates) x indexes`` per call, and
+    the share of updates that were HOT.
+    """
+    out: dict[str, Any] = {}
+    for name, (ins, upd, hot, indexes) in after.items():
+        ins0, upd0, hot0, _ = before.get(name, (0, 0, 0, indexes))
+        ins, upd, hot = ins - ins0, upd - upd0, hot - hot0
+        if ins or upd:
+            out[name] = {"indexes": indexes,
+                         "index_entries_per_call": round((ins + upd - hot) * indexes / calls, 1),
+                         "hot_update_share": round(hot / upd, 2) if upd else None}
+    return dict(sorted(out.items(), key=lambda item: -item[1]["index_entries_per_call"]))
+
+
 def _timeline(url: str) -> list[str]:
     """orgchart's transitions, first and last, from the submit (``bench.makespan``'s)."""
     store = open_store(url)
@@ -279,6 +309,7 @@ def run_once(rt: Runtime, client: str, shape: Shape, delay: float, server: str |
             proc.wait_ready()
             time.sleep(1.5)  # the set-up's statistics reach pg_stat_database
             wal0, pg_cpu0, tables0 = _counters(url)
+            indexes0 = _index_counters(url)
             idle_kb, cpu0 = _vm_kb(proc.proc.pid, "VmRSS") or 0, proc_cpu_seconds(proc.proc.pid)
             _get(model_url + "/stats/reset")
             started = time.monotonic()
@@ -306,6 +337,7 @@ def run_once(rt: Runtime, client: str, shape: Shape, delay: float, server: str |
             model_proc.wait()
         time.sleep(1.0)  # the last backends' statistics
         tables = {name: n - tables0.get(name, 0) for name, n in _counters(url)[2].items()}
+        indexes1 = _index_counters(url)
     if proc.result is not None:  # a peer measures itself (it may end before it is read)
         makespan = proc.result["seconds"] if crashed is None else makespan
         cpu, peak_kb = proc.result["cpu_seconds"], proc.result["peak_rss_kb"]
@@ -320,6 +352,7 @@ def run_once(rt: Runtime, client: str, shape: Shape, delay: float, server: str |
             tables.items(), key=lambda item: -item[1]) if n},
         **({"timeline_seconds": timeline} if timeline else {}),
         "wal_bytes_per_call": round((wal1 - wal0) / calls),
+        "index_writes_by_table": index_writes(indexes0, indexes1, calls),
         "pg_cpu_ms_per_call": (round((pg_cpu1 - pg_cpu0) / calls * 1000, 3)
                                if pg_cpu0 is not None and pg_cpu1 is not None else None),
     }
