@@ -201,34 +201,42 @@ def _table_rows(url: str) -> dict[str, int]:
             "FROM pg_stat_user_tables")}
 
 
-def _index_counters(url: str) -> dict[str, tuple[int, int, int, int]]:
-    """Per table: rows inserted, updated, updated HOT (no index touched), and its indexes."""
+_Counts = tuple[int, int, int, int, int]
+
+
+def _index_counters(url: str) -> dict[str, _Counts]:
+    """Per table: rows inserted, updated, updated HOT, its indexes and their bytes."""
     with connect(url) as conn:
-        return {f"{schema}.{name}": (int(ins), int(upd), int(hot), int(indexes))
-                for schema, name, ins, upd, hot, indexes in conn.execute(
+        return {f"{schema}.{name}": (int(ins), int(upd), int(hot), int(indexes), int(size))
+                for schema, name, ins, upd, hot, indexes, size in conn.execute(
                     "SELECT s.schemaname, s.relname, s.n_tup_ins, s.n_tup_upd, s.n_tup_hot_upd, "
-                    "       (SELECT count(*) FROM pg_index i WHERE i.indrelid = s.relid) "
+                    "       (SELECT count(*) FROM pg_index i WHERE i.indrelid = s.relid), "
+                    "       pg_indexes_size(s.relid) "
                     "FROM pg_stat_user_tables s")}
 
 
-def index_writes(before: dict[str, tuple[int, int, int, int]],
-                 after: dict[str, tuple[int, int, int, int]], calls: int) -> dict[str, Any]:
-    """Where a call's database work goes: index entries written per call, by table.
+def index_writes(before: dict[str, _Counts], after: dict[str, _Counts],
+                 calls: int) -> dict[str, Any]:
+    """Where a call's database work goes, by table: its index writes per call.
 
-    An insert writes one entry in each of the table's indexes; an update that is not HOT
-    (it changed an indexed column, or its page had no room) writes one in each too; a HOT
-    update writes none. So ``(inserts + updates - HOT updates) x indexes`` per call, and
-    the share of updates that were HOT.
+    ``index_bytes_per_call``: how much its indexes grew per call (measured).
+    ``index_entries_per_call_at_most``: an insert or an update that is not HOT (it changed
+    an indexed column, or its page had no room) adds an entry to each index whose
+    predicate the new row meets; a HOT update adds none. So at most
+    ``(inserts + updates - HOT updates) x indexes`` per call (a partial index the row
+    leaves gets none). ``hot_update_share``: the share of its updates that were HOT.
     """
     out: dict[str, Any] = {}
-    for name, (ins, upd, hot, indexes) in after.items():
-        ins0, upd0, hot0, _ = before.get(name, (0, 0, 0, indexes))
+    for name, (ins, upd, hot, indexes, size) in after.items():
+        ins0, upd0, hot0, _, size0 = before.get(name, (0, 0, 0, indexes, 0))
         ins, upd, hot = ins - ins0, upd - upd0, hot - hot0
         if ins or upd:
             out[name] = {"indexes": indexes,
-                         "index_entries_per_call": round((ins + upd - hot) * indexes / calls, 1),
+                         "index_bytes_per_call": round((size - size0) / calls),
+                         "index_entries_per_call_at_most": round(
+                             (ins + upd - hot) * indexes / calls, 1),
                          "hot_update_share": round(hot / upd, 2) if upd else None}
-    return dict(sorted(out.items(), key=lambda item: -item[1]["index_entries_per_call"]))
+    return dict(sorted(out.items(), key=lambda item: -item[1]["index_bytes_per_call"]))
 
 
 def _timeline(url: str) -> list[str]:
