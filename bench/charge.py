@@ -1,16 +1,16 @@
-"""Charge latency: one model call's ``Store.charge`` with 1,000 leaves of one tree in flight.
+"""Charge latency: one model call's ``store.spend.charge``, 1,000 leaves of one tree in flight.
 
     python -m bench.charge [--leaves 1000] [--threads 64] [--charges 10000]
 
 A root delegates ``leaves`` leaves and every leaf is claimed (running, leased), as a
 worker holding a wide tree would. Then ``threads`` threads charge model calls to random
-leaves (``charges`` in all) through the real ``Store.charge``: one guarded UPDATE of the
+leaves (``charges`` in all) through the real ``store.spend.charge``: one guarded UPDATE of the
 leaf plus its ``model_calls`` row. Before migration 0003 every charge also updated every
 ancestor up to the root, so all of them queued on the root row.
 
-Measured twice: ``direct`` (one ``Store.charge`` transaction per call, from the calling
+Measured twice: ``direct`` (one ``store.spend.charge`` transaction per call, from the calling
 thread) and ``batched`` (through :class:`runtime.engine.charges.ChargeWriter`: what
-arrives within 2 ms is one ``Store.charge_many`` statement), the engine's path.
+arrives within 2 ms is one ``store.spend.charge_many`` statement), the engine's path.
 
 Figures: ``charge_p50_ms``, ``charge_p99_ms`` (batched; goal <= 20 ms),
 ``charges_per_second``, the same for ``direct_*``, and a check that the root row was not
@@ -51,7 +51,7 @@ def measure(leaves: int = 1000, threads: int = 64, charges: int = 10_000,
             latencies: list[float] = []
             lock = threading.Lock()
             writer = ChargeWriter(store) if batched else None
-            charge = writer.charge if writer is not None else store.charge
+            charge = writer.charge if writer is not None else store.spend.charge
             per_thread = charges // threads
 
             def charge_many(seed: int) -> None:
@@ -72,7 +72,7 @@ def measure(leaves: int = 1000, threads: int = 64, charges: int = 10_000,
             if writer is not None:
                 writer.close()
             root_row = store.get(root["id"])
-            live_tokens, _, live_calls = store.live_spend(root["id"])
+            live_tokens, _, live_calls = store.spend.live(root["id"])
         finally:
             store.dispose()
     return {

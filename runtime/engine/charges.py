@@ -4,9 +4,9 @@ A thousand tasks in flight make a thousand charges a second; one transaction eac
 a thousand commits (and WAL flushes) a second, queued on a connection pool. The
 :class:`ChargeWriter` collects the charges queued while its last batch was being written
 (and those that arrive within :data:`CHARGE_WINDOW_SECONDS`) and writes them with one
-``Store.charge_many`` (each call
+``store.spend.charge_many`` (each call
 still guarded by its task's lease token; a call whose lease is gone is not recorded and
-its caller gets False, exactly as from ``Store.charge``).
+its caller gets False, exactly as from ``store.spend.charge``).
 
 Lanes: :data:`CHARGE_LANES` threads write batches side by side, each task's charges always
 in the same lane (by its id). A reply is durable only once its batch committed, and a
@@ -26,7 +26,7 @@ loop (the model layer records a reply the moment it arrives, on the thread that 
 then goes on: an answer is durable on arrival, SPEC section 15); :meth:`ChargeWriter.acharge`
 awaits such a future. A batch's results reach each loop with one wake-up
 (:class:`~runtime.engine.threads.LoopHandoff`), not one per charge. All say what
-``Store.charge`` returns. Each charge is budget rule 5 (:mod:`runtime.budget`): a call
+``store.spend.charge`` returns. Each charge is budget rule 5 (:mod:`runtime.budget`): a call
 is charged to its own task only, its cost from :func:`runtime.budget.call_cost`.
 
 Failure modes: while the database fails over (a broken connection, a read-only or
@@ -36,7 +36,7 @@ paid for are not lost to the outage. When the failed attempt was an in-doubt COM
 writer first asks which calls of the batch are recorded and charges only the others
 (never twice). Any other database error, or an outage that outlasts the retries, fails
 every charge of its batch with that error (the caller's model call then fails as
-``Store.charge`` would have); the writer thread goes on.
+``store.spend.charge`` would have); the writer thread goes on.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ class ChargeWriter:
             future.set_result(ok)
 
     def _charge_through_failover(self, charges: list[ModelCharge]) -> list[bool]:
-        """``Store.charge_many``, retried while the database fails over, never twice."""
+        """``store.spend.charge_many``, retried while the database fails over, never twice."""
         done: dict[int, bool] = {}
         todo = list(range(len(charges)))
         deadline = time.monotonic() + FAILOVER_RETRY_SECONDS
@@ -198,13 +198,13 @@ class ChargeWriter:
         while True:
             try:
                 if doubt:  # the last COMMIT may have landed: what is recorded stays so
-                    recorded = self.store.recorded_charges([charges[i] for i in todo])
+                    recorded = self.store.spend.recorded([charges[i] for i in todo])
                     done.update({todo[n]: True for n in recorded})
                     todo = [i for n, i in enumerate(todo) if n not in recorded]
                     with self._counts:
                         self.resolved_in_doubt += len(recorded)
                     doubt = False
-                written = self.store.charge_many([charges[i] for i in todo]) if todo else []
+                written = self.store.spend.charge_many([charges[i] for i in todo]) if todo else []
                 done.update(zip(todo, written, strict=True))
                 return [done[i] for i in range(len(charges))]
             except Exception as exc:

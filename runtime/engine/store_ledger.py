@@ -55,13 +55,13 @@ class StoreLedger(CallLedger):
         """Record and charge one model call row; False when the task's lease is gone."""
         if self.writer is not None:
             return self.writer.charge(charge)
-        return self.store.charge(charge)
+        return self.store.spend.charge(charge)
 
     async def acharge(self, charge: ModelCharge) -> bool:
         """:meth:`charge` from a coroutine: awaits its batch without holding a thread."""
         if self.writer is not None:
             return await self.writer.acharge(charge)
-        return await asyncio.to_thread(self.store.charge, charge)
+        return await asyncio.to_thread(self.store.spend.charge, charge)
 
     def submit_charge(self, charge: ModelCharge,
                       loop: asyncio.AbstractEventLoop) -> asyncio.Future[bool]:
@@ -72,15 +72,15 @@ class StoreLedger(CallLedger):
         """
         if self.writer is not None:
             return self.writer.enqueue(charge, loop)
-        return asyncio.wrap_future(self._charges.submit(self.store.charge, charge), loop=loop)
+        return asyncio.wrap_future(self._charges.submit(self.store.spend.charge, charge), loop=loop)
 
     async def amark_failed(self, charge: ModelCharge, error: str) -> bool:
         """Give the recorded row of ``charge`` its error (fenced); False: lease gone."""
-        return await asyncio.to_thread(self.store.mark_call_failed, charge, error)
+        return await asyncio.to_thread(self.store.spend.mark_call_failed, charge, error)
 
     def take_tokens(self, tenant: str, need: float, rate: float, refund: float) -> float:
         """A tenant's token bucket: 0 when ``need`` was taken, else the seconds to wait."""
-        return self.store.take_tenant_tokens(tenant, need, rate, refund)
+        return self.store.spend.take_tenant_tokens(tenant, need, rate, refund)
 
     async def arecorded_calls(self, lookups: Sequence[RecordLookup]
                               ) -> list[RecordedCall | None]:

@@ -59,19 +59,6 @@ class StoreReads:
         return self.database.query(statement, **params)
 
     # ------------------------------------------------------------------ reads
-    def recorded_charges(self, charges: Sequence[Any]) -> set[int]:
-        """Positions in ``charges`` (``ModelCharge`` s) whose call is already recorded.
-
-        For a batch whose COMMIT was in doubt: what landed must not be charged twice.
-        """
-        batch = [{"n": n, "id": str(c.task_id), "attempt": c.attempt,
-                  "call_index": c.call_index, "call_try": c.call_try,
-                  "attempt_kind": c.attempt_kind, "phase": c.phase, "position": c.position}
-                 for n, c in enumerate(charges)]
-        with self.engine.connect() as conn:
-            return {int(r.n) for r in conn.execute(_TEXT["model_call_find_recorded"],
-                                                   {"batch": json.dumps(batch)})}
-
     def get(self, task_id: uuid.UUID) -> Task:
         """Return one task, or raise :class:`NotFound`."""
         rows = self.query("task_get", id=task_id)

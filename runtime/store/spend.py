@@ -1,25 +1,30 @@
 """Spend: model calls charged to their own task, a running tree's live spend, tenants' tokens.
 
-A mixin of :class:`runtime.store.store.Store`. A model call charges only its own task (and
-its ``model_calls`` row); a child's spend rolls up to its parent when the child reaches a
-terminal status (:mod:`runtime.store.writes`); a running tree's live spend is summed from
-``model_calls`` by root (:meth:`StoreSpend.live_spend`).
+A part of the store (``store.spend``, :class:`Spend`). A model call charges only its own
+task (and its ``model_calls`` row); a child's spend rolls up to its parent when the child
+reaches a terminal status (:mod:`runtime.store.writes`); a running tree's live spend is
+summed from ``model_calls`` by root (:meth:`Spend.live`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Sequence
 from decimal import Decimal
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from runtime.jsoncodec import dumps_fast
+from runtime.store.database import Database
 from runtime.store.queries import TEXT as _TEXT
-from runtime.store.reads import StoreReads
 from runtime.store.rows import ModelCharge
+
+if TYPE_CHECKING:
+    from runtime.store.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -28,16 +33,38 @@ log = logging.getLogger(__name__)
 MAX_ROLL_UP_LEVELS = 100
 
 
-class StoreSpend(StoreReads):
-    """Charging model calls (one at a time or batched) and reading a tree's live spend."""
+class Spend:
+    """Charging model calls (one at a time or batched) and reading a tree's live spend.
+
+    ``store.spend``; ``tasks`` is the store whose ``tenancy`` (set by the wiring from
+    ``[tenants.*]``) a batch's charges are weighed with for the tenants' fair shares.
+    """
+
+    def __init__(self, database: Database, tasks: Store) -> None:
+        self.database = database
+        self.tasks = tasks
+
+    def recorded(self, charges: Sequence[Any]) -> set[int]:
+        """Positions in ``charges`` (``ModelCharge`` s) whose call is already recorded.
+
+        For a batch whose COMMIT was in doubt: what landed must not be charged twice.
+        """
+        batch = [{"n": n, "id": str(c.task_id), "attempt": c.attempt,
+                  "call_index": c.call_index, "call_try": c.call_try,
+                  "attempt_kind": c.attempt_kind, "phase": c.phase, "position": c.position}
+                 for n, c in enumerate(charges)]
+        with self.database.connect() as conn:
+            return {int(r.n) for r in conn.execute(_TEXT["model_call_find_recorded"],
+                                                   {"batch": json.dumps(batch)})}
 
     def charge(self, charge: ModelCharge) -> bool:
         """Record one model call and charge it to its task only (one row, one insert).
 
-        The spend reaches the ancestors when the task ends (:meth:`children_ended`).
+        The spend reaches the ancestors when the task ends
+        (:meth:`runtime.store.writes.StoreWrites.children_ended`).
         Returns False (nothing written) when the task's lease is gone.
         """
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             row = conn.execute(
                 _TEXT["task_charge_running"],
                 {
@@ -86,10 +113,10 @@ class StoreSpend(StoreReads):
             for n, c in enumerate(charges)
         ]
         try:
-            with self.transaction() as conn:
+            with self.database.transaction() as conn:
                 rows = conn.execute(_TEXT["task_charge_running_many"],
                                     {"batch": dumps_fast(batch),
-                                     **self.tenancy.charge_params()}).all()
+                                     **self.tasks.tenancy.charge_params()}).all()
                 done = {r.n for r in rows}
                 late = sorted({r.id for r in rows if r.status == "cancelled" and r.parent_id})
                 if late:
@@ -109,7 +136,7 @@ class StoreSpend(StoreReads):
         The row was recorded and charged on arrival (:meth:`charge_many`); its charge
         stays. Returns False (nothing written) when the task's lease is gone.
         """
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             row = conn.execute(_TEXT["model_call_mark_failed"], {
                 "task_id": charge.task_id, "token": charge.lease_token, "error": error,
                 "attempt": charge.attempt, "call_index": charge.call_index,
@@ -147,9 +174,9 @@ class StoreSpend(StoreReads):
                          {"ids": level, "tokens": [tokens[i] for i in level],
                           "usd": [usd[i] for i in level]})
 
-    def live_spend(self, root_id: uuid.UUID) -> tuple[int, Decimal, int]:
+    def live(self, root_id: uuid.UUID) -> tuple[int, Decimal, int]:
         """``(tokens, usd, calls)`` a tree has spent so far, running tasks included."""
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             row = conn.execute(_TEXT["model_call_spend_by_root"], {"root_id": root_id}).one()
         return int(row.tokens), Decimal(row.usd), int(row.calls)
 
@@ -163,7 +190,7 @@ class StoreSpend(StoreReads):
         One statement (two more the first time a tenant's bucket is used).
         """
         params = {"tenant": tenant, "need": need, "rate": rate, "refund": refund}
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             row = conn.execute(_TEXT["tenant_bucket_take"], params).first()
             if row is None:
                 conn.execute(_TEXT["tenant_bucket_create"], params)

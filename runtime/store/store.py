@@ -13,7 +13,7 @@ public reads return plain dicts that :func:`runtime.views.task_json` turns into 
 Spend: a model call charges only its own task (and its ``model_calls`` row). A child's
 spend rolls up to its parent when the child reaches a terminal status, in the transaction
 that already locks the parent for fan-in; a running tree's live spend is summed from
-``model_calls`` by root (:meth:`Store.live_spend`).
+``model_calls`` by root (:meth:`~runtime.store.spend.Spend.live`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from runtime.store.rows import (
     canonical_json,
 )
 from runtime.store.schedules import Schedules
-from runtime.store.spend import StoreSpend
+from runtime.store.spend import Spend
 from runtime.store.steering import Steering
 from runtime.store.steps import Steps
 from runtime.store.webhooks import Webhooks
@@ -54,7 +54,7 @@ def _json_or_none(value: Any) -> str | None:
     return None if value is None else _dumps(value)
 
 
-class Store(StoreHygiene, StoreClaims, StoreSpend):
+class Store(StoreHygiene, StoreClaims):
     """The database door: named statements, one transaction per state change.
 
     Composed of parts, one per concern, each taking the shared
@@ -64,14 +64,14 @@ class Store(StoreHygiene, StoreClaims, StoreSpend):
     (:class:`~runtime.store.experiments.Experiments`), ``store.steering`` (a person's
     hand on a running tree: cancel, pause, answers, approvals, and the model-call gate;
     :class:`~runtime.store.steering.Steering`), ``store.steps`` (durable steps and tool
-    approvals; :class:`~runtime.store.steps.Steps`).
+    approvals; :class:`~runtime.store.steps.Steps`), ``store.spend`` (model calls
+    charged, live spend, tenants' token buckets; :class:`~runtime.store.spend.Spend`).
 
     The task lifecycle is still built from mixins, one module per concern: submitting
     and resolving live here; reads, pruning and the orchestrator's bookkeeping
     (:class:`~runtime.store.reads.StoreReads`), claims and leases
     (:class:`~runtime.store.claims.StoreClaims`), outcomes and fan-in
-    (:class:`~runtime.store.writes.StoreWrites`), spend
-    (:class:`~runtime.store.spend.StoreSpend`), maintenance
+    (:class:`~runtime.store.writes.StoreWrites`), maintenance
     (:class:`~runtime.store.hygiene.StoreHygiene`).
     """
 
@@ -88,6 +88,8 @@ class Store(StoreHygiene, StoreClaims, StoreSpend):
         self.steering = Steering(self.database, self)
         #: Durable steps: begin, finish, replays from a counterpart; tool approvals.
         self.steps = Steps(self.database)
+        #: Model calls charged to their task, a tree's live spend, tenants' token buckets.
+        self.spend = Spend(self.database, self)
 
     # ------------------------------------------------------------------ plumbing
     def ping(self) -> bool:

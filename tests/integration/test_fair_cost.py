@@ -58,7 +58,7 @@ def test_a_dear_trees_pending_tasks_move_apart_and_it_is_claimed_less(store: Sto
     cheap, _ = _tree(store, 12, "cheap")
     [first] = store.claim(["echo"], 1, "w", 30)  # the dear tree's first child
     assert first["root_id"] == dear["id"]
-    assert store.charge_many([_charge(first, 1000)]) == [True]  # 10 steps' worth
+    assert store.spend.charge_many([_charge(first, 1000)]) == [True]  # 10 steps' worth
     assert _clock(store, dear) == (1000.0, 1, 10.0)
     assert set(_pending_gaps(store, dear)) == {10.0}
     assert set(_pending_gaps(store, cheap)) == {1.0}
@@ -67,7 +67,7 @@ def test_a_dear_trees_pending_tasks_move_apart_and_it_is_claimed_less(store: Sto
     assert by_tree == {dear["id"]: 1, cheap["id"]: 10}, by_tree
     # A cheap call leaves a tree at one step (never below): no respacing.
     [one] = [c for c in claimed if c["root_id"] == cheap["id"]][:1]
-    assert store.charge_many([_charge(one, 20)]) == [True]
+    assert store.spend.charge_many([_charge(one, 20)]) == [True]
     assert _clock(store, cheap) == (20.0, 1, 1.0)
 
 
@@ -75,10 +75,10 @@ def test_a_small_move_of_the_cost_does_not_respace(store: Store) -> None:
     store.tenancy = Tenancy(quantum_seconds=1.0, quantum_tokens=QUANTUM_TOKENS)
     tree, _ = _tree(store, 6, "t")
     a, b = store.claim(["echo"], 2, "w", 30)
-    assert store.charge_many([_charge(a, 400)]) == [True]
+    assert store.spend.charge_many([_charge(a, 400)]) == [True]
     assert _clock(store, tree)[2] == 4.0
     before = _pending_gaps(store, tree)
-    assert store.charge_many([_charge(b, 450)]) == [True]  # average 425: within a quarter
+    assert store.spend.charge_many([_charge(b, 450)]) == [True]  # average 425: within a quarter
     assert _clock(store, tree) == (850.0, 2, 4.0)
     assert _pending_gaps(store, tree) == before
 
@@ -87,7 +87,7 @@ def test_a_late_workers_charge_moves_no_clock(store: Store) -> None:
     store.tenancy = Tenancy(quantum_seconds=1.0, quantum_tokens=QUANTUM_TOKENS)
     tree, _ = _tree(store, 3, "t")
     [task] = store.claim(["echo"], 1, "w", 30)
-    assert store.charge_many([_charge(task, 5000, token=uuid.uuid4())]) == [False]
+    assert store.spend.charge_many([_charge(task, 5000, token=uuid.uuid4())]) == [False]
     assert _clock(store, tree) == (0.0, 0, 1.0)
     assert set(_pending_gaps(store, tree)) == {1.0}
 
@@ -96,7 +96,7 @@ def test_a_tree_that_never_delegated_is_charged_as_before(store: Store) -> None:
     root = submit(store, "echo")
     [task] = store.claim(["echo"], 1, "w", 30)
     assert task["id"] == root["id"]
-    assert store.charge_many([_charge(task, 5000)]) == [True]
+    assert store.spend.charge_many([_charge(task, 5000)]) == [True]
     with store.engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM tree_clocks")).scalar_one() == 0
         assert conn.execute(sa.text("SELECT spent_tokens FROM tasks WHERE id = :i"),

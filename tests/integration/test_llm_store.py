@@ -131,7 +131,7 @@ def test_spend_rolls_up_to_the_parent_when_the_child_ends(store: Store) -> None:
     tokens = reply.prompt_tokens + reply.completion_tokens
     # A charge touches only its own task; the tree's live spend is summed from its calls.
     assert store.get(parent["id"])["spent_tokens"] == 0
-    assert store.live_spend(parent["root_id"])[0] == tokens
+    assert store.spend.live(parent["root_id"])[0] == tokens
     store.finish_running([RunOutcome(child.id, child.lease_token, "failed", error="x")], "w")
     assert store.get(parent["id"])["spent_tokens"] == tokens
     assert store.get(parent["id"])["own_tokens"] == 0

@@ -99,7 +99,7 @@ def test_cancel_of_a_subtree_fans_in_its_parent_as_a_failed_child(store: Store) 
     rows = store.claim(["echo"], 2, "w", 30)
     first = next(r for r in rows if r.id == kids[0]["id"])
     second = next(r for r in rows if r.id == kids[1]["id"])
-    store.charge_many([_charge(second, "0.25")])
+    store.spend.charge_many([_charge(second, "0.25")])
     store.finish_running([RunOutcome(first.id, first.lease, "failed", error="x")], "w")
     out = store.steering.cancel(second.id, note="enough")
     # The parent flipped in the cancel's own transaction, and the spend rolled up.
@@ -113,7 +113,7 @@ def test_cancel_of_a_subtree_fans_in_its_parent_as_a_failed_child(store: Store) 
 def test_cancel_rolls_spend_up_through_every_level(store: Store) -> None:
     root, _, _ = _grow(store)
     leaf_rows = store.claim(["echo"], 4, "w", 30)
-    store.charge_many([_charge(r, "0.5") for r in leaf_rows])
+    store.spend.charge_many([_charge(r, "0.5") for r in leaf_rows])
     store.steering.cancel(root)
     assert store.get(root)["spent_usd"] == Decimal("2.0")
 
@@ -124,7 +124,7 @@ def test_a_call_answered_before_the_cancel_is_charged_after_it_and_rolled_up(
     row = store.claim(["echo"], 1, "w", 30)[0]
     store.steering.cancel(root)
     # The reply came back before the worker stopped; its charge lands after the cancel.
-    assert store.charge_many([_charge(row, "0.5")]) == [True]
+    assert store.spend.charge_many([_charge(row, "0.5")]) == [True]
     assert store.get(row.id)["spent_usd"] == Decimal("0.5")
     # ... and reaches every (cancelled) ancestor, up to the root.
     assert store.get(root)["spent_usd"] == Decimal("0.5")
@@ -138,7 +138,7 @@ def test_a_late_charge_of_a_task_that_was_not_cancelled_is_refused(store: Store)
     submit(store)
     row = store.claim(["echo"], 1, "w", 30)[0]
     store.finish_running([RunOutcome(row.id, row.lease, "failed", error="x")], "w")
-    assert store.charge_many([_charge(row)]) == [False]
+    assert store.spend.charge_many([_charge(row)]) == [False]
 
 
 def test_a_cancel_racing_a_workers_finish_leaves_one_terminal_event(store: Store) -> None:
@@ -439,7 +439,7 @@ def test_require_approval_above_a_tree_spend(store: Store) -> None:
     store.approve_above_usd = Decimal("0.015")
     root = submit(store, "fanout")
     row = store.claim(["fanout"], 1, "w", 30)[0]
-    store.charge_many([_charge(row, "0.01")])
+    store.spend.charge_many([_charge(row, "0.01")])
     store.delegate(row.id, row.lease, child_rows(1), "w")   # 0.01 + 0.01 > 0.015
     assert store.children(root["id"])[0]["status"] == "awaiting_approval"
 

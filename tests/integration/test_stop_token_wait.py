@@ -99,7 +99,7 @@ def test_a_task_waiting_for_tokens_is_handed_back_at_once_on_stop(runtime: Runti
     try:
         _wait_for(lambda: _calls(store, task["id"]) == 1)  # the first call was answered
         # The tenant now owes ten minutes' worth: the second call cannot start.
-        assert store.take_tenant_tokens("metered", 0, RATE, refund=-10 * RATE) == 0.0
+        assert store.spend.take_tenant_tokens("metered", 0, RATE, refund=-10 * RATE) == 0.0
         _wait_for(lambda: task["id"] in meter.waiting_tasks())
         stopped = time.monotonic()
         worker.stop("test")
@@ -120,7 +120,7 @@ def test_a_task_waiting_for_tokens_is_handed_back_at_once_on_stop(runtime: Runti
     assert _calls(store, task["id"]) == 1  # the second call never started
 
     # The debt paid, the next worker replays the first call and pays for the second only.
-    assert store.take_tenant_tokens("metered", 0, RATE, refund=12 * RATE) == 0.0
+    assert store.spend.take_tenant_tokens("metered", 0, RATE, refund=12 * RATE) == 0.0
     again = runtime.worker([agent, "judge"], maintenance=False, listen=False)
     _wait_for(lambda: again.run_once() == 1 or store.get(task["id"])["status"] == "done")
     assert store.get(task["id"])["status"] == "done"

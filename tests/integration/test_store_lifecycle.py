@@ -469,9 +469,9 @@ def test_rows_built_per_result_equal_rows_built_per_mapping(store: Store) -> Non
 def test_a_charge_touches_only_its_task_and_spend_rolls_up_when_it_ends(store: Store) -> None:
     root, _ = parent_with_children(store, 2)
     a, b = store.claim(["echo"], 2, "w", 30)
-    assert store.charge(_charge(a, 10)) and store.charge(_charge(b, 5))
+    assert store.spend.charge(_charge(a, 10)) and store.spend.charge(_charge(b, 5))
     assert store.get(root["id"])["spent_tokens"] == 0  # no hot root row
-    assert store.live_spend(root["id"])[:2] == (15, Decimal("0.015"))
+    assert store.spend.live(root["id"])[:2] == (15, Decimal("0.015"))
     store.finish_running([RunOutcome(a.id, a.lease_token, "failed", error="x")], "w")
     assert store.get(root["id"])["spent_tokens"] == 10
     store.finish_running([RunOutcome(b.id, b.lease_token, "failed", error="x")], "w")
@@ -481,16 +481,16 @@ def test_a_charge_touches_only_its_task_and_spend_rolls_up_when_it_ends(store: S
     (agg,) = store.claim([root["to_agent"]], 1, "w", 30)
     store.retry_children(agg.id, agg.lease_token, [a.id], "w")
     (again,) = store.claim(["echo"], 1, "w", 30)
-    assert store.charge(_charge(again, 7))
+    assert store.spend.charge(_charge(again, 7))
     store.finish_running([RunOutcome(again.id, again.lease_token, "failed", error="x")], "w")
-    assert store.get(root["id"])["spent_tokens"] == 22 == store.live_spend(root["id"])[0]
+    assert store.get(root["id"])["spent_tokens"] == 22 == store.spend.live(root["id"])[0]
 
 
 def test_charge_many_sums_per_task_and_skips_a_lost_lease(store: Store) -> None:
     root, _ = parent_with_children(store, 2)
     a, b = store.claim(["echo"], 2, "w", 30)
     cloud = dataclasses.replace(_charge(a, 4, 1), route="cloud", model="big")
-    done = store.charge_many([_charge(a, 3, 0), _charge(b, 5, 0), cloud,
+    done = store.spend.charge_many([_charge(a, 3, 0), _charge(b, 5, 0), cloud,
                               _charge(b, 9, 1, token=uuid.uuid4())])
     assert done == [True, True, True, False]
     assert store.get(a.id)["own_tokens"] == 7 and store.get(b.id)["own_tokens"] == 5

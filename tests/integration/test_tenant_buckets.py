@@ -48,30 +48,30 @@ def _age(store: Store, tenant: str, seconds: float) -> None:
 
 
 def test_a_new_bucket_is_full_and_refuses_what_it_does_not_hold(store: Store) -> None:
-    assert store.take_tenant_tokens("acme", 400, 600) == 0.0
+    assert store.spend.take_tenant_tokens("acme", 400, 600) == 0.0
     assert _bucket(store, "acme")[0] == pytest.approx(200, abs=1)  # type: ignore[index]
-    wait = store.take_tenant_tokens("acme", 300, 600)  # 100 missing at 10 tokens/s
+    wait = store.spend.take_tenant_tokens("acme", 300, 600)  # 100 missing at 10 tokens/s
     assert 9.0 < wait <= 10.0
     assert _bucket(store, "acme")[0] == pytest.approx(200, abs=1)  # type: ignore[index]
     assert _bucket(store, "other") is None  # a tenant that never called has no row
 
 
 def test_the_refill_is_capped_at_one_minutes_worth(store: Store) -> None:
-    assert store.take_tenant_tokens("acme", 600, 600) == 0.0
+    assert store.spend.take_tenant_tokens("acme", 600, 600) == 0.0
     _age(store, "acme", 3600)  # an hour idle, or a dead worker's reservation
-    assert store.take_tenant_tokens("acme", 600, 600) == 0.0
-    assert store.take_tenant_tokens("acme", 10, 600) > 0  # not 600 x 60 banked
+    assert store.spend.take_tenant_tokens("acme", 600, 600) == 0.0
+    assert store.spend.take_tenant_tokens("acme", 10, 600) > 0  # not 600 x 60 banked
     _age(store, "acme", 30)
-    assert store.take_tenant_tokens("acme", 290, 600) == 0.0  # half a minute: 300
+    assert store.spend.take_tenant_tokens("acme", 290, 600) == 0.0  # half a minute: 300
 
 
 def test_refunds_come_back_and_overspending_goes_negative(store: Store) -> None:
-    assert store.take_tenant_tokens("acme", 600, 600) == 0.0
-    assert store.take_tenant_tokens("acme", 100, 600, refund=150) == 0.0  # 150 back, 100 out
+    assert store.spend.take_tenant_tokens("acme", 600, 600) == 0.0
+    assert store.spend.take_tenant_tokens("acme", 100, 600, refund=150) == 0.0  # 150 back, 100 out
     assert _bucket(store, "acme")[0] == pytest.approx(50, abs=2)  # type: ignore[index]
-    assert store.take_tenant_tokens("acme", 0, 600, refund=-250) == 0.0  # spent 250 more
+    assert store.spend.take_tenant_tokens("acme", 0, 600, refund=-250) == 0.0  # spent 250 more
     assert _bucket(store, "acme")[0] == pytest.approx(-200, abs=2)  # type: ignore[index]
-    assert store.take_tenant_tokens("acme", 1, 600) > 20  # owes 200 first (20 s)
+    assert store.spend.take_tenant_tokens("acme", 1, 600) > 20  # owes 200 first (20 s)
 
 
 def test_concurrent_takers_never_take_more_than_the_bucket_gives(store: Store) -> None:
@@ -82,7 +82,7 @@ def test_concurrent_takers_never_take_more_than_the_bucket_gives(store: Store) -
 
     def taker(i: int) -> None:
         while time.monotonic() - start < seconds:
-            if store.take_tenant_tokens("acme", need, rate) == 0.0:
+            if store.spend.take_tenant_tokens("acme", need, rate) == 0.0:
                 taken[i] += need
             else:
                 time.sleep(0.02)
@@ -99,7 +99,7 @@ def _meter(store: Store, rates: dict[str, int]) -> TokenMeter:
     async def off_loop(fn: Any, *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
 
-    return TokenMeter(rates, store.take_tenant_tokens, off_loop)
+    return TokenMeter(rates, store.spend.take_tenant_tokens, off_loop)
 
 
 def test_a_tenant_without_a_limit_never_reaches_the_bucket(store: Store) -> None:
@@ -190,7 +190,7 @@ def test_the_claim_leaves_a_tenants_tasks_while_its_bucket_is_dry(store: Store) 
     store.tenancy = Tenancy(rates={"acme": 600})  # 10 tokens a second
     metered = [submit(store, tenant="acme")["id"] for _ in range(2)]
     other = submit(store, tenant="beta")["id"]
-    assert store.take_tenant_tokens("acme", 600, 600) == 0.0  # emptied
+    assert store.spend.take_tenant_tokens("acme", 600, 600) == 0.0  # emptied
     assert [t["id"] for t in store.claim(["echo"], 10, "w", 30)] == [other]
     _age(store, "acme", 2.0)  # two seconds' refill: more than one second's worth
     assert {t["id"] for t in store.claim(["echo"], 10, "w", 30)} == set(metered)

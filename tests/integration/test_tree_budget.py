@@ -122,5 +122,5 @@ def test_a_thousand_concurrent_leaves_never_overspend_the_tree(runtime: Runtime)
     assert refusals and all(r.startswith("budget:") for r in refusals)
     # Totals rolled up at fan-in equal the nodes' own spend and the live sum by root.
     assert done["spent_tokens"] == done["own_tokens"] + sum(c["spent_tokens"] for c in children)
-    assert store.live_spend(root["id"])[0] == recorded_tokens
+    assert store.spend.live(root["id"])[0] == recorded_tokens
     assert all(n == 1 for n in terminal_event_counts(store).values())
