@@ -67,7 +67,7 @@ def sequential(store: Store, calls: int) -> dict[str, Any]:
                 with store.engine.begin() as conn:
                     conn.execute(sa.text("UPDATE tasks SET lease_expires_at = now() - "
                                          "interval '1 hour' WHERE id = :id"), {"id": row["id"]})
-                store.reap(max_delivery=100)
+                store.hygiene.reap(max_delivery=100)
                 (again,) = store.claim(["bench_llm"], 1, "bench2", 300)
                 replayed = _timed(_llm(factory, again), calls)
                 figures["call_ms_replayed"] = ms(median(replayed))

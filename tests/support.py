@@ -25,7 +25,7 @@ def drain(runtime: Runtime, agents: Sequence[str] | None = None, rounds: int = 6
     worker = runtime.worker(list(agents) if agents else None, maintenance=False,
                             listen=False)
     for _ in range(rounds):
-        if worker.run_once() == 0 and runtime.store.sweep().ready == 0:
+        if worker.run_once() == 0 and runtime.store.hygiene.sweep().ready == 0:
             break
     return worker
 

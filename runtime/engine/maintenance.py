@@ -57,7 +57,7 @@ class Reaper:
 
     def run_once(self) -> Reaped:
         """One pass over expired leases; returns what it released and poisoned."""
-        return self.store.reap(self.retry.max_delivery, worker=self.worker,
+        return self.store.hygiene.reap(self.retry.max_delivery, worker=self.worker,
                                limit=self.batch_limit)
 
 
@@ -72,7 +72,7 @@ class Watchdog:
 
     def run_once(self) -> TimedOut:
         """One pass; returns how many tasks it failed."""
-        return self.store.time_out(worker=self.worker, limit=self.batch_limit)
+        return self.store.hygiene.time_out(worker=self.worker, limit=self.batch_limit)
 
 
 class Sweeper:
@@ -86,7 +86,7 @@ class Sweeper:
 
     def run_once(self) -> Swept:
         """One sweep; returns how many parents became ready."""
-        return self.store.sweep(worker=self.worker, limit=self.batch_limit)
+        return self.store.hygiene.sweep(worker=self.worker, limit=self.batch_limit)
 
 
 class Maintenance:
@@ -105,7 +105,7 @@ class Maintenance:
 
     def run_once(self) -> Maintained | None:
         """One pass if no other worker ran one within the interval; None when skipped."""
-        return self.store.maintain(self.max_delivery, self.interval_seconds,
+        return self.store.hygiene.maintain(self.max_delivery, self.interval_seconds,
                                    reap_limit=REAP_BATCH_LIMIT,
                                    timeout_limit=WATCHDOG_BATCH_LIMIT,
                                    sweep_limit=SWEEP_BATCH_LIMIT)

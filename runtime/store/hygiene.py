@@ -1,11 +1,11 @@
 """Maintenance: the reaper, the watchdog and the fan-in sweeper; the locks that elect a process.
 
-A mixin of :class:`runtime.store.store.Store`. One pass runs all three in one transaction
-under a transaction-level advisory lock, so one worker runs it and the others skip; it
-takes back the tasks of dead workers too (:meth:`StoreHygiene.reap_dead`, which each
-worker also runs on its own about twice a second: :mod:`runtime.store.sessions`). A
-job that one process at a time should do for as long as it lives (the trace exporter)
-holds a :class:`SessionLock` instead.
+A part of the store (``store.hygiene``, :class:`Hygiene`). One pass runs all three in one
+transaction under a transaction-level advisory lock, so one worker runs it and the others
+skip; it takes back the tasks of dead workers too (:meth:`Hygiene.reap_dead`, which each
+worker also runs on its own about twice a second: :mod:`runtime.store.sessions`). A job
+that one process at a time should do for as long as it lives (the trace exporter) holds a
+:class:`SessionLock` instead.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -24,7 +24,10 @@ from sqlalchemy.engine import Connection, Engine
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.rows import Reaped, Swept, TimedOut
 from runtime.store.sessions import LIVENESS_NAMESPACE
-from runtime.store.writes import StoreWrites
+
+if TYPE_CHECKING:
+    from runtime.store.store import Store
+from runtime.store.database import Database
 
 #: The advisory lock key of the maintenance pass (distinct from the orchestrator's fire lock).
 MAINTENANCE_LOCK_KEY = int.from_bytes(hashlib.sha256(b"orgchart:maintenance").digest()[:8],
@@ -88,12 +91,20 @@ class SessionLock:
         self.held = False
 
 
-class StoreHygiene(StoreWrites):
-    """The maintenance pass and its three parts, each also callable alone; session locks."""
+class Hygiene:
+    """The maintenance pass and its three parts, each also callable alone; session locks.
+
+    ``store.hygiene``; ``tasks`` is the store whose fan-in (``children_ended``) the tasks
+    failed here (poisoned, timed out, unanswered) go through, in this part's transaction.
+    """
+
+    def __init__(self, database: Database, tasks: Store) -> None:
+        self.database = database
+        self.tasks = tasks
 
     def session_lock(self, key: int) -> SessionLock:
         """A :class:`SessionLock` on ``key`` (not taken yet: call ``try_acquire``)."""
-        return SessionLock(self.engine, key)
+        return SessionLock(self.database.engine, key)
 
     def maintain(self, max_delivery: int, interval_seconds: float, *, reap_limit: int = 1000,
                  timeout_limit: int = 1000, sweep_limit: int = 10_000,
@@ -104,7 +115,7 @@ class StoreHygiene(StoreWrites):
         runs it the others skip, and a pass that ran less than ``interval_seconds`` ago
         (by the database clock) is not repeated. Returns None when skipped.
         """
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             began = conn.execute(_TEXT["maintenance_pass_begin"],
                                  {"key": MAINTENANCE_LOCK_KEY, "name": name,
                                   "interval": float(interval_seconds)}).first()
@@ -121,12 +132,12 @@ class StoreHygiene(StoreWrites):
             swept = self._sweep(conn, "sweeper", sweep_limit)
             late = conn.execute(_TEXT["task_fail_unanswered"],  # questions past their deadline
                                 {"worker": "watchdog", "limit": timeout_limit}).all()
-            self.children_ended(conn, late, "watchdog")
+            self.tasks.children_ended(conn, late, "watchdog")
         return Maintained(reaped, timed_out, swept, tuple(r.id for r in late))
 
     def reap(self, max_delivery: int, worker: str = "reaper", limit: int = 1000) -> Reaped:
         """Release expired leases; poison tasks delivered ``max_delivery`` times."""
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             return self._reap(conn, max_delivery, worker, limit)
 
     def _reap(self, conn: Connection, max_delivery: int, worker: str, limit: int) -> Reaped:
@@ -147,7 +158,7 @@ class StoreHygiene(StoreWrites):
         transaction of its own, instead of one from the pool.
         """
         if on is None:
-            with self.transaction() as conn:
+            with self.database.transaction() as conn:
                 return self._reap_dead(conn, max_delivery, worker, limit)
         with on.begin():
             return self._reap_dead(on, max_delivery, worker, limit)
@@ -162,25 +173,25 @@ class StoreHygiene(StoreWrites):
 
     def _reaped(self, conn: Connection, rows: Sequence[Any], worker: str) -> Reaped:
         """What a reap returned; the parents of the tasks it poisoned hear of it (fan-in)."""
-        self.children_ended(conn, [r for r in rows if r.to_status == "failed"], worker)
+        self.tasks.children_ended(conn, [r for r in rows if r.to_status == "failed"], worker)
         poisoned = sum(1 for r in rows if r.to_status == "failed")
         return Reaped(released=len(rows) - poisoned, poisoned=poisoned,
                       ids=tuple(r.id for r in rows))
 
     def time_out(self, worker: str = "watchdog", limit: int = 1000) -> TimedOut:
         """Fail tasks running past their ``budget_seconds`` with ``error = 'timeout'``."""
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             return self._time_out(conn, worker, limit)
 
     def _time_out(self, conn: Connection, worker: str, limit: int) -> TimedOut:
         rows = conn.execute(_TEXT["task_fail_timed_out"],
                             {"worker": worker, "limit": limit}).all()
-        self.children_ended(conn, rows, worker)
+        self.tasks.children_ended(conn, rows, worker)
         return TimedOut(failed=len(rows), ids=tuple(r.id for r in rows))
 
     def sweep(self, worker: str = "sweeper", limit: int = 10_000) -> Swept:
         """Mark waiting parents whose children are all terminal ``ready_to_aggregate``."""
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             return self._sweep(conn, worker, limit)
 
     @staticmethod

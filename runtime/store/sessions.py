@@ -6,8 +6,8 @@ long as it runs. On it, ``worker_session_register`` takes a session-level adviso
 ``worker_sessions`` row from that same session, with the server's start time. When the
 process dies (SIGKILL, an OOM kill, a crash) while its host and PostgreSQL live, the
 kernel closes its socket, PostgreSQL ends the session within milliseconds and frees the
-lock; any worker's ``task_reap_dead_owners`` pass (:meth:`StoreHygiene.reap_dead
-<runtime.store.hygiene.StoreHygiene.reap_dead>`) then sees an owner registered on this
+lock; any worker's ``task_reap_dead_owners`` pass (:meth:`store.hygiene.reap_dead
+<runtime.store.hygiene.Hygiene.reap_dead>`) then sees an owner registered on this
 server run whose lock nobody holds, and takes its tasks back, fenced by their lease
 tokens as the reaper is.
 

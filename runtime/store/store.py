@@ -28,7 +28,7 @@ from sqlalchemy.engine import Engine
 from runtime.store.claims import StoreClaims
 from runtime.store.database import Database
 from runtime.store.experiments import Experiments
-from runtime.store.hygiene import MAINTENANCE_LOCK_KEY, Maintained, StoreHygiene
+from runtime.store.hygiene import MAINTENANCE_LOCK_KEY, Hygiene, Maintained
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
 from runtime.store.rows import (
@@ -44,6 +44,7 @@ from runtime.store.spend import Spend
 from runtime.store.steering import Steering
 from runtime.store.steps import Steps
 from runtime.store.webhooks import Webhooks
+from runtime.store.writes import StoreWrites
 
 __all__ = ["MAINTENANCE_LOCK_KEY", "Maintained", "Store"]
 
@@ -54,7 +55,7 @@ def _json_or_none(value: Any) -> str | None:
     return None if value is None else _dumps(value)
 
 
-class Store(StoreHygiene, StoreClaims):
+class Store(StoreClaims, StoreWrites):
     """The database door: named statements, one transaction per state change.
 
     Composed of parts, one per concern, each taking the shared
@@ -65,14 +66,15 @@ class Store(StoreHygiene, StoreClaims):
     hand on a running tree: cancel, pause, answers, approvals, and the model-call gate;
     :class:`~runtime.store.steering.Steering`), ``store.steps`` (durable steps and tool
     approvals; :class:`~runtime.store.steps.Steps`), ``store.spend`` (model calls
-    charged, live spend, tenants' token buckets; :class:`~runtime.store.spend.Spend`).
+    charged, live spend, tenants' token buckets; :class:`~runtime.store.spend.Spend`),
+    ``store.hygiene`` (the reaper, the watchdog, the sweeper, session locks;
+    :class:`~runtime.store.hygiene.Hygiene`).
 
     The task lifecycle is still built from mixins, one module per concern: submitting
     and resolving live here; reads, pruning and the orchestrator's bookkeeping
     (:class:`~runtime.store.reads.StoreReads`), claims and leases
     (:class:`~runtime.store.claims.StoreClaims`), outcomes and fan-in
-    (:class:`~runtime.store.writes.StoreWrites`), maintenance
-    (:class:`~runtime.store.hygiene.StoreHygiene`).
+    (:class:`~runtime.store.writes.StoreWrites`).
     """
 
     def __init__(self, engine: Engine) -> None:
@@ -90,6 +92,8 @@ class Store(StoreHygiene, StoreClaims):
         self.steps = Steps(self.database)
         #: Model calls charged to their task, a tree's live spend, tenants' token buckets.
         self.spend = Spend(self.database, self)
+        #: Maintenance: the reaper, the watchdog, the sweeper; session locks.
+        self.hygiene = Hygiene(self.database, self)
 
     # ------------------------------------------------------------------ plumbing
     def ping(self) -> bool:

@@ -325,7 +325,7 @@ class TraceExport:
         self.exported = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._lock = store.session_lock(LOCK_KEY)
+        self._lock = store.hygiene.session_lock(LOCK_KEY)
         self._pass_lock = threading.Lock()
 
     def _lead(self) -> bool:

@@ -60,7 +60,7 @@ def shared(server_url: str, template_db: str) -> Iterator[tuple[TestClient, Stor
 def drain(runtime: Runtime) -> None:
     worker = runtime.worker(None, maintenance=False, listen=False)
     for _ in range(50):
-        if worker.run_once() == 0 and runtime.store.sweep().ready == 0:
+        if worker.run_once() == 0 and runtime.store.hygiene.sweep().ready == 0:
             return
 
 

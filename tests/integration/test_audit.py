@@ -41,7 +41,7 @@ def runtime(db_url: str, store: Store) -> Runtime:
 def drain(runtime: Runtime) -> None:
     worker = runtime.worker(None, maintenance=False, listen=False)
     for _ in range(60):
-        if worker.run_once() == 0 and runtime.store.sweep().ready == 0:
+        if worker.run_once() == 0 and runtime.store.hygiene.sweep().ready == 0:
             return
 
 

@@ -155,5 +155,5 @@ def test_a_judge_stage_claim_updates_its_rows_by_place(store: Store) -> None:
 def test_a_reap_of_many_expired_leases_updates_its_rows_by_key(store: Store) -> None:
     rows = _queue(store, lease_seconds=0.05)
     time.sleep(0.1)
-    reaped = _assert_by_key(store, "The reaper:", lambda: store.reap(3))
+    reaped = _assert_by_key(store, "The reaper:", lambda: store.hygiene.reap(3))
     assert set(reaped.ids) == {r.id for r in rows}

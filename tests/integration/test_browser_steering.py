@@ -45,7 +45,7 @@ def drain(rt: Runtime) -> None:
     def work() -> None:
         worker = rt.worker(None, maintenance=False, listen=False)
         for _ in range(50):
-            if worker.run_once() == 0 and rt.store.sweep().ready == 0:
+            if worker.run_once() == 0 and rt.store.hygiene.sweep().ready == 0:
                 return
 
     thread = threading.Thread(target=work)

@@ -171,7 +171,7 @@ def test_a_durable_call_replays_without_calling_the_model(store: Store,
                                                 max_tokens=24)
     ran = model.generations
     expire_leases(store, where=f"id = '{row['id']}'")
-    store.reap(max_delivery=10)
+    store.hygiene.reap(max_delivery=10)
     (again,) = store.claim(["scout"], 1, "w2", 30)
     second = llm_for(store, again, model).complete("Name one durable agent runtime.",
                                                    max_tokens=24)

@@ -37,7 +37,7 @@ def test_a_claim_the_reaper_and_a_release_record_the_token(store: Store) -> None
     assert last_event(store, root["id"])["lease_token"] is None  # submitted: no lease
     first = claim_one(store)
     expire_leases(store)
-    assert store.reap(max_delivery=5).released == 1
+    assert store.hygiene.reap(max_delivery=5).released == 1
     reaped = last_event(store, root["id"])
     assert (reaped["to_status"], reaped["lease_token"]) == ("pending", first["lease_token"])
     second = claim_one(store)
@@ -53,7 +53,7 @@ def test_the_watchdog_and_an_outcome_record_the_token_held(store: Store) -> None
     (a, b) = store.claim(["echo"], 2, "w-1", 30)
     held = {a["id"]: a["lease_token"], b["id"]: b["lease_token"]}
     backdate_claims(store, 3600)
-    store.time_out()
+    store.hygiene.time_out()
     events = {t: last_event(store, t) for t in (late["id"], done["id"])}
     timed_out = [e for e in events.values() if e["to_status"] == "failed"]
     assert timed_out and all(e["lease_token"] == held[e["task_id"]] for e in timed_out)
@@ -74,7 +74,7 @@ def test_a_delegation_and_a_retry_of_children_record_the_parents_token(store: St
     kid = claim_one(store)
     store.finish_running([RunOutcome(kid["id"], kid["lease_token"], "failed",
                                      error="boom")], "w-1")
-    store.sweep()
+    store.hygiene.sweep()
     (agg,) = store.claim(["fanout"], 1, "w-2", 30)
     assert agg["id"] == parent["id"] and agg["phase"] == "aggregate"
     assert store.retry_children(agg["id"], agg["lease_token"], [kid["id"]], "w-2") == 1

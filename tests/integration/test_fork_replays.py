@@ -42,7 +42,7 @@ def test_a_replayed_call_is_written_with_the_outcome_and_never_twice(
     assert store.model_calls(branch["id"]) == []
 
     expire_leases(store, where=f"id = '{branch['id']}'")
-    store.reap(max_delivery=10)
+    store.hygiene.reap(max_delivery=10)
     drain(runtime)
 
     task = store.get(branch["id"])
@@ -166,7 +166,7 @@ def test_a_branch_claim_carries_its_counterparts_replies_and_needs_no_look_up(
 
     # Its redelivery has a reply of its own on record: it is looked up (own first).
     expire_leases(store, where=f"id = '{changed['id']}'")
-    store.reap(max_delivery=10)
+    store.hygiene.reap(max_delivery=10)
     (row,) = store.claim(["fork_writer"], 1, "w-3", 30)
     assert row.id == changed["id"] and row.recorded_calls is True
     action = runtime.executor().execute(row, threading.Event())

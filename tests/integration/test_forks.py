@@ -294,7 +294,7 @@ def test_a_redelivered_branch_task_is_never_charged_for_a_replayed_call(
         for delivery in range(3):
             if delivery:
                 expire_leases(store, where=f"id = '{branch['id']}'")
-                store.reap(max_delivery=10)
+                store.hygiene.reap(max_delivery=10)
             (row,) = store.claim(["fork_writer"], 1, f"w{delivery}", 30)
             assert row["id"] == branch["id"] and row["forked_from"] == original["id"]
             llm = factory.for_task(row, row["lease_token"], threading.Event())

@@ -73,7 +73,7 @@ def drain(runtime: Runtime) -> None:
     """Run a worker in this process until nothing is left to claim."""
     worker = runtime.worker(None, maintenance=False, listen=False)
     for _ in range(50):
-        if worker.run_once() == 0 and runtime.store.sweep().ready == 0:
+        if worker.run_once() == 0 and runtime.store.hygiene.sweep().ready == 0:
             return
 
 

@@ -55,7 +55,7 @@ def claim_new(store: Store, **budget: Any) -> dict[str, Any]:
 def redeliver(store: Store, row: dict[str, Any]) -> dict[str, Any]:
     """What a dead worker leaves behind: the lease expires, the reaper frees it, a claim."""
     expire_leases(store, where=f"id = '{row['id']}'")
-    store.reap(max_delivery=10)
+    store.hygiene.reap(max_delivery=10)
     (again,) = store.claim(["scout"], 1, "w2", 30)
     assert again["id"] == row["id"] and again["lease_token"] != row["lease_token"]
     return again

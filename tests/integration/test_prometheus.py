@@ -116,7 +116,7 @@ def test_reaped_and_poisoned_are_counted(client: TestClient, store: Store) -> No
             "UPDATE tasks SET delivery_count = 99 WHERE id = (SELECT id FROM tasks "
             "WHERE status = 'running' ORDER BY id LIMIT 1)"))
     factories.expire_leases(store)
-    store.reap(limit=10, max_delivery=3, worker="reaper")
+    store.hygiene.reap(limit=10, max_delivery=3, worker="reaper")
     found = samples(client.get("/metrics", headers={"Accept": "text/plain"}).text)
     assert value(found, "orgchart_tasks_reaped_total", agent="echo") == 2
     assert value(found, "orgchart_tasks_poisoned_total", agent="echo") == 1

@@ -203,7 +203,7 @@ def test_a_late_workers_batch_locks_nothing_another_worker_now_holds(store: Stor
     parent_with_children(store, 1)
     late = store.claim(["echo"], 1, "w-late", 30)[0]
     expire_leases(store)
-    assert store.reap(max_delivery=5).released == 1  # the task goes back to the queue
+    assert store.hygiene.reap(max_delivery=5).released == 1  # the task goes back to the queue
     owner = store.claim(["echo"], 1, "w-owner", 30)[0]
     assert owner.id == late.id and owner.lease != late.lease
     with store.engine.connect() as holder:  # the new owner is writing the row right now
@@ -458,7 +458,7 @@ def test_the_watchdog_spares_a_paused_tree(store: Store) -> None:
     row = store.claim(["echo"], 1, "w", 30)[0]
     store.steering.pause(root["id"])
     backdate_claims(store, 3600)
-    assert store.time_out().failed == 0
+    assert store.hygiene.time_out().failed == 0
     store.steering.resume(root["id"])
     assert store.get(row.id)["status"] == "running"
 

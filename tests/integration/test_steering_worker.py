@@ -215,7 +215,7 @@ def test_the_gate_refuses_a_caller_whose_lease_was_taken(store: Store) -> None:
     assert asyncio.run(gate.send(first.id, asyncio.Semaphore(1), request,
                                  lease_token=first.lease_token)) == "sent"
     assert expire_leases(store) == 1
-    store.reap(max_delivery=10)
+    store.hygiene.reap(max_delivery=10)
     second = store.claim(["echo"], 1, "w-second", 30)[0]
     assert second.id == first.id and second.lease_token != first.lease_token
     with pytest.raises(LeaseLost, match="taken away"):

@@ -34,7 +34,7 @@ def new_task(store: Store) -> Any:
 def redeliver(store: Store) -> Any:
     """The worker died: its lease expires, the reaper releases the task, it is claimed again."""
     expire_leases(store)
-    assert store.reap(max_delivery=10).released == 1
+    assert store.hygiene.reap(max_delivery=10).released == 1
     return claim(store)
 
 
@@ -84,7 +84,7 @@ def test_a_late_workers_step_result_is_not_recorded(store: Store) -> None:
     row = new_task(store)
     late = steps_for(store, row)
     expire_leases(store)
-    store.reap(max_delivery=10)
+    store.hygiene.reap(max_delivery=10)
     fresh = claim(store)
 
     def slow(x: int) -> int:
@@ -99,7 +99,7 @@ def test_a_late_workers_step_result_is_not_recorded(store: Store) -> None:
 
     def taken_away(x: int) -> int:
         expire_leases(store)
-        store.reap(max_delivery=10)
+        store.hygiene.reap(max_delivery=10)
         return x * 2
 
     with pytest.raises(LeaseLost, match="not recorded"):

@@ -73,7 +73,7 @@ def test_a_redelivery_after_the_approval_does_not_ask_again(runtime: Runtime) ->
     (claimed,) = store.claim(["clerk"], 1, "doomed", 30)
     assert claimed["id"] == task["id"]
     expire_leases(store)
-    assert store.reap(max_delivery=10).released == 1
+    assert store.hygiene.reap(max_delivery=10).released == 1
     done = drive(runtime, task["id"], "done")
     assert len(PAID) == 1 and done["result"]["paid"] == [{"paid": True}]
     holds = [e for e in store.events(task["id"]) if e["to_status"] == "awaiting_approval"]

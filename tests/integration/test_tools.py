@@ -53,7 +53,7 @@ def new_task(store: Store, **budget: Any) -> Any:
 
 def redeliver(store: Store) -> Any:
     expire_leases(store)
-    store.reap(max_delivery=10)
+    store.hygiene.reap(max_delivery=10)
     return claim(store)
 
 
@@ -118,7 +118,7 @@ def test_a_redelivery_mid_loop_replays_rounds_and_tools_and_pays_nothing_twice(
     def die_on_second(n: int) -> None:
         if n == 1:  # the worker loses the task inside the second tool call
             expire_leases(store)
-            store.reap(max_delivery=10)
+            store.hygiene.reap(max_delivery=10)
 
     effects.on_call = die_on_second
     with pytest.raises(LeaseLost):
@@ -324,7 +324,7 @@ def test_a_late_workers_tool_result_is_not_recorded_and_the_loop_stops(
     # gate) and the loop ends with LeaseLost.
     fake_ollama.tool_plan = calls_until(2, "lookup")
     effects = Ledger()
-    effects.on_call = lambda n: (expire_leases(store), store.reap(max_delivery=10))
+    effects.on_call = lambda n: (expire_leases(store), store.hygiene.reap(max_delivery=10))
     row = new_task(store)
     llm = llm_for(store, row, OllamaBackend(fake_ollama.url, 5.0))
     with pytest.raises(LeaseLost, match="pending; the model was not called"):

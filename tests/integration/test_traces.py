@@ -182,7 +182,7 @@ def test_a_tree_run_by_a_real_worker_exports_as_one_trace(receiver: type[Receive
     worker = runtime.worker(None, maintenance=False, listen=False)  # starts the exporter
     try:
         for _ in range(60):
-            if worker.run_once() == 0 and runtime.store.sweep().ready == 0:
+            if worker.run_once() == 0 and runtime.store.hygiene.sweep().ready == 0:
                 break
         assert runtime.store.get(root)["status"] == "done"
     finally:
@@ -285,7 +285,8 @@ def test_orgchart_run_with_a_collector_that_is_down_still_succeeds(
 
 def test_the_exporters_lock_is_one_session_at_a_time_and_dies_with_its_session(
         store: Store) -> None:
-    first, second = store.session_lock(traces.LOCK_KEY), store.session_lock(traces.LOCK_KEY)
+    first = store.hygiene.session_lock(traces.LOCK_KEY)
+    second = store.hygiene.session_lock(traces.LOCK_KEY)
     try:
         assert first.try_acquire() and first.try_acquire()  # held: answers without asking
         assert not second.try_acquire()

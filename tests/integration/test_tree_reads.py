@@ -133,7 +133,7 @@ def test_a_follower_sees_the_same_tree_as_a_whole_read_at_every_step(runtime: Ru
         if seen["status"] == "done":
             break
         if worker.run_once() == 0:
-            store.sweep()
+            store.hygiene.sweep()
         steps += 1
     assert follower.refresh() == tree_for(store, root)  # the final whole read
     assert steps > 3 and follower.tree is not None and follower.tree["totals"]["tasks"] == 9

@@ -45,7 +45,7 @@ def test_the_output_is_the_schemas_instance_made_and_replayed(store: Store) -> N
 
     # The worker died; the next delivery's same call is served from the record.
     expire_leases(store)
-    store.reap(max_delivery=10)
+    store.hygiene.reap(max_delivery=10)
     again = claim(store)
     replayed = llm_for(store, again).complete(PROMPT, schema=Findings)
     assert replayed.replayed and replayed.output == made.output

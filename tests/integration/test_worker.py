@@ -204,7 +204,7 @@ def test_heartbeat_flags_a_task_whose_lease_was_taken(runtime: Runtime) -> None:
             break
         time.sleep(0.05)
     expire_leases(runtime.store)
-    runtime.store.reap(3)
+    runtime.store.hygiene.reap(3)
     assert worker.heartbeat_once() == 0
     worker.stop("test")
     thread.join(10)
@@ -234,7 +234,7 @@ def test_a_lost_hook_hears_of_the_task_taken_away_and_can_abort_its_work(
             time.sleep(0.02)
         assert worker.leases.lost() == []
         backdate_claims(runtime.store, 100_000)  # the watchdog takes it away for good
-        assert runtime.store.time_out().failed == 1
+        assert runtime.store.hygiene.time_out().failed == 1
         assert worker.heartbeat_once() == 0
         assert heard == [str(task["id"])]
         deadline = time.monotonic() + 10

@@ -78,11 +78,11 @@ def test_a_dead_session_s_tasks_come_back_long_before_the_lease(
     live = _session(store, sessions, "w-live")
     doomed = _leased(store, "w-dead", 3)
     kept = _leased(store, "w-live", 2)
-    assert store.reap_dead(3).ids == ()  # both alive: nothing taken
+    assert store.hygiene.reap_dead(3).ids == ()  # both alive: nothing taken
 
     assert dead.registration is not None
     _terminate(db_url, dead.registration.backend_pid)
-    taken = wait_until(lambda: store.reap_dead(3).ids, 10.0, "the dead owner's tasks back")
+    taken = wait_until(lambda: store.hygiene.reap_dead(3).ids, 10.0, "the dead owner's tasks back")
 
     assert sorted(taken) == sorted(t.id for t in doomed)
     assert _held(store, "w-dead") == 0 and _held(store, "w-live") == 2
@@ -100,7 +100,7 @@ def test_a_dead_session_s_tasks_come_back_long_before_the_lease(
                                             result={"late": True})], "w-dead")
     assert late.applied == [] and late.stale == [doomed[0].id]
     # The dead owner holds nothing now: the next pass forgets its row; the live one stays.
-    store.reap_dead(3)
+    store.hygiene.reap_dead(3)
     owners = {r.owner for r in _rows(store, "SELECT owner FROM worker_sessions")}
     assert owners == {"w-live"}
     assert live.ensure() is not None and _held(store, "w-live") == len(kept)
@@ -118,7 +118,7 @@ def test_a_session_that_reconnects_registers_again(
     again = s.ensure()
     assert again is not None and again.backend_pid != first
     _leased(store, "w-blip", 1)
-    assert store.reap_dead(3).ids == ()
+    assert store.hygiene.reap_dead(3).ids == ()
     row = _rows(store, "SELECT backend_pid FROM worker_sessions WHERE owner = 'w-blip'")
     assert [r.backend_pid for r in row] == [again.backend_pid]
 
@@ -127,11 +127,11 @@ def test_a_poisoned_task_s_parent_hears_of_it(
         store: Store, db_url: str, sessions: list[LivenessSession]) -> None:
     dead = _session(store, sessions, "w-poison")
     (task,) = _leased(store, "w-poison", 1)
-    taken = store.reap_dead(1)  # max_delivery 1: the first delivery was the last
+    taken = store.hygiene.reap_dead(1)  # max_delivery 1: the first delivery was the last
     assert taken.ids == ()
     assert dead.registration is not None
     _terminate(db_url, dead.registration.backend_pid)
-    wait_until(lambda: store.reap_dead(1).poisoned, 10.0, "the task poisoned")
+    wait_until(lambda: store.hygiene.reap_dead(1).poisoned, 10.0, "the task poisoned")
     row = store.get(task.id)
     assert row["status"] == "failed" and row["error"].startswith("poison: delivered 1 times")
 
@@ -169,7 +169,7 @@ def test_a_restart_takes_nothing_back_by_session_loss_alone(own_server: str) -> 
         again = s.ensure()
         assert again is not None
         _terminate(own_server, again.backend_pid)
-        taken = wait_until(lambda: store.reap_dead(3).ids, 10.0, "the tasks back")
+        taken = wait_until(lambda: store.hygiene.reap_dead(3).ids, 10.0, "the tasks back")
         assert sorted(taken) == sorted(t.id for t in held)
     finally:
         s.close()
@@ -179,6 +179,6 @@ def test_a_restart_takes_nothing_back_by_session_loss_alone(own_server: str) -> 
 def _try_reap(store: Store) -> tuple[tuple[uuid.UUID, ...]] | None:
     """One dead-owner pass once the server answers (None while it does not)."""
     try:
-        return (store.reap_dead(3).ids,)
+        return (store.hygiene.reap_dead(3).ids,)
     except sa.exc.DBAPIError:
         return None

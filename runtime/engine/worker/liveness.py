@@ -85,9 +85,9 @@ class Liveness:
         assert self._own is not None and self._session is not None, "start() first"
         try:
             if self.config.maintenance:
-                self._count(self._own.reap_dead(self.config.retry.max_delivery, REAPER,
+                self._count(self._own.hygiene.reap_dead(self.config.retry.max_delivery, REAPER,
                                                 on=self._session.connection))
-                self._count(self._own.reap(self.config.retry.max_delivery, REAPER))
+                self._count(self._own.hygiene.reap(self.config.retry.max_delivery, REAPER))
             self._session.register()
             self.health.ok("liveness")
         except DB_ERRORS as exc:
@@ -101,7 +101,7 @@ class Liveness:
             self._session.ensure()
             done = None
             if self.config.maintenance:
-                done = self._own.reap_dead(self.config.retry.max_delivery, REAPER,
+                done = self._own.hygiene.reap_dead(self.config.retry.max_delivery, REAPER,
                                            on=self._session.connection)
                 self._count(done)
             self.health.ok("liveness")
