@@ -69,6 +69,8 @@ class Store(StoreClaims, StoreWrites):
     charged, live spend, tenants' token buckets; :class:`~runtime.store.spend.Spend`),
     ``store.hygiene`` (the reaper, the watchdog, the sweeper, session locks;
     :class:`~runtime.store.hygiene.Hygiene`).
+    No part inherits another: a part that needs the lifecycle's methods (a root's
+    parameters, fan-in, the tenancy) is handed this store in its constructor.
 
     The task lifecycle is still built from mixins, one module per concern: submitting
     and resolving live here; reads, pruning and the orchestrator's bookkeeping
