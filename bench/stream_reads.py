@@ -171,9 +171,8 @@ class _HorizonLog:
 
 
 def _cancel(store: Store, root: uuid.UUID) -> None:
-    """Cancel the tree (``store.steering`` once steering is a part of the store)."""
-    steering: Any = getattr(store, "steering", store)
-    steering.cancel(root, actor="bench")
+    """Cancel the tree (its stream ends with it)."""
+    store.steering.cancel(root, actor="bench")
 
 
 def _tree(store: Store, calls: int) -> tuple[uuid.UUID, list[Any]]:

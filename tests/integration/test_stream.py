@@ -60,8 +60,8 @@ def _piece(store: Store, root: uuid.UUID, text: str, offset: int, *, task: uuid.
 
 
 def _cancel(store: Store, root: uuid.UUID) -> None:
-    """Cancel a tree (``store.steering`` once steering is a part of the store)."""
-    getattr(store, "steering", store).cancel(root, actor="test")
+    """Cancel a tree and its stream's end with it."""
+    store.steering.cancel(root, actor="test")
 
 
 def _texts(events: list[StreamEvent]) -> dict[tuple[str, int, int], str]:
