@@ -166,7 +166,7 @@ def check(store: Store, limits: DoctorLimits, now: dt.datetime | None = None) ->
     """Read the last fire, the stranded work, the escalations and the inbox; diagnose them."""
     schedules = store.schedules.active()
     limits = fire_limits(limits, schedules)
-    checkup = diagnose(store.last_fire(), store.stranded(), store.escalations(), limits, now)
+    checkup = diagnose(store.fires.last(), store.stranded(), store.escalations(), limits, now)
     diagnose_schedules(checkup, schedules)
     diagnose_inbox(checkup, store.steering.inbox_older_than(limits.inbox_age_alert_seconds), limits)
     diagnose_webhooks(checkup, store.webhooks.health(limits.webhook_alert_after_seconds), limits)

@@ -199,11 +199,11 @@ class Orchestrator:
         finishes it with the reason.
         """
         cfg = self.config
-        with self.store.fire_lock(cfg.lock_key) as locked:
+        with self.store.fires.lock(cfg.lock_key) as locked:
             if not locked:
                 return self._refused(fire_id, FireResult(
                     "locked", "another fire is running; nothing done", fire_id))
-            recent = self.store.fires_since(dt.datetime.now(dt.UTC) - DAY)
+            recent = self.store.fires.count_since(dt.datetime.now(dt.UTC) - DAY)
             if recent - (fire_id is not None) >= cfg.orchestrator.daily_cap:
                 return self._refused(fire_id, FireResult(
                     "capped", f"daily cap reached: {recent} fire(s) in the last 24 h, "
@@ -213,7 +213,7 @@ class Orchestrator:
     def _refused(self, fire_id: int | None, result: FireResult) -> FireResult:
         """Finish a scheduled fire's row with the reason it did not run."""
         if fire_id is not None:
-            self.store.fire_finished(fire_id, {"status": result.status}, {}, result.message)
+            self.store.fires.finished(fire_id, {"status": result.status}, {}, result.message)
         return result
 
     def plan_only(self) -> FireResult:
@@ -221,7 +221,7 @@ class Orchestrator:
         plan, unknown = self.decide()
         notes = [f"{n} task(s) queued for {mode!r}, which no loaded module registers"
                  for mode, n in unknown.items()]
-        recent = self.store.fires_since(dt.datetime.now(dt.UTC) - DAY)
+        recent = self.store.fires.count_since(dt.datetime.now(dt.UTC) - DAY)
         if recent >= self.config.orchestrator.daily_cap:
             notes.append(f"a fire now would be refused: {recent} fire(s) in the last 24 h, "
                          f"daily_cap = {self.config.orchestrator.daily_cap}")
@@ -280,9 +280,9 @@ class Orchestrator:
     # ------------------------------------------------------------------ one fire
     def _fire(self, fire_id: int | None = None) -> FireResult:
         started = time.monotonic()
-        watermark = self.store.event_watermark()
+        watermark = self.store.fires.event_watermark()
         if fire_id is None:
-            fire_id = self.store.fire_started({"status": "running"})
+            fire_id = self.store.fires.started({"status": "running"})
         runs: list[WorkerRun] = []
         record: dict[str, Any] = {"first": None, "plans": 0, "launched": []}
         notes: list[str] = []
@@ -317,13 +317,13 @@ class Orchestrator:
             left[str(row["to_agent"])] += int(row["n"])
         rollup = build_rollup(
             fire_id=fire_id, runs=runs, hygiene=hygiene,
-            event_rows=self.store.event_counts_by_worker(watermark, prefixes),
-            failures=self.store.failures_since(watermark, [*prefixes, *HYGIENE_WRITERS]),
+            event_rows=self.store.fires.event_counts_by_worker(watermark, prefixes),
+            failures=self.store.fires.failures_since(watermark, [*prefixes, *HYGIENE_WRITERS]),
             escalations=self.store.escalations(), left_queued=+left,
             plans=record["plans"], seconds=time.monotonic() - started, notes=notes)
         plan = {"first": record["first"], "plans": record["plans"],
                 "launched": record["launched"]}
-        self.store.fire_finished(fire_id, plan, rollup.stats, rollup.text)
+        self.store.fires.finished(fire_id, plan, rollup.stats, rollup.text)
         return FireResult("ran", f"fire {fire_id} finished", fire_id, plan, rollup.stats,
                           rollup.text)
 

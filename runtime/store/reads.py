@@ -1,7 +1,8 @@
-"""The store's reads, and the orchestrator's bookkeeping (fires, its lock, event counts).
+"""The store's reads: tasks, trees, events, metrics; pruning; export cursors.
 
 A mixin of :class:`runtime.store.store.Store`: the same engine and the same named SQL; nothing
-here changes a task.
+here changes a task. The orchestrator's fires are a part of their own (``store.fires``,
+:mod:`runtime.store.fires`).
 """
 
 from __future__ import annotations
@@ -12,19 +13,18 @@ import json
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from decimal import Decimal
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from runtime.store.database import Database
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
-from runtime.store.rows import NotFound, Tenancy, canonical_json, served_totals
+from runtime.store.rows import NotFound, Tenancy, served_totals
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,8 @@ TREE_READ_PARTS = 2
 class StoreReads:
     """The store's plumbing and everything that only reads (or prunes).
 
-    Transactions and named queries; tasks, trees, events, metrics and fires; the fire lock.
+    Transactions and named queries (through the shared
+    :class:`~runtime.store.database.Database`); tasks, trees, events and metrics.
     """
 
     #: ``[tenants.*]`` and ``[scheduler]`` (claims, delegation), set by the wiring;
@@ -285,71 +286,6 @@ class StoreReads:
         return int(row.trees), int(row.tasks)
 
     # ------------------------------------------------------------------ fires
-    def fire_started(self, plan: dict[str, Any]) -> int:
-        """Insert a fires row for a fire that is starting; return its id."""
-        with self.transaction() as conn:
-            return int(conn.execute(_TEXT["fire_insert_started"],
-                                    {"plan": canonical_json(plan)}).one().id)
-
-    def fire_finished(self, fire_id: int, plan: dict[str, Any], stats: dict[str, Any],
-                      rollup: str) -> Task:
-        """Record a fire's plan, stats and rollup note."""
-        with self.transaction() as conn:
-            return self._rows(conn, "fire_update_finished", id=fire_id, plan=canonical_json(plan),
-                              stats=canonical_json(stats), rollup=rollup)[0]
-
-    def fires_since(self, since: dt.datetime) -> int:
-        """How many fires started since ``since``."""
-        with self.engine.connect() as conn:
-            return int(conn.execute(_TEXT["fire_count_since"], {"since": since}).scalar_one())
-
-    def last_fire(self) -> Task | None:
-        """The most recent fire, or None."""
-        rows = self.query("fire_get_last")
-        return rows[0] if rows else None
-
-    # ------------------------------------------------------------------ fire bookkeeping
-    @contextmanager
-    def fire_lock(self, key: int) -> Iterator[bool]:
-        """Try the fire's advisory lock on a dedicated connection held until the block ends.
-
-        Yields whether the lock was taken. The connection is not pooled: closing it at the
-        end releases the lock even if the unlock statement cannot run.
-        """
-        engine = sa.create_engine(self.engine.url, poolclass=sa.pool.NullPool)
-        try:
-            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                locked = bool(conn.execute(_TEXT["fire_lock_try"], {"key": key}).scalar())
-                try:
-                    yield locked
-                finally:
-                    if locked:
-                        try:
-                            conn.execute(_TEXT["fire_lock_release"], {"key": key})
-                        except sa.exc.DBAPIError:
-                            log.warning("could not release the fire lock; closing the connection")
-        finally:
-            engine.dispose()
-
-    def event_watermark(self) -> int:
-        """The newest task_events id (events written later have larger ids)."""
-        with self.engine.connect() as conn:
-            return int(conn.execute(_TEXT["task_event_max_id"]).scalar_one())
-
-    def event_counts_by_worker(self, after_id: int, prefixes: Sequence[str]) -> list[Task]:
-        """Transitions after ``after_id`` by workers whose id starts with one of ``prefixes``."""
-        if not prefixes:
-            return []
-        return self.query("task_event_count_by_worker", after_id=after_id,
-                          prefixes=list(prefixes))
-
-    def failures_since(self, after_id: int, prefixes: Sequence[str],
-                       limit: int = 20) -> list[Task]:
-        """Failed/escalated transitions after ``after_id``, grouped by status, agent, error."""
-        if not prefixes:
-            return []
-        return self.query("task_event_count_failures", after_id=after_id,
-                          prefixes=list(prefixes), limit=limit)
 
 
 @functools.lru_cache(maxsize=256)

@@ -28,6 +28,7 @@ from sqlalchemy.engine import Engine
 from runtime.store.claims import StoreClaims
 from runtime.store.database import Database
 from runtime.store.experiments import Experiments
+from runtime.store.fires import Fires
 from runtime.store.hygiene import MAINTENANCE_LOCK_KEY, Hygiene, Maintained
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
@@ -68,7 +69,8 @@ class Store(StoreClaims, StoreWrites):
     approvals; :class:`~runtime.store.steps.Steps`), ``store.spend`` (model calls
     charged, live spend, tenants' token buckets; :class:`~runtime.store.spend.Spend`),
     ``store.hygiene`` (the reaper, the watchdog, the sweeper, session locks;
-    :class:`~runtime.store.hygiene.Hygiene`).
+    :class:`~runtime.store.hygiene.Hygiene`), ``store.fires`` (the orchestrator's fires,
+    its lock, the events it counts; :class:`~runtime.store.fires.Fires`).
     No part inherits another: a part that needs the lifecycle's methods (a root's
     parameters, fan-in, the tenancy) is handed this store in its constructor.
 
@@ -96,6 +98,8 @@ class Store(StoreClaims, StoreWrites):
         self.spend = Spend(self.database, self)
         #: Maintenance: the reaper, the watchdog, the sweeper; session locks.
         self.hygiene = Hygiene(self.database, self)
+        #: The orchestrator's fires, the fire lock, the event counts of a fire's rollup.
+        self.fires = Fires(self.database)
 
     # ------------------------------------------------------------------ plumbing
     def ping(self) -> bool:

@@ -277,7 +277,7 @@ def test_two_fires_started_at_once_run_exactly_one(
 def test_a_fire_that_finds_the_lock_taken_does_nothing(
         store: Store, orgchart_env: dict[str, str]) -> None:
     submit(store, "echo")
-    with store.fire_lock(FIRE_LOCK_KEY) as locked:
+    with store.fires.lock(FIRE_LOCK_KEY) as locked:
         assert locked
         result = orchestrator(store, orgchart_env).run_once()
     assert result.status == "locked" and result.message.startswith("another fire is running")
@@ -366,7 +366,7 @@ def test_a_worker_that_outlives_its_wall_clock_is_killed_and_reported(
         assert row["lease_owner"].startswith(f"{socket.gethostname()}:{worker['pid']}:")
     else:  # on a loaded machine the worker may be killed before it claimed anything
         assert row["status"] == "pending"
-    assert store.last_fire()["finished_at"] is not None
+    assert store.fires.last()["finished_at"] is not None
 
 
 def test_the_rollup_counts_equal_what_task_events_recorded(
@@ -407,7 +407,7 @@ def test_the_rollup_counts_equal_what_task_events_recorded(
     person = result.stats["needs_a_person"]
     assert person["task_id"] == str(bad["id"]) and person["open"] == 1
     assert f"needs a person: task {bad['id']} (echo) escalated" in result.rollup
-    fire = store.last_fire()
+    fire = store.fires.last()
     assert fire["rollup"] == result.rollup and fire["stats"]["drained"] == result.stats["drained"]
     assert fire["plan"]["first"]["assignments"]
 
@@ -445,7 +445,7 @@ def test_a_stopped_fire_terminates_its_workers_and_still_writes_its_note(
     assert worker["stopped_by_fire"] and worker["signal"] in ("SIGTERM", "SIGKILL")
     assert "fire stopped early: signal SIGTERM" in result.rollup
     assert f"worker {worker['pid']} (echo) terminated as the fire stopped" in result.rollup
-    assert store.last_fire()["finished_at"] is not None
+    assert store.fires.last()["finished_at"] is not None
 
 
 def test_a_second_stop_has_the_fires_workers_hand_back_their_tasks_at_once(

@@ -189,7 +189,7 @@ def test_a_fire_schedules_slot_writes_the_fires_row_with_it(store: Store) -> Non
     assert done.fired == 1 and started == done.fires
     (run,) = _runs(store, "fire")
     assert run["fire_id"] == started[0]
-    assert store.last_fire()["id"] == started[0]  # type: ignore[index]
+    assert store.fires.last()["id"] == started[0]  # type: ignore[index]
 
 
 def test_bad_input_exits_with_a_message_and_stores_nothing(store: Store) -> None:
@@ -211,7 +211,7 @@ def test_bad_input_exits_with_a_message_and_stores_nothing(store: Store) -> None
 def test_doctor_reports_a_schedule_late_past_its_grace(store: Store) -> None:
     limits = DoctorLimits(3600, 3600)
     _store_schedule(store, "hourly", every="1h")
-    store.fire_finished(store.fire_started({}), {}, {}, "")
+    store.fires.finished(store.fires.started({}), {}, {}, "")
     assert not [p for p in check(store, limits).problems if "schedule" in p]
     _store_schedule(store, "late", every="1m", behind=600)
     problems = [p for p in check(store, limits).problems if "schedule" in p]
@@ -241,11 +241,11 @@ def test_a_scheduled_fire_that_cannot_run_finishes_its_row_saying_why(store: Sto
     started: list[int] = []
     Ticker(store, TickerConfig(worker="t"), started.append).run_once()
     orchestrator = Orchestrator(store, Settings(), FireConfig())
-    with store.fire_lock(FIRE_LOCK_KEY) as locked:  # another fire is running
+    with store.fires.lock(FIRE_LOCK_KEY) as locked:  # another fire is running
         assert locked
         result = orchestrator.run_once(fire_id=started[0])
     assert result.status == "locked" and result.fire_id == started[0]
-    fire = store.last_fire()
+    fire = store.fires.last()
     assert fire is not None and fire["id"] == started[0] and fire["finished_at"] is not None
     assert fire["rollup"] == "another fire is running; nothing done"
 

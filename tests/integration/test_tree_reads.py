@@ -53,7 +53,7 @@ def test_the_database_built_tree_equals_the_python_one_on_odd_values(store: Stor
                              "WHERE id = :id"), {"id": tree.ids["writer-0-0"]})
     text, last_event = tree_text(store, tree.root)
     assert json.loads(text) == as_json(tree_json(store.tree_rows(tree.root)))
-    assert last_event == store.event_watermark() > 0
+    assert last_event == store.fires.event_watermark() > 0
     lead = find(json.loads(text), str(tree.ids["lead-1"]))
     assert lead is not None and lead["budget_usd"] == "10" and lead["duration_seconds"] == 1.234568
     # Siblings created together come in id order, as PostgreSQL orders uuids.

@@ -235,8 +235,8 @@ def test_a_deliverer_killed_mid_request_leads_to_a_redelivery_with_the_same_id(
 
 def test_a_fire_rollup_is_an_event(store: Store, receiver: Receiver) -> None:
     _subscribe(store, receiver.url, ("fire.rollup",))
-    fire_id = store.fire_started({"plan": []})
-    store.fire_finished(fire_id, {"plan": []}, {"spawned": 0}, "all quiet")
+    fire_id = store.fires.started({"plan": []})
+    store.fires.finished(fire_id, {"plan": []}, {"spawned": 0}, "all quiet")
     _deliverer(store).run_once()
     [got] = receiver.received
     assert got.event == "fire.rollup" and got.data["rollup"] == "all quiet"
@@ -403,7 +403,7 @@ def test_prune_takes_a_trees_delivered_events_and_leaves_the_rest(store: Store,
     old, failing = submit(store), submit(store)
     _finish(store, old)
     _finish(store, failing)
-    store.fire_finished(store.fire_started({}), {}, {}, "note")
+    store.fires.finished(store.fires.started({}), {}, {}, "note")
     _deliverer(store).run_once()
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE webhook_outbox SET status = 'dead' WHERE root_id = :r"),
