@@ -58,7 +58,7 @@ class Reaper:
     def run_once(self) -> Reaped:
         """One pass over expired leases; returns what it released and poisoned."""
         return self.store.hygiene.reap(self.retry.max_delivery, worker=self.worker,
-                               limit=self.batch_limit)
+                                       limit=self.batch_limit)
 
 
 class Watchdog:
@@ -106,6 +106,6 @@ class Maintenance:
     def run_once(self) -> Maintained | None:
         """One pass if no other worker ran one within the interval; None when skipped."""
         return self.store.hygiene.maintain(self.max_delivery, self.interval_seconds,
-                                   reap_limit=REAP_BATCH_LIMIT,
-                                   timeout_limit=WATCHDOG_BATCH_LIMIT,
-                                   sweep_limit=SWEEP_BATCH_LIMIT)
+                                           reap_limit=REAP_BATCH_LIMIT,
+                                           timeout_limit=WATCHDOG_BATCH_LIMIT,
+                                           sweep_limit=SWEEP_BATCH_LIMIT)

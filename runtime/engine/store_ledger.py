@@ -141,7 +141,7 @@ class StoreLedger(CallLedger):
                       call_id: str, tool: str, args_hash: str, args: str) -> str | None:
         """A tool call's decision, or ``asked`` now (fenced); None when the lease is gone."""
         return self.store.steps.tool_approval(task_id, lease_token, phase, call_id, tool,
-                                        args_hash, args)
+                                              args_hash, args)
 
 
 def _lookups(lookups: Sequence[RecordLookup]) -> list[dict[str, Any]]:

@@ -233,7 +233,7 @@ class Ticker:
         for run in open_runs:  # cancel_previous: through the one cancel a person uses
             try:
                 self.store.steering.cancel(run["root_id"], actor=f"schedule:{name}",
-                                  note=f"replaced by the slot of {slot.isoformat()}")
+                                           note=f"replaced by the slot of {slot.isoformat()}")
                 done.cancelled += 1
             except NotFound:  # pruned since
                 pass

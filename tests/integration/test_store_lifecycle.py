@@ -491,7 +491,7 @@ def test_charge_many_sums_per_task_and_skips_a_lost_lease(store: Store) -> None:
     a, b = store.claim(["echo"], 2, "w", 30)
     cloud = dataclasses.replace(_charge(a, 4, 1), route="cloud", model="big")
     done = store.spend.charge_many([_charge(a, 3, 0), _charge(b, 5, 0), cloud,
-                              _charge(b, 9, 1, token=uuid.uuid4())])
+                                    _charge(b, 9, 1, token=uuid.uuid4())])
     assert done == [True, True, True, False]
     assert store.get(a.id)["own_tokens"] == 7 and store.get(b.id)["own_tokens"] == 5
     # A task's route and model are its last recorded call's.

@@ -86,7 +86,7 @@ class Liveness:
         try:
             if self.config.maintenance:
                 self._count(self._own.hygiene.reap_dead(self.config.retry.max_delivery, REAPER,
-                                                on=self._session.connection))
+                                                        on=self._session.connection))
                 self._count(self._own.hygiene.reap(self.config.retry.max_delivery, REAPER))
             self._session.register()
             self.health.ok("liveness")
@@ -102,7 +102,7 @@ class Liveness:
             done = None
             if self.config.maintenance:
                 done = self._own.hygiene.reap_dead(self.config.retry.max_delivery, REAPER,
-                                           on=self._session.connection)
+                                                   on=self._session.connection)
                 self._count(done)
             self.health.ok("liveness")
             return done
