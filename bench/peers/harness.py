@@ -410,6 +410,9 @@ def goals(runs: dict[str, dict[str, Any]], floor_seconds: float | None) -> dict[
     out["peer_makespan_ratio"] = round(ours["shared_makespan_seconds"] / min(
         f["shared_makespan_seconds"] for f in peers.values()), 3)
     for key, name in (("repaid_calls", "peer_repaid_calls"),
+                      ("lost_answers_at_kill", "lost_answers_at_kill"),
+                      ("crash_makespan_seconds", "crash_makespan_seconds"),
+                      ("shared_pg_cpu_ms_per_call", "peer_pg_cpu_ms_per_call"),
                       ("shared_wal_bytes_per_call", "peer_wal_bytes_per_call"),
                       ("chain_overhead_ms_per_level", "chain_overhead_ms_per_level")):
         if key in ours:
