@@ -66,6 +66,10 @@ schemathesis.openapi.format(PYTHON_REGEX, st.lists(
 EXAMPLES = 15
 CONFIG = {  # every check on, as ``st run``'s defaults
     "generation": {"max-examples": EXAMPLES, "deterministic": True},
+    # A tree's stream (``GET /trees/{id}/stream``, Server-Sent Events) stays open while
+    # the tree runs: its status, headers and first event are checked, then it is cut
+    # (else each one the stateful phase opens on a new task waits out the read timeout).
+    "max-stream-events": 1,
     # The stateful phase follows the document's links only (schemathesis would also guess
     # links from Location headers and names), with data that fits, so tasks get made.
     "phases": {"stateful": {"max-steps": 8, "inference": {"algorithms": []},
