@@ -192,24 +192,23 @@ class ChargeWriter:
         """``store.spend.charge_many``, retried while the database fails over, never twice."""
         done: dict[int, bool] = {}
         todo = list(range(len(charges)))
-        deadline = time.monotonic() + FAILOVER_RETRY_SECONDS
-        delay = retry.backoff_delays()
         doubt = False
-        while True:
-            try:
-                if doubt:  # the last COMMIT may have landed: what is recorded stays so
-                    recorded = self.store.spend.recorded([charges[i] for i in todo])
-                    done.update({todo[n]: True for n in recorded})
-                    todo = [i for n, i in enumerate(todo) if n not in recorded]
-                    with self._counts:
-                        self.resolved_in_doubt += len(recorded)
-                    doubt = False
-                written = self.store.spend.charge_many([charges[i] for i in todo]) if todo else []
-                done.update(zip(todo, written, strict=True))
-                return [done[i] for i in range(len(charges))]
-            except Exception as exc:
-                again = failover.is_failover_error(exc) or failover.sqlstate(exc) in _RETRY_STATES
-                if not again or time.monotonic() >= deadline:
-                    raise
-                doubt = doubt or failover.in_doubt(exc)
-                time.sleep(delay())
+
+        def attempt() -> list[bool]:
+            nonlocal todo, doubt
+            if doubt:  # the last COMMIT may have landed: what is recorded stays so
+                recorded = self.store.spend.recorded([charges[i] for i in todo])
+                done.update({todo[n]: True for n in recorded})
+                todo = [i for n, i in enumerate(todo) if n not in recorded]
+                with self._counts:
+                    self.resolved_in_doubt += len(recorded)
+                doubt = False
+            written = self.store.spend.charge_many([charges[i] for i in todo]) if todo else []
+            done.update(zip(todo, written, strict=True))
+            return [done[i] for i in range(len(charges))]
+
+        def in_doubt(exc: BaseException) -> None:
+            nonlocal doubt
+            doubt = doubt or failover.in_doubt(exc)
+
+        return retry.retry(attempt, FAILOVER_RETRY_SECONDS, in_doubt, states=_RETRY_STATES)

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from runtime.engine.threads import handoff_for
 from runtime.llm.text_stream import CallAttempts, TextSink, TextStream
 from runtime.store.call_text import PieceOutcome, TextPiece, cut_off_text, write_pieces
-from runtime.store.postgres import failover, retry
+from runtime.store.postgres import retry
 from runtime.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -212,14 +212,5 @@ class TextWriter(TextSink):
 
     def _through_failover(self, pieces: list[TextPiece]) -> list[PieceOutcome]:
         """:func:`write_pieces`, written again while the database fails over (idempotent)."""
-        deadline = time.monotonic() + FAILOVER_RETRY_SECONDS
-        delay = retry.backoff_delays()
-        while True:
-            try:
-                return self._write_pieces(self.store, pieces)
-            except Exception as exc:
-                again = (failover.is_failover_error(exc)
-                         or failover.sqlstate(exc) in _RETRY_STATES)
-                if not again or time.monotonic() >= deadline:
-                    raise
-                time.sleep(delay())
+        return retry.retry(lambda: self._write_pieces(self.store, pieces),
+                           FAILOVER_RETRY_SECONDS, states=_RETRY_STATES)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from runtime.core import backoff
-from runtime.store.postgres.failover import OUTAGE, is_failover_error
+from runtime.store.postgres.failover import OUTAGE, is_failover_error, sqlstate
 
 T = TypeVar("T")
 
@@ -18,12 +18,13 @@ def backoff_delays(first: float = 0.1, cap: float = 2.0) -> Callable[[], float]:
 
 
 def retry(fn: Callable[[], T], timeout: float, on_retry: Callable[[BaseException], None]
-          | None = None) -> T:
+          | None = None, states: frozenset[str] = frozenset()) -> T:
     """Call ``fn``; on a failover error, back off and call it again, up to ``timeout`` s.
 
     ``fn`` must be safe to call again after an in-doubt COMMIT (guarded, or keyed by an
-    idempotency key). The last error is raised when the time is up; any other error at
-    once.
+    idempotency key). ``states``: SQLSTATEs also written again (a deadlock the database
+    broke, say), not counted as an outage. The last error is raised when the time is up;
+    any other error at once.
     """
     deadline = time.monotonic() + timeout
     delay = backoff_delays()
@@ -31,9 +32,11 @@ def retry(fn: Callable[[], T], timeout: float, on_retry: Callable[[BaseException
         try:
             return fn()
         except Exception as exc:
-            if not is_failover_error(exc) or time.monotonic() >= deadline:
+            outage = is_failover_error(exc)
+            if not (outage or sqlstate(exc) in states) or time.monotonic() >= deadline:
                 raise
-            OUTAGE.begin(exc)
+            if outage:
+                OUTAGE.begin(exc)
             if on_retry is not None:
                 on_retry(exc)
             time.sleep(max(0.0, min(delay(), deadline - time.monotonic())))
