@@ -124,14 +124,7 @@ class _Client(ollama.AsyncClient):
         a test holds the two equal) without building and dumping its pydantic models for
         every call; the response, its type and the errors are ``chat``'s own.
         """
-        body: dict[str, Any] = {
-            "model": model, "stream": False, "options": options, "tools": list(tools),
-            "think": think,
-            # chat() drops empty fields of a message the same way
-            "messages": [{k: v for k, v in m.items() if v} for m in messages],
-        }
-        if schema:
-            body["format"] = schema
+        body = _chat_body(model, messages, schema, options, think, tools, stream=False)
         return await self._request(ollama.ChatResponse, "POST", "/api/chat", json=body,
                                    stream=False)
 
@@ -148,13 +141,7 @@ class _Client(ollama.AsyncClient):
         next bytes, not the whole reply. Errors as :meth:`text_chat`'s (``ResponseError``
         with the status; one sent inside the stream has none: -1).
         """
-        body: dict[str, Any] = {
-            "model": model, "stream": True, "options": options, "tools": list(tools),
-            "think": think,
-            "messages": [{k: v for k, v in m.items() if v} for m in messages],
-        }
-        if schema:
-            body["format"] = schema
+        body = _chat_body(model, messages, schema, options, think, tools, stream=True)
         client: LeanAsyncClient = self._client
         response = await client.open_stream("POST", "/api/chat", body)
         content: list[str] = []
@@ -184,6 +171,21 @@ class _Client(ollama.AsyncClient):
         message = {"role": "assistant", "content": "".join(content),
                    "thinking": "".join(thinking) or None, "tool_calls": calls or None}
         return ollama.ChatResponse(**{**last, "message": message})
+
+
+def _chat_body(model: str, messages: Sequence[Message], schema: dict[str, Any] | None,
+               options: dict[str, Any], think: bool, tools: Sequence[dict[str, Any]], *,
+               stream: bool) -> dict[str, Any]:
+    """The body ``chat`` sends (``ChatRequest(...).model_dump(exclude_none=True)``)."""
+    body: dict[str, Any] = {
+        "model": model, "stream": stream, "options": options, "tools": list(tools),
+        "think": think,
+        # chat() drops empty fields of a message the same way
+        "messages": [{k: v for k, v in m.items() if v} for m in messages],
+    }
+    if schema:
+        body["format"] = schema
+    return body
 
 
 async def _ndjson(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
