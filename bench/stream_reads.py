@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import threading
 import time
@@ -51,33 +50,14 @@ from runtime.llm.text_stream import CallAttempts
 from runtime.store.rows import ChildRow, NewTask
 from runtime.store.store import Store
 from runtime.store.streams import StreamReader, follow
+from tests.asgi_server import Server
 
 
-class _Server:
-    """uvicorn serving the stream's routes in a thread, on a loopback port."""
-
-    def __init__(self, store: Store) -> None:
-        import uvicorn
-
-        app = FastAPI()
-        add_stream_routes(app, store)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)
-
-    def __enter__(self) -> _Server:
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.sock.close()
+def _stream_server(store: Store) -> Server:
+    """uvicorn serving the stream's routes only, on a loopback port."""
+    app = FastAPI()
+    add_stream_routes(app, store)
+    return Server(app)
 
 
 class _Reader:
@@ -311,7 +291,7 @@ def measure(calls: int, tokens: int, tokens_per_second: float, pieces: int, gap:
     """Both measures on one scratch database; return the figures."""
     with scratch_database("stream_reads", server) as url:
         store = open_store(url, pool_size=8)
-        with _Server(store) as http:
+        with _stream_server(store) as http:
             figures = _through_the_writer(store, http.url, calls, tokens, tokens_per_second)
             figures.update(_read_side(store, http.url, pieces, gap))
         store.engine.dispose()

@@ -8,7 +8,6 @@ not needed). Screenshots land in ``tests/artifacts/``.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,6 +19,7 @@ import pytest
 from runtime.http.api import create_app
 from runtime.store.store import Store
 from runtime.wiring import Runtime, build_root
+from tests.asgi_server import Server
 from tests.support import drain
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -48,36 +48,6 @@ def browser() -> Iterator[Any]:
 @pytest.fixture
 def runtime(make_runtime: Callable[..., Runtime]) -> Runtime:
     return make_runtime(ORGCHART_RETRY__MAX_RETRY="0")
-
-
-class Server:
-    """uvicorn serving the app in a thread, on a loopback port bound before it starts."""
-
-    def __init__(self, app: Any) -> None:
-        import uvicorn
-
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)
-
-    def __enter__(self) -> Server:
-        self.thread.start()
-        started = threading.Event()
-        for _ in range(200):
-            if self.server.started:
-                started.set()
-                break
-            started.wait(0.05)
-        assert started.is_set(), "uvicorn did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.sock.close()
 
 
 def serve(runtime: Runtime, token: str | None = None) -> Server:

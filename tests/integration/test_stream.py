@@ -37,7 +37,7 @@ from runtime.store.rows import NewTask
 from runtime.store.store import Store
 from runtime.store.streams import START, Position, StreamEvent, StreamReader, follow
 from runtime.wiring import Runtime
-from tests.integration.test_browser import Server
+from tests.asgi_server import Server
 from tests.support import drain
 
 _PIECE = sa.text(
