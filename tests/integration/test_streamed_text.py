@@ -271,8 +271,9 @@ def _wait_written(stream: Any) -> None:
                 and stream.written == stream.offset)
 
 
-def test_the_embedded_model_streams_token_by_token(
-        store: Store, charges: ChargeWriter) -> None:
+@pytest.fixture
+def embedded() -> Iterator[Any]:
+    """The embedded model (the test skips without it), closed after the test."""
     from runtime.llm.backends.embedded import (
         EmbeddedBackend,
         default_model_path,
@@ -282,6 +283,13 @@ def test_the_embedded_model_streams_token_by_token(
     if not extra_installed() or default_model_path() is None:
         pytest.skip("the embedded extra is not installed ('make install-embedded')")
     backend = EmbeddedBackend(Settings().embedded)
+    yield backend
+    backend.close()
+
+
+def test_the_embedded_model_streams_token_by_token(
+        store: Store, charges: ChargeWriter, embedded: Any) -> None:
+    backend = embedded
     writer = TextWriter(store, flush_seconds=0.01, flush_chars=10_000)
     try:
         row = _claimed(store)
@@ -295,22 +303,14 @@ def test_the_embedded_model_streams_token_by_token(
         assert _text_of([p for p in pieces if p["call_index"] == 1], 1) == structured.text
     finally:
         writer.close()
-        backend.close()
 
 
 def test_a_call_cut_off_mid_generation_continues_from_its_recorded_text(
-        store: Store, charges: ChargeWriter) -> None:
+        store: Store, charges: ChargeWriter, embedded: Any) -> None:
     """The embedded model continues a prefix: only what came after the last piece is made."""
-    from runtime.llm.backends.embedded import (
-        EmbeddedBackend,
-        default_model_path,
-        extra_installed,
-    )
     from tests.factories import hand_over
 
-    if not extra_installed() or default_model_path() is None:
-        pytest.skip("the embedded extra is not installed ('make install-embedded')")
-    backend = EmbeddedBackend(Settings().embedded)
+    backend = embedded
     writer = TextWriter(store, flush_seconds=0.01, flush_chars=10_000)
     try:
         row = _claimed(store)
@@ -339,7 +339,6 @@ def test_a_call_cut_off_mid_generation_continues_from_its_recorded_text(
         assert not other.text.startswith("Durable queues keep")
     finally:
         writer.close()
-        backend.close()
 
 
 def test_an_ollama_call_cut_off_continues_as_the_assistants_last_message(
