@@ -1,16 +1,22 @@
 """The MCP resources, ``orgchart://trees/{root_id}`` and ``orgchart://tasks/{id}``.
 
-A tree reads as ``GET /trees/{root_id}`` (the full shape), a task as ``GET /tasks/{id}``
-(without its model calls). A client that subscribes to one (``resources/subscribe``, or
-a ``subscriptions/listen`` stream naming it) hears ``notifications/resources/updated``
-each time it changes: :class:`Watcher` polls the subscribed resources every
-:data:`POLL_SECONDS` on the tree's change feed (``task_tree_changes``: one indexed read
-per tree's tasks, whatever the size of the events table) and tells each subscriber once
-per change it sees, however many transitions it folds together.
+A tree reads as ``GET /trees/{root_id}`` (the full shape) plus ``streaming``: the text so
+far of each running task's newest model call (``call_text_running``); a task as
+``GET /tasks/{id}`` (without its model calls). A client that subscribes to one
+(``resources/subscribe``, or a ``subscriptions/listen`` stream naming it) hears
+``notifications/resources/updated`` each time it changes: :class:`Watcher` polls the
+subscribed resources every :data:`POLL_SECONDS` on the tree's change feed
+(``task_tree_changes``: one indexed read per tree's tasks, whatever the size of the
+events table) and, for a tree, its newest piece of streamed text (``call_text_newest``:
+one row off the ``(root_id, txid, id)`` index), and tells each subscriber once per poll
+that saw a change, however many transitions and pieces it folds together: a tree whose
+calls stream gets at most one update per :data:`POLL_SECONDS` (five of the default
+``[streaming] flush_seconds`` windows), not one per piece.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import uuid
@@ -21,6 +27,7 @@ from typing import Any
 import anyio
 from mcp.shared.exceptions import MCPError
 
+from runtime.store.call_text import newest_piece, running_text
 from runtime.store.rows import NotFound
 from runtime.store.store import Store
 from runtime.views import task_detail_json, tree_text
@@ -63,9 +70,9 @@ def read(store: Store, uri: str) -> str:
     kind, ident = parse_uri(uri)
     try:
         if kind == "trees":
-            return tree_text(store, ident)[0]
-        import json
-
+            tree = json.loads(tree_text(store, ident)[0])
+            tree["streaming"] = running_text(store, ident)
+            return json.dumps(tree, default=str)
         return json.dumps(task_detail_json(store, ident, model_calls=False), default=str)
     except NotFound as exc:
         raise MCPError(INVALID_PARAMS, str(exc)) from None
@@ -88,16 +95,40 @@ def version(store: Store, uri: str, after: int) -> int:
     return int(changes[-1]["id"]) if changes else after
 
 
+def text_version(store: Store, uri: str) -> tuple[int, int] | None:
+    """``(txid, id)`` of the newest piece of streamed text of a tree resource (blocking).
+
+    None for a task resource (its JSON has no text) and for a tree with no text yet.
+    """
+    kind, ident = parse_uri(uri)
+    return newest_piece(store, ident) if kind == "trees" else None
+
+
 #: Tells one subscriber that ``uri`` changed; raises when the subscriber has gone.
 Notify = Callable[[str], Awaitable[None]]
 
 
 @dataclass
 class Watched:
-    """One subscribed resource: who listens, and the last change they were told of."""
+    """One subscribed resource: who listens, and the last change they were told of.
+
+    ``cursor``: the newest transition told of; ``text``: the newest piece of streamed
+    text seen (a tree's; None: none yet, or a task).
+    """
 
     cursor: int = 0
     listeners: dict[object, Notify] = field(default_factory=dict)
+    text: tuple[int, int] | None = None
+
+
+def _changed(store: Store, uri: str, watched: Watched) -> bool:
+    """Read the resource's newest transition and text; move ``watched`` on; True if moved."""
+    newest = version(store, uri, watched.cursor)
+    text = text_version(store, uri)
+    moved = newest > watched.cursor or (text is not None and text != watched.text)
+    watched.cursor = max(watched.cursor, newest)
+    watched.text = text if text is not None else watched.text
+    return moved
 
 
 class Watcher:
@@ -121,7 +152,8 @@ class Watcher:
             if cursor < 0:
                 parse_uri(uri)
                 raise MCPError(INVALID_PARAMS, f"no task {uri.rsplit('/', 1)[-1]}")
-            watched = self.watched.setdefault(uri, Watched(cursor))
+            text = await anyio.to_thread.run_sync(text_version, self.store, uri)
+            watched = self.watched.setdefault(uri, Watched(cursor, text=text))
         watched.listeners[key] = notify
 
     def remove(self, uri: str, key: object) -> None:
@@ -138,13 +170,11 @@ class Watcher:
             await anyio.sleep(self.interval)
             for uri, watched in list(self.watched.items()):
                 try:
-                    newest = await anyio.to_thread.run_sync(version, self.store, uri,
-                                                            watched.cursor)
+                    moved = await anyio.to_thread.run_sync(_changed, self.store, uri, watched)
                 except Exception:  # a database outage: try again on the next poll
                     log.warning("could not read changes of %s", uri, exc_info=True)
                     continue
-                if newest > watched.cursor:
-                    watched.cursor = newest
+                if moved:
                     await self._tell(uri, watched)
 
     async def _tell(self, uri: str, watched: Watched) -> None:
@@ -160,7 +190,8 @@ def templates() -> list[dict[str, Any]]:
     """The resource templates, as ``resources/templates/list`` lists them."""
     return [
         {"uri_template": TREE_TEMPLATE, "name": "tree", "mime_type": "application/json",
-         "description": "A task tree under its root, nested, with totals (GET /trees/{id})."},
+         "description": "A task tree under its root, nested, with totals (GET /trees/{id}), "
+                        "and the text so far of its running tasks' model calls (streaming)."},
         {"uri_template": TASK_TEMPLATE, "name": "task", "mime_type": "application/json",
          "description": "One task with its history and children (GET /tasks/{id})."},
     ]

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -26,6 +27,8 @@ from runtime.store.store import Store
 CALL_TEXT_QUERIES = load_queries(Path(__file__).with_name("call_text.sql"))
 _WRITE_MANY = sa.text(CALL_TEXT_QUERIES["call_text_write_many"])
 _CUT_OFF = sa.text(CALL_TEXT_QUERIES["call_text_cut_off"])
+_NEWEST = sa.text(CALL_TEXT_QUERIES["call_text_newest"])
+_RUNNING = sa.text(CALL_TEXT_QUERIES["call_text_running"])
 
 
 @dataclass(frozen=True)
@@ -90,3 +93,22 @@ def cut_off_text(store: Store, task_id: uuid.UUID, phase: str,
         row = conn.execute(_CUT_OFF, {"task_id": task_id, "phase": phase,
                                       "call_index": call_index}).first()
     return None if row is None else (int(row.attempt), str(row.text))
+
+
+def newest_piece(store: Store, root_id: uuid.UUID) -> tuple[int, int] | None:
+    """``(txid, id)`` of the newest piece of a tree's text (None: no text yet; one row)."""
+    with store.engine.connect() as conn:
+        row = conn.execute(_NEWEST, {"root_id": root_id}).first()
+    return None if row is None else (int(row.txid), int(row.id))
+
+
+def running_text(store: Store, root_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The text so far of each running task's newest call in a tree, task by task.
+
+    Each ``{"task_id", "phase", "call", "attempt", "text"}``: the attempt of the task's
+    newest piece, put together (the MCP tree resource's ``streaming``).
+    """
+    with store.engine.connect() as conn:
+        rows = conn.execute(_RUNNING, {"root_id": root_id}).all()
+    return [{"task_id": str(r.task_id), "phase": r.phase, "call": int(r.call_index),
+             "attempt": int(r.attempt), "text": r.text or ""} for r in rows]

@@ -83,3 +83,30 @@ WHERE NOT EXISTS (SELECT 1 FROM model_calls m
 GROUP BY last.attempt
 HAVING min(c."offset") = 0
    AND sum(char_length(c.text)) = max(c."offset" + char_length(c.text));
+
+-- call_text_newest --
+-- The newest piece of a tree's streamed text, by (txid, id): the (root_id, txid, id)
+-- index read backwards, one row. What a subscribed MCP tree resource compares to hear
+-- text arrive (no row: the tree has no text yet).
+SELECT CAST(txid AS text) AS txid, id FROM call_text
+WHERE root_id = :root_id
+ORDER BY txid DESC, id DESC
+LIMIT 1;
+
+-- call_text_running --
+-- The text so far of each running task's newest call in a tree (running or judging):
+-- the attempt of the task's newest piece, its pieces put together by offset. What the
+-- MCP tree resource shows as "streaming"; a task between calls shows its last one.
+SELECT t.id AS task_id, n.phase, n.call_index, n.attempt,
+       (SELECT string_agg(c.text, '' ORDER BY c."offset") FROM call_text c
+        WHERE c.task_id = t.id AND c.phase = n.phase AND c.call_index = n.call_index
+          AND c.attempt = n.attempt) AS text
+FROM tasks t
+CROSS JOIN LATERAL (
+    SELECT p.phase, p.call_index, p.attempt FROM call_text p
+    WHERE p.task_id = t.id
+    ORDER BY p.txid DESC, p.id DESC
+    LIMIT 1
+) n
+WHERE t.root_id = :root_id AND t.status IN ('running', 'judging')
+ORDER BY t.id;

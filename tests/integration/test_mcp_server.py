@@ -37,6 +37,8 @@ from runtime.config import load_settings
 from runtime.http.api import create_app
 from runtime.mcp.mount import mount
 from runtime.mcp.server import build_server
+from runtime.store.call_text import TextPiece, write_pieces
+from runtime.store.rows import NewTask
 from runtime.store.store import Store
 from runtime.wiring import Runtime, build_runtime
 from tests.integration.test_docs_agents import code_blocks
@@ -326,6 +328,53 @@ def test_http_waits_for_the_tree_with_progress_and_resource_updates(
 
     anyio.run(main)
     assert progress and progress[-1] == (1, 1, "root done: 1 of 1 tasks ended")
+
+
+@pytest.mark.filterwarnings("ignore:resources/subscribe is removed")
+def test_a_subscribed_tree_updates_as_a_running_call_streams(
+        runtime: Runtime, http_url: str) -> None:
+    """Pieces of a running task's call, with no transition between them, each bring a
+    ``resources/updated``, and the tree resource shows the text so far (``streaming``)."""
+    store = runtime.store
+    root, _ = store.submit(NewTask(to_agent="echo", type="task", payload={"goal": "g"}))
+    [claimed] = store.claim(["echo"], 1, "test", 300)
+    uri = f"orgchart://trees/{root['id']}"
+    updates: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updates.append(str(message.params.uri))
+
+    def piece(attempt: int | None, offset: int, text: str) -> TextPiece:
+        return TextPiece(root["id"], claimed["lease_token"], "run", 0, attempt, 0, offset,
+                         text)
+
+    async def streamed(session: ClientSession) -> Any:
+        content = (await session.read_resource(uri)).contents[0]
+        assert isinstance(content, types.TextResourceContents)
+        return json.loads(content.text)["streaming"]
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            session = await _http_session(stack, http_url, on_message)
+            await session.subscribe_resource(uri)
+            assert await streamed(session) == []
+            transitions = store.tree_changes(root["id"], 0)
+            text = ""
+            for n, word in enumerate(["Once ", "upon ", "a time"]):
+                outcome = write_pieces(store, [piece(1 if n else None, len(text), word)])
+                assert outcome[0].ours and outcome[0].attempt == 1
+                text += word
+                with anyio.fail_after(10):  # the watcher polls every 0.5 s
+                    while len(updates) <= n:
+                        await anyio.sleep(0.02)
+                assert updates[n] == uri
+                assert await streamed(session) == [{
+                    "task_id": str(root["id"]), "phase": "run", "call": 0, "attempt": 1,
+                    "text": text}]
+            assert store.tree_changes(root["id"], 0) == transitions  # text alone, no move
+
+    anyio.run(main)
 
 
 # ---------------------------------------------------------------- the MCP Inspector
