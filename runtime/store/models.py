@@ -268,7 +268,9 @@ class TaskEvent(Base):
     txid: Mapped[int | None] = mapped_column(Xid8(),
                                              server_default=text("pg_current_xact_id()"))
 
-    __table_args__ = (Index("ix_task_events_task_id_id", "task_id", "id"),)
+    #: ``(txid, id)``: a tree stream's later reads, from its last read's horizon (0018).
+    __table_args__ = (Index("ix_task_events_task_id_id", "task_id", "id"),
+                      Index("ix_task_events_txid_id", "txid", "id"))
 
 
 class WorkerSession(Base):

@@ -3038,7 +3038,12 @@ WHERE t.id = :root_id AND t.root_id = t.id;
 -- transaction still open can later commit a row before what was read. Pieces come after
 -- (:text_txid, :text_id) inclusive, transitions after (:event_txid, :event_id); the
 -- caller drops what it already sent. :until_txid (or NULL): the root's terminal
--- transaction, the stream's last.
+-- transaction, the stream's last. :seen_txid: '0', or the xmin of the stream's last read
+-- that was not a full page: every row of the tree below it has been read, so the
+-- transitions are read only from it on, over every tree, on the (txid, id) index, and
+-- kept when their task is the tree's (the cost is what was written since, not the tree's
+-- size); with '0' (a first read, a reader back with its cursor) each of the tree's tasks'
+-- transitions are read on (task_id, id).
 -- A piece of an older attempt written after a newer attempt's first piece is left out
 -- (a worker that lost its lease, late); the first piece of an attempt carries in
 -- ``superseded`` the newest older attempt already streamed. Transitions without txid
@@ -3073,25 +3078,40 @@ WITH horizon AS (
     ORDER BY c.txid, c.id
     LIMIT :limit
 ), transitions AS (
-    SELECT 1 AS source, e.txid, e.id, t.id AS task_id, CAST(NULL AS text) AS phase,
+    SELECT 1 AS source, e.txid, e.id, e.task_id, CAST(NULL AS text) AS phase,
            CAST(NULL AS int) AS call_index, CAST(NULL AS int) AS attempt,
            CAST(NULL AS int) AS "offset", CAST(NULL AS text) AS text,
-           CAST(NULL AS int) AS superseded, e.from_status, e.to_status, e.at,
-           t.to_agent AS agent
-    FROM tasks t
-    CROSS JOIN horizon h
-    CROSS JOIN LATERAL (
-        SELECT COALESCE(x.txid, CAST('0' AS xid8)) AS txid, x.id, x.from_status,
-               x.to_status, x.at
+           CAST(NULL AS int) AS superseded, e.from_status, e.to_status, e.at, e.agent
+    FROM (
+        SELECT x.txid, x.id, t.id AS task_id, x.from_status, x.to_status, x.at,
+               t.to_agent AS agent
+        FROM tasks t
+        CROSS JOIN horizon h
+        CROSS JOIN LATERAL (
+            SELECT COALESCE(x.txid, CAST('0' AS xid8)) AS txid, x.id, x.from_status,
+                   x.to_status, x.at
+            FROM task_events x
+            WHERE x.task_id = t.id
+              AND (COALESCE(x.txid, CAST('0' AS xid8)), x.id)
+                  > (CAST(:event_txid AS xid8), CAST(:event_id AS bigint))
+              AND (x.txid IS NULL OR x.txid < h.xmin)
+              AND (h.until_txid IS NULL
+                   OR COALESCE(x.txid, CAST('0' AS xid8)) <= h.until_txid)
+            OFFSET 0  -- a fence: read per task on (task_id, id), as task_tree_changes does
+        ) x
+        WHERE t.root_id = :root_id AND CAST(:seen_txid AS xid8) = CAST('0' AS xid8)
+        UNION ALL
+        SELECT x.txid, x.id, t.id, x.from_status, x.to_status, x.at, t.to_agent
         FROM task_events x
-        WHERE x.task_id = t.id
-          AND (COALESCE(x.txid, CAST('0' AS xid8)), x.id)
-              > (CAST(:event_txid AS xid8), CAST(:event_id AS bigint))
-          AND (x.txid IS NULL OR x.txid < h.xmin)
-          AND (h.until_txid IS NULL OR COALESCE(x.txid, CAST('0' AS xid8)) <= h.until_txid)
-        OFFSET 0  -- a fence: read per task on (task_id, id), as task_tree_changes does
+        CROSS JOIN horizon h
+        JOIN tasks t ON t.id = x.task_id
+        WHERE CAST(:seen_txid AS xid8) <> CAST('0' AS xid8)
+          AND x.txid >= CAST(:seen_txid AS xid8)
+          AND (x.txid, x.id) > (CAST(:event_txid AS xid8), CAST(:event_id AS bigint))
+          AND x.txid < h.xmin
+          AND (h.until_txid IS NULL OR x.txid <= h.until_txid)
+          AND t.root_id = :root_id
     ) e
-    WHERE t.root_id = :root_id
     ORDER BY e.txid, e.id
     LIMIT :limit
 ), page AS (
@@ -3105,7 +3125,9 @@ WITH horizon AS (
 SELECT * FROM page
 UNION ALL
 -- Last, one row (source 2) with the statement's time on the server: what the reader
--- paces itself by (a client short of CPU would see its reads as longer than they are).
-SELECT NULL, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+-- paces itself by (a client short of CPU would see its reads as longer than they are),
+-- and in txid the snapshot's xmin (the next read's :seen_txid when this page is not full).
+SELECT (SELECT CAST(xmin AS text) FROM horizon), 2, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL, NULL,
        extract(epoch FROM clock_timestamp() - statement_timestamp())
 FROM (SELECT count(*) FROM page) AS after_the_page;

@@ -62,7 +62,8 @@ READ_SHARE = 4.0
 READ_COSTS = 8
 #: The sources, in the order they take within one transaction.
 TEXT_SOURCE, EVENT_SOURCE = 0, 1
-#: ``stream_read``'s last row: the statement's time on the server, not an event.
+#: ``stream_read``'s last row: the statement's time on the server and its snapshot's
+#: xmin, not an event.
 _COST_SOURCE = 2
 _BIGINT_MAX = 2**63 - 1
 #: An event id: ``<txid>.<s|t|e><row id>`` (18 digits at most each: within bigint).
@@ -147,6 +148,9 @@ class Page:
     full: bool = False
     #: Seconds the read's main statement took on the server.
     cost: float = 0.0
+    #: The read's snapshot's xmin: when the page is not full, every row of the tree below
+    #: it has been read (the next read's ``seen``).
+    xmin: int = 0
 
 
 def _events_of(row: Any) -> list[StreamEvent]:
@@ -197,11 +201,15 @@ class StreamReader:
         """Whether ``root_id`` is the root of a tree."""
         return self.root_status(root_id) is not None
 
-    def read(self, root_id: uuid.UUID, after: Position) -> Page:
+    def read(self, root_id: uuid.UUID, after: Position, seen: int = 0) -> Page:
         """The events after ``after`` that are readable now (at most a page of rows).
 
         One REPEATABLE READ transaction: the root's end and the rows come from one
         snapshot, so a stream never shows a row after the root's terminal transaction.
+        ``seen``: 0, or the :attr:`Page.xmin` of an earlier read of this stream that was
+        not a full page (every row below it was read then): the transitions are then read
+        from it on, on the ``(txid, id)`` index (what was written since, whatever the
+        tree's size), instead of each of the tree's tasks' on ``(task_id, id)``.
         """
         options = {"isolation_level": "REPEATABLE READ", "postgresql_readonly": True}
         with self.engine.connect().execution_options(**options) as conn, conn.begin():
@@ -216,14 +224,16 @@ class StreamReader:
             rows = conn.execute(_TEXT["stream_read"], {
                 "root_id": root_id, "text_txid": str(text_after[0]),
                 "text_id": text_after[1], "event_txid": str(event_after[0]),
-                "event_id": event_after[1], "until_txid": until,
+                "event_id": event_after[1], "until_txid": until, "seen_txid": str(seen),
                 "limit": self.page_rows}).all()
-        cost = next((float(r.elapsed) for r in rows if r.source == _COST_SOURCE), 0.0)
+        last = next(r for r in rows if r.source == _COST_SOURCE)
+        cost, xmin = float(last.elapsed), int(last.txid)
         rows = sorted((r for r in rows if r.source != _COST_SOURCE),
                       key=lambda r: (int(r.txid), r.source, r.id))
         events = [e for row in rows for e in _events_of(row) if e.position > after]
         full = len(rows) >= self.page_rows
-        return Page(events, ended=until is not None and not full, full=full, cost=cost)
+        return Page(events, ended=until is not None and not full, full=full, cost=cost,
+                    xmin=xmin)
 
 
 class TreeStream:
@@ -243,6 +253,8 @@ class TreeStream:
         self.ended = False
         self.found = True
         self._horizon: int | None = None
+        #: The xmin below which every row of the tree was read (0: not yet).
+        self._seen = 0
         self._more = True
         self._reads: deque[float] = deque(maxlen=READ_COSTS)
 
@@ -265,9 +277,11 @@ class TreeStream:
             if horizon == self._horizon:
                 return []
             self._horizon = horizon
-        page = self.reader.read(self.root_id, self.cursor)
+        page = self.reader.read(self.root_id, self.cursor, self._seen)
         self._reads.append(page.cost)
         self._more = page.full
+        if not page.full and page.found:
+            self._seen = max(self._seen, page.xmin)
         if page.events:
             self.cursor = page.events[-1].position
         self.ended, self.found = page.ended, page.found

@@ -154,6 +154,36 @@ def test_two_writers_committing_out_of_id_order_lose_no_row(store: Store, db_url
     assert [e.data["text"] for e in reader.read(root, cursor).events] == ["late txid, low id"]
 
 
+_EVENT_PG = ("INSERT INTO task_events (task_id, from_status, to_status) "
+             "VALUES (%s, 'pending', %s)")
+
+
+def test_a_read_from_the_last_horizon_loses_no_transition(store: Store, db_url: str) -> None:
+    """After a read that was not a full page, the next reads only transitions from its
+    xmin on (the ``(txid, id)`` index): one whose transaction was open across a read is
+    still read, in order, and another tree's are not."""
+    root, other = _submit(store), _submit(store)
+    reader = StreamReader(store.engine)
+    first = reader.read(root, START)
+    assert not first.full and first.xmin > 0
+    cursor, seen = first.events[-1].position, first.xmin
+    with psycopg.connect(libpq_url(db_url)) as early, psycopg.connect(libpq_url(db_url)) as late:
+        early.execute("SELECT pg_current_xact_id()")  # the lower txid, open across reads
+        late.execute(_EVENT_PG, (root, "waiting"))
+        late.execute(_EVENT_PG, (other, "waiting"))
+        late.commit()
+        held = reader.read(root, cursor, seen)
+        assert held.events == [], "a row read past a transaction still open"
+        assert held.xmin <= int(early.execute("SELECT pg_current_xact_id()::text")
+                                .fetchone()[0])  # type: ignore[index]
+        early.execute(_EVENT_PG, (root, "running"))
+        early.commit()
+    page = reader.read(root, cursor, held.xmin)
+    assert [e.data["to"] for e in page.events] == ["running", "waiting"]  # by txid
+    assert page.events == reader.read(root, cursor).events  # as a read per task has it
+    assert reader.read(root, page.events[-1].position, page.xmin).events == []
+
+
 def test_a_newer_attempt_supersedes_the_older_one(store: Store) -> None:
     root = _submit(store)
     _piece(store, root, "The ans", 0)
