@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from bench.common import (
     worker_env,
 )
 from runtime.store.rows import NewTask
+from runtime.store.store import Store
 
 TERMINAL = ("done", "failed", "escalated")
 WORKER_BOOT = ("import resource; s, h = resource.getrlimit(resource.RLIMIT_NOFILE); "
@@ -100,9 +102,13 @@ def _timeline(conn: sa.Connection) -> list[str]:
     return lines
 
 
-def start_model_server(delay: float) -> tuple[subprocess.Popen[str], str]:
-    """Start ``bench.model_server``; return the process and its base URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "bench.model_server", "--delay", str(delay)],
+def start_model_server(delay: float, pieces: int = 0) -> tuple[subprocess.Popen[str], str]:
+    """Start ``bench.model_server``; return the process and its base URL.
+
+    ``pieces``: a streamed chat's NDJSON pieces over the delay (0: one line).
+    """
+    proc = subprocess.Popen([sys.executable, "-m", "bench.model_server", "--delay", str(delay),
+                             "--pieces", str(pieces)],
                             cwd=str(REPO_ROOT), stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
@@ -112,13 +118,16 @@ def start_model_server(delay: float) -> tuple[subprocess.Popen[str], str]:
     return proc, f"http://127.0.0.1:{line.split()[1]}"
 
 
-def start_worker(url: str, model_url: str,
-                 prefix: str = "mk") -> tuple[subprocess.Popen[str], list[str]]:
+def start_worker(url: str, model_url: str, prefix: str = "mk",
+                 extra_env: dict[str, str] | None = None
+                 ) -> tuple[subprocess.Popen[str], list[str]]:
     """Start one ``orgchart worker`` on the makespan agents; wait until it serves.
 
     ``prefix``: ``mk`` for the ``async def`` agents, ``mks`` for the plain ``def`` ones.
+    ``extra_env``: more settings (``ORGCHART_STREAMING__ENABLED``, ...).
     """
     env = worker_env(url)
+    env.update(extra_env or {})
     env.update({"ORGCHART_LLM__BACKEND": "ollama", "ORGCHART_OLLAMA__URL": model_url})
     # Both routes: a deep queue routes calls to the cloud model (routing.pending_threshold).
     env["ORGCHART_OLLAMA__MAX_PARALLEL"] = "2000"
@@ -137,15 +146,23 @@ def start_worker(url: str, model_url: str,
 
 def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
             server: str | None = None, simulate: bool = False,
-            prefix: str = "mk") -> dict[str, Any]:
+            prefix: str = "mk", pieces: int = 0,
+            extra_env: dict[str, str] | None = None,
+            during: Callable[[str, Store, Any], Callable[[], None]] | None = None
+            ) -> dict[str, Any]:
     """Run the tree once; return the figures (``simulate``: agents sleep, no model).
 
     ``prefix``: the agents (``mk``: async, ``mks``: sync; see :func:`start_worker`).
+    ``pieces`` and ``extra_env``: the model server's and the worker's
+    (:func:`start_model_server`, :func:`start_worker`; ``bench.streaming``).
+    ``during(url, store, root_id)``: called once the root is submitted; what it returns is
+    called once the root has ended, before the database is dropped (``bench.streaming``'s
+    reader of the tree's stream).
     """
     expected = 1 + leads + leads * writers
     with scratch_database("makespan", server) as url:
-        model_proc, model_url = start_model_server(delay)
-        worker, log_lines = start_worker(url, model_url, prefix)
+        model_proc, model_url = start_model_server(delay, pieces)
+        worker, log_lines = start_worker(url, model_url, prefix, extra_env)
         store = open_store(url)
         try:
             idle_kb = _vm_kb(worker.pid, "VmRSS") or 0
@@ -157,6 +174,7 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
                          "simulate": delay if simulate else None},
                 budget_tokens=10_000_000, budget_usd=Decimal(1000)))
             started = time.monotonic()
+            finish = during(url, store, root["id"]) if during is not None else None
             peak_kb = idle_kb
             idle_threads = peak_threads = _vm_kb(worker.pid, "Threads") or 0
             status = "pending"
@@ -170,6 +188,8 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
             makespan = time.monotonic() - started
             worker_cpu = proc_cpu_seconds(worker.pid) - cpu_before
             counts = _get(model_url + "/stats")
+            if finish is not None:
+                finish()
             with store.engine.connect() as conn:
                 statuses: dict[str, int] = dict(conn.execute(sa.text(
                     "SELECT status, count(*) FROM tasks GROUP BY status")).all())
