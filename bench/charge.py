@@ -71,7 +71,7 @@ def measure(leaves: int = 1000, threads: int = 64, charges: int = 10_000,
             elapsed = time.perf_counter() - started
             if writer is not None:
                 writer.close()
-            root_row = store.get(root["id"])
+            root_row = store.reads.get(root["id"])
             live_tokens, _, live_calls = store.spend.live(root["id"])
         finally:
             store.dispose()
@@ -91,16 +91,17 @@ def measure(leaves: int = 1000, threads: int = 64, charges: int = 10_000,
 
 def _held_leaves(store: Any, leaves: int) -> tuple[Any, list[TaskRow]]:
     """A root with ``leaves`` leaves, every leaf claimed (running, leased)."""
-    root, _ = store.submit(NewTask(to_agent="planner", type="task", payload={"goal": "charge"},
-                                   budget_tokens=10_000_000, budget_usd=Decimal(1000)))
-    (parent,) = store.claim(["planner"], 1, "bench-charge", 600)
+    root, _ = store.tasks.submit(NewTask(to_agent="planner", type="task",
+                                         payload={"goal": "charge"},
+                                         budget_tokens=10_000_000, budget_usd=Decimal(1000)))
+    (parent,) = store.claims.claim(["planner"], 1, "bench-charge", 600)
     assert parent.lease_token is not None
-    store.delegate(parent.id, parent.lease_token, [
+    store.transitions.delegate(parent.id, parent.lease_token, [
         ChildRow("leaf", "task", {"goal": f"leaf {i}"}, f"leaf-{i}", 1000, 600,
-                 Decimal("0.1")) for i in range(leaves)], "bench-charge")
+                             Decimal("0.1")) for i in range(leaves)], "bench-charge")
     held: list[TaskRow] = []
     while len(held) < leaves:
-        held += store.claim(["leaf"], 1000, "bench-charge", 600)
+        held += store.claims.claim(["leaf"], 1000, "bench-charge", 600)
     return root, held
 
 

@@ -89,12 +89,12 @@ def truncate_tasks(url: str) -> None:
 
 
 def submit_noop(store: Store, n: int, agent: str = "noop") -> int:
-    """Bulk-insert ``n`` root tasks for ``agent`` with ``Store.submit_many``."""
+    """Bulk-insert ``n`` root tasks for ``agent`` with ``store.tasks.submit_many``."""
     inserted = 0
     while inserted < n:
         size = min(SUBMIT_CHUNK, n - inserted)
-        inserted += store.submit_many(agent, "work", [{"goal": f"bench {inserted + i}"}
-                                                      for i in range(size)])
+        inserted += store.tasks.submit_many(agent, "work", [{"goal": f"bench {inserted + i}"}
+                                                            for i in range(size)])
     return inserted
 
 

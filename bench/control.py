@@ -141,10 +141,10 @@ def committed_at(store: Store, root: uuid.UUID, to_status: str) -> float:
 
 def submit_tree(store: Store, leads: int, writers: int) -> uuid.UUID:
     """The makespan tree's root, with a budget that never binds."""
-    root, _ = store.submit(NewTask(to_agent="mk_planner", type="task",
-                                   payload={"goal": "control", "leads": leads,
-                                            "writers": writers},
-                                   budget_tokens=10_000_000, budget_usd=Decimal(1000)))
+    root, _ = store.tasks.submit(NewTask(to_agent="mk_planner", type="task",
+                                         payload={"goal": "control", "leads": leads,
+                                                  "writers": writers},
+                                         budget_tokens=10_000_000, budget_usd=Decimal(1000)))
     return root["id"]  # type: ignore[no-any-return]
 
 
@@ -233,12 +233,12 @@ def measure_pause(url: str, store: Store, model_url: str, leads: int, writers: i
     in_flight_later = int(_get(model_url + "/stats")["in_flight"])
     resuming, _ = cli(url, "resume", str(root))
     deadline = time.monotonic() + 60
-    while store.get(root)["status"] not in ("done", "failed", "escalated", "cancelled"):
+    while store.reads.get(root)["status"] not in ("done", "failed", "escalated", "cancelled"):
         if time.monotonic() > deadline:
             break
         time.sleep(0.05)
     resumed_calls = sum(1 for s in _get(model_url + "/starts")["starts"] if s > resuming)
-    finished = store.get(root)["status"]
+    finished = store.reads.get(root)["status"]
     return {
         "pause_calls_in_flight_at_pause": held,
         "pause_leak_calls": sum(1 for s in starts if s > returned + 1.5),
@@ -251,14 +251,14 @@ def measure_pause(url: str, store: Store, model_url: str, leads: int, writers: i
 
 def measure_answers(store: Store, answers: int) -> dict[str, Any]:
     """Answer ``answers`` questions one by one; time each until its parent is claimed."""
-    parents = [store.submit(NewTask(to_agent="bench_asker", type="task",
-                                    payload={"goal": f"ask {i}"}))[0]["id"]
+    parents = [store.tasks.submit(NewTask(to_agent="bench_asker", type="task",
+                                          payload={"goal": f"ask {i}"}))[0]["id"]
                for i in range(answers)]
     deadline = time.monotonic() + 120
     questions: dict[uuid.UUID, uuid.UUID] = {}
     while len(questions) < answers and time.monotonic() < deadline:
         for p in parents:
-            kids = store.children(p)
+            kids = store.reads.children(p)
             if kids and p not in questions:
                 questions[p] = kids[0]["id"]
         time.sleep(0.05)
@@ -267,7 +267,7 @@ def measure_answers(store: Store, answers: int) -> dict[str, Any]:
     for parent, question in questions.items():
         started = time.monotonic()
         store.steering.answer(question, "yes", actor="bench")
-        while store.get(parent)["status"] in ("ready_to_aggregate", "waiting"):
+        while store.reads.get(parent)["status"] in ("ready_to_aggregate", "waiting"):
             if time.monotonic() - started > 30:
                 raise RuntimeError("an answered question's parent was never claimed")
             time.sleep(0.001)

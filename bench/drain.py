@@ -1,7 +1,7 @@
 """Drain throughput: 20,000 no-op root tasks through the full lifecycle by real workers.
 
 The tasks (agent ``noop`` from ``tests.support_agents``) are bulk-inserted with
-``Store.submit_many``; then ``procs`` real ``orgchart worker --agents noop,judge --once``
+``store.tasks.submit_many``; then ``procs`` real ``orgchart worker --agents noop,judge --once``
 processes (offline model backend) run them: claim -> run -> ``judging`` -> judge ->
 ``done``, every transition with its event row. The clock starts when the processes are
 spawned (their start-up counts) and stops when the last one has exited (``--once``: a

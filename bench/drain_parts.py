@@ -2,10 +2,10 @@
 
 ``bench.drain`` gives the worker's CPU per task as a whole. This one takes the three
 steps of the worker's path apart and runs them one after another in this process, on
-batches of ``batch`` noop tasks: ``Store.claim`` (the claim statement and its 51 columns
+batches of ``batch`` noop tasks: ``store.claims.claim`` (the claim statement and its 51 columns
 typed into ``TaskRow``), ``Executor.execute`` with the judge inline as a worker that
 serves the judge runs it (input schema and policies, the agent, output policies, the
-judge), and ``Store.finish_running`` (the batch as one JSON document, the fan-in). The
+judge), and ``store.transitions.finish_running`` (the batch as one JSON document, the fan-in). The
 process CPU time of each step, per task, is what the worker's Python pays for it before
 any thread hand-off, event-loop or notification cost; the rest of the worker's CPU per
 task (``drain_worker_cpu_ms_per_task``) is those.
@@ -40,13 +40,13 @@ def measure(url: str, n: int, batch: int) -> dict[str, Any]:
     try:
         while True:
             t0 = cpu()
-            rows = store.claim(["noop"], batch, "drain-parts", 60.0)
+            rows = store.claims.claim(["noop"], batch, "drain-parts", 60.0)
             t1 = cpu()
             if not rows:
                 break
             actions = [executor.execute(row, lease_lost) for row in rows]
             t2 = cpu()
-            store.finish_running(actions, "drain-parts")
+            store.transitions.finish_running(actions, "drain-parts")
             t3 = cpu()
             spent["claim"] += t1 - t0
             spent["execute"] += t2 - t1

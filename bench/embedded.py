@@ -203,8 +203,8 @@ def seed_tree(server: str | None = None) -> dict[str, Any]:
         root = uuid.UUID(outcome["id"])
         store = open_store(url)
         try:
-            tasks = store.tree_rows(root)
-            calls = store.query("model_call_list_tree", root_id=root)
+            tasks = store.reads.tree_rows(root)
+            calls = store.database.query("model_call_list_tree", root_id=root)
         finally:
             store.engine.dispose()
     return _tree_figures(outcome["status"], wall, tasks, calls)

@@ -124,7 +124,7 @@ def run_model(label: str, model: str, dataset: Path, server: str | None) -> dict
             cases = store.experiments.dataset_cases(experiment["dataset_id"])
             trees = []
             for row in store.experiments.runs(experiment["id"]):
-                calls = store.query("model_call_list_tree", root_id=row["root_id"])
+                calls = store.database.query("model_call_list_tree", root_id=row["root_id"])
                 goal = cases[row["position"]]["payload"]["goal"]
                 repairs = sum(1 for c in calls if c["attempt_kind"] == "repair")
                 trees.append({
@@ -133,7 +133,7 @@ def run_model(label: str, model: str, dataset: Path, server: str | None) -> dict
                     if row["completed_at"] else None,
                     "tokens": int(row["tokens"]), "repairs": repairs,
                     "call_seconds": round(sum(float(c["duration_seconds"] or 0)
-                                              for c in calls), 1),
+                                                       for c in calls), 1),
                     "parts": tree_parts(goal, row["status"], row["result"], repairs),
                     "result": row["result"]})
         finally:
@@ -174,8 +174,8 @@ def main(models: list[tuple[str, str]], dataset: Path = DATASET, parallel: bool 
     if parallel:  # one process per model (migrations in threads of one process collide)
         outs = [Path(f"/tmp/embedded_models_{os.getpid()}_{label}.json") for label, _ in models]
         procs = [subprocess.Popen([sys.executable, "-m", "bench.embedded_models", "--model",
-                                   f"{label}={path}", "--dataset", str(dataset),
-                                   "--raw-out", str(out)], cwd=str(REPO_ROOT))
+                                            f"{label}={path}", "--dataset", str(dataset),
+                                            "--raw-out", str(out)], cwd=str(REPO_ROOT))
                  for (label, path), out in zip(models, outs, strict=True)]
         for proc in procs:
             proc.wait()
@@ -199,7 +199,7 @@ if __name__ == "__main__":
     if args.raw_out:
         label, path = args.model[0].split("=", 1)
         args.raw_out.write_text(json.dumps(run_model(label, path, args.dataset, None),
-                                           default=str))
+                                                    default=str))
     else:
             main([tuple(m.split("=", 1)) for m in args.model],  # type: ignore[misc]
              args.dataset, args.parallel)

@@ -103,17 +103,17 @@ def _by_hand(runtime: Runtime, cases: list[Case]) -> float:
     thread.start()
 
     def wait(roots: list[uuid.UUID]) -> None:
-        while any(store.get(r)["status"] not in TERMINAL_STATUSES for r in roots):
+        while any(store.reads.get(r)["status"] not in TERMINAL_STATUSES for r in roots):
             time.sleep(0.05)
 
     try:
-        roots = [uuid.UUID(str(store.submit(case_root(runtime, c, "default"))[0]["id"]))
+        roots = [uuid.UUID(str(store.tasks.submit(case_root(runtime, c, "default"))[0]["id"]))
                  for c in cases]
         wait(roots)
         forks = []
         for root in roots:
             branch = plan_fork(store, runtime.registry, runtime.settings, root)
-            forks.append(uuid.UUID(str(store.fork_root(
+            forks.append(uuid.UUID(str(store.tasks.fork_root(
                 dataclasses.replace(branch, agent_map=dict(SWAP)))["id"])))
         wait(forks)
         return time.perf_counter() - started

@@ -96,11 +96,11 @@ def submit(store: Store, writers: int, tenant: str, leads: int = 0, pad: int = 0
     or with ``leads``, the makespan tree (1 -> leads -> writers each: ``[policies]
     max_children`` is 50; ``pad`` characters more in each writer's prompt)."""
     agent = "mk_planner" if leads else "fair_root"
-    root, _ = store.submit(NewTask(to_agent=agent, type="task",
-                                   payload={"goal": f"fair {tenant}", "writers": writers,
-                                            "leads": leads, "pad": pad},
-                                   budget_tokens=100_000_000, budget_usd=Decimal(100_000),
-                                   tenant=tenant))
+    root, _ = store.tasks.submit(NewTask(to_agent=agent, type="task",
+                                         payload={"goal": f"fair {tenant}", "writers": writers,
+                                                  "leads": leads, "pad": pad},
+                                         budget_tokens=100_000_000, budget_usd=Decimal(100_000),
+                                         tenant=tenant))
     return root["id"]  # type: ignore[no-any-return]
 
 
@@ -108,7 +108,7 @@ def makespan(store: Store, root: uuid.UUID, timeout: float = 300.0) -> float:
     """Wait for the root to finish; its ``completed_at - created_at`` in seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        row = store.get(root)
+        row = store.reads.get(root)
         if row["status"] in ("done", "failed", "escalated", "cancelled"):
             if row["status"] != "done":
                 raise RuntimeError(f"tree {root} ended {row['status']}: {row.get('error')}")
@@ -138,7 +138,7 @@ def small_tree_ratio(tmp: Path, delay: float, wide: int,
             for _ in range(3):  # 3 s after the wide tree, then 1 s after each ended
                 besides.append(makespan(store, submit(store, 3, "small")))
                 time.sleep(1.0)
-            wide_done = store.get(wide_root)["status"]
+            wide_done = store.reads.get(wide_root)["status"]
         finally:
             stop([worker])
             model_proc.kill()
@@ -260,10 +260,10 @@ def limit_overrun(tmp: Path, delay: float, writers: int, cap: int = 10,
                 calls = _in_flight(model_url)
                 peak_running, peak_calls = max(peak_running, running), max(peak_calls, calls)
                 samples += 1
-                if store.get(root)["status"] in ("done", "failed", "escalated"):
+                if store.reads.get(root)["status"] in ("done", "failed", "escalated"):
                     break
                 time.sleep(0.05)
-            status = store.get(root)["status"]
+            status = store.reads.get(root)["status"]
         finally:
             stop(procs)
             model_proc.kill()

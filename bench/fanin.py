@@ -1,6 +1,7 @@
 """Fan-in latency: a parent with 10,000 children becomes claimable when the last one ends.
 
-One parent delegates ``children`` children (``Store.delegate``, one statement). Two paths:
+One parent delegates ``children`` children (``store.transitions.delegate``, one statement).
+Two paths:
 
 - **immediate flip**: the children go through the store as a worker drives them
   (``claim`` -> ``finish_running`` to ``judging`` -> ``claim_judging`` ->
@@ -40,14 +41,15 @@ LEASE_SECONDS = 600.0
 
 def make_parent(store: Store, children: int) -> uuid.UUID:
     """Submit a parent, claim it, and delegate ``children`` children; return its id."""
-    task, _ = store.submit(NewTask(PARENT_AGENT, "work", {"goal": "fan-in bench"},
-                                   idempotency_key=f"fanin-{uuid.uuid4().hex}"))
-    claimed = store.claim([PARENT_AGENT], 1, WORKER, LEASE_SECONDS)
+    task, _ = store.tasks.submit(NewTask(PARENT_AGENT, "work", {"goal": "fan-in bench"},
+                                         idempotency_key=f"fanin-{uuid.uuid4().hex}"))
+    claimed = store.claims.claim([PARENT_AGENT], 1, WORKER, LEASE_SECONDS)
     if not claimed or claimed[0]["id"] != task["id"]:
         raise RuntimeError("could not claim the fan-in parent")
     rows = [ChildRow(CHILD_AGENT, "work", {"goal": f"part {i}"}, f"part-{i}", budget_tokens=0,
                      budget_seconds=300, budget_usd=Decimal(0)) for i in range(children)]
-    applied, inserted = store.delegate(task["id"], claimed[0]["lease_token"], rows, WORKER)
+    applied, inserted = store.transitions.delegate(task["id"], claimed[0]["lease_token"], rows,
+                                                   WORKER)
     if not applied or inserted != children:
         raise RuntimeError(f"delegation failed: applied={applied} inserted={inserted}")
     return task["id"]
@@ -55,14 +57,15 @@ def make_parent(store: Store, children: int) -> uuid.UUID:
 
 def finish_children(store: Store, n: int) -> float:
     """Drive up to ``n`` pending children to ``done``; return the seconds of the final call."""
-    running = store.claim([CHILD_AGENT], n, WORKER, LEASE_SECONDS)
-    store.finish_running([RunOutcome(r["id"], r["lease_token"], "judging", result={"ok": True})
-                          for r in running], WORKER)
-    judging = store.claim_judging(n, WORKER, LEASE_SECONDS)
+    running = store.claims.claim([CHILD_AGENT], n, WORKER, LEASE_SECONDS)
+    store.transitions.finish_running([RunOutcome(r["id"], r["lease_token"], "judging",
+                                                 result={"ok": True})
+                                      for r in running], WORKER)
+    judging = store.claims.claim_judging(n, WORKER, LEASE_SECONDS)
     outcomes = [JudgeOutcome(r["id"], r["lease_token"], "done", verdict={"pass": True})
                 for r in judging]
     started = time.perf_counter()
-    store.finish_judging(outcomes, WORKER)
+    store.transitions.finish_judging(outcomes, WORKER)
     return time.perf_counter() - started
 
 
@@ -70,7 +73,7 @@ def claim_parent(store: Store, parent_id: uuid.UUID, timeout: float = 30.0) -> N
     """Claim until the parent comes back (its aggregate phase); raise past ``timeout``."""
     deadline = time.perf_counter() + timeout
     while True:
-        rows = store.claim([PARENT_AGENT], 1, WORKER, LEASE_SECONDS)
+        rows = store.claims.claim([PARENT_AGENT], 1, WORKER, LEASE_SECONDS)
         if rows and rows[0]["id"] == parent_id:
             return
         if time.perf_counter() > deadline:
@@ -87,14 +90,15 @@ def immediate_once(store: Store, children: int, batch: int, last_batch: int) -> 
         batch_times.append(finish_children(store, size))
         remaining -= size
     # the last batch: claim and judge-lease it first, then time the final call + the claim
-    running = store.claim([CHILD_AGENT], remaining, WORKER, LEASE_SECONDS)
-    store.finish_running([RunOutcome(r["id"], r["lease_token"], "judging", result={"ok": True})
-                          for r in running], WORKER)
-    judging = store.claim_judging(remaining, WORKER, LEASE_SECONDS)
+    running = store.claims.claim([CHILD_AGENT], remaining, WORKER, LEASE_SECONDS)
+    store.transitions.finish_running([RunOutcome(r["id"], r["lease_token"], "judging",
+                                                 result={"ok": True})
+                                      for r in running], WORKER)
+    judging = store.claims.claim_judging(remaining, WORKER, LEASE_SECONDS)
     outcomes = [JudgeOutcome(r["id"], r["lease_token"], "done", verdict={"pass": True})
                 for r in judging]
     started = time.perf_counter()
-    done = store.finish_judging(outcomes, WORKER)
+    done = store.transitions.finish_judging(outcomes, WORKER)
     finished = time.perf_counter()
     claim_parent(store, parent)
     claimed = time.perf_counter()

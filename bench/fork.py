@@ -88,7 +88,7 @@ def _wait(store: Store, root_id: uuid.UUID, lines: list[str], limit: float = 600
     """Seconds until the root ends (it must end ``done``)."""
     started = time.monotonic()
     while time.monotonic() - started < limit:
-        status = store.get(root_id)["status"]
+        status = store.reads.get(root_id)["status"]
         if status in TERMINAL:
             if status != "done":
                 raise RuntimeError(f"root {root_id} ended {status}\n" + "".join(lines[-30:]))
@@ -106,8 +106,8 @@ def _calls(store: Store, root_id: uuid.UUID) -> tuple[int, int]:
 
 
 def _submit(store: Store, agent: str, payload: dict[str, Any]) -> uuid.UUID:
-    task, _ = store.submit(NewTask(to_agent=agent, type="task", payload=payload,
-                                   budget_tokens=10_000_000, budget_usd=Decimal(1000)))
+    task, _ = store.tasks.submit(NewTask(to_agent=agent, type="task", payload=payload,
+                                         budget_tokens=10_000_000, budget_usd=Decimal(1000)))
     return uuid.UUID(str(task["id"]))
 
 
@@ -142,7 +142,7 @@ def _fork_one_writer(store: Store, registry: Any, settings: Any, model_url: str,
     root = _submit(store, "fork_planner", {"goal": "harbour report", "parts": 3})
     _wait(store, root, lines)
     original_paid = _answered(model_url)
-    writer = next(c for c in store.children(root) if c["idempotency_key"] == "w1")
+    writer = next(c for c in store.reads.children(root) if c["idempotency_key"] == "w1")
     branch = fork(store, registry, settings, writer["id"], actor="bench",
                   payload={"goal": "the lighthouse at night"})
     _wait(store, branch["id"], lines)

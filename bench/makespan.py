@@ -168,7 +168,7 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
             idle_kb = _vm_kb(worker.pid, "VmRSS") or 0
             cpu_before = proc_cpu_seconds(worker.pid)
             _get(model_url + "/stats/reset")
-            root, _ = store.submit(NewTask(
+            root, _ = store.tasks.submit(NewTask(
                 to_agent=f"{prefix}_planner", type="task",
                 payload={"goal": "makespan", "leads": leads, "writers": writers,
                          "simulate": delay if simulate else None},
@@ -179,7 +179,7 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
             idle_threads = peak_threads = _vm_kb(worker.pid, "Threads") or 0
             status = "pending"
             while time.monotonic() - started < 600:
-                status = store.get(root["id"])["status"]
+                status = store.reads.get(root["id"])["status"]
                 peak_kb = max(peak_kb, _vm_kb(worker.pid, "VmRSS") or 0)
                 peak_threads = max(peak_threads, _vm_kb(worker.pid, "Threads") or 0)
                 if status in TERMINAL:

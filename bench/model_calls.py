@@ -33,9 +33,9 @@ from tests.fake_ollama import FakeOllama
 
 
 def _claim(store: Store) -> dict[str, Any]:
-    store.submit(NewTask(to_agent="bench_llm", type="task", payload={"goal": "bench"},
-                         budget_tokens=10_000_000))
-    (row,) = store.claim(["bench_llm"], 1, "bench", 300)
+    store.tasks.submit(NewTask(to_agent="bench_llm", type="task", payload={"goal": "bench"},
+                               budget_tokens=10_000_000))
+    (row,) = store.claims.claim(["bench_llm"], 1, "bench", 300)
     return row
 
 
@@ -68,7 +68,7 @@ def sequential(store: Store, calls: int) -> dict[str, Any]:
                     conn.execute(sa.text("UPDATE tasks SET lease_expires_at = now() - "
                                          "interval '1 hour' WHERE id = :id"), {"id": row["id"]})
                 store.hygiene.reap(max_delivery=100)
-                (again,) = store.claim(["bench_llm"], 1, "bench2", 300)
+                (again,) = store.claims.claim(["bench_llm"], 1, "bench2", 300)
                 replayed = _timed(_llm(factory, again), calls)
                 figures["call_ms_replayed"] = ms(median(replayed))
         finally:

@@ -1,7 +1,7 @@
 """Pickup latency: from a submit's commit to the agent starting, on an idle worker.
 
 One ``orgchart worker --agents stamp --agents-module bench.agents`` process waits on
-LISTEN/NOTIFY. Tasks are submitted one at a time (``Store.submit``) with the worker idle
+LISTEN/NOTIFY. Tasks are submitted one at a time (``store.tasks.submit``) with the worker idle
 in between; the ``stamp`` agent returns ``time.time()`` at the start of its ``run``, and
 the figure is that minus the time ``submit`` returned (its commit done), on one
 machine's clock. It includes the notification, the claim, input validation and the
@@ -38,12 +38,12 @@ TIMEOUT_SECONDS = 30.0
 
 def submit_and_wait(store: Store, label: str, timeout: float = TIMEOUT_SECONDS) -> float:
     """Submit one ``stamp`` task; return seconds from submit's commit to the agent's start."""
-    task, _ = store.submit(NewTask("stamp", "work", {"goal": label},
-                                   idempotency_key=f"pickup-{uuid.uuid4().hex}"))
+    task, _ = store.tasks.submit(NewTask("stamp", "work", {"goal": label},
+                                         idempotency_key=f"pickup-{uuid.uuid4().hex}"))
     committed = time.time()
     deadline = time.perf_counter() + timeout
     while True:
-        row = store.get(task["id"])
+        row = store.reads.get(task["id"])
         if row["result"] is not None:
             return float(row["result"]["started"]) - committed
         if row["status"] in ("failed", "escalated"):

@@ -62,9 +62,9 @@ async def noop(n: int = 0) -> int:
 def _one_sample(store: Store, factory: LLMFactory, rounds: int,
                 i: int) -> tuple[float, float, float]:
     """(loop seconds, seconds of the loop's model calls, seconds of as many plain calls)."""
-    store.submit(NewTask(to_agent="bench_tools", type="task", payload={"goal": f"b{i}"},
-                         budget_tokens=10_000_000))
-    (row,) = store.claim(["bench_tools"], 1, "bench", 300)
+    store.tasks.submit(NewTask(to_agent="bench_tools", type="task", payload={"goal": f"b{i}"},
+                               budget_tokens=10_000_000))
+    (row,) = store.claims.claim(["bench_tools"], 1, "bench", 300)
     llm = factory.for_task(row, row["lease_token"], threading.Event())
     tool = Tool("noop", "Does nothing.", NoArgs, noop)
     in_model = [0.0]

@@ -5,7 +5,7 @@ and leaves under them up to ``nodes`` in all, each with a result, a verdict and 
 spend. The figure ``tree_ms_10k`` is ``views.tree_text(store, root)``: the JSON text the
 API sends, built in the database in one query and nested by splicing text (median of
 ``repeats`` reads); its query part and its nesting part are printed beside it, and the
-old path (``Store.tree_rows`` + ``tree_json`` + ``json.dumps``) as ``tree_ms_python``.
+old path (``store.reads.tree_rows`` + ``tree_json`` + ``json.dumps``) as ``tree_ms_python``.
 
 Then the real-tree case (``tree_real_*``): the same shape with nodes of the size real
 agents write (a payload of about 300 bytes with a goal, a result of about 700 bytes, a
@@ -172,7 +172,7 @@ def measure(url: str, nodes: int = 10_101, repeats: int = 7) -> dict[str, Any]:
             text, _ = tree_text(store, root)
             total.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            rows = store.tree_json_rows(root)
+            rows = store.reads.tree_json_rows(root)
             t1 = time.perf_counter()
             assemble_tree(rows, root)
             t2 = time.perf_counter()
@@ -180,7 +180,7 @@ def measure(url: str, nodes: int = 10_101, repeats: int = 7) -> dict[str, Any]:
             nest.append(t2 - t1)
         for _ in range(max(1, repeats // 3)):
             t0 = time.perf_counter()
-            body = json.dumps(tree_json(store.tree_rows(root)), default=str)
+            body = json.dumps(tree_json(store.reads.tree_rows(root)), default=str)
             old.append(time.perf_counter() - t0)
     finally:
         store.dispose()
@@ -246,7 +246,7 @@ def measure_real(url: str, nodes: int = 10_101, repeats: int = 7) -> dict[str, A
     store = open_store(url, pool_size=4)
     figures: dict[str, Any] = {}
     try:
-        leaf = store.tree_json_rows(root, None, None)[-1][0]
+        leaf = store.reads.tree_json_rows(root, None, None)[-1][0]
         for fields in ("summary", "full"):
             tree_text(store, root, fields=fields)  # warm
             times = []

@@ -79,12 +79,12 @@ def _finish_paced(store: Store, trees: int, rate: float) -> dict[str, float]:
     committed: dict[str, float] = {}
     started = time.monotonic()
     while len(committed) < trees:
-        rows = store.claim(["noop"], BATCH, "bench", 60)
+        rows = store.claims.claim(["noop"], BATCH, "bench", 60)
         if not rows:
             break
         # 'failed' ends a root in one statement (no judge): the transition is what counts.
-        store.finish_running([RunOutcome(r.id, r.lease, "failed", error="bench")
-                              for r in rows], "bench")
+        store.transitions.finish_running([RunOutcome(r.id, r.lease, "failed", error="bench")
+                                          for r in rows], "bench")
         now = time.monotonic()
         committed.update({str(r.id): now for r in rows})
         pause = started + len(committed) / rate - time.monotonic()

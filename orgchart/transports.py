@@ -157,7 +157,7 @@ class DatabaseTransport:
                          success=goal.success_criteria, kill=goal.kill_criteria,
                          idempotency_key=goal.idempotency_key, tenant=goal.tenant, **options)
         task, created = self._submit(new)
-        warning = self.store.no_worker_warning(
+        warning = self.store.claims.no_worker_warning(
             new.to_agent, self.settings.worker.maintenance_interval_seconds)
         return {**task_json(task), "created": created, "warning": warning}
 
@@ -169,7 +169,7 @@ class DatabaseTransport:
 
     def status(self, root_id: uuid.UUID) -> str:
         """The root's status (one read of its row)."""
-        return str(self.store.get(root_id)["status"])
+        return str(self.store.reads.get(root_id)["status"])
 
     def root(self, root_id: uuid.UUID) -> dict[str, Any]:
         """The root with its result and the whole tree's ``totals`` (one tree read)."""

@@ -44,7 +44,7 @@ JOIN_SECONDS = 30.0
 
 def root_status(runtime: Runtime, root_id: uuid.UUID) -> str:
     """The root's status now (one read of its row)."""
-    return str(runtime.store.get(root_id)["status"])
+    return str(runtime.store.reads.get(root_id)["status"])
 
 
 def run_tree(runtime: Runtime, root_id: uuid.UUID, *, timeout: float | None = None,

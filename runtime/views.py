@@ -89,7 +89,7 @@ def task_json(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def tree_json(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Nest a tree's rows (from ``Store.tree_rows``) under its root, with totals."""
+    """Nest a tree's rows (from ``store.reads.tree_rows``) under its root, with totals."""
     if not rows:
         return None
     nodes = {row["id"]: {**task_json(row), "children": []} for row in rows}
@@ -206,7 +206,7 @@ def escalation_json(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _not_a_root(store: Store, root_id: uuid.UUID) -> NotFound:
-    task = store.get(root_id)  # raises NotFound "no task ..."
+    task = store.reads.get(root_id)  # raises NotFound "no task ..."
     return NotFound(f"task {root_id} is not a root; its tree is {task['root_id']}")
 
 
@@ -214,7 +214,7 @@ _NEVER = dt.datetime.max.replace(tzinfo=dt.UTC)
 
 
 def assemble_tree(rows: list[tuple[Any, ...]], top: uuid.UUID) -> str | None:
-    """Nest node JSON texts from ``Store.tree_json_rows`` under ``top``, as one JSON text.
+    """Nest node JSON texts from ``store.reads.tree_json_rows`` under ``top``, as one JSON text.
 
     The database built every node (and the totals); this only splices each node's
     children, in creation order, into its text, without parsing anything.
@@ -271,7 +271,7 @@ def tree_text(store: Store, root_id: uuid.UUID, under: uuid.UUID | None = None,
     payload, result, verdict, criteria, budgets or timestamps; with ``goal``,
     ``has_result``, ``verdict_passed`` and ``verdict_score``). Returns the text and the newest
     ``task_events`` id at the time of the read (follow the tree from there with
-    ``Store.tree_changes``).
+    ``store.reads.tree_changes``).
 
     Raises:
         BadInput: ``depth`` below 0, or ``fields`` not one of :data:`TREE_FIELDS`.
@@ -282,11 +282,11 @@ def tree_text(store: Store, root_id: uuid.UUID, under: uuid.UUID | None = None,
         raise BadInput(f"depth must be 0 or more, not {depth}")
     if fields not in TREE_FIELDS:
         raise BadInput(f"fields must be one of {', '.join(TREE_FIELDS)}, not {fields!r}")
-    rows = store.tree_json_rows(root_id, under, depth, summary=fields == "summary")
+    rows = store.reads.tree_json_rows(root_id, under, depth, summary=fields == "summary")
     text = assemble_tree(rows, under or root_id)
     if text is not None:
         return text, int(next(row[5] for row in rows if row[0] is None))
-    if under is not None and len(store.tree_json_rows(root_id, None, 0)) > 1:
+    if under is not None and len(store.reads.tree_json_rows(root_id, None, 0)) > 1:
         raise NotFound(f"task {under} is not in tree {root_id}")
     raise _not_a_root(store, root_id)
 
@@ -309,7 +309,7 @@ def tree_changes_json(store: Store, root_id: uuid.UUID, after: int,
     ``last_event_id`` is the cursor for the next call (``after`` again when nothing
     changed); ``more`` says the page was cut at ``limit`` events.
     """
-    events = store.tree_changes(root_id, after, limit)
+    events = store.reads.tree_changes(root_id, after, limit)
     ids = list(dict.fromkeys(e["task_id"] for e in events))
     return {
         "root_id": str(root_id),
@@ -317,7 +317,7 @@ def tree_changes_json(store: Store, root_id: uuid.UUID, after: int,
         "last_event_id": int(events[-1]["id"]) if events else after,
         "more": len(events) >= limit,
         "events": [event_json(e) for e in events],
-        "tasks": [task_json(t) for t in store.tasks_by_ids(ids)],
+        "tasks": [task_json(t) for t in store.reads.tasks_by_ids(ids)],
     }
 
 
@@ -327,13 +327,13 @@ def task_detail_json(store: Store, task_id: uuid.UUID, model_calls: bool = True)
     ``steps`` lists its durable steps and tool calls, arguments and results capped;
     ``tool_approvals`` the tool calls that asked for a person's approval, and the decisions.
     """
-    task = store.get(task_id)
+    task = store.reads.get(task_id)
     detail = task_json(task)
-    detail["events"] = [event_json(e) for e in store.events(task_id)]
+    detail["events"] = [event_json(e) for e in store.reads.events(task_id)]
     detail["children"] = [{"id": str(c["id"]), "agent": c["to_agent"], "status": c["status"]}
-                          for c in store.children(task_id)]
+                          for c in store.reads.children(task_id)]
     if model_calls:
-        detail["model_calls"] = [model_call_json(c) for c in store.model_calls(task_id)]
+        detail["model_calls"] = [model_call_json(c) for c in store.reads.model_calls(task_id)]
     detail["steps"] = [step_json(s) for s in store.steps.for_task(task_id)]
     detail["tool_approvals"] = [approval_json(a) for a in store.steps.tool_approvals(task_id)]
     return detail
@@ -342,7 +342,7 @@ def task_detail_json(store: Store, task_id: uuid.UUID, model_calls: bool = True)
 class TreeFollower:
     """A live tree kept current by its change feed: read whole once, then what changed.
 
-    Each :meth:`refresh` asks ``Store.tree_changes`` for the transitions after the last
+    Each :meth:`refresh` asks ``store.reads.tree_changes`` for the transitions after the last
     event seen and patches the changed tasks into the tree in memory (new children in
     creation order), recomputing ``totals``. It reads the whole tree again every
     ``full_every`` refreshes and once when the root has finished, which also picks up
@@ -408,12 +408,12 @@ class TreeFollower:
         else:
             self._polls += 1
             while True:
-                events = self.store.tree_changes(self.root_id, self._cursor)
+                events = self.store.reads.tree_changes(self.root_id, self._cursor)
                 if not events:
                     break
                 self._cursor = int(events[-1]["id"])
                 ids = list(dict.fromkeys(e["task_id"] for e in events))
-                if not self._apply(self.store.tasks_by_ids(ids)):
+                if not self._apply(self.store.reads.tasks_by_ids(ids)):
                     self._read_whole()
                     break
             assert self.tree is not None
@@ -435,7 +435,7 @@ def timeline_for(store: Store, root_id: uuid.UUID) -> str:
     """
     from runtime.telemetry.critical_path import timeline_text
 
-    rows = store.timeline_rows(root_id)
+    rows = store.reads.timeline_rows(root_id)
     if not rows:
         raise _not_a_root(store, root_id)
     return timeline_text(rows, str(root_id))
@@ -450,7 +450,7 @@ def critical_path_summary(store: Store, root_id: uuid.UUID) -> str:
     """
     from runtime.telemetry.critical_path import critical_path
 
-    rows = store.timeline_rows(root_id)
+    rows = store.reads.timeline_rows(root_id)
     if not rows:
         raise _not_a_root(store, root_id)
     return critical_path(rows, str(root_id)).summary()

@@ -66,10 +66,10 @@ def open_store(settings: Settings, migrate: bool = True, ride_out: bool = True) 
             engine.dispose()
             raise
     store = Store(engine)
-    store.tenancy = Tenancy.from_settings(settings)
+    store.policies.tenancy = Tenancy.from_settings(settings)
     from policies.approval import holds  # not at import time: the CLI loads this early
 
-    store.approval_agents, store.approve_above_usd = holds(settings)
+    store.policies.approval_agents, store.policies.approve_above_usd = holds(settings)
     return store
 
 
@@ -139,7 +139,7 @@ def build_runtime(settings: Settings, extra_modules: Sequence[str] = (),
     from policies.approval import holds
 
     # A store given by the caller gets the rule's settings too (open_store sets its own).
-    store.approval_agents, store.approve_above_usd = holds(settings)
+    store.policies.approval_agents, store.policies.approve_above_usd = holds(settings)
     # Model-call charges are batched (ChargeWriter): what arrives within a few ms is one
     # statement, each call still guarded by its task's lease token.
     # Streamed text (issue 47) is group-committed too, one row per call per batch.
@@ -189,11 +189,11 @@ def submit_root(store: Store, new: NewTask, actor: str, timeout: float) -> tuple
         nonlocal failed
         if failed:
             try:
-                return store.get(task_id), True
+                return store.reads.get(task_id), True
             except NotFound:
                 pass
         try:
-            return store.submit(new, actor=actor, task_id=task_id)
+            return store.tasks.submit(new, actor=actor, task_id=task_id)
         except Exception:
             failed = True
             raise

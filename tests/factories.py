@@ -15,8 +15,8 @@ from runtime.store.store import Store
 def submit(store: Store, agent: str = "echo", payload: dict[str, Any] | None = None,
            **kw: Any) -> dict[str, Any]:
     """Submit one root task and return its row."""
-    task, _ = store.submit(NewTask(to_agent=agent, type=kw.pop("type", "task"),
-                                   payload=payload or {"goal": "test"}, **kw))
+    task, _ = store.tasks.submit(NewTask(to_agent=agent, type=kw.pop("type", "task"),
+                                         payload=payload or {"goal": "test"}, **kw))
     return task
 
 
@@ -31,17 +31,17 @@ def parent_with_children(store: Store, n: int, agent: str = "echo",
                                                                 list[dict[str, Any]]]:
     """A root that delegated to ``n`` children (children pending, parent waiting)."""
     root = submit(store, parent_agent)
-    claimed = store.claim([parent_agent], 1, "w-parent", 30)
+    claimed = store.claims.claim([parent_agent], 1, "w-parent", 30)
     assert claimed and claimed[0]["id"] == root["id"]
-    applied, inserted = store.delegate(root["id"], claimed[0]["lease_token"],
-                                       child_rows(n, agent), "w-parent")
+    applied, inserted = store.transitions.delegate(root["id"], claimed[0]["lease_token"],
+                                                   child_rows(n, agent), "w-parent")
     assert applied and inserted == n
-    return store.get(root["id"]), store.children(root["id"])
+    return store.reads.get(root["id"]), store.reads.children(root["id"])
 
 
 def expire_leases(store: Store, minutes: int = 10, where: str = "lease_token IS NOT NULL") -> int:
     """Pretend leases expired ``minutes`` ago (a dead worker)."""
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         return conn.execute(sa.text(
             "UPDATE tasks SET lease_expires_at = now() - make_interval(mins => :m) "
             f"WHERE {where}"), {"m": minutes}).rowcount
@@ -52,7 +52,7 @@ def hand_over(store: Store, task_id: uuid.UUID, owner: str = "w-other") -> uuid.
 
     One statement, so a worker under test cannot claim the task back in between.
     """
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         return conn.execute(sa.text(
             "UPDATE tasks SET lease_token = gen_random_uuid(), lease_owner = :owner, "
             "delivery_count = delivery_count + 1, claimed_at = now() "
@@ -62,7 +62,7 @@ def hand_over(store: Store, task_id: uuid.UUID, owner: str = "w-other") -> uuid.
 
 def backdate_claims(store: Store, seconds: int) -> None:
     """Pretend running tasks were claimed ``seconds`` ago (for the watchdog's deadline)."""
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(sa.text("UPDATE tasks SET claimed_at = now() - make_interval(secs => :s), "
                              "deadline_at = deadline_at - make_interval(secs => :s) "
                              "WHERE status = 'running'"), {"s": seconds})
@@ -70,7 +70,7 @@ def backdate_claims(store: Store, seconds: int) -> None:
 
 def events(store: Store, task_id: uuid.UUID) -> list[tuple[str | None, str]]:
     """(from, to) pairs of a task's history."""
-    return [(e["from_status"], e["to_status"]) for e in store.events(task_id)]
+    return [(e["from_status"], e["to_status"]) for e in store.reads.events(task_id)]
 
 
 def terminal_event_counts(store: Store) -> dict[uuid.UUID, int]:

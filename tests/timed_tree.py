@@ -136,7 +136,7 @@ def build_timed_tree(store: Store, leads: int = 30, writers: int = 30, slow_lead
     if slow_lead < leads:
         tree.critical = [root, tree.ids[f"lead-{slow_lead}"],
                          tree.ids[f"writer-{slow_lead}-{writers - 1}"]]
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(_TASK, tasks)
         conn.execute(_EVENT, events)
         conn.execute(_CALL, calls)

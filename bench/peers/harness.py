@@ -149,7 +149,7 @@ class Process:
         elif not self.resume:
             store = open_store(self.url)
             try:
-                self.root = str(store.submit(orgchart_tree.root_task(self.shape))[0]["id"])
+                self.root = str(store.tasks.submit(orgchart_tree.root_task(self.shape))[0]["id"])
             finally:
                 store.dispose()
 

@@ -109,13 +109,13 @@ def tree_batches(store: Store, roots: Sequence[uuid.UUID] | None = None,
     """The facts of the named trees (or of every tree, or those since ``since``), by batch."""
     if roots is not None:
         for i in range(0, len(roots), batch):
-            with store.transaction() as conn:
+            with store.database.transaction() as conn:
                 conn.execute(TEXT["audit_begin_read_only"])
                 yield read_trees(conn, roots[i:i + batch], page)
         return
     after = uuid.UUID(int=0)
     while True:
-        with store.transaction() as conn:
+        with store.database.transaction() as conn:
             conn.execute(TEXT["audit_begin_read_only"])
             ids = [r.id for r in conn.execute(TEXT["audit_roots_page"],
                                               {"after": after, "since": since, "limit": batch})]
@@ -131,7 +131,7 @@ def tree_batches(store: Store, roots: Sequence[uuid.UUID] | None = None,
 def lookup(store: Store, keys: Sequence[str], ids: Sequence[uuid.UUID]
            ) -> tuple[list[Row], dict[uuid.UUID, Row]]:
     """The roots holding ``keys`` and the tasks ``ids`` (a history's submits and targets)."""
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(TEXT["audit_begin_read_only"])
         by_key = [dict(r._mapping) for r in conn.execute(
             TEXT["audit_roots_by_keys"], {"keys": list(keys)})]

@@ -151,8 +151,8 @@ class TaskRef:
         """
         if self.exact is not None:
             return self.exact
-        rows = store.query("task_find_by_id_prefix", lo=self.lo, hi=self.hi,
-                           limit=ID_CANDIDATES_SHOWN + 1)
+        rows = store.database.query("task_find_by_id_prefix", lo=self.lo, hi=self.hi,
+                                    limit=ID_CANDIDATES_SHOWN + 1)
         if not rows:
             raise NotFound(f"no task id starts with {self.text.strip()!r}")
         if len(rows) == 1:

@@ -87,7 +87,7 @@ def dataset_from_roots(name: Annotated[str, typer.Argument(help="The dataset's n
     store = _store()
     bodies = []
     for raw in roots:
-        root = store.get(TaskRef.parse(raw, "root id").resolve(store))
+        root = store.reads.get(TaskRef.parse(raw, "root id").resolve(store))
         if root["parent_id"] is not None:
             raise BadInput(f"{root['id']} is not a root (its root is {root['root_id']})")
         if root["status"] != "done":
@@ -376,7 +376,7 @@ def experiment_delete(
         out.print(f"experiment {experiment['name']} removed; its {len(roots)} trees stay "
                   "(--prune-trees deletes them)", highlight=False, markup=False)
         return
-    trees, tasks = store.prune_trees(roots)
+    trees, tasks = store.reads.prune_trees(roots)
     out.print(f"experiment {experiment['name']} removed with {trees} trees ({tasks} tasks)"
               + (f"; {len(roots) - trees} still open stay" if trees < len(roots) else ""),
               highlight=False, markup=False)

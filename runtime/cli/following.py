@@ -64,7 +64,7 @@ def follow(
             printer.finish()
             return
         printer.finish()
-        root = store.get(rid)
+        root = store.reads.get(rid)
     tree = task_json(root)
     if not json_:
         print_answer(tree)

@@ -244,7 +244,7 @@ def _approvals_table(asks: list[dict[str, Any]]) -> Table:
 def escalations(json_: JsonOpt = False) -> None:
     """The tasks waiting for a person, oldest first, with the rule that stopped them."""
     with opened_store() as store:
-        items = [escalation_json(r) for r in store.escalations()]
+        items = [escalation_json(r) for r in store.reads.escalations()]
     if json_:
         print_json(items)
         return
@@ -290,8 +290,9 @@ def resolve(
         load_registry(settings(), agents_module or []).get(reassign)  # unknown: exit 2
     with opened_store() as store:
         tid = ref.resolve(store)
-        before = store.get(tid)["status"]
-        task = store.resolve(tid, chosen[0], actor="cli", note=note, reassign_to=reassign)
+        before = store.reads.get(tid)["status"]
+        task = store.transitions.resolve(tid, chosen[0], actor="cli", note=note,
+                                         reassign_to=reassign)
     if json_:
         print_json(task_json(task))
         return
@@ -301,7 +302,7 @@ def resolve(
 def metrics(json_: JsonOpt = False) -> None:
     """Tasks by status, average retries, reclaimed work, mean duration, cost by route."""
     with opened_store() as store:
-        m = store.metrics()
+        m = store.reads.metrics()
     if json_:
         print_json(m)
         return
@@ -338,7 +339,7 @@ def prune(
 
     age = parse_duration(older_than)
     with opened_store() as store:
-        trees, tasks = store.prune(age)
+        trees, tasks = store.reads.prune(age)
     if json_:
         print_json({"trees": trees, "tasks": tasks, "older_than_seconds":
                     age.total_seconds()})

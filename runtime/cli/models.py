@@ -56,13 +56,13 @@ def record(
     with opened_store(config) as store:
         try:
             root = ref.resolve(store)
-            task = store.get(root)
+            task = store.reads.get(root)
         except NotFound as exc:
             fail(str(exc))
         if task["parent_id"] is not None:
             fail(f"task {root} is not a root; record its tree with its root id "
                  f"{task['root_id']}")
-        calls = store.query("model_call_list_tree", root_id=root)
+        calls = store.database.query("model_call_list_tree", root_id=root)
     records = records_from_calls(calls)
     written = write_replay_file(out, records)
     skipped = len(calls) - written

@@ -144,7 +144,8 @@ def submit(goal: str, options: GoalOptions, json_: JsonOpt = False) -> None:
     store = open_store(config)
     task, created = submit_root(store, new, "cli", config.database.failover_timeout_seconds)
     # A goal nobody will run is worth a word (a warning: a worker may start later).
-    warning = store.no_worker_warning(new.to_agent, config.worker.maintenance_interval_seconds)
+    warning = store.claims.no_worker_warning(new.to_agent,
+                                             config.worker.maintenance_interval_seconds)
     if json_:
         print_json({**task_json(task), "created": created,
                     **({"warning": warning} if warning else {})})

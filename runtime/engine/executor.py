@@ -227,7 +227,7 @@ class Executor:
         with :meth:`aexecute`). The same body as :meth:`aexecute` (:meth:`_work`).
         """
         async def read_children(task_id: uuid.UUID) -> list[TaskRow]:
-            return self.store.child_rows(task_id)  # blocks: this is a worker thread
+            return self.store.claims.child_rows(task_id)  # blocks: this is a worker thread
 
         async def on_private_loop(decision: Awaitable[Any]) -> Any:
             return asyncio.run(_awaited(decision))
@@ -243,7 +243,7 @@ class Executor:
         the loop, as the input's do: they read nothing from the database.
         """
         async def read_children(task_id: uuid.UUID) -> list[TaskRow]:
-            return await blocking(self.store.child_rows, task_id)
+            return await blocking(self.store.claims.child_rows, task_id)
 
         return await self._work(_typed(row), lease_lost, read_children, _awaited)
 
@@ -504,7 +504,7 @@ class Executor:
         row = _typed(row)
         kill = row.kill_criteria or {}
         try:
-            children = self.store.child_rows(row.id) if "max_child_failures" in kill else []
+            children = self.store.claims.child_rows(row.id) if "max_child_failures" in kill else []
         except DATABASE_GONE as exc:
             return Dropped(row.id, f"judge interrupted: {type(exc).__name__}")
         llm = None

@@ -49,7 +49,7 @@ class StoreLedger(CallLedger):
 
     def pending_depth(self) -> int:
         """How many tasks are pending (the model layer caches it for routing)."""
-        return self.store.pending_depth()
+        return self.store.reads.pending_depth()
 
     def charge(self, charge: ModelCharge) -> bool:
         """Record and charge one model call row; False when the task's lease is gone."""

@@ -314,7 +314,7 @@ class ExperimentRunner:
         rows = []
         for (judge, request), root in zip(requests, roots, strict=False):
             rows.append(_row(request.outcome, judge.name,
-                             judge.score(request, self.store.get(root))))
+                             judge.score(request, self.store.reads.get(root))))
         return rows
 
 

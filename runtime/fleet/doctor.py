@@ -9,7 +9,7 @@ status for a monitor to alert on. It reports a problem (one line each) when:
   (always-on workers are a way to run: their maintenance reaps and sweeps; a fire
   schedule that stops firing is caught by the schedule rule below);
 - work is stranded: leases that expired with nobody to reap them, waiting parents
-  whose children are all terminal (``Store.stranded``);
+  whose children are all terminal (``store.reads.stranded``);
 - the oldest open escalation has waited longer than ``escalation_max_age_seconds``;
 - a schedule (``orgchart schedule``) is late: its next slot is more than
   :data:`SCHEDULE_GRACE_SECONDS` past and not fired (no process is ticking). With a fire
@@ -166,7 +166,8 @@ def check(store: Store, limits: DoctorLimits, now: dt.datetime | None = None) ->
     """Read the last fire, the stranded work, the escalations and the inbox; diagnose them."""
     schedules = store.schedules.active()
     limits = fire_limits(limits, schedules)
-    checkup = diagnose(store.fires.last(), store.stranded(), store.escalations(), limits, now)
+    checkup = diagnose(store.fires.last(), store.reads.stranded(), store.reads.escalations(),
+                       limits, now)
     diagnose_schedules(checkup, schedules)
     diagnose_inbox(checkup, store.steering.inbox_older_than(limits.inbox_age_alert_seconds), limits)
     diagnose_webhooks(checkup, store.webhooks.health(limits.webhook_alert_after_seconds), limits)

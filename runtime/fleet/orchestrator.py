@@ -240,12 +240,12 @@ class Orchestrator:
     def snapshot(self) -> tuple[Snapshot, dict[str, int]]:
         """Read the queue, escalations and status counts; split off unknown agents."""
         known = self.known_modes()
-        queue = self.store.queue()
+        queue = self.store.reads.queue()
         unknown = Counter({str(r["to_agent"]): int(r["n"]) for r in queue
                            if r["to_agent"] not in known and int(r["n"]) > 0})
         snap = Snapshot.from_rows([r for r in queue if r["to_agent"] in known],
-                                  self.store.escalations(),
-                                  self.store.query("task_count_by_status"),
+                                  self.store.reads.escalations(),
+                                  self.store.database.query("task_count_by_status"),
                                   self.config.limits)
         return snap, dict(unknown)
 
@@ -311,7 +311,7 @@ class Orchestrator:
     def _finish(self, fire_id: int, started: float, watermark: int, runs: list[WorkerRun],
                 record: dict[str, Any], notes: list[str], hygiene: Hygiene) -> FireResult:
         prefixes = [run.prefix for run in runs]
-        queue = self.store.queue()
+        queue = self.store.reads.queue()
         left: Counter[str] = Counter()
         for row in queue:
             left[str(row["to_agent"])] += int(row["n"])
@@ -319,7 +319,7 @@ class Orchestrator:
             fire_id=fire_id, runs=runs, hygiene=hygiene,
             event_rows=self.store.fires.event_counts_by_worker(watermark, prefixes),
             failures=self.store.fires.failures_since(watermark, [*prefixes, *HYGIENE_WRITERS]),
-            escalations=self.store.escalations(), left_queued=+left,
+            escalations=self.store.reads.escalations(), left_queued=+left,
             plans=record["plans"], seconds=time.monotonic() - started, notes=notes)
         plan = {"first": record["first"], "plans": record["plans"],
                 "launched": record["launched"]}

@@ -2,7 +2,7 @@
 
 ``orgchart fork TASK_ID`` and ``POST /tasks/{id}/fork`` come here. :func:`fork` checks
 the overrides against the registry and the configuration (nothing is written when one is
-wrong), then inserts the branch's root (:meth:`runtime.store.store.Store.fork_root`).
+wrong), then inserts the branch's root (:meth:`runtime.store.tasks.Tasks.fork_root`).
 
 How a branch runs (docs/writing-agents.md, "Tuning a tree"):
 
@@ -65,8 +65,8 @@ def plan_fork(store: Store, registry: Registry, settings: Settings, task_id: uui
             has no price, a budget is negative, or a value cannot be stored.
 
     """
-    target = store.get(task_id)
-    original = target if target["parent_id"] is None else store.get(target["root_id"])
+    target = store.reads.get(task_id)
+    original = target if target["parent_id"] is None else store.reads.get(target["root_id"])
     for value, where in ((payload, "payload"), (agent, "agent"), (model, "model"),
                          (note, "note")):
         check_storable(value, where)
@@ -109,4 +109,4 @@ def fork(store: Store, registry: Registry, settings: Settings, task_id: uuid.UUI
          actor: str = "fork", **overrides: Any) -> Task:
     """Check the overrides (:func:`plan_fork`), then insert the branch's root; return it."""
     branch = plan_fork(store, registry, settings, task_id, **overrides)
-    return store.fork_root(branch, actor=actor)
+    return store.tasks.fork_root(branch, actor=actor)

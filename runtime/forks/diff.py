@@ -104,11 +104,11 @@ def diff_trees(store: Store, root_a: uuid.UUID, root_b: uuid.UUID) -> dict[str, 
     """
     trees = []
     for root in (root_a, root_b):
-        rows = store.tree_rows(root)
+        rows = store.reads.tree_rows(root)
         if not rows or rows[0]["root_id"] != root:
-            what = store.get(root)  # NotFound for an unknown id
+            what = store.reads.get(root)  # NotFound for an unknown id
             raise BadInput(f"task {root} is not a root (its root is {what['root_id']})")
-        trees.append((_paths(rows), store.call_counts(root)))
+        trees.append((_paths(rows), store.reads.call_counts(root)))
     (paths_a, calls_a), (paths_b, calls_b) = trees
     pairs = [_pair(p, _side(paths_a.get(p), calls_a), _side(paths_b.get(p), calls_b))
              for p in sorted(set(paths_a) | set(paths_b), key=lambda p: (p.count("/"), p))]

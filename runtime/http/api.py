@@ -385,8 +385,8 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
                                     settings.database.failover_timeout_seconds)
         content = {**task_json(task), "created": created}
         # A warning, not an error: a worker may start later (``warning`` only when so).
-        warning = store.no_worker_warning(new.to_agent,
-                                          settings.worker.maintenance_interval_seconds)
+        warning = store.claims.no_worker_warning(new.to_agent,
+                                                 settings.worker.maintenance_interval_seconds)
         if warning:
             content["warning"] = warning
         return _JSONResponse(content, status_code=201 if created else 200,
@@ -441,12 +441,12 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
     @app.get("/roots", tags=["trees"])
     def list_roots(limit: int = Query(50, ge=1, le=500)) -> list[dict[str, Any]]:
         """The most recent root tasks, newest first."""
-        return [task_json(r) for r in store.recent_roots(limit)]
+        return [task_json(r) for r in store.reads.recent_roots(limit)]
 
     @app.get("/escalations", tags=["escalations"])
     def list_escalations() -> list[dict[str, Any]]:
         """Escalated tasks, oldest first, with the rule, root id and root goal."""
-        return [escalation_json(r) for r in store.escalations()]
+        return [escalation_json(r) for r in store.reads.escalations()]
 
     @app.post("/tasks/{task_id}/resolve", tags=["escalations"],
               responses={**_ERRORS, 409: {"description": "the task cannot be resolved so"}})
@@ -456,8 +456,8 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
             check_storable(body.agent, "agent")
             registry.get(body.agent)
         check_storable(body.note, "note")
-        task = store.resolve(task_id, body.action, actor="api", note=body.note,
-                             reassign_to=body.agent)
+        task = store.transitions.resolve(task_id, body.action, actor="api", note=body.note,
+                                         reassign_to=body.agent)
         return task_json(task)
 
     scrape: dict[str, Any] = {}
@@ -474,7 +474,7 @@ def _add_api_routes(app: FastAPI, store: Store, settings: Settings,
         """
         fmt = _wants_prometheus(accept)
         if fmt is None:
-            return store.metrics()
+            return store.reads.metrics()
         from runtime.telemetry import prometheus  # imported on the first scrape only
 
         with scrape_lock:

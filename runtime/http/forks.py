@@ -44,7 +44,7 @@ def _check_against_task(store: Store, registry: Registry, task_id: uuid.UUID,
     """
     if (body.payload is None) == (body.agent is None):
         return
-    task = store.get(task_id)
+    task = store.reads.get(task_id)
     agent = body.agent or str(task["to_agent"])
     payload = task["payload"] if body.payload is None else body.payload
     try:
@@ -91,10 +91,10 @@ def add_fork_routes(app: FastAPI, store: Store, settings: Settings, registry: Re
     @app.get("/tasks/{task_id}/forks", tags=["forks"], responses=_ERRORS)
     def list_forks(task_id: uuid.UUID) -> list[dict[str, Any]]:
         """The branches forked from a root, oldest first (id, status, agent, fork)."""
-        store.get(task_id)  # 404 for an unknown id
+        store.reads.get(task_id)  # 404 for an unknown id
         return [{"id": str(r["id"]), "status": r["status"], "agent": r["to_agent"],
                  "fork": r["fork"], "created_at": r["created_at"].isoformat()}
-                for r in store.forks_of(task_id)]
+                for r in store.reads.forks_of(task_id)]
 
     @app.get("/diff/{root_a}/{root_b}", tags=["forks"], responses=_ERRORS)
     def get_diff(root_a: uuid.UUID, root_b: uuid.UUID) -> dict[str, Any]:

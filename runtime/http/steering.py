@@ -101,7 +101,7 @@ def _add_tree_routes(app: FastAPI, store: Store, actor: Any) -> None:
     @app.get("/trees/{root_id}/pause", tags=["steering"], responses=_ERRORS)
     def get_pause(root_id: uuid.UUID) -> dict[str, Any]:
         """Whether a tree is paused: ``paused``, and since when, by whom, why."""
-        store.get(root_id)  # 404 for a missing task
+        store.reads.get(root_id)  # 404 for a missing task
         pause = store.steering.pause_of(root_id)
         return {"root_id": str(root_id), "paused": pause is not None,
                 "paused_at": pause["paused_at"].isoformat() if pause else None,

@@ -76,7 +76,7 @@ def write_pieces(store: Store, pieces: Sequence[TextPiece]) -> list[PieceOutcome
               "phase": p.phase, "call_index": p.call_index, "attempt": p.attempt,
               "known": p.known, "offset": p.offset, "text": p.text}
              for n, p in enumerate(pieces)]
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         rows = conn.execute(_WRITE_MANY, {"batch": dumps_fast(batch)}).all()
     found = {int(r.n): PieceOutcome(True, int(r.attempt), bool(r.ours)) for r in rows}
     return [found.get(n, PieceOutcome(False)) for n in range(len(pieces))]

@@ -1,7 +1,8 @@
 """Claiming and holding work: claims, the judge stage's lease, heartbeats, release.
 
-A mixin of :class:`runtime.store.store.Store`. Tasks handed to the engine are typed rows
-(:class:`~runtime.store.rows.TaskRow`, built in one place: :meth:`StoreClaims._task_rows`).
+A part of the store (``store.claims``, :class:`Claims`). Tasks handed to the engine are
+typed rows (:class:`~runtime.store.rows.TaskRow`, built in one place: :func:`task_rows`).
+What happens to a task once it has run is :mod:`runtime.store.transitions`.
 """
 
 from __future__ import annotations
@@ -12,29 +13,40 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from runtime.store.database import Database
+from runtime.store.policies import Policies
 from runtime.store.queries import TEXT as _TEXT
-from runtime.store.reads import StoreReads
 from runtime.store.rows import TaskRow
 
 #: The least time since the last maintenance pass within which a worker counts as live.
 LIVE_WINDOW_SECONDS = 10.0
 
 
-class StoreClaims(StoreReads):
-    """Claims (run, aggregate, judge), children read by the engine, leases kept or handed back."""
+def task_rows(conn: Connection, name: str, /, **params: Any) -> list[TaskRow]:
+    """Run a named read and type its rows (the one place tasks become ``TaskRow``)."""
+    result = conn.execute(_TEXT[name], params)
+    return TaskRow.from_rows(list(result.keys()), result.all())
 
-    def _task_rows(self, conn: Connection, name: str, **params: Any) -> list[TaskRow]:
-        """Run a named read and type its rows (the one place tasks become ``TaskRow``)."""
-        result = conn.execute(_TEXT[name], params)
-        return TaskRow.from_rows(list(result.keys()), result.all())
+
+class Claims:
+    """Claims (run, aggregate, judge), children read by the engine, leases kept or handed back.
+
+    ``store.claims``; ``policies`` is the store's
+    :class:`~runtime.store.policies.Policies`, whose tenancy (set by the wiring) caps
+    the tenants' claims.
+    """
+
+    def __init__(self, database: Database, policies: Policies) -> None:
+        self.database = database
+        self.policies = policies
 
     def claim(self, agents: Sequence[str], limit: int, worker: str,
               lease_seconds: float) -> list[TaskRow]:
         """Claim up to ``limit`` pending or ready-to-aggregate tasks for ``agents``."""
         if not agents or limit <= 0:
             return []
-        tenants = self.tenancy.claim_params()
-        with self.transaction() as conn:
+        tenants = self.policies.tenancy.claim_params()
+        with self.database.transaction() as conn:
             if tenants["cap_tenants"]:
                 # Capped tenants' claims take turns: each counts the others' commits.
                 conn.execute(_TEXT["task_lock_tenants"], {"tenants": tenants["cap_tenants"]})
@@ -43,7 +55,7 @@ class StoreClaims(StoreReads):
             # Without a capped tenant, the plain claim: a third cheaper than the capped one.
             caps = ({"cap_tenants": tenants["cap_tenants"], "caps": tenants["caps"]}
                     if tenants["cap_tenants"] else {})
-            return self._task_rows(conn, "task_claim_capped" if caps else "task_claim_available",
+            return task_rows(conn, "task_claim_capped" if caps else "task_claim_available",
                                    agents=list(agents), limit=limit, worker=worker,
                                    dry_tenants=dry, lease_seconds=float(lease_seconds), **caps)
 
@@ -57,17 +69,17 @@ class StoreClaims(StoreReads):
         """
         if not roots or limit <= 0 or (not judging and not agents):
             return []
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             if judging:
-                return self._task_rows(conn, "task_claim_judging_in_trees", roots=list(roots),
+                return task_rows(conn, "task_claim_judging_in_trees", roots=list(roots),
                                        limit=limit, worker=worker,
                                        lease_seconds=float(lease_seconds))
-            tenants = self.tenancy.claim_params()
+            tenants = self.policies.tenancy.claim_params()
             if tenants["cap_tenants"]:
                 conn.execute(_TEXT["task_lock_tenants"], {"tenants": tenants["cap_tenants"]})
             dry = [] if not tenants["bucket_tenants"] else list(conn.execute(
                 _TEXT["tenant_buckets_dry"], tenants).scalars())
-            return self._task_rows(conn, "task_claim_in_trees", roots=list(roots),
+            return task_rows(conn, "task_claim_in_trees", roots=list(roots),
                                    agents=list(agents), limit=limit, worker=worker,
                                    dry_tenants=dry, lease_seconds=float(lease_seconds),
                                    cap_tenants=list(tenants["cap_tenants"]),
@@ -83,7 +95,7 @@ class StoreClaims(StoreReads):
         they serve, so a live worker of other agents counts as live.
         """
         recent_seconds = max(LIVE_WINDOW_SECONDS, 3 * maintenance_interval_seconds)
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             signs = conn.execute(_TEXT["worker_list_live_signs"],
                                  {"recent_seconds": float(recent_seconds)}).one()
         if signs.sessions or signs.maintained or signs.leased:
@@ -97,21 +109,21 @@ class StoreClaims(StoreReads):
         """Lease up to ``limit`` tasks waiting for the judge stage."""
         if limit <= 0:
             return []
-        with self.transaction() as conn:
-            return self._task_rows(conn, "task_claim_judging", limit=limit, worker=worker,
+        with self.database.transaction() as conn:
+            return task_rows(conn, "task_claim_judging", limit=limit, worker=worker,
                                    lease_seconds=float(lease_seconds))
 
     def child_rows(self, task_id: uuid.UUID) -> list[TaskRow]:
         """The children of one task as typed rows, in creation order (for the engine)."""
-        with self.engine.connect() as conn:
-            return self._task_rows(conn, "task_list_children", id=task_id)
+        with self.database.connect() as conn:
+            return task_rows(conn, "task_list_children", id=task_id)
 
     def heartbeat(self, tokens: Iterable[uuid.UUID], lease_seconds: float) -> set[uuid.UUID]:
         """Extend leases; return the tokens still held (the others were taken away)."""
         tokens = list(tokens)
         if not tokens:
             return set()
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             rows = conn.execute(_TEXT["task_heartbeat_leased"],
                                 {"tokens": tokens, "lease_seconds": float(lease_seconds)})
             return {row.lease_token for row in rows}
@@ -121,6 +133,6 @@ class StoreClaims(StoreReads):
         tokens = list(tokens)
         if not tokens:
             return 0
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             return len(conn.execute(_TEXT["task_release_leased"],
                                     {"tokens": tokens, "worker": worker}).all())

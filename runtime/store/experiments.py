@@ -13,15 +13,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from runtime.store.database import Database
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
 from runtime.store.rows import NewBranch, NewTask, canonical_json
-
-if TYPE_CHECKING:
-    from runtime.store.store import Store
+from runtime.store.tasks import Tasks
 
 _rows = Database.rows
 
@@ -37,11 +35,12 @@ class _RunTaken(Exception):
 class Experiments:
     """Datasets, experiments, their runs and scores (migration 0015): ``store.experiments``.
 
-    ``tasks`` is the store whose ``root_params`` and ``fork_params`` a run's root is
-    inserted with (the same parameters as a submitted root or a fork's branch).
+    ``tasks`` is the store's :class:`~runtime.store.tasks.Tasks`, whose ``root_params``
+    and ``fork_params`` a run's root is inserted with (the same parameters as a submitted
+    root or a fork's branch).
     """
 
-    def __init__(self, database: Database, tasks: Store) -> None:
+    def __init__(self, database: Database, tasks: Tasks) -> None:
         self.database = database
         self.tasks = tasks
 

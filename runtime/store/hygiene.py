@@ -16,18 +16,16 @@ import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from runtime.store.database import Database
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.rows import Reaped, Swept, TimedOut
 from runtime.store.sessions import LIVENESS_NAMESPACE
-
-if TYPE_CHECKING:
-    from runtime.store.store import Store
-from runtime.store.database import Database
+from runtime.store.transitions import Transitions
 
 #: The advisory lock key of the maintenance pass (distinct from the orchestrator's fire lock).
 MAINTENANCE_LOCK_KEY = int.from_bytes(hashlib.sha256(b"orgchart:maintenance").digest()[:8],
@@ -94,13 +92,15 @@ class SessionLock:
 class Hygiene:
     """The maintenance pass and its three parts, each also callable alone; session locks.
 
-    ``store.hygiene``; ``tasks`` is the store whose fan-in (``children_ended``) the tasks
-    failed here (poisoned, timed out, unanswered) go through, in this part's transaction.
+    ``store.hygiene``; ``transitions`` is the store's
+    :class:`~runtime.store.transitions.Transitions`, whose fan-in (``children_ended``) the
+    tasks failed here (poisoned, timed out, unanswered) go through, in this part's
+    transaction.
     """
 
-    def __init__(self, database: Database, tasks: Store) -> None:
+    def __init__(self, database: Database, transitions: Transitions) -> None:
         self.database = database
-        self.tasks = tasks
+        self.transitions = transitions
 
     def session_lock(self, key: int) -> SessionLock:
         """A :class:`SessionLock` on ``key`` (not taken yet: call ``try_acquire``)."""
@@ -132,7 +132,7 @@ class Hygiene:
             swept = self._sweep(conn, "sweeper", sweep_limit)
             late = conn.execute(_TEXT["task_fail_unanswered"],  # questions past their deadline
                                 {"worker": "watchdog", "limit": timeout_limit}).all()
-            self.tasks.children_ended(conn, late, "watchdog")
+            self.transitions.children_ended(conn, late, "watchdog")
         return Maintained(reaped, timed_out, swept, tuple(r.id for r in late))
 
     def reap(self, max_delivery: int, worker: str = "reaper", limit: int = 1000) -> Reaped:
@@ -173,7 +173,7 @@ class Hygiene:
 
     def _reaped(self, conn: Connection, rows: Sequence[Any], worker: str) -> Reaped:
         """What a reap returned; the parents of the tasks it poisoned hear of it (fan-in)."""
-        self.tasks.children_ended(conn, [r for r in rows if r.to_status == "failed"], worker)
+        self.transitions.children_ended(conn, [r for r in rows if r.to_status == "failed"], worker)
         poisoned = sum(1 for r in rows if r.to_status == "failed")
         return Reaped(released=len(rows) - poisoned, poisoned=poisoned,
                       ids=tuple(r.id for r in rows))
@@ -186,7 +186,7 @@ class Hygiene:
     def _time_out(self, conn: Connection, worker: str, limit: int) -> TimedOut:
         rows = conn.execute(_TEXT["task_fail_timed_out"],
                             {"worker": worker, "limit": limit}).all()
-        self.tasks.children_ended(conn, rows, worker)
+        self.transitions.children_ended(conn, rows, worker)
         return TimedOut(failed=len(rows), ids=tuple(r.id for r in rows))
 
     def sweep(self, worker: str = "sweeper", limit: int = 10_000) -> Swept:

@@ -1,8 +1,9 @@
 """The store's reads: tasks, trees, events, metrics; pruning; export cursors.
 
-A mixin of :class:`runtime.store.store.Store`: the same engine and the same named SQL; nothing
-here changes a task. The orchestrator's fires are a part of their own (``store.fires``,
-:mod:`runtime.store.fires`).
+A part of the store (``store.reads``, :class:`Reads`): the shared
+:class:`~runtime.store.database.Database` and the named SQL; nothing here changes a task's
+status (that is :mod:`runtime.store.transitions`). The orchestrator's fires are a part of
+their own (``store.fires``, :mod:`runtime.store.fires`).
 """
 
 from __future__ import annotations
@@ -15,16 +16,15 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from runtime.store.database import Database
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
-from runtime.store.rows import NotFound, Tenancy, served_totals
+from runtime.store.rows import NotFound, served_totals
 
 log = logging.getLogger(__name__)
 
@@ -34,46 +34,31 @@ PARALLEL_TREE_NODES = 2000
 TREE_READ_PARTS = 2
 
 
-class StoreReads:
-    """The store's plumbing and everything that only reads (or prunes).
+class Reads:
+    """Everything that only reads (or prunes): tasks, trees, events, metrics, export cursors.
 
-    Transactions and named queries (through the shared
-    :class:`~runtime.store.database.Database`); tasks, trees, events and metrics.
+    ``store.reads``; each read runs through the shared
+    :class:`~runtime.store.database.Database` (its named statements, its transaction helper).
     """
 
-    #: ``[tenants.*]`` and ``[scheduler]`` (claims, delegation), set by the wiring;
-    #: the defaults: every tenant weighs 1, none is capped.
-    tenancy: Tenancy = Tenancy()
-
-    engine: Engine
-    #: The engine, the transaction helper and the named statements (every part shares it).
-    database: Database
-
-    def transaction(self) -> AbstractContextManager[Connection]:
-        """One transaction (:meth:`runtime.store.database.Database.transaction`)."""
-        return self.database.transaction()
-
-    _rows = staticmethod(Database.rows)
-
-    def query(self, statement: str, /, **params: Any) -> list[Task]:
-        """Run one named read-only statement and return its rows as dicts."""
-        return self.database.query(statement, **params)
+    def __init__(self, database: Database) -> None:
+        self.database = database
 
     # ------------------------------------------------------------------ reads
     def get(self, task_id: uuid.UUID) -> Task:
         """Return one task, or raise :class:`NotFound`."""
-        rows = self.query("task_get", id=task_id)
+        rows = self.database.query("task_get", id=task_id)
         if not rows:
             raise NotFound(f"no task {task_id}")
         return rows[0]
 
     def children(self, task_id: uuid.UUID) -> list[Task]:
         """Return a task's children in creation order."""
-        return self.query("task_list_children", id=task_id)
+        return self.database.query("task_list_children", id=task_id)
 
     def tree_rows(self, root_id: uuid.UUID) -> list[Task]:
         """Return every node of a tree (parents before children)."""
-        return self.query("task_list_tree", root_id=root_id)
+        return self.database.query("task_list_tree", root_id=root_id)
 
     def tree_json_rows(self, root_id: uuid.UUID, under: uuid.UUID | None = None,
                        depth: int | None = None, summary: bool = False
@@ -92,7 +77,7 @@ class StoreReads:
         nodes are in the summary shape (``fragment_task_summary_json``: no payload,
         result or verdict).
         """
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             last_event_id = int(conn.execute(_TEXT["task_event_max_id"]).scalar_one())
             params = {"root_id": root_id, "under": under, "depth": depth,
                       "summary": summary}
@@ -123,62 +108,62 @@ class StoreReads:
     def _tree_part(self, conn: Connection | None, params: dict[str, Any], part: int,
                    parts: int) -> list[Any]:
         if conn is None:
-            with self.engine.connect() as own:
+            with self.database.connect() as own:
                 return self._tree_part(own, params, part, parts)
         return list(conn.execute(_TEXT["task_tree_nodes"],
                                  {**params, "part": part, "parts": parts}).all())
 
     def tree_changes(self, root_id: uuid.UUID, after: int, limit: int = 5000) -> list[Task]:
         """Transitions of a tree's tasks after ``task_events`` id ``after``, oldest first."""
-        return self.query("task_tree_changes", root_id=root_id, after=after, limit=limit)
+        return self.database.query("task_tree_changes", root_id=root_id, after=after, limit=limit)
 
     def tasks_by_ids(self, ids: Sequence[uuid.UUID]) -> list[Task]:
         """The current rows of the given tasks."""
         if not ids:
             return []
-        return self.query("task_list_by_ids", ids=list(ids))
+        return self.database.query("task_list_by_ids", ids=list(ids))
 
     def events(self, task_id: uuid.UUID) -> list[Task]:
         """Return a task's transitions, oldest first."""
-        return self.query("task_list_events", id=task_id)
+        return self.database.query("task_list_events", id=task_id)
 
     def model_calls(self, task_id: uuid.UUID) -> list[Task]:
         """Return the model calls made for a task."""
-        return self.query("task_list_model_calls", id=task_id)
+        return self.database.query("task_list_model_calls", id=task_id)
 
     def call_counts(self, root_id: uuid.UUID) -> dict[uuid.UUID, tuple[int, int]]:
         """Per task of a tree: ``(requests paid for, calls served from the record)``."""
         return {r["task_id"]: (int(r["paid"]), int(r["replayed"]))
-                for r in self.query("model_call_count_by_task", root_id=root_id)}
+                for r in self.database.query("model_call_count_by_task", root_id=root_id)}
 
     def forks_of(self, root_id: uuid.UUID) -> list[Task]:
         """The branches forked from a root, oldest first."""
-        return self.query("task_list_forks_of_root", root_id=root_id)
+        return self.database.query("task_list_forks_of_root", root_id=root_id)
 
     def escalations(self) -> list[Task]:
         """Return the escalation inbox, oldest first."""
-        return self.query("task_list_escalated")
+        return self.database.query("task_list_escalated")
 
     def recent_roots(self, limit: int = 50) -> list[Task]:
         """Return the most recent root tasks."""
-        return self.query("task_list_roots_recent", limit=limit)
+        return self.database.query("task_list_roots_recent", limit=limit)
 
     def pending_depth(self) -> int:
         """Return how many tasks are pending (routing's queue-depth signal)."""
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             return int(conn.execute(_TEXT["task_count_pending"]).scalar_one())
 
     def queue(self) -> list[Task]:
         """Claimable work per agent (``judge`` for the judge stage)."""
-        return self.query("task_queue_by_agent")
+        return self.database.query("task_queue_by_agent")
 
     def stranded(self) -> list[Task]:
         """Expired leases and waiting parents that fan-in missed."""
-        return self.query("task_list_stranded")
+        return self.database.query("task_list_stranded")
 
     def metrics(self) -> dict[str, Any]:
         """The seed's metrics: ``by_status``, ``avg_retry``, ``reclaimed_count``, ...."""
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             by_status = {r.status: int(r.n) for r in conn.execute(_TEXT["task_count_by_status"])}
             m = conn.execute(_TEXT["task_metrics"]).one()
             routes = conn.execute(_TEXT["model_call_cost_by_route"]).all()
@@ -212,16 +197,16 @@ class StoreReads:
         ``cursors`` are the newest ids seen.
         """
         out: dict[str, Any] = {"events": [], "calls": []}
-        with self.engine.connect() as conn:
-            out["live"] = self._rows(conn, "metrics_live_tasks")
-            out["leases"] = self._rows(conn, "metrics_leases_by_owner")
+        with self.database.connect() as conn:
+            out["live"] = self.database.rows(conn, "metrics_live_tasks")
+            out["leases"] = self.database.rows(conn, "metrics_leases_by_owner")
             if event_after is None or call_after is None:
                 row = conn.execute(_TEXT["metrics_cursors"]).one()
                 out["cursors"] = (int(row.event_id), int(row.call_id))
                 return out
-            out["events"] = self._rows(conn, "metrics_events_after", after=event_after,
+            out["events"] = self.database.rows(conn, "metrics_events_after", after=event_after,
                                        limit=limit, bounds=list(duration_bounds))
-            out["calls"] = self._rows(conn, "metrics_model_calls_after", after=call_after,
+            out["calls"] = self.database.rows(conn, "metrics_model_calls_after", after=call_after,
                                       limit=limit, bounds=list(latency_bounds))
         out["cursors"] = (max([event_after] + [int(r["max_id"]) for r in out["events"]]),
                           max([call_after] + [int(r["max_id"]) for r in out["calls"]]))
@@ -230,7 +215,7 @@ class StoreReads:
     def ended_after(self, after: int, settle_seconds: float = 5.0,
                     limit: int = 1000) -> list[Task]:
         """``(id, task_id)`` of final transitions after event ``after``, oldest first."""
-        return self.query("trace_list_ended_after", after=after,
+        return self.database.query("trace_list_ended_after", after=after,
                           settle_seconds=settle_seconds, limit=limit)
 
     def export_cursor(self, name: str, open_window_seconds: float = 3600.0) -> int:
@@ -240,32 +225,32 @@ class StoreReads:
         oldest tree begun within ``open_window_seconds`` that is still open (its finished
         tasks are then exported with the rest of it).
         """
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             return int(conn.execute(_TEXT["export_cursor_open"], {
                 "name": name, "open_window_seconds": float(open_window_seconds)}).scalar_one())
 
     def advance_export_cursor(self, name: str, last_event_id: int) -> None:
         """Record that exporter ``name`` sent everything up to ``last_event_id``."""
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             conn.execute(_TEXT["export_cursor_advance"],
                          {"name": name, "last_event_id": last_event_id})
 
     def trace_rows(self, task_ids: Sequence[uuid.UUID]) -> dict[str, list[Task]]:
         """What spans are built from: ``tasks``, their ``events``, ``model_calls``, steps."""
         ids = list(task_ids)
-        with self.engine.connect() as conn:
-            return {"tasks": self._rows(conn, "trace_list_tasks", ids=ids),
-                    "events": self._rows(conn, "trace_list_events", ids=ids),
-                    "model_calls": self._rows(conn, "trace_list_model_calls", ids=ids),
-                    "steps": self._rows(conn, "step_list_by_tasks", ids=ids)}
+        with self.database.connect() as conn:
+            return {"tasks": self.database.rows(conn, "trace_list_tasks", ids=ids),
+                    "events": self.database.rows(conn, "trace_list_events", ids=ids),
+                    "model_calls": self.database.rows(conn, "trace_list_model_calls", ids=ids),
+                    "steps": self.database.rows(conn, "step_list_by_tasks", ids=ids)}
 
     def tree_ids(self, root_id: uuid.UUID) -> list[uuid.UUID]:
         """Every task id of one tree."""
-        return [r["id"] for r in self.query("trace_list_tree_ids", root_id=root_id)]
+        return [r["id"] for r in self.database.query("trace_list_tree_ids", root_id=root_id)]
 
     def timeline_rows(self, root_id: uuid.UUID) -> list[Task]:
         """A tree on a time axis, one row per task (``timeline_tree``; empty if no root)."""
-        return self.query("timeline_tree", root_id=root_id)
+        return self.database.query("timeline_tree", root_id=root_id)
 
     def prune(self, older_than: dt.timedelta) -> tuple[int, int]:
         """Delete whole finished trees whose root completed before ``now - older_than``.
@@ -273,19 +258,18 @@ class StoreReads:
         Returns ``(trees, tasks)`` removed.
         """
         before = dt.datetime.now(dt.UTC) - older_than
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             row = conn.execute(_TEXT["task_delete_finished_trees"],
                                {"before": before, "roots": None}).one()
         return int(row.trees), int(row.tasks)
 
     def prune_trees(self, roots: Sequence[uuid.UUID]) -> tuple[int, int]:
         """Delete the finished trees of ``roots`` (an open tree stays); ``(trees, tasks)``."""
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             row = conn.execute(_TEXT["task_delete_finished_trees"],
                                {"before": None, "roots": list(roots)}).one()
         return int(row.trees), int(row.tasks)
 
-    # ------------------------------------------------------------------ fires
 
 
 @functools.lru_cache(maxsize=256)

@@ -2,7 +2,7 @@
 
 A part of the store (``store.spend``, :class:`Spend`). A model call charges only its own
 task (and its ``model_calls`` row); a child's spend rolls up to its parent when the child
-reaches a terminal status (:mod:`runtime.store.writes`); a running tree's live spend is
+reaches a terminal status (:mod:`runtime.store.transitions`); a running tree's live spend is
 summed from ``model_calls`` by root (:meth:`Spend.live`).
 """
 
@@ -13,18 +13,16 @@ import logging
 import uuid
 from collections.abc import Sequence
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from runtime.jsoncodec import dumps_fast
 from runtime.store.database import Database
+from runtime.store.policies import Policies
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.rows import ModelCharge
-
-if TYPE_CHECKING:
-    from runtime.store.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +34,14 @@ MAX_ROLL_UP_LEVELS = 100
 class Spend:
     """Charging model calls (one at a time or batched) and reading a tree's live spend.
 
-    ``store.spend``; ``tasks`` is the store whose ``tenancy`` (set by the wiring from
-    ``[tenants.*]``) a batch's charges are weighed with for the tenants' fair shares.
+    ``store.spend``; ``policies`` is the store's :class:`~runtime.store.policies.Policies`,
+    whose ``tenancy`` (set by the wiring from ``[tenants.*]``) a batch's charges are
+    weighed with for the tenants' fair shares.
     """
 
-    def __init__(self, database: Database, tasks: Store) -> None:
+    def __init__(self, database: Database, policies: Policies) -> None:
         self.database = database
-        self.tasks = tasks
+        self.policies = policies
 
     def recorded(self, charges: Sequence[Any]) -> set[int]:
         """Positions in ``charges`` (``ModelCharge`` s) whose call is already recorded.
@@ -61,7 +60,7 @@ class Spend:
         """Record one model call and charge it to its task only (one row, one insert).
 
         The spend reaches the ancestors when the task ends
-        (:meth:`runtime.store.writes.StoreWrites.children_ended`).
+        (:meth:`runtime.store.transitions.Transitions.children_ended`).
         Returns False (nothing written) when the task's lease is gone.
         """
         with self.database.transaction() as conn:
@@ -116,7 +115,7 @@ class Spend:
             with self.database.transaction() as conn:
                 rows = conn.execute(_TEXT["task_charge_running_many"],
                                     {"batch": dumps_fast(batch),
-                                     **self.tasks.tenancy.charge_params()}).all()
+                                     **self.policies.tenancy.charge_params()}).all()
                 done = {r.n for r in rows}
                 late = sorted({r.id for r in rows if r.status == "cancelled" and r.parent_id})
                 if late:

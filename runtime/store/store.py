@@ -20,84 +20,97 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from decimal import Decimal
+from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
-from runtime.store.claims import StoreClaims
+from runtime.store.claims import Claims
 from runtime.store.database import Database
 from runtime.store.experiments import Experiments
 from runtime.store.fires import Fires
 from runtime.store.hygiene import MAINTENANCE_LOCK_KEY, Hygiene, Maintained
+from runtime.store.policies import Policies
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.queries import Task
-from runtime.store.rows import (
-    IdempotencyConflict,
-    NewBranch,
-    NewTask,
-    NotFound,
-    ResolveRefused,
-    canonical_json,
-)
+from runtime.store.reads import Reads
+from runtime.store.rows import ChildRow, NewTask, TaskRow
 from runtime.store.schedules import Schedules
 from runtime.store.spend import Spend
 from runtime.store.steering import Steering
 from runtime.store.steps import Steps
+from runtime.store.tasks import Tasks
+from runtime.store.transitions import Transitions
 from runtime.store.webhooks import Webhooks
-from runtime.store.writes import StoreWrites
 
 __all__ = ["MAINTENANCE_LOCK_KEY", "Maintained", "Store"]
 
-_dumps = canonical_json
 
-
-def _json_or_none(value: Any) -> str | None:
-    return None if value is None else _dumps(value)
-
-
-class Store(StoreClaims, StoreWrites):
+class Store:
     """The database door: named statements, one transaction per state change.
 
-    Composed of parts, one per concern, each taking the shared
-    :class:`~runtime.store.database.Database`: ``store.webhooks``
-    (:class:`~runtime.store.webhooks.Webhooks`), ``store.schedules``
-    (:class:`~runtime.store.schedules.Schedules`), ``store.experiments``
-    (:class:`~runtime.store.experiments.Experiments`), ``store.steering`` (a person's
-    hand on a running tree: cancel, pause, answers, approvals, and the model-call gate;
-    :class:`~runtime.store.steering.Steering`), ``store.steps`` (durable steps and tool
-    approvals; :class:`~runtime.store.steps.Steps`), ``store.spend`` (model calls
-    charged, live spend, tenants' token buckets; :class:`~runtime.store.spend.Spend`),
-    ``store.hygiene`` (the reaper, the watchdog, the sweeper, session locks;
-    :class:`~runtime.store.hygiene.Hygiene`), ``store.fires`` (the orchestrator's fires,
-    its lock, the events it counts; :class:`~runtime.store.fires.Fires`).
-    No part inherits another: a part that needs the lifecycle's methods (a root's
-    parameters, fan-in, the tenancy) is handed this store in its constructor.
+    Composed of parts, one per concern, each in a module named for it and each taking
+    the shared :class:`~runtime.store.database.Database` (``store.database``: the engine,
+    the one transaction helper, the named statements). No part inherits another: a part
+    that needs another is handed it in its constructor, and the parts that weigh tenants
+    or hold tasks for approval share ``store.policies``
+    (:class:`~runtime.store.policies.Policies`, set by the wiring).
 
-    The task lifecycle is still built from mixins, one module per concern: submitting
-    and resolving live here; reads, pruning and the orchestrator's bookkeeping
-    (:class:`~runtime.store.reads.StoreReads`), claims and leases
-    (:class:`~runtime.store.claims.StoreClaims`), outcomes and fan-in
-    (:class:`~runtime.store.writes.StoreWrites`).
+    Where does a task's status change? In ``store.transitions``
+    (:class:`~runtime.store.transitions.Transitions`): a run's or a verdict's outcome, a
+    delegation, an aggregate's retry of children, an escalation resolved, and fan-in (a
+    parent woken by its last child), which every other ending runs through. A task's
+    life, part by part:
+
+    - ``store.tasks`` (:class:`~runtime.store.tasks.Tasks`): it begins (submitted, many
+      at once, a fork's branch root; a root's parameters);
+    - ``store.claims`` (:class:`~runtime.store.claims.Claims`): it is leased (claims,
+      the judge stage's lease, heartbeats, release);
+    - ``store.transitions``: it changes status after its claim, and its parent hears;
+    - ``store.reads`` (:class:`~runtime.store.reads.Reads`): tasks, trees, events,
+      metrics read; finished trees pruned; the trace exporter's cursors;
+    - ``store.steering`` (:class:`~runtime.store.steering.Steering`): a person's hand on
+      a running tree (cancel, pause, answers, approvals) and the model-call gate;
+    - ``store.hygiene`` (:class:`~runtime.store.hygiene.Hygiene`): the reaper, the
+      watchdog, the sweeper, session locks.
+
+    And beside it: ``store.spend`` (model calls charged, live spend, tenants' token
+    buckets; :class:`~runtime.store.spend.Spend`), ``store.steps`` (durable steps and
+    tool approvals; :class:`~runtime.store.steps.Steps`), ``store.schedules``
+    (:class:`~runtime.store.schedules.Schedules`), ``store.experiments``
+    (:class:`~runtime.store.experiments.Experiments`), ``store.webhooks``
+    (:class:`~runtime.store.webhooks.Webhooks`), ``store.fires`` (the orchestrator's
+    fires, its lock, the events it counts; :class:`~runtime.store.fires.Fires`).
     """
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        #: The engine, the one transaction helper, the named statements: every part's.
         self.database = Database(engine)
+        #: The tenancy and the require_approval holds, set by the wiring.
+        self.policies = Policies()
+        #: Where a task begins: submitted roots, a fork's branch root, their parameters.
+        self.tasks = Tasks(self.database, self.policies)
+        #: Claims, the judge stage's lease, heartbeats, release.
+        self.claims = Claims(self.database, self.policies)
+        #: Where a task's status changes after its claim: outcomes, resolutions, fan-in.
+        self.transitions = Transitions(self.database, self.policies)
+        #: Tasks, trees, events and metrics read; pruning; the exporter's cursors.
+        self.reads = Reads(self.database)
         #: Webhook endpoints and the outbox's deliveries.
         self.webhooks = Webhooks(self.database)
         #: Stored schedules and the ticks' transactions.
-        self.schedules = Schedules(self.database, self)
+        self.schedules = Schedules(self.database, self.tasks)
         #: Datasets, experiments, their trees and their scores.
-        self.experiments = Experiments(self.database, self)
+        self.experiments = Experiments(self.database, self.tasks)
         #: A person's hand on a running tree: cancel, pause, answers, approvals; the gate.
-        self.steering = Steering(self.database, self)
+        self.steering = Steering(self.database, self.transitions)
         #: Durable steps: begin, finish, replays from a counterpart; tool approvals.
         self.steps = Steps(self.database)
         #: Model calls charged to their task, a tree's live spend, tenants' token buckets.
-        self.spend = Spend(self.database, self)
+        self.spend = Spend(self.database, self.policies)
         #: Maintenance: the reaper, the watchdog, the sweeper; session locks.
-        self.hygiene = Hygiene(self.database, self)
+        self.hygiene = Hygiene(self.database, self.transitions)
         #: The orchestrator's fires, the fire lock, the event counts of a fire's rollup.
         self.fires = Fires(self.database)
 
@@ -111,155 +124,47 @@ class Store(StoreClaims, StoreWrites):
         """Close every pooled connection."""
         self.engine.dispose()
 
-    # ------------------------------------------------------------------ submit
+    # ------------------------------------------------------ spellings kept for a while
+    # Callers in files their owners are editing now (runtime/mcp/, bench/stream_*.py)
+    # still use the mixins' spelling; each of these names the part to call instead, and
+    # goes with its last caller.
+    def get(self, task_id: uuid.UUID) -> Task:
+        """``store.reads.get`` (kept for runtime/mcp/ until it calls the part)."""
+        return self.reads.get(task_id)
+
+    def tree_rows(self, root_id: uuid.UUID) -> list[Task]:
+        """``store.reads.tree_rows`` (kept for runtime/mcp/ until it calls the part)."""
+        return self.reads.tree_rows(root_id)
+
+    def tree_changes(self, root_id: uuid.UUID, after: int, limit: int = 5000) -> list[Task]:
+        """``store.reads.tree_changes`` (kept for runtime/mcp/ until it calls the part)."""
+        return self.reads.tree_changes(root_id, after, limit)
+
+    def recent_roots(self, limit: int = 50) -> list[Task]:
+        """``store.reads.recent_roots`` (kept for runtime/mcp/ until it calls the part)."""
+        return self.reads.recent_roots(limit)
+
+    def no_worker_warning(self, agent: str, maintenance_interval_seconds: float
+                          ) -> str | None:
+        """``store.claims.no_worker_warning`` (kept for runtime/mcp/ until it calls the part)."""
+        return self.claims.no_worker_warning(agent, maintenance_interval_seconds)
+
+    def transaction(self) -> AbstractContextManager[Connection]:
+        """``store.database.transaction`` (kept for bench/stream_reads.py)."""
+        return self.database.transaction()
+
     def submit(self, new: NewTask, actor: str = "submit",
                task_id: uuid.UUID | None = None) -> tuple[Task, bool]:
-        """Insert a root task; return ``(task, created)``.
+        """``store.tasks.submit`` (kept for bench/stream_*.py until they call the part)."""
+        return self.tasks.submit(new, actor, task_id)
 
-        The same idempotency key with the same request returns the existing task and
-        ``created=False``; with a different request it raises :class:`IdempotencyConflict`.
-        ``task_id`` (default: a new one) lets a caller whose COMMIT was in doubt look the
-        task up before it submits again (:func:`runtime.wiring.submit_root`).
-        """
-        params = self.root_params(new, actor, task_id or uuid.uuid4())
-        request_hash = params["request_hash"]
-        with self.transaction() as conn:
-            rows = self._rows(conn, "task_insert_root", **params)
-            if rows:
-                task = rows[0]
-                task.pop("notified", None)
-                return task, True
-            existing = self._rows(conn, "task_get_by_root_key", key=new.idempotency_key)
-        if not existing:  # the conflicting row was pruned between the two statements
-            return self.submit(new, actor, task_id)
-        task = existing[0]
-        if task["request_hash"] != request_hash:
-            raise IdempotencyConflict(str(new.idempotency_key), task["id"])
-        return task, False
+    def claim(self, agents: Sequence[str], limit: int, worker: str,
+              lease_seconds: float) -> list[TaskRow]:
+        """``store.claims.claim`` (kept for bench/stream_*.py until they call the part)."""
+        return self.claims.claim(agents, limit, worker, lease_seconds)
 
-    def root_params(self, new: NewTask, actor: str, task_id: uuid.UUID) -> dict[str, Any]:
-        """The parameters of ``task_insert_root`` for ``new`` (submit, a schedule's slot)."""
-        return {
-            "id": task_id,
-            "from_agent": new.from_agent,
-            "to_agent": new.to_agent,
-            "type": new.type,
-            "hypothesis_id": new.hypothesis_id,
-            "payload": _dumps(new.payload),
-            "success_criteria": _json_or_none(new.success_criteria),
-            "kill_criteria": _json_or_none(new.kill_criteria),
-            "budget_tokens": new.budget_tokens,
-            "budget_seconds": new.budget_seconds,
-            "budget_usd": Decimal(new.budget_usd),
-            "priority": new.priority,
-            "tenant": new.tenant,
-            "idempotency_key": new.idempotency_key,
-            "request_hash": new.request_hash(),
-            "actor": actor,
-            **self.approval_params(),
-        }
-
-    def fork_root(self, branch: NewBranch, actor: str = "fork") -> Task:
-        """Insert a fork's branch root and its event in one statement; return the row.
-
-        The branch re-runs the original tree from its root (``forked_from`` is the
-        original root; ``fork`` says what changes where). The original is only read: its
-        budgets, criteria and priority are the branch's unless the branch names its own.
-        """
-        with self.transaction() as conn:
-            rows = self._rows(conn, "task_insert_fork_root", **self.fork_params(branch, actor))
-        task = rows[0]
-        task.pop("notified", None)
-        return task
-
-    def fork_params(self, branch: NewBranch, actor: str) -> dict[str, Any]:
-        """The parameters of ``task_insert_fork_root`` for ``branch`` (fork, experiments)."""
-        original = branch.original
-        note = branch.fork.get("note")
-        detail = f"forked from {original['id']}" + (f": {note}" if note else "")
-        return dict(
-            id=uuid.uuid4(), from_agent=original.get("from_agent"), to_agent=branch.to_agent,
-            type=branch.type, hypothesis_id=original.get("hypothesis_id"),
-            payload=_dumps(branch.payload),
-            success_criteria=_json_or_none(original.get("success_criteria")),
-            kill_criteria=_json_or_none(original.get("kill_criteria")),
-            budget_tokens=(branch.budget_tokens if branch.budget_tokens is not None
-                           else original.get("budget_tokens")),
-            budget_seconds=original.get("budget_seconds"),
-            budget_usd=(branch.budget_usd if branch.budget_usd is not None
-                        else original.get("budget_usd")),
-            priority=original.get("priority"), forked_from=original["id"],
-            tenant=original.get("tenant", "default"),
-            fork=_dumps(branch.fork), model_override=branch.model_override,
-            agent_map=_json_or_none(branch.agent_map),
-            actor=actor, detail=detail, **self.approval_params())
-
-    def submit_many(self, agent: str, type_: str, payloads: Sequence[dict[str, Any]],
-                    priority: int = 5, actor: str = "submit") -> int:
-        """Insert many root tasks in one statement (bulk loads, benchmarks)."""
-        ids = [uuid.uuid4() for _ in payloads]
-        with self.transaction() as conn:
-            row = conn.execute(
-                _TEXT["task_insert_roots_many"],
-                {
-                    "ids": ids,
-                    "agents": [agent] * len(ids),
-                    "types": [type_] * len(ids),
-                    "payloads": [_dumps(p) for p in payloads],
-                    "priorities": [priority] * len(ids),
-                    "actor": actor,
-                    **self.approval_params(),
-                },
-            ).one()
-        return int(row.inserted)
-
-    # ------------------------------------------------------------------ resolve
-    def resolve(self, task_id: uuid.UUID, action: str, actor: str = "person",
-                note: str | None = None, reassign_to: str | None = None) -> Task:
-        """Resolve an escalated task: ``retry`` (optionally reassigned), ``done`` or ``fail``.
-
-        Raises:
-            NotFound: no such task.
-            ResolveRefused: the task is not escalated, or a retry of a child whose parent
-                has already aggregated.
-
-        """
-        to_status = {"retry": "pending", "reassign": "pending", "done": "done",
-                     "fail": "failed"}.get(action)
-        if to_status is None:
-            raise ValueError(f"unknown resolution {action!r}: use retry, reassign, done or fail")
-        detail = f"resolved: {action}" + (f" to {reassign_to}" if reassign_to else "")
-        if note:
-            detail += f"; note: {note}"
-        with self.transaction() as conn:
-            task = conn.execute(_TEXT["task_lock_by_id"], {"id": task_id}).first()
-            if task is None:
-                raise NotFound(f"no task {task_id}")
-            if task.status != "escalated":
-                raise ResolveRefused(
-                    f"task {task_id} is {task.status}, not escalated; only escalated tasks "
-                    "can be resolved"
-                )
-            if task.parent_id is not None:
-                # Child then parent: the order fan-in uses too (it locks the finishing child
-                # in its UPDATE, then the parent), so the two cannot deadlock.
-                parent = conn.execute(_TEXT["task_lock_by_id"],
-                                      {"id": task.parent_id}).one().status
-                if to_status == "pending" and parent not in ("waiting", "ready_to_aggregate"):
-                    raise ResolveRefused(
-                        f"task {task_id} cannot be retried: its parent {task.parent_id} has "
-                        f"already aggregated its children (parent is {parent})"
-                    )
-                if to_status == "pending" and parent == "ready_to_aggregate":
-                    conn.execute(_TEXT["task_unready_parent"],
-                                 {"id": task.parent_id, "actor": actor})
-            error = f"resolved as {action} by {actor}" + (f": {note}" if note else "")
-            rows = self._rows(conn, "task_resolve_escalated", id=task_id, to_status=to_status,
-                              reassign_to=reassign_to, actor=actor, detail=detail,
-                              error=error if to_status == "failed" else None)
-            if not rows:
-                raise ResolveRefused(f"task {task_id} changed while resolving; try again")
-            if to_status != "pending" and task.parent_id is not None:
-                self.children_ended(conn, [task], actor)
-            fresh = self._rows(conn, "task_get", id=task_id)[0]
-        return fresh
+    def delegate(self, task_id: uuid.UUID, lease_token: uuid.UUID,
+                 children: Sequence[ChildRow], worker: str, detail: str | None = None,
+                 stamp: dict[str, Any] | None = None) -> tuple[bool, int]:
+        """``store.transitions.delegate`` (kept for bench/stream_reads.py)."""
+        return self.transitions.delegate(task_id, lease_token, children, worker, detail, stamp)

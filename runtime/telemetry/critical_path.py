@@ -1,6 +1,6 @@
 """Where a tree's time went: per-task phases on a time axis, and the critical path.
 
-The database gives one row per task (``Store.timeline_rows``, query ``timeline_tree``):
+The database gives one row per task (``store.reads.timeline_rows``, query ``timeline_tree``):
 its phases from its transitions (``queued``: pending or ready to aggregate; ``running``;
 ``waiting`` for its children; ``judging``; each lasting until the next transition, an
 unfinished task's last one until now), its model calls (a call's row is written when it
@@ -51,7 +51,7 @@ class CriticalPath:
 def critical_path(rows: Sequence[Mapping[str, Any]], root_id: str) -> CriticalPath:
     """The chain of tasks that decided when the root finished, and its summary.
 
-    ``rows`` are ``Store.timeline_rows``; ids are text.
+    ``rows`` are ``store.reads.timeline_rows``; ids are text.
     """
     by_id = {r["id"]: r for r in rows}
     root = by_id[root_id]

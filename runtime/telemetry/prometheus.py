@@ -117,8 +117,8 @@ class StoreCollector:
         t0 = time.perf_counter()
         with self._lock:
             after = self._cursors or (None, None)
-            snap = self.store.metrics_scrape(after[0], after[1], TASK_DURATION_BOUNDS,
-                                             MODEL_CALL_BOUNDS)
+            snap = self.store.reads.metrics_scrape(after[0], after[1], TASK_DURATION_BOUNDS,
+                                                   MODEL_CALL_BOUNDS)
             self._absorb(snap)
             self._cursors = snap["cursors"]
             yield from self._live(snap)

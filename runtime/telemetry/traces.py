@@ -22,7 +22,7 @@ transition has a ``task_events`` id above the cursor. The cursor is a row of
 event, or before the oldest recent tree still open (finished history is not sent;
 :func:`export_tree` exports a past tree on demand), and advanced after each batch is
 sent. Only one process exports at a time (the store's session lock,
-:meth:`Store.session_lock`), so several workers do not send the same spans; a process
+``store.hygiene.session_lock``), so several workers do not send the same spans; a process
 that takes over, or restarts after a crash, reads the cursor and goes on from there: a
 tree that ended while no exporter ran is still sent, at least once (a batch sent just
 before a crash is sent again, with the same span ids). Events younger than
@@ -64,7 +64,7 @@ CURSOR_NAME = "traces"
 #: The advisory lock that makes one process the exporter.
 LOCK_KEY = 0x6F7267_7472616365  # "org" "trace"
 #: The first exporter of a database also sends the trees begun this recently that are
-#: still open (their tasks that ended before it started): see ``Store.export_cursor``.
+#: still open (their tasks that ended before it started): see ``store.reads.export_cursor``.
 OPEN_TREE_WINDOW_SECONDS = 3600.0
 _ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 _FINAL = ("done", "failed", "escalated")
@@ -247,7 +247,7 @@ def _task_spans(t: Mapping[str, Any], history: list[dict[str, Any]],
 def build_spans(rows: Mapping[str, list[dict[str, Any]]]) -> list[Any]:
     """``ReadableSpan`` objects for the tasks (and their model calls) in ``rows``.
 
-    ``rows`` is what :meth:`Store.trace_rows` returns. Tasks that have not ended are
+    ``rows`` is what :meth:`store.reads.trace_rows` returns. Tasks that have not ended are
     left out (a span is exported once it has an end).
     """
     resource = _resource()
@@ -289,7 +289,7 @@ def export_tasks(store: Store, task_ids: Iterable[uuid.UUID], exporter: Any = No
     ids = list(dict.fromkeys(task_ids))
     sent = 0
     for i in range(0, len(ids), BATCH):
-        spans = build_spans(store.trace_rows(ids[i:i + BATCH]))
+        spans = build_spans(store.reads.trace_rows(ids[i:i + BATCH]))
         if spans and exporter.export(spans) is not SpanExportResult.SUCCESS:
             raise RuntimeError(f"the OTLP exporter refused {len(spans)} spans")
         sent += len(spans)
@@ -298,7 +298,7 @@ def export_tasks(store: Store, task_ids: Iterable[uuid.UUID], exporter: Any = No
 
 def export_tree(store: Store, root_id: uuid.UUID, exporter: Any = None) -> int:
     """Export every finished task of one tree (a backfill); return the spans sent."""
-    return export_tasks(store, store.tree_ids(root_id), exporter)
+    return export_tasks(store, store.reads.tree_ids(root_id), exporter)
 
 
 class TraceExport:
@@ -320,8 +320,8 @@ class TraceExport:
         self.interval = interval
         self.settle = settle
         # The recorded cursor (created now if no exporter ever ran: see
-        # Store.export_cursor); read again whenever this process starts to lead.
-        self.cursor = store.export_cursor(CURSOR_NAME, OPEN_TREE_WINDOW_SECONDS)
+        # store.reads.export_cursor); read again whenever this process starts to lead.
+        self.cursor = store.reads.export_cursor(CURSOR_NAME, OPEN_TREE_WINDOW_SECONDS)
         self.exported = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -333,7 +333,7 @@ class TraceExport:
         if self._lock.held:
             return True
         if self._lock.try_acquire():  # go on from where the last exporter left off
-            self.cursor = self.store.export_cursor(CURSOR_NAME, OPEN_TREE_WINDOW_SECONDS)
+            self.cursor = self.store.reads.export_cursor(CURSOR_NAME, OPEN_TREE_WINDOW_SECONDS)
         return self._lock.held
 
     def _drop_connection(self) -> None:
@@ -352,14 +352,14 @@ class TraceExport:
                 return 0
             sent = 0
             while True:
-                ended = self.store.ended_after(self.cursor, self.settle if settle is None
-                                               else settle, BATCH)
+                ended = self.store.reads.ended_after(self.cursor, self.settle if settle is None
+                                                     else settle, BATCH)
                 if not ended:
                     return sent
                 ids = [r["task_id"] for r in ended]
                 batch = export_tasks(self.store, ids, self.exporter)
                 self.cursor = int(ended[-1]["id"])
-                self.store.advance_export_cursor(CURSOR_NAME, self.cursor)
+                self.store.reads.advance_export_cursor(CURSOR_NAME, self.cursor)
                 self.exported += batch
                 sent += batch
                 if sent_ids is not None:
@@ -411,7 +411,7 @@ class TraceExport:
         sent = 0
         try:
             sent += self.run_pass(sent_ids=sent_ids)
-            rest = [i for i in self.store.tree_ids(root_id) if i not in sent_ids]
+            rest = [i for i in self.store.reads.tree_ids(root_id) if i not in sent_ids]
             sent += export_tasks(self.store, rest, self.exporter)
         except Exception as exc:  # traces never fail the command: one line, no stack
             log.warning("the trace export of tree %s failed: %s", root_id, exc)

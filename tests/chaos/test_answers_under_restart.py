@@ -54,7 +54,7 @@ def test_answers_racing_a_server_restart_count_once(
         store: Store, server_ctl: ServerControl | None, history: Recorder) -> None:
     if server_ctl is None:
         pytest.skip("this test server cannot be restarted from here")
-    ids = [store.submit(NewTask("human", "question", {"question": f"go ahead {i}?"}))[0]["id"]
+    ids = [store.tasks.submit(NewTask("human", "question", {"question": f"go ahead {i}?"}))[0]["id"]
            for i in range(QUESTIONS)]
     rng = random.Random()
     answered: list[int] = []
@@ -71,10 +71,10 @@ def test_answers_racing_a_server_restart_count_once(
     server_ctl.restart(0.5)
     for c in clients:
         c.join(120)
-    still_open = [t for t in ids if store.get(t)["status"] == "pending"]
+    still_open = [t for t in ids if store.reads.get(t)["status"] == "pending"]
     _answer_all(store, history, "last-pass", still_open, answered)
     print(f"\nanswers: {len(answered)} applied of {QUESTIONS} questions by {CLIENTS} "
           f"clients; {len(still_open)} left open after the restart")
-    assert all(store.get(t)["status"] == "done" for t in ids)
+    assert all(store.reads.get(t)["status"] == "done" for t in ids)
     assert {t: n for t, n in terminal_event_counts(store).items() if n != 1} == {}
     assert_audited(store, history)

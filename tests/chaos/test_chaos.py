@@ -160,10 +160,10 @@ def _expected_children(store: Store) -> dict[int, int]:
 
 
 def _submit_roots(store: Store) -> None:
-    store.submit_many("spend_fanout", "task", [
+    store.tasks.submit_many("spend_fanout", "task", [
         {"goal": f"chaos flat {i}", "n": FLAT_CHILDREN, "sleep": LEAF_SLEEP_SECONDS}
         for i in range(FLAT_ROOTS)])
-    store.submit_many("spend_fanout", "task", [
+    store.tasks.submit_many("spend_fanout", "task", [
         {"goal": f"chaos nested {i}", "n": NESTED_BRANCHES, "inner": NESTED_LEAVES,
          "sleep": LEAF_SLEEP_SECONDS} for i in range(NESTED_ROOTS)])
 

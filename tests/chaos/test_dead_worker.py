@@ -61,7 +61,7 @@ def test_a_sigkilled_worker_s_leaves_are_taken_back_at_once(
     fleet = make_fleet(["--agents-module", MODULE, "--lease-seconds", str(LEASE_SECONDS)])
     parents = fleet.start("--agents", "spend_fanout,judge")
     leaves = fleet.start("--agents", "spender")
-    store.submit_many("spend_fanout", "task", [
+    store.tasks.submit_many("spend_fanout", "task", [
         {"goal": f"dead worker {i}", "n": LEAVES, "sleep": LEAF_SLEEP_SECONDS}
         for i in range(ROOTS)])
     held = wait_until(lambda: _holding(store, leaves, ROOTS * LEAVES), 60.0,
@@ -106,7 +106,7 @@ def test_worker_once_after_a_sigkill_runs_the_task_left_behind(
                               "--once"), env=fleet.env, cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=120)
     assert once.returncode == 0, once.stderr
-    row = store.get(task["id"])
+    row = store.reads.get(task["id"])
     assert row is not None and row["status"] == "done", (row and row["status"], once.stderr)
     assert_audited(store, history)
 

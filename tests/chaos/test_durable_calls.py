@@ -34,9 +34,9 @@ def test_ten_sequential_calls_survive_a_kill_every_two_and_a_half_seconds(
         store: Store, fake_ollama: FakeOllama,
         make_fleet: Callable[[list[str]], Fleet]) -> None:
     fake_ollama.delay_seconds = CALL_SECONDS
-    root, _ = store.submit(NewTask(to_agent="ten_calls", type="task",
-                                   payload={"goal": "a durable agent runtime"},
-                                   budget_seconds=3600))
+    root, _ = store.tasks.submit(NewTask(to_agent="ten_calls", type="task",
+                                         payload={"goal": "a durable agent runtime"},
+                                         budget_seconds=3600))
     task_id = root["id"]
     fleet = make_fleet(["--agents-module", "tests.chaos.agents", "--agents",
                         "ten_calls,judge"])
@@ -51,7 +51,7 @@ def test_ten_sequential_calls_survive_a_kill_every_two_and_a_half_seconds(
         if len(fleet.alive()) < 2:
             fleet.start()
         time.sleep(0.1)
-        row = store.get(task_id)
+        row = store.reads.get(task_id)
         if row["status"] == "done":
             break
         owner = row.get("lease_owner")
@@ -65,8 +65,8 @@ def test_ten_sequential_calls_survive_a_kill_every_two_and_a_half_seconds(
                 fleet.sigkill(victim)
                 kills += 1
     fleet.close()
-    task = store.get(task_id)
-    calls = store.model_calls(task_id)
+    task = store.reads.get(task_id)
+    calls = store.reads.model_calls(task_id)
     recorded = Counter(c["prompt"] for c in calls if c["error"] is None and not c["replayed"])
     seen = Counter(next(m["content"] for m in r["messages"] if m["role"] == "user")
                    for r in fake_ollama.requests)

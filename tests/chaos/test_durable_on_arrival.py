@@ -112,7 +112,7 @@ def test_no_answer_that_arrived_before_a_sigkill_is_asked_for_again(
         store: Store, fake_ollama: FakeOllama,
         make_fleet: Callable[[list[str]], Fleet]) -> None:
     fake_ollama.delay_for = _held
-    store.submit_many("spender", "task", [{"goal": f"answer {i}"} for i in range(TASKS)])
+    store.tasks.submit_many("spender", "task", [{"goal": f"answer {i}"} for i in range(TASKS)])
     fleet = make_fleet(["--agents-module", "tests.chaos.agents", "--agents", "spender,judge",
                         "--lease-seconds", str(LEASE_SECONDS)])
     fleet.env = cli_env(fleet.env, ORGCHART_LLM__BACKEND="ollama",

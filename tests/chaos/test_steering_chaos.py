@@ -62,7 +62,7 @@ def _scalar(store: Store, sql: str, **params: Any) -> Any:
 def test_a_cancel_racing_a_killed_worker_and_a_redelivery(
         store: Store, make_fleet: Callable[[list[str]], Fleet],
         chaos_env: dict[str, str]) -> None:
-    root, _ = store.submit(NewTask(
+    root, _ = store.tasks.submit(NewTask(
         to_agent="spend_fanout", type="task",
         payload={"goal": "cancel me", "n": 4, "inner": 25, "sleep": 4.0},
         budget_tokens=10_000_000, budget_usd=Decimal(1000), budget_seconds=3600))
@@ -83,7 +83,7 @@ def test_a_cancel_racing_a_killed_worker_and_a_redelivery(
     assert second.alive(), second.log()
     counts = status_counts(store)
     assert set(counts) <= {"cancelled", "done", "failed"}, counts
-    assert store.get(root["id"])["status"] == "cancelled"
+    assert store.reads.get(root["id"])["status"] == "cancelled"
     assert all(n == 1 for n in terminal_event_counts(store).values())
     # Nothing paid for a call that started after the cancel (a call answered before it may
     # be charged after it: the money was spent); no task changed after the cancel.
@@ -112,7 +112,7 @@ def test_a_pause_survives_a_server_restart(
         server_ctl: ServerControl | None) -> None:
     if server_ctl is None:
         pytest.skip("this test server cannot be restarted from here")
-    root, _ = store.submit(NewTask(
+    root, _ = store.tasks.submit(NewTask(
         to_agent="spend_fanout", type="task",
         payload={"goal": "pause me", "n": 3, "inner": 8, "sleep": PAUSE_NAP_SECONDS},
         budget_tokens=10_000_000, budget_usd=Decimal(1000), budget_seconds=3600))
@@ -140,8 +140,8 @@ def test_a_pause_survives_a_server_restart(
         > 0, (dict(status_counts(store)), _ended_how(store), worker.log())
     with fleet.recorder.operation("resume", {"root": str(root["id"])}) as told:
         told["output"] = run_cli(chaos_env, "resume", str(root["id"]))
-    wait_until(lambda: store.get(root["id"])["status"] in ("done", "failed", "escalated"),
+    wait_until(lambda: store.reads.get(root["id"])["status"] in ("done", "failed", "escalated"),
                120, "the resumed tree's end")
-    assert store.get(root["id"])["status"] == "done", worker.log()
+    assert store.reads.get(root["id"])["status"] == "done", worker.log()
     assert all(n == 1 for n in terminal_event_counts(store).values())
     assert_audited(store, fleet.recorder)

@@ -65,8 +65,8 @@ def test_tool_calls_survive_a_kill_every_one_and_a_half_seconds(
     fake_ollama.tool_plan = calls_until(TOOL_CALLS, "work")
     log = tmp_path / "side_effects.log"
     log.touch()
-    ids = [store.submit(NewTask(to_agent="six_tools", type="task", budget_seconds=3600,
-                                payload={"goal": f"job {i}"}))[0]["id"] for i in range(TASKS)]
+    ids = [store.tasks.submit(NewTask(to_agent="six_tools", type="task", budget_seconds=3600,
+                                      payload={"goal": f"job {i}"}))[0]["id"] for i in range(TASKS)]
     fleet = make_fleet(["--agents-module", "tests.chaos.agents",
                         "--agents", "six_tools,judge"])
     fleet.env = cli_env(fleet.env, ORGCHART_LLM__BACKEND="ollama",
@@ -80,7 +80,7 @@ def test_tool_calls_survive_a_kill_every_one_and_a_half_seconds(
         if len(fleet.alive()) < 2:
             fleet.start()
         time.sleep(0.05)
-        if all(store.get(i)["status"] == "done" for i in ids):
+        if all(store.reads.get(i)["status"] == "done" for i in ids):
             break
         if time.monotonic() < next_kill:
             continue
@@ -101,7 +101,7 @@ def test_tool_calls_survive_a_kill_every_one_and_a_half_seconds(
         kills += 1
     elapsed = time.monotonic() - started
     fleet.close()
-    statuses = Counter(store.get(i)["status"] for i in ids)
+    statuses = Counter(store.reads.get(i)["status"] for i in ids)
     lines = Counter(log.read_text().split())
     duplicated_effects = sum(n - 1 for n in lines.values())
     resent_requests = sum(n - 1 for n in fake_ollama.seen.values())

@@ -75,7 +75,7 @@ def test_a_worker_killed_mid_stream_leaves_text_that_the_next_one_continues(
     fake_ollama.reply_text = REPLY
     fake_ollama.piece_chars = PIECE_CHARS
     fake_ollama.piece_delay_seconds = PIECE_SECONDS
-    store.submit_many("spender", "task", [{"goal": f"stream {i}"} for i in range(TASKS)])
+    store.tasks.submit_many("spender", "task", [{"goal": f"stream {i}"} for i in range(TASKS)])
     fleet = make_fleet(["--agents-module", "tests.chaos.agents", "--agents", "spender,judge",
                         "--lease-seconds", str(LEASE_SECONDS)])
     fleet.env = cli_env(fleet.env, ORGCHART_LLM__BACKEND="ollama",

@@ -69,8 +69,8 @@ def _running(store: Store) -> list[str]:
 def test_a_sigkilled_worker_never_leaves_the_tenants_count_high(
         fleet: Fleet, store: Store) -> None:
     for i in range(TASKS):
-        store.submit(NewTask("echo", "task", {"goal": f"capped {i}", "sleep": 1.5},
-                             tenant="capped"))
+        store.tasks.submit(NewTask("echo", "task", {"goal": f"capped {i}", "sleep": 1.5},
+                                   tenant="capped"))
     samples: list[list[str]] = []
     done = threading.Event()
 
@@ -123,11 +123,11 @@ def test_two_workers_never_take_more_than_the_tenants_bucket_gives(
                Recorder(tmp_path / "history.jsonl", process="test")) as fleet:
         workers = [fleet.start(), fleet.start()]
         for i in range(METERED):
-            store.submit(NewTask("spender", "task", {"goal": f"metered {i}"},
-                                 tenant="metered"))
-        free = [store.submit(NewTask("spender", "task", {"goal": f"free {i}"}))[0]["id"]
+            store.tasks.submit(NewTask("spender", "task", {"goal": f"metered {i}"},
+                                       tenant="metered"))
+        free = [store.tasks.submit(NewTask("spender", "task", {"goal": f"free {i}"}))[0]["id"]
                 for i in range(FREE)]
-        wait_until(lambda: all(store.get(t)["status"] == "done" for t in free), 60,
+        wait_until(lambda: all(store.reads.get(t)["status"] == "done" for t in free), 60,
                    "the unlimited tenant's tasks to finish")
         wait_until(lambda: sum(t for _, t in _metered_calls(store)) >= RATE / 2, 60,
                    "the burst of metered calls")
@@ -144,7 +144,7 @@ def test_two_workers_never_take_more_than_the_tenants_bucket_gives(
         assert used <= allowed, (b - a, used, allowed)
     assert sum(t for _, t in calls) >= RATE / 2  # the burst was served
     assert any(at > killed + 1.0 for at, _ in calls), "the survivor made no metered call"
-    done = sum(store.get(t)["status"] == "done" for t in free)
+    done = sum(store.reads.get(t)["status"] == "done" for t in free)
     assert done == FREE
     assert_audited(store, fleet.recorder)
 

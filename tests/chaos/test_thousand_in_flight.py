@@ -46,7 +46,7 @@ LEASE_SECONDS = 2
 
 def test_a_worker_killed_with_a_thousand_tasks_in_flight_loses_none(
         store: Store, make_fleet: Callable[[list[str]], Fleet]) -> None:
-    root, _ = store.submit(NewTask(
+    root, _ = store.tasks.submit(NewTask(
         to_agent="spend_fanout", type="task",
         payload={"goal": "a thousand in flight", "n": BRANCHES, "inner": LEAVES,
                  "sleep": LEAF_SLEEP_SECONDS},
@@ -78,7 +78,7 @@ def test_a_worker_killed_with_a_thousand_tasks_in_flight_loses_none(
                f"the tree to finish; now {dict(status_counts(store))}")
 
     assert status_counts(store) == {"done": TASKS}
-    assert store.get(root["id"])["status"] == "done"
+    assert store.reads.get(root["id"])["status"] == "done"
     counts = terminal_event_counts(store)
     assert len(counts) == TASKS and {t: n for t, n in counts.items() if n != 1} == {}
     assert duplicate_children(store) == []

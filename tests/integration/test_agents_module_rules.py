@@ -80,7 +80,7 @@ def test_an_over_promising_result_is_escalated_by_the_modules_rule(
     assert RULE in runtime.policies.names()
     root = submit(runtime.store, AGENT, {"goal": "how reliable is it?"})
     drain(runtime)
-    task = runtime.store.get(root["id"])
+    task = runtime.store.reads.get(root["id"])
     assert task["status"] == "escalated", task
     assert task["error"] == f"policy {RULE}: the result over-promises"
 
@@ -91,7 +91,7 @@ def test_disabled_still_switches_the_modules_rule_off(
     assert RULE not in runtime.policies.names()
     root = submit(runtime.store, AGENT, {"goal": "how reliable is it?"})
     drain(runtime)
-    assert runtime.store.get(root["id"])["status"] == "done"
+    assert runtime.store.reads.get(root["id"])["status"] == "done"
 
 
 def on_path(env: dict[str, str], where: Path) -> dict[str, str]:

@@ -13,6 +13,7 @@ import pytest
 from runtime.config import load_settings
 from runtime.http.api import create_app
 from runtime.store.postgres.engines import create_db_engine
+from runtime.store.reads import Reads
 from runtime.store.store import Store
 from runtime.views import TASK_FIELDS, tree_json
 from runtime.wiring import Runtime, build_runtime
@@ -71,7 +72,7 @@ def submit(client: TestClient, **body: Any) -> dict[str, Any]:
 
 
 def count_roots(store: Store) -> int:
-    return len(store.recent_roots(1000))
+    return len(store.reads.recent_roots(1000))
 
 
 def as_json(value: Any) -> Any:
@@ -93,13 +94,13 @@ def test_post_tasks_creates_a_root_and_answers_201_with_the_task(client: TestCli
     assert task["root_id"] == task["id"] and task["parent_id"] is None
     assert task["created"] is True
     assert response.headers["location"] == f"/tasks/{task['id']}"
-    assert store.get(uuid.UUID(task["id"]))["budget_tokens"] == 1000
+    assert store.reads.get(uuid.UUID(task["id"]))["budget_tokens"] == 1000
 
 
 def test_post_tasks_takes_a_tenant_and_refuses_a_bad_one(client: TestClient,
                                                          store: Store) -> None:
     task = submit(client, tenant="acme")
-    assert task["tenant"] == "acme" and store.get(uuid.UUID(task["id"]))["tenant"] == "acme"
+    assert task["tenant"] == "acme" and store.reads.get(uuid.UUID(task["id"]))["tenant"] == "acme"
     assert submit(client)["tenant"] == "default"
     before = count_roots(store)
     bad = client.post("/tasks", json={"prompt": "x", "agent": "echo", "tenant": "a b"})
@@ -217,7 +218,7 @@ def test_the_tree_endpoint_is_tree_json_of_the_stored_rows(client: TestClient,
     response = client.get(f"/trees/{root['id']}")
     assert response.status_code == 200
     tree = response.json()
-    assert tree == as_json(tree_json(runtime.store.tree_rows(uuid.UUID(root["id"]))))
+    assert tree == as_json(tree_json(runtime.store.reads.tree_rows(uuid.UUID(root["id"]))))
     assert tree["status"] == "done" and len(tree["children"]) == 3
     assert tree["totals"]["tasks"] == 4 and tree["totals"]["by_status"] == {"done": 4}
     child = tree["children"][0]["id"]
@@ -314,7 +315,7 @@ def test_unknown_routes_and_methods_answer_json(client: TestClient) -> None:
     assert "not allowed" in response.json()["error"]
 
 
-class ExplodingStore(Store):
+class ExplodingReads(Reads):
     def metrics(self) -> dict[str, Any]:
         raise RuntimeError("secret internals")
 
@@ -322,7 +323,8 @@ class ExplodingStore(Store):
 def test_an_unexpected_error_is_a_500_without_a_traceback(runtime: Runtime, db_url: str,
                                                           caplog: pytest.LogCaptureFixture
                                                           ) -> None:
-    store = ExplodingStore(create_db_engine(db_url, pool_size=1))
+    store = Store(create_db_engine(db_url, pool_size=1))
+    store.reads = ExplodingReads(store.database)
     with TestClient(create_app(store=store, settings=runtime.settings,
                                registry=runtime.registry)) as c:
         response = c.get("/metrics")

@@ -48,15 +48,15 @@ def drain(runtime: Runtime) -> None:
 @pytest.fixture
 def tree(runtime: Runtime) -> uuid.UUID:
     """A finished tree: a planner, three writers, four paid model calls."""
-    root, _ = runtime.store.submit(NewTask("fork_planner", "task", {"goal": "audit me"},
-                                           idempotency_key="audit-root"))
+    root, _ = runtime.store.tasks.submit(NewTask("fork_planner", "task", {"goal": "audit me"},
+                                                 idempotency_key="audit-root"))
     drain(runtime)
-    assert runtime.store.get(root["id"])["status"] == "done"
+    assert runtime.store.reads.get(root["id"])["status"] == "done"
     return uuid.UUID(str(root["id"]))
 
 
 def run_sql(store: Store, sql: str, **params: Any) -> list[Any]:
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         result = conn.execute(sa.text(sql), params)
         return list(result.all()) if result.returns_rows else []
 
@@ -105,7 +105,7 @@ def test_a_clean_run_passes_every_check(runtime: Runtime, tree: uuid.UUID,
 
 
 def test_audit_reads_in_small_batches_and_pages(runtime: Runtime, tree: uuid.UUID) -> None:
-    other, _ = runtime.store.submit(NewTask("fork_planner", "task", {"goal": "second"}))
+    other, _ = runtime.store.tasks.submit(NewTask("fork_planner", "task", {"goal": "second"}))
     drain(runtime)
     report = audit(runtime.store, batch=1, page=2)
     assert report.ok, report.text()
@@ -160,7 +160,7 @@ def test_fan_in_before_a_child_ended_is_named(runtime: Runtime, tree: uuid.UUID)
 
 # ---------------------------------------------------------------------- 3. steering
 def test_a_call_started_after_a_cancel_is_named(runtime: Runtime) -> None:
-    root, _ = runtime.store.submit(NewTask("fork_planner", "task", {"goal": "cancel me"}))
+    root, _ = runtime.store.tasks.submit(NewTask("fork_planner", "task", {"goal": "cancel me"}))
     runtime.store.steering.cancel(root["id"], actor="test")
     run_sql(runtime.store, """
         INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model,
@@ -174,7 +174,7 @@ def test_a_call_started_after_a_cancel_is_named(runtime: Runtime) -> None:
 
 
 def test_a_claim_during_a_pause_is_named(runtime: Runtime, tmp_path: Path) -> None:
-    root, _ = runtime.store.submit(NewTask("fork_planner", "task", {"goal": "pause me"}))
+    root, _ = runtime.store.tasks.submit(NewTask("fork_planner", "task", {"goal": "pause me"}))
     rec = Recorder(tmp_path / "history.jsonl")
     with rec.operation("pause", {"root": str(root["id"])}):
         runtime.store.steering.pause(root["id"], actor="test")
@@ -196,7 +196,7 @@ def test_a_claim_during_a_pause_is_named(runtime: Runtime, tmp_path: Path) -> No
 
 def test_a_claim_after_an_acknowledged_cancel_is_named(runtime: Runtime,
                                                        tmp_path: Path) -> None:
-    root, _ = runtime.store.submit(NewTask("fork_planner", "task", {"goal": "cancel me"}))
+    root, _ = runtime.store.tasks.submit(NewTask("fork_planner", "task", {"goal": "cancel me"}))
     rec = Recorder(tmp_path / "history.jsonl")
     with rec.operation("cancel", {"task": str(root["id"])}):
         pass  # the client was told ok, but nothing was cancelled
@@ -300,7 +300,7 @@ def test_a_carve_past_the_parents_remainder_is_named(runtime: Runtime, tree: uui
 # ---------------------------------------------------------------------- 6. answers
 def test_an_acknowledged_answer_never_applied_is_named(runtime: Runtime,
                                                        tmp_path: Path) -> None:
-    question, _ = runtime.store.submit(NewTask("human", "question", {"question": "ok?"}))
+    question, _ = runtime.store.tasks.submit(NewTask("human", "question", {"question": "ok?"}))
     rec = Recorder(tmp_path / "history.jsonl")
     with rec.operation("answer", {"task": str(question["id"]), "answer": "yes"}):
         pass  # told ok; nothing was written
@@ -310,7 +310,7 @@ def test_an_acknowledged_answer_never_applied_is_named(runtime: Runtime,
 
 def test_a_refused_answer_that_changed_something_is_named(runtime: Runtime,
                                                           tmp_path: Path) -> None:
-    question, _ = runtime.store.submit(NewTask("human", "question", {"question": "ok?"}))
+    question, _ = runtime.store.tasks.submit(NewTask("human", "question", {"question": "ok?"}))
     rec = Recorder(tmp_path / "history.jsonl")
     with rec.operation("answer", {"task": str(question["id"]), "answer": "yes"}) as told:
         runtime.store.steering.answer(question["id"], "yes", actor="test")

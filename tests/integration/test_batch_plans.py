@@ -112,13 +112,14 @@ def _queue(store: Store, pending: int = 2000, lease_seconds: float = 60.0) -> li
     """``pending`` queued tasks, their statistics taken, and ``HELD`` of them claimed."""
     submit_noop(store, pending)
     _analyze(store)  # the statistics of a waiting queue: nothing running, nothing leased
-    return store.claim(["noop"], HELD, "w", lease_seconds)
+    return store.claims.claim(["noop"], HELD, "w", lease_seconds)
 
 
 def test_a_claim_updates_its_rows_by_place(store: Store) -> None:
     submit_noop(store, 20_000)
     _analyze(store)
-    claimed = _assert_by_key(store, "Claim up to", lambda: store.claim(["noop"], 200, "w", 60),
+    claimed = _assert_by_key(store, "Claim up to",
+                             lambda: store.claims.claim(["noop"], 200, "w", 60),
                              by=("Tid Scan", None))
     assert len(claimed) == 200  # joined to its CTE, a claim of 200 read the whole table
     assert {r.claimed_from for r in claimed} == {"pending"}
@@ -129,7 +130,7 @@ def test_a_batch_finish_updates_its_rows_by_key(store: Store) -> None:
     rows = _queue(store, pending=20_000)  # the drain's queue (with 2,000 the plan was right)
     outcomes = [RunOutcome(r.id, r.lease_token, "judging", result={"ok": True}) for r in rows]
     _assert_by_key(store, "Move leased running tasks",
-                   lambda: store.finish_running(outcomes, "w"))
+                   lambda: store.transitions.finish_running(outcomes, "w"))
     with store.engine.connect() as conn:
         judging = conn.execute(sa.text("SELECT count(*) FROM tasks WHERE status = 'judging'"))
         assert judging.scalar() == HELD
@@ -138,16 +139,16 @@ def test_a_batch_finish_updates_its_rows_by_key(store: Store) -> None:
 def test_a_heartbeat_over_many_leases_updates_its_rows_by_key(store: Store) -> None:
     rows = _queue(store)
     held = _assert_by_key(store, "Extend the leases a worker still holds",
-                          lambda: store.heartbeat([r.lease_token for r in rows], 60.0))
+                          lambda: store.claims.heartbeat([r.lease_token for r in rows], 60.0))
     assert held == {r.lease_token for r in rows}
 
 
 def test_a_judge_stage_claim_updates_its_rows_by_place(store: Store) -> None:
     rows = _queue(store, pending=20_000)
-    store.finish_running([RunOutcome(r.id, r.lease_token, "judging", result={"ok": True})
-                          for r in rows], "w")
+    store.transitions.finish_running([RunOutcome(r.id, r.lease_token, "judging",
+                                                 result={"ok": True}) for r in rows], "w")
     _analyze(store)
-    leased = _assert_by_key(store, "Lease up to", lambda: store.claim_judging(200, "w", 60),
+    leased = _assert_by_key(store, "Lease up to", lambda: store.claims.claim_judging(200, "w", 60),
                             by=("Tid Scan", None))
     assert len(leased) == 200 and {r.status for r in leased} == {"judging"}
 

@@ -57,7 +57,7 @@ def serve(runtime: Runtime, token: str | None = None) -> Server:
 
 def submit(runtime: Runtime, goal: str, agent: str, **payload: Any) -> uuid.UUID:
     new = build_root(runtime.registry, runtime.settings, goal=goal, agent=agent, payload=payload)
-    return runtime.store.submit(new, actor="test")[0]["id"]
+    return runtime.store.tasks.submit(new, actor="test")[0]["id"]
 
 
 def test_the_tree_page_follows_a_tree_until_it_is_done(browser: Any, runtime: Runtime) -> None:
@@ -89,13 +89,13 @@ def test_the_tree_page_follows_a_tree_until_it_is_done(browser: Any, runtime: Ru
         assert "Survey the market" in page.text_content("#goal")
         assert page.locator("button.resolve").count() == 0
         # The tree came in its summary shape: a node's result is read when it is opened.
-        child = str(runtime.store.children(root)[0]["id"])
+        child = str(runtime.store.reads.children(root)[0]["id"])
         node = f'li.node[data-task-id="{child}"] > .extras'
         assert page.locator(f"{node} > details[data-key='result-{child}']").count() == 0
         page.click(f"{node} > details.more > summary")
         result = page.wait_for_selector(f"{node} > details[data-key='result-{child}'][open] pre",
                                         timeout=TIMEOUT_MS)
-        task = runtime.store.get(uuid.UUID(child))
+        task = runtime.store.reads.get(uuid.UUID(child))
         assert json.loads(result.text_content() or "") == task["result"]
         page.screenshot(path=str(ARTIFACTS / "tree_done.png"), full_page=True)
         assert errors == []
@@ -105,7 +105,7 @@ def test_the_tree_page_follows_a_tree_until_it_is_done(browser: Any, runtime: Ru
 def test_escalated_nodes_get_buttons_that_resolve_them(browser: Any, runtime: Runtime) -> None:
     root = submit(runtime, "Ask the flaky scouts", "fanout", n=2, child="flaky")
     drain(runtime)
-    assert runtime.store.get(root)["status"] == "escalated"
+    assert runtime.store.reads.get(root)["status"] == "escalated"
     ARTIFACTS.mkdir(exist_ok=True)
     with serve(runtime, token="page-token") as server:
         page = browser.new_page(viewport={"width": 1100, "height": 600})
@@ -122,8 +122,8 @@ def test_escalated_nodes_get_buttons_that_resolve_them(browser: Any, runtime: Ru
         page.wait_for_selector('#root-status[data-status="done"]', timeout=TIMEOUT_MS)
         assert "resolved (done)" in page.text_content("#message")
         page.close()
-    assert runtime.store.get(root)["status"] == "done"
-    assert "resolved from the web page" in runtime.store.events(root)[-1]["detail"]
+    assert runtime.store.reads.get(root)["status"] == "done"
+    assert "resolved from the web page" in runtime.store.reads.events(root)[-1]["detail"]
 
 
 def test_the_waterfall_groups_siblings_and_marks_the_critical_path(browser: Any,
@@ -190,7 +190,7 @@ def test_the_diff_page_compares_a_branch_with_its_original(
     settings = runtime.settings
     original = submit(runtime, "harbour report", "fork_planner")
     drained(runtime)
-    writer = next(c for c in store.children(original) if c["idempotency_key"] == "w1")
+    writer = next(c for c in store.reads.children(original) if c["idempotency_key"] == "w1")
     branch = fork(store, runtime.registry, settings, writer["id"],
                   payload={"goal": "the lighthouse at night"}, note="new angle")["id"]
     drained(runtime)

@@ -26,7 +26,7 @@ def test_the_page_says_offline_est_instead_of_a_model_that_never_ran(
         browser: Any, runtime: Runtime) -> None:  # noqa: F811
     root = submit(runtime, "durable agent runtimes", "trend_analyst")
     drain(runtime)
-    task = runtime.store.get(root)
+    task = runtime.store.reads.get(root)
     assert task["status"] == "done" and task["served_by"] == {"offline": 2}
     with serve(runtime) as server:
         page = browser.new_page(viewport={"width": 1100, "height": 700})

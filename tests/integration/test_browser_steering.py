@@ -76,13 +76,13 @@ def test_cancel_a_tree_on_the_page(browser: Any, runtime: Runtime) -> None:  # n
         page.wait_for_selector('#root-status[data-status="cancelled"]', timeout=TIMEOUT_MS)
         page.screenshot(path=str(ARTIFACTS / "tree-cancelled.png"))
         assert page.errors == []
-    assert {t["status"] for t in runtime.store.tree_rows(root["id"])} == {"cancelled"}
+    assert {t["status"] for t in runtime.store.reads.tree_rows(root["id"])} == {"cancelled"}
 
 
 def test_answer_a_question_on_the_page(browser: Any, asking: Runtime) -> None:  # noqa: F811
-    root, _ = asking.store.submit(NewTask("publisher", "publish", {"goal": "the report"}))
+    root, _ = asking.store.tasks.submit(NewTask("publisher", "publish", {"goal": "the report"}))
     drain(asking)
-    (question,) = asking.store.children(root["id"])
+    (question,) = asking.store.reads.children(root["id"])
     with serve(asking) as server:
         page = open_tree(browser, server, root["id"])
         page.wait_for_selector(f'.inbox-item[data-task-id="{question["id"]}"]',
@@ -91,12 +91,12 @@ def test_answer_a_question_on_the_page(browser: Any, asking: Runtime) -> None:  
         page.click(f'.inbox-item[data-task-id="{question["id"]}"] button[data-choice=\'"yes"\']')
         page.wait_for_selector("#inbox[hidden]", state="attached", timeout=TIMEOUT_MS)
         assert page.errors == []
-    assert asking.store.get(question["id"])["result"] == "yes"
-    assert asking.store.get(root["id"])["status"] == "ready_to_aggregate"
+    assert asking.store.reads.get(question["id"])["result"] == "yes"
+    assert asking.store.reads.get(root["id"])["status"] == "ready_to_aggregate"
 
 
 def test_approve_a_task_on_the_page(browser: Any, runtime: Runtime) -> None:  # noqa: F811
-    runtime.store.approval_agents = ("echo",)
+    runtime.store.policies.approval_agents = ("echo",)
     root, kids = parent_with_children(runtime.store, 2)
     with serve(runtime) as server:
         page = open_tree(browser, server, root["id"])
@@ -110,6 +110,6 @@ def test_approve_a_task_on_the_page(browser: Any, runtime: Runtime) -> None:  # 
         page.wait_for_selector(second, state="detached", timeout=TIMEOUT_MS)
         page.screenshot(path=str(ARTIFACTS / "tree-approved.png"))
         assert page.errors == []
-    assert runtime.store.get(kids[0]["id"])["status"] == "pending"
-    failed = runtime.store.get(kids[1]["id"])
+    assert runtime.store.reads.get(kids[0]["id"])["status"] == "pending"
+    failed = runtime.store.reads.get(kids[1]["id"])
     assert failed["status"] == "failed" and "too costly" in failed["error"]

@@ -32,7 +32,7 @@ pytestmark = [
 
 
 def test_the_tree_page_shows_text_as_it_grows(browser: Any, runtime: Runtime) -> None:  # noqa: F811
-    task, _ = runtime.store.submit(NewTask("echo", "task", {"goal": "stream on the page"}))
+    task, _ = runtime.store.tasks.submit(NewTask("echo", "task", {"goal": "stream on the page"}))
     root = uuid.UUID(str(task["id"]))
     ARTIFACTS.mkdir(exist_ok=True)
     with serve(runtime, token="s3cret") as server:

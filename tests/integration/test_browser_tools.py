@@ -26,7 +26,7 @@ def test_the_page_lists_and_draws_a_tasks_tool_calls(browser: Any,  # noqa: F811
                                                      runtime: Runtime) -> None:  # noqa: F811
     root = submit(runtime, "durable agent runtimes", "trend_analyst")
     drain(runtime)
-    assert runtime.store.get(root)["status"] == "done"
+    assert runtime.store.reads.get(root)["status"] == "done"
     with serve(runtime) as server:
         page = browser.new_page(viewport={"width": 1100, "height": 700})
         errors: list[str] = []

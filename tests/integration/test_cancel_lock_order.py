@@ -108,13 +108,13 @@ def test_a_cancel_and_the_finish_of_a_child_delegated_meanwhile_do_not_deadlock(
         store: Store, deadlocks: list[BaseException],
         paused_delegation: PausedDelegation) -> None:
     root, _ = parent_with_children(store, 2, agent="fanout")
-    parent, sibling = sorted(store.claim(["fanout"], 2, "w", 60), key=lambda r: r.id)
+    parent, sibling = sorted(store.claims.claim(["fanout"], 2, "w", 60), key=lambda r: r.id)
     with store.engine.connect() as holder:
         tx = holder.begin()  # holds the sibling: the cancel stops there, after the parent
         holder.execute(sa.text("SELECT 1 FROM tasks WHERE id = :id FOR UPDATE"),
                        {"id": sibling.id})
         paused_delegation.armed = True
-        delegation = Step(store.delegate, parent.id, parent.lease, child_rows(1), "w")
+        delegation = Step(store.transitions.delegate, parent.id, parent.lease, child_rows(1), "w")
         delegation.start()
         assert paused_delegation.reached.wait(30)  # it holds the parent, uncommitted
         cancel = Step(store.steering.cancel, root["id"])
@@ -126,10 +126,10 @@ def test_a_cancel_and_the_finish_of_a_child_delegated_meanwhile_do_not_deadlock(
         wait_until(lambda: blocked(store) == 1, what="the cancel to wait for the sibling")
         # A worker takes the new child now, if the cancel does not hold it, and ends it.
         finish = None
-        claimed = store.claim(["echo"], 1, "w2", 60)
+        claimed = store.claims.claim(["echo"], 1, "w2", 60)
         if claimed:
             child = claimed[0]
-            finish = Step(store.finish_running,
+            finish = Step(store.transitions.finish_running,
                           [RunOutcome(child.id, child.lease, "failed", error="x")], "w2")
             finish.start()
             wait_until(lambda: blocked(store) == 2 or not finish.is_alive(),

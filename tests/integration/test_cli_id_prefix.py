@@ -36,7 +36,7 @@ def runtime(orgchart_env: dict[str, str], make_runtime: Callable[..., Runtime]) 
     """Two pending roots whose ids share the prefix ``aaaa``."""
     rt = make_runtime()
     for task_id in (A, B):
-        rt.store.submit(NewTask("echo", "task", {"goal": "short ids"}), task_id=task_id)
+        rt.store.tasks.submit(NewTask("echo", "task", {"goal": "short ids"}), task_id=task_id)
     return rt
 
 

@@ -27,7 +27,7 @@ def runtime(orgchart_env: dict[str, str], make_runtime: Callable[..., Runtime]) 
 
 
 def submit(runtime: Runtime, agent: str = "echo", **payload: Any) -> uuid.UUID:
-    task, _ = runtime.store.submit(NewTask(agent, "task", {"goal": "inspect me", **payload}))
+    task, _ = runtime.store.tasks.submit(NewTask(agent, "task", {"goal": "inspect me", **payload}))
     return task["id"]
 
 
@@ -70,7 +70,7 @@ def test_tree_json_is_tree_json_of_the_stored_rows(runtime: Runtime) -> None:
     root = submit(runtime, "fanout", n=3)
     drain(runtime)
     tree = cli_json("tree", str(root))
-    assert tree == as_json(tree_json(runtime.store.tree_rows(root)))
+    assert tree == as_json(tree_json(runtime.store.reads.tree_rows(root)))
     assert tree["status"] == "done" and tree["totals"]["tasks"] == 4
 
 
@@ -110,7 +110,7 @@ def test_a_missing_task_exits_2_with_no_task(runtime: Runtime, command: str) -> 
 def test_tree_of_a_child_names_its_root(runtime: Runtime) -> None:
     root = submit(runtime, "fanout", n=1)
     drain(runtime)
-    child = runtime.store.children(root)[0]["id"]
+    child = runtime.store.reads.children(root)[0]["id"]
     result = cli("tree", str(child))
     assert result.exit_code == 2
     assert f"not a root; its tree is {root}" in result.stderr
@@ -135,7 +135,7 @@ def test_show_has_the_task_its_history_children_and_model_calls(runtime: Runtime
 def escalate(runtime: Runtime) -> uuid.UUID:
     root = submit(runtime, "fanout", n=2, child="flaky")
     drain(runtime)
-    assert runtime.store.get(root)["status"] == "escalated"
+    assert runtime.store.reads.get(root)["status"] == "escalated"
     return root
 
 
@@ -143,7 +143,7 @@ def test_escalations_lists_rule_error_root_and_goal(runtime: Runtime) -> None:
     assert cli_json("escalations") == []
     assert "no escalations" in cli("escalations").stdout
     root = escalate(runtime)
-    mail = runtime.store.submit(NewTask("echo", "task", {"goal": "mail bob@example.com"}))[0]
+    mail = runtime.store.tasks.submit(NewTask("echo", "task", {"goal": "mail bob@example.com"}))[0]
     drain(runtime)
     items = cli_json("escalations")
     assert [i["id"] for i in items] == [str(root), str(mail["id"])]
@@ -161,7 +161,7 @@ def test_resolve_needs_exactly_one_action(runtime: Runtime) -> None:
     assert none.exit_code == 2 and "exactly one of" in none.stderr
     two = cli("resolve", str(root), "--done", "--fail")
     assert two.exit_code == 2 and "(got --done, --fail)" in two.stderr
-    assert runtime.store.get(root)["status"] == "escalated"
+    assert runtime.store.reads.get(root)["status"] == "escalated"
 
 
 def test_resolve_done_then_again_is_refused(runtime: Runtime) -> None:
@@ -169,8 +169,8 @@ def test_resolve_done_then_again_is_refused(runtime: Runtime) -> None:
     done = cli("resolve", str(root), "--done", "--note", "looked fine")
     assert done.exit_code == 0, done.stderr
     assert "escalated -> done" in done.stdout
-    assert runtime.store.get(root)["status"] == "done"
-    assert "looked fine" in runtime.store.events(root)[-1]["detail"]
+    assert runtime.store.reads.get(root)["status"] == "done"
+    assert "looked fine" in runtime.store.reads.events(root)[-1]["detail"]
     again = cli("resolve", str(root), "--fail")
     assert again.exit_code == 2 and "not escalated" in again.stderr
 
@@ -207,8 +207,8 @@ def test_prune_removes_finished_trees_only(runtime: Runtime) -> None:
     result = cli("prune", "--older-than", "0s")
     assert result.exit_code == 0, result.stderr
     assert "removed 1 trees (3 tasks)" in result.stdout
-    assert runtime.store.tree_rows(finished) == []
-    assert runtime.store.get(waiting)["status"] == "pending"
+    assert runtime.store.reads.tree_rows(finished) == []
+    assert runtime.store.reads.get(waiting)["status"] == "pending"
 
 
 def test_serve_refuses_a_public_host_without_a_token(orgchart_env: dict[str, str],
@@ -228,7 +228,7 @@ def test_submit_to_an_approval_agent_says_the_root_is_held(
     task_id = result.stdout.strip()
     assert f"held for approval ([policies] require_approval lists echo): orgchart approve " \
            f"{task_id}" in result.stderr
-    assert runtime.store.get(uuid.UUID(task_id))["status"] == "awaiting_approval"
+    assert runtime.store.reads.get(uuid.UUID(task_id))["status"] == "awaiting_approval"
 
 
 def test_submit_takes_a_tenant_and_tree_shows_it(runtime: Runtime) -> None:

@@ -176,23 +176,24 @@ def test_the_http_client_sends_its_token(runtime: Runtime,
 
 # ---------------------------------------------------------------- the claim
 def test_a_tree_claim_takes_only_the_named_trees(store: Store) -> None:
-    mine, _ = store.submit(NewTask(to_agent="echo", type="task", payload={"goal": "mine"}))
-    theirs, _ = store.submit(NewTask(to_agent="echo", type="task", payload={"goal": "x"},
-                                     priority=0))
-    rows = store.claim_in_trees([mine["id"]], ["echo"], 10, "w-tree", 30)
+    mine, _ = store.tasks.submit(NewTask(to_agent="echo", type="task", payload={"goal": "mine"}))
+    theirs, _ = store.tasks.submit(NewTask(to_agent="echo", type="task", payload={"goal": "x"},
+                                           priority=0))
+    rows = store.claims.claim_in_trees([mine["id"]], ["echo"], 10, "w-tree", 30)
     assert [r.id for r in rows] == [mine["id"]]
-    assert store.claim_in_trees([mine["id"]], ["echo"], 10, "w-tree", 30) == []
-    assert store.get(theirs["id"])["status"] == "pending"
+    assert store.claims.claim_in_trees([mine["id"]], ["echo"], 10, "w-tree", 30) == []
+    assert store.reads.get(theirs["id"])["status"] == "pending"
 
     # The judge stage's lease, likewise: results of other trees wait for other judges.
-    judged = [store.submit(NewTask(to_agent="echo", type="task", payload={"goal": g}))[0]["id"]
+    judged = [store.tasks.submit(NewTask(to_agent="echo", type="task",
+                                         payload={"goal": g}))[0]["id"]
               for g in ("mine", "theirs")]
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE tasks SET status = 'judging' WHERE id = ANY(:ids)"),
                      {"ids": judged})
-    leased = store.claim_in_trees([judged[0]], (), 10, "w-tree", 30, judging=True)
+    leased = store.claims.claim_in_trees([judged[0]], (), 10, "w-tree", 30, judging=True)
     assert [(r.id, r.status) for r in leased] == [(judged[0], "judging")]
-    assert store.claim_judging(10, "w-other", 30)[0].id == judged[1]
+    assert store.claims.claim_judging(10, "w-other", 30)[0].id == judged[1]
 
 
 # ---------------------------------------------------------------- MCP

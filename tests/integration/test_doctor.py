@@ -113,11 +113,11 @@ def test_doctor_flags_an_overdue_fire_and_stranded_work_and_is_green_after_a_fir
     assert first.output.startswith("note: no fire has ever run")
     assert "all clear" in first.output
 
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(sa.text("INSERT INTO fires (started_at, finished_at) "
                              "VALUES (now() - interval '9 hours', now() - interval '9 hours')"))
     task = submit(store, "echo", {"goal": "left by a dead worker"})
-    store.claim(["echo"], 1, "dead-host:1:x", 30)
+    store.claims.claim(["echo"], 1, "dead-host:1:x", 30)
     expire_leases(store, minutes=10)
     red = doctor("--json")
     assert red.exit_code == 1
@@ -136,7 +136,7 @@ def test_doctor_flags_an_overdue_fire_and_stranded_work_and_is_green_after_a_fir
                             MODULE], env=env, capture_output=True, text=True, timeout=90,
                            cwd=REPO_ROOT)
     assert fired.returncode == 0, fired.stderr
-    assert store.get(task["id"])["status"] == "done"
+    assert store.reads.get(task["id"])["status"] == "done"
     green = doctor()
     assert green.exit_code == 0, green.output
     assert green.output.startswith("all clear: last fire")
@@ -145,14 +145,14 @@ def test_doctor_flags_an_overdue_fire_and_stranded_work_and_is_green_after_a_fir
 
 def test_doctor_flags_an_escalation_waiting_too_long(
         store: Store, orgchart_env: dict[str, str]) -> None:
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(sa.text("INSERT INTO fires (started_at, finished_at) VALUES (now(), now())"))
     task = submit(store, "echo")
-    (row,) = store.claim(["echo"], 1, "w:1:x", 30)
-    store.finish_running([RunOutcome(task["id"], row["lease_token"], "escalated",
-                                     error="needs a decision")], "w:1:x")
+    (row,) = store.claims.claim(["echo"], 1, "w:1:x", 30)
+    store.transitions.finish_running([RunOutcome(task["id"], row["lease_token"], "escalated",
+                                                 error="needs a decision")], "w:1:x")
     assert doctor().exit_code == 0
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(sa.text("UPDATE task_events SET at = at - interval '2 days' "
                              "WHERE to_status = 'escalated'"))
     late = doctor("--json")

@@ -41,8 +41,8 @@ def writer(store: Store) -> Iterator[ChargeWriter]:
 
 
 def _claimed(store: Store) -> dict[str, Any]:
-    store.submit(NewTask(to_agent="scout", type="task", payload={"goal": "g"}))
-    (row,) = store.claim(["scout"], 1, "w", 30)
+    store.tasks.submit(NewTask(to_agent="scout", type="task", payload={"goal": "g"}))
+    (row,) = store.claims.claim(["scout"], 1, "w", 30)
     return row
 
 
@@ -80,9 +80,10 @@ def test_a_reply_is_on_record_before_it_is_validated(
     reply = llm.complete(PROMPT, schema=Checked)
     # (Validated again when the agent's output is built: the row is there then too.)
     assert rows_at_validation[0] == 1
-    (call,) = store.model_calls(row["id"])
+    (call,) = store.reads.model_calls(row["id"])
     assert call["error"] is None and call["response"] == reply.text
-    assert store.get(row["id"])["spent_tokens"] == reply.prompt_tokens + reply.completion_tokens
+    assert (store.reads.get(row["id"])["spent_tokens"]
+            == reply.prompt_tokens + reply.completion_tokens)
 
 
 def test_a_reply_that_fails_validation_keeps_its_charge_and_gets_its_error(
@@ -104,18 +105,18 @@ def test_a_reply_that_fails_validation_keeps_its_charge_and_gets_its_error(
     factory = _factory(store, writer, fake_ollama)
     reply = factory.for_task(row, row["lease_token"], threading.Event()).complete(
         PROMPT, schema=Picky)
-    calls = store.model_calls(row["id"])
+    calls = store.reads.model_calls(row["id"])
     assert [(c["attempt_kind"], c["call_try"]) for c in calls] == [("call", 1), ("repair", 2)]
     assert calls[0]["error"].startswith("BadModelReply: ") and "not good enough yet" in \
         calls[0]["error"]
     assert calls[1]["error"] is None and calls[1]["response"] == reply.text
     # Both requests were paid for, once each: the bad reply's charge stays.
-    assert store.get(row["id"])["spent_tokens"] == sum(
+    assert store.reads.get(row["id"])["spent_tokens"] == sum(
         c["prompt_tokens"] + c["completion_tokens"] for c in calls)
     assert reply.cost_usd == sum(c["cost_usd"] for c in calls) and reply.attempts == 2
     # Another delivery of the task replays the good reply, not the bad one.
     asked = fake_ollama.received
-    again = factory.for_task(store.get(row["id"]), row["lease_token"], threading.Event())
+    again = factory.for_task(store.reads.get(row["id"]), row["lease_token"], threading.Event())
     replayed = again.complete(PROMPT, schema=Picky)
     assert replayed.replayed and replayed.text == reply.text
     assert fake_ollama.received == asked

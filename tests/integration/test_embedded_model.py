@@ -50,8 +50,8 @@ def model() -> Iterator[EmbeddedBackend]:
 
 
 def claim_new(store: Store) -> dict[str, Any]:
-    store.submit(NewTask(to_agent="scout", type="task", payload={"goal": GOAL}))
-    (row,) = store.claim(["scout"], 1, "w", 30)
+    store.tasks.submit(NewTask(to_agent="scout", type="task", payload={"goal": GOAL}))
+    (row,) = store.claims.claim(["scout"], 1, "w", 30)
     return row
 
 
@@ -111,7 +111,7 @@ def test_a_structured_call_returns_schema_valid_data(store: Store,
     reply = llm_for(store, row, model).complete(
         f"Plan the research for this goal: {GOAL}", schema=Plan, max_tokens=300)
     Plan.model_validate(reply.data)
-    (call, *_) = store.model_calls(row["id"])
+    (call, *_) = store.reads.model_calls(row["id"])
     assert call["backend"] == "embedded" and call["prompt_tokens"] > 0
     # The counts are the model's own tokenizer's, not an estimate from characters.
     assert call["completion_tokens"] > 0
@@ -132,7 +132,7 @@ def test_the_repair_loop_without_the_grammar_converges_or_says_why(
         Plan.model_validate(reply.data)
     finally:
         model.use_grammar = True
-    kinds = [c["attempt_kind"] for c in store.model_calls(row["id"])]
+    kinds = [c["attempt_kind"] for c in store.reads.model_calls(row["id"])]
     assert kinds[0] == "call" and set(kinds[1:]) <= {"repair"} and len(kinds) <= 3
 
 
@@ -158,7 +158,7 @@ def test_a_tool_loop_runs_on_the_model(store: Store, model: EmbeddedBackend) -> 
         assert "2" in str(exc)
     else:
         assert reply.text
-    calls = store.model_calls(row["id"])
+    calls = store.reads.model_calls(row["id"])
     assert calls[0]["backend"] == "embedded" and calls[0]["position"] == "0#0"
     if calls[0]["tool_calls"]:  # a round that called the tool ran it as a step
         assert looked_up and store.steps.for_task(row["id"])
@@ -172,7 +172,7 @@ def test_a_durable_call_replays_without_calling_the_model(store: Store,
     ran = model.generations
     expire_leases(store, where=f"id = '{row['id']}'")
     store.hygiene.reap(max_delivery=10)
-    (again,) = store.claim(["scout"], 1, "w2", 30)
+    (again,) = store.claims.claim(["scout"], 1, "w2", 30)
     second = llm_for(store, again, model).complete("Name one durable agent runtime.",
                                                    max_tokens=24)
     assert second.replayed and second.text == first.text and second.cost_usd == 0
@@ -188,7 +188,7 @@ def test_a_cloud_routed_call_is_recorded_under_the_file_at_its_own_price(
     row = claim_new(store)
     reply = llm_for(store, row, model, settings).complete(
         "Say hi. " + "x" * (settings.routing.prompt_threshold + 1), max_tokens=4)
-    (call,) = store.model_calls(row["id"])
+    (call,) = store.reads.model_calls(row["id"])
     assert call["route"] == "cloud" and call["model"] == model.path.name
     tokens = call["prompt_tokens"] + call["completion_tokens"]
     assert call["cost_usd"] == reply.cost_usd == Decimal("0.000002") * tokens

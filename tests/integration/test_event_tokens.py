@@ -23,11 +23,11 @@ from tests.factories import (
 
 def last_event(store: Store, task_id: uuid.UUID) -> dict[str, Any]:
     """The task's newest event."""
-    return store.events(task_id)[-1]
+    return store.reads.events(task_id)[-1]
 
 
 def claim_one(store: Store, agent: str = "echo") -> dict[str, Any]:
-    (task,) = store.claim([agent], 1, "w-1", 30)
+    (task,) = store.claims.claim([agent], 1, "w-1", 30)
     assert last_event(store, task["id"])["lease_token"] == task["lease_token"]
     return task
 
@@ -42,7 +42,7 @@ def test_a_claim_the_reaper_and_a_release_record_the_token(store: Store) -> None
     assert (reaped["to_status"], reaped["lease_token"]) == ("pending", first["lease_token"])
     second = claim_one(store)
     assert second["lease_token"] != first["lease_token"]
-    assert store.release([second["lease_token"]], "w-1") == 1
+    assert store.claims.release([second["lease_token"]], "w-1") == 1
     released = last_event(store, root["id"])
     assert (released["to_status"], released["lease_token"]) == ("pending",
                                                                 second["lease_token"])
@@ -50,7 +50,7 @@ def test_a_claim_the_reaper_and_a_release_record_the_token(store: Store) -> None
 
 def test_the_watchdog_and_an_outcome_record_the_token_held(store: Store) -> None:
     late, done = submit(store), submit(store)
-    (a, b) = store.claim(["echo"], 2, "w-1", 30)
+    (a, b) = store.claims.claim(["echo"], 2, "w-1", 30)
     held = {a["id"]: a["lease_token"], b["id"]: b["lease_token"]}
     backdate_claims(store, 3600)
     store.hygiene.time_out()
@@ -60,24 +60,24 @@ def test_the_watchdog_and_an_outcome_record_the_token_held(store: Store) -> None
     third = submit(store)
     task = claim_one(store)
     assert task["id"] == third["id"]
-    store.finish_running([RunOutcome(task["id"], task["lease_token"], "failed",
-                                     error="boom")], "w-1")
+    store.transitions.finish_running([RunOutcome(task["id"], task["lease_token"], "failed",
+                                                 error="boom")], "w-1")
     assert last_event(store, task["id"])["lease_token"] == task["lease_token"]
 
 
 def test_a_delegation_and_a_retry_of_children_record_the_parents_token(store: Store) -> None:
     parent, (child,) = parent_with_children(store, 1)
-    delegated = [e for e in store.events(parent["id"]) if e["to_status"] == "waiting"]
-    claim = [e for e in store.events(parent["id"]) if e["to_status"] == "running"][-1]
+    delegated = [e for e in store.reads.events(parent["id"]) if e["to_status"] == "waiting"]
+    claim = [e for e in store.reads.events(parent["id"]) if e["to_status"] == "running"][-1]
     assert delegated[-1]["lease_token"] == claim["lease_token"] is not None
-    assert [e["lease_token"] for e in store.events(child["id"])] == [None]  # inserted
+    assert [e["lease_token"] for e in store.reads.events(child["id"])] == [None]  # inserted
     kid = claim_one(store)
-    store.finish_running([RunOutcome(kid["id"], kid["lease_token"], "failed",
-                                     error="boom")], "w-1")
+    store.transitions.finish_running([RunOutcome(kid["id"], kid["lease_token"], "failed",
+                                                 error="boom")], "w-1")
     store.hygiene.sweep()
-    (agg,) = store.claim(["fanout"], 1, "w-2", 30)
+    (agg,) = store.claims.claim(["fanout"], 1, "w-2", 30)
     assert agg["id"] == parent["id"] and agg["phase"] == "aggregate"
-    assert store.retry_children(agg["id"], agg["lease_token"], [kid["id"]], "w-2") == 1
+    assert store.transitions.retry_children(agg["id"], agg["lease_token"], [kid["id"]], "w-2") == 1
     back = last_event(store, parent["id"])
     assert (back["to_status"], back["lease_token"]) == ("waiting", agg["lease_token"])
     assert last_event(store, kid["id"])["lease_token"] is None  # failed -> pending: no lease

@@ -98,8 +98,8 @@ def test_a_variant_pays_only_for_the_calls_it_changed(runtime: Runtime) -> None:
 def test_a_rerun_of_the_same_experiment_starts_no_tree_twice(runtime: Runtime) -> None:
     plan = example_plan(runtime, "twice")
     first = ExperimentRunner(runtime).run(plan)
-    calls_before = runtime.store.query("experiment_spend",
-                                       experiment_id=first.experiment_id)[0]["spent"]
+    calls_before = runtime.store.database.query("experiment_spend",
+                                                experiment_id=first.experiment_id)[0]["spent"]
     again = ExperimentRunner(runtime).run(plan)
     assert (again.started, again.resumed) == (0, 6)
     assert runtime.store.experiments.spend(first.experiment_id) == Decimal(calls_before)
@@ -217,7 +217,7 @@ def test_model_judges_run_as_trees_recorded_once_with_the_order_shown(
     # One rubric judge per tree, one pairwise judge per variant tree.
     assert judged == {"baseline": 3, "sharper_trends": 3, "rubric:baseline": 3,
                       "rubric:sharper_trends": 3, "pairwise:sharper_trends": 3}
-    agents = {store.get(r["root_id"])["to_agent"] for r in runs if ":" in r["variant"]}
+    agents = {store.reads.get(r["root_id"])["to_agent"] for r in runs if ":" in r["variant"]}
     assert agents == {"judge", "pairwise_judge"}
     scores = store.experiments.scores(summary.experiment_id)
     rubric = [s for s in scores if s["scorer"] == "rubric"]
@@ -265,7 +265,7 @@ def test_deleting_an_experiment_keeps_its_trees_unless_asked(runtime: Runtime) -
     assert second.exit_code == 0, second.output
     assert "with 6 trees" in second.output
     assert runtime.store.experiments.get("kept") is None
-    assert all(runtime.store.get(r)["status"] == "done" for r in kept_roots)
+    assert all(runtime.store.reads.get(r)["status"] == "done" for r in kept_roots)
     with runtime.store.engine.connect() as conn:
         left = conn.exec_driver_sql(
             "SELECT count(*) FROM tasks WHERE root_id = ANY(%(r)s)",

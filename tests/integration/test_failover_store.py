@@ -43,15 +43,15 @@ def test_a_read_only_answer_discards_the_whole_pool(store: Store) -> None:
     assert failover.is_failover_error(info.value)
     # The sibling was discarded too: the retry gets a fresh (writable) connection.
     task = submit(store)
-    assert store.get(task["id"])["status"] == "pending"
+    assert store.reads.get(task["id"])["status"] == "pending"
 
 
 def test_a_commit_whose_connection_dies_is_in_doubt(store: Store, db_url: str) -> None:
-    with pytest.raises(sa.exc.DBAPIError) as info, store.transaction() as conn:
+    with pytest.raises(sa.exc.DBAPIError) as info, store.database.transaction() as conn:
         conn.execute(sa.text("SELECT 1"))
         _kill(db_url, conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
     assert failover.in_doubt(info.value)
-    with pytest.raises(sa.exc.DBAPIError) as info, store.transaction() as conn:
+    with pytest.raises(sa.exc.DBAPIError) as info, store.database.transaction() as conn:
         _kill(db_url, conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
         conn.execute(sa.text("SELECT 1"))  # fails before any COMMIT: not in doubt
     assert failover.is_failover_error(info.value) and not failover.in_doubt(info.value)
@@ -88,12 +88,13 @@ def _count(store: Store, sql: str, **params: Any) -> int:
 
 
 def test_a_submit_whose_commit_was_in_doubt_returns_the_same_root(store: Store) -> None:
-    flaky = _CommitThenBreak(store, {"submit"})
+    flaky = _CommitThenBreak(store.tasks, {"submit"})
     new = NewTask(to_agent="echo", type="task", payload={"goal": "in doubt"})
-    task, created = submit_root(flaky, new, "cli", timeout=10)  # type: ignore[arg-type]
+    door = SimpleNamespace(tasks=flaky, reads=store.reads, engine=store.engine)
+    task, created = submit_root(door, new, "cli", timeout=10)  # type: ignore[arg-type]
     assert created and flaky.left == 0
     assert _count(store, "SELECT count(*) FROM tasks") == 1
-    assert store.get(task["id"])["payload"] == {"goal": "in doubt"}
+    assert store.reads.get(task["id"])["payload"] == {"goal": "in doubt"}
 
 
 def test_a_submit_with_a_key_retried_by_another_process_returns_the_same_root(
@@ -125,7 +126,7 @@ def _charge(row: Any, n: int) -> ModelCharge:
 
 def test_charges_whose_commit_was_in_doubt_are_not_charged_twice(store: Store) -> None:
     submit(store)
-    (row,) = store.claim(["echo"], 1, "w", 30)
+    (row,) = store.claims.claim(["echo"], 1, "w", 30)
     flaky = _CommitThenBreak(store.spend, {"charge_many"})
     writer = ChargeWriter(SimpleNamespace(spend=flaky))  # type: ignore[arg-type]
     try:
@@ -140,7 +141,7 @@ def test_charges_whose_commit_was_in_doubt_are_not_charged_twice(store: Store) -
 
 def test_charges_that_failed_before_their_commit_are_written_again(store: Store) -> None:
     submit(store)
-    (row,) = store.claim(["echo"], 1, "w", 30)
+    (row,) = store.claims.claim(["echo"], 1, "w", 30)
     real, failures = store.spend.charge_many, []
 
     def break_first(charges: Any) -> Any:
@@ -197,7 +198,7 @@ def test_a_session_stuck_in_a_transaction_lets_its_locks_go(db_url: str) -> None
         while _count(other, locked, id=task["id"]) == 0 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _count(other, locked, id=task["id"]) == 1
-        assert other.get(task["id"])["priority"] == task["priority"]  # rolled back
+        assert other.reads.get(task["id"])["priority"] == task["priority"]  # rolled back
         with pytest.raises(sa.exc.DBAPIError):
             conn.commit()
         conn.close()

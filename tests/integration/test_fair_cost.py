@@ -30,11 +30,11 @@ def _charge(task: dict[str, Any], tokens: int, token: uuid.UUID | None = None) -
 def _tree(store: Store, n: int, tenant: str = "default") -> tuple[dict[str, Any], list[Any]]:
     """A root (claimed and delegated) with ``n`` pending children; returns the root row."""
     root = submit(store, "fanout", tenant=tenant)
-    [claimed] = [c for c in store.claim(["fanout"], 10, "w", 30) if c["id"] == root["id"]]
-    applied, inserted = store.delegate(claimed["id"], claimed["lease_token"],
-                                       child_rows(n, prefix=f"{tenant}-"), "w")
+    [claimed] = [c for c in store.claims.claim(["fanout"], 10, "w", 30) if c["id"] == root["id"]]
+    applied, inserted = store.transitions.delegate(claimed["id"], claimed["lease_token"],
+                                                   child_rows(n, prefix=f"{tenant}-"), "w")
     assert applied and inserted == n
-    return root, [k["id"] for k in store.children(root["id"])]
+    return root, [k["id"] for k in store.reads.children(root["id"])]
 
 
 def _clock(store: Store, root: dict[str, Any]) -> tuple[float, int, float]:
@@ -53,16 +53,16 @@ def _pending_gaps(store: Store, root: dict[str, Any]) -> list[float]:
 
 
 def test_a_dear_trees_pending_tasks_move_apart_and_it_is_claimed_less(store: Store) -> None:
-    store.tenancy = Tenancy(quantum_seconds=1.0, quantum_tokens=QUANTUM_TOKENS)
+    store.policies.tenancy = Tenancy(quantum_seconds=1.0, quantum_tokens=QUANTUM_TOKENS)
     dear, _ = _tree(store, 12, "dear")
     cheap, _ = _tree(store, 12, "cheap")
-    [first] = store.claim(["echo"], 1, "w", 30)  # the dear tree's first child
+    [first] = store.claims.claim(["echo"], 1, "w", 30)  # the dear tree's first child
     assert first["root_id"] == dear["id"]
     assert store.spend.charge_many([_charge(first, 1000)]) == [True]  # 10 steps' worth
     assert _clock(store, dear) == (1000.0, 1, 10.0)
     assert set(_pending_gaps(store, dear)) == {10.0}
     assert set(_pending_gaps(store, cheap)) == {1.0}
-    claimed = store.claim(["echo"], 11, "w", 30)
+    claimed = store.claims.claim(["echo"], 11, "w", 30)
     by_tree = {r: sum(c["root_id"] == r for c in claimed) for r in (dear["id"], cheap["id"])}
     assert by_tree == {dear["id"]: 1, cheap["id"]: 10}, by_tree
     # A cheap call leaves a tree at one step (never below): no respacing.
@@ -72,9 +72,9 @@ def test_a_dear_trees_pending_tasks_move_apart_and_it_is_claimed_less(store: Sto
 
 
 def test_a_small_move_of_the_cost_does_not_respace(store: Store) -> None:
-    store.tenancy = Tenancy(quantum_seconds=1.0, quantum_tokens=QUANTUM_TOKENS)
+    store.policies.tenancy = Tenancy(quantum_seconds=1.0, quantum_tokens=QUANTUM_TOKENS)
     tree, _ = _tree(store, 6, "t")
-    a, b = store.claim(["echo"], 2, "w", 30)
+    a, b = store.claims.claim(["echo"], 2, "w", 30)
     assert store.spend.charge_many([_charge(a, 400)]) == [True]
     assert _clock(store, tree)[2] == 4.0
     before = _pending_gaps(store, tree)
@@ -84,9 +84,9 @@ def test_a_small_move_of_the_cost_does_not_respace(store: Store) -> None:
 
 
 def test_a_late_workers_charge_moves_no_clock(store: Store) -> None:
-    store.tenancy = Tenancy(quantum_seconds=1.0, quantum_tokens=QUANTUM_TOKENS)
+    store.policies.tenancy = Tenancy(quantum_seconds=1.0, quantum_tokens=QUANTUM_TOKENS)
     tree, _ = _tree(store, 3, "t")
-    [task] = store.claim(["echo"], 1, "w", 30)
+    [task] = store.claims.claim(["echo"], 1, "w", 30)
     assert store.spend.charge_many([_charge(task, 5000, token=uuid.uuid4())]) == [False]
     assert _clock(store, tree) == (0.0, 0, 1.0)
     assert set(_pending_gaps(store, tree)) == {1.0}
@@ -94,7 +94,7 @@ def test_a_late_workers_charge_moves_no_clock(store: Store) -> None:
 
 def test_a_tree_that_never_delegated_is_charged_as_before(store: Store) -> None:
     root = submit(store, "echo")
-    [task] = store.claim(["echo"], 1, "w", 30)
+    [task] = store.claims.claim(["echo"], 1, "w", 30)
     assert task["id"] == root["id"]
     assert store.spend.charge_many([_charge(task, 5000)]) == [True]
     with store.engine.connect() as conn:

@@ -30,24 +30,24 @@ def test_a_replayed_call_is_written_with_the_outcome_and_never_twice(
     store = runtime.store
     original = submit(store, "fork_writer", {"goal": "one part"})
     drain(runtime)
-    (paid,) = store.model_calls(original["id"])
+    (paid,) = store.reads.model_calls(original["id"])
     branch = fork(store, runtime.registry, runtime.settings, original["id"])
 
     # A first delivery replays the call, then dies before its outcome is written.
-    (row,) = store.claim(["fork_writer"], 1, "w-dies", 30)
+    (row,) = store.claims.claim(["fork_writer"], 1, "w-dies", 30)
     action = runtime.executor().execute(row, threading.Event())
     assert isinstance(action, RunOutcome) and action.stamp is not None
     (held,) = action.stamp["replays"]
     assert held["request_hash"] == paid["request_hash"] and held["attempt"] == 1
-    assert store.model_calls(branch["id"]) == []
+    assert store.reads.model_calls(branch["id"]) == []
 
     expire_leases(store, where=f"id = '{branch['id']}'")
     store.hygiene.reap(max_delivery=10)
     drain(runtime)
 
-    task = store.get(branch["id"])
+    task = store.reads.get(branch["id"])
     assert task["status"] == "done" and task["own_tokens"] == 0 and task["spent_usd"] == 0
-    (replayed,) = store.model_calls(branch["id"])
+    (replayed,) = store.reads.model_calls(branch["id"])
     assert replayed["replayed"] and replayed["attempt"] == 2 and replayed["call_try"] == 0
     assert Decimal(replayed["cost_usd"]) == 0 and replayed["prompt_tokens"] == 0
     assert replayed["response"] == paid["response"]
@@ -55,7 +55,7 @@ def test_a_replayed_call_is_written_with_the_outcome_and_never_twice(
     assert replayed["created_at"] <= task["completed_at"]
     # A task that only replayed shows the route and model of the call it replayed.
     assert (task["route"], task["model"]) == (paid["route"], paid["model"])
-    assert store.model_calls(original["id"]) == [paid]
+    assert store.reads.model_calls(original["id"]) == [paid]
 
 
 def test_a_branch_replays_the_steps_its_counterpart_finished_with_the_same_arguments(
@@ -70,9 +70,9 @@ def test_a_branch_replays_the_steps_its_counterpart_finished_with_the_same_argum
     rerun = fork(store, runtime.registry, runtime.settings, original["id"])
     drain(runtime)
     assert STEP_EFFECTS == [("lookup", "tides"), ("post", "report")]  # nothing ran again
-    task = store.get(rerun["id"])
+    task = store.reads.get(rerun["id"])
     assert task["status"] == "done"
-    assert task["result"] == store.get(original["id"])["result"]
+    assert task["result"] == store.reads.get(original["id"])["result"]
     steps = store.steps.for_task(rerun["id"])
     assert [(s["name"], s["status"], s["starts"], s["replays"]) for s in steps] == [
         ("lookup", "finished", 0, 1), ("post", "finished", 0, 1)]
@@ -82,7 +82,7 @@ def test_a_branch_replays_the_steps_its_counterpart_finished_with_the_same_argum
                    payload={"query": "currents", "post": "report"})
     drain(runtime)
     assert STEP_EFFECTS[2:] == [("lookup", "currents")]
-    assert store.get(changed["id"])["result"]["found"]["answer"] == "found currents"
+    assert store.reads.get(changed["id"])["result"]["found"]["answer"] == "found currents"
     steps = store.steps.for_task(changed["id"])
     assert [(s["name"], s["starts"], s["replays"]) for s in steps] == [
         ("lookup", 1, 0), ("post", 0, 1)]
@@ -96,25 +96,25 @@ def test_a_branch_replays_tool_calls_with_unchanged_arguments_and_runs_changed_o
     fake_ollama.tool_plan = calls_until(2, "lookup")
     effects = Ledger()
     original = submit(store, "fork_writer", {"goal": "numbers"})
-    (row,) = store.claim(["fork_writer"], 1, "w", 30)
+    (row,) = store.claims.claim(["fork_writer"], 1, "w", 30)
     first = llm_for(store, row, backend).complete(PROMPT, tools=[effects.tool()])
     assert [n for _, n in effects.lines] == [0, 1] and first.tool_rounds == 2
 
     # The same conversation: every round and every tool call is served from the record.
     branch = fork(store, runtime.registry, runtime.settings, original["id"])
-    (row,) = store.claim(["fork_writer"], 1, "w", 30)
+    (row,) = store.claims.claim(["fork_writer"], 1, "w", 30)
     assert row["id"] == branch["id"]
     again = llm_for(store, row, backend).complete(PROMPT, tools=[effects.tool()])
     assert [n for _, n in effects.lines] == [0, 1]  # no tool ran
     assert [t.replayed for t in again.tool_results] == [True, True]
     assert [t.result for t in again.tool_results] == [t.result for t in first.tool_results]
-    assert all(c["replayed"] for c in store.model_calls(branch["id"]))
+    assert all(c["replayed"] for c in store.reads.model_calls(branch["id"]))
 
     # Another prompt: the rounds are paid; the first tool call asks what the counterpart
     # asked (n = 0) and is replayed, the second asks n = 7 instead of 1 and runs.
     fake_ollama.tool_plan = calls_until(2, "lookup", arguments=lambda i: {"n": 7 * i})
     other = fork(store, runtime.registry, runtime.settings, original["id"])
-    (row,) = store.claim(["fork_writer"], 1, "w", 30)
+    (row,) = store.claims.claim(["fork_writer"], 1, "w", 30)
     assert row["id"] == other["id"]
     changed = llm_for(store, row, backend).complete(PROMPT + " again",
                                                     tools=[effects.tool()])
@@ -138,12 +138,12 @@ def test_a_branch_claim_carries_its_counterparts_replies_and_needs_no_look_up(
     monkeypatch.setattr(RecordReader, "read", counted)
     original = submit(store, "fork_writer", {"goal": "one part"})
     drain(runtime)
-    (paid,) = store.model_calls(original["id"])
+    (paid,) = store.reads.model_calls(original["id"])
     reads.clear()
 
     # An unchanged re-run: the claim brings the counterpart's reply; no look-up is made.
     branch = fork(store, runtime.registry, runtime.settings, original["id"])
-    (row,) = store.claim(["fork_writer"], 1, "w-1", 30)
+    (row,) = store.claims.claim(["fork_writer"], 1, "w-1", 30)
     assert row.recorded_calls is False and row.counterpart_calls is not None
     (carried,) = row.counterpart_calls
     assert (carried["id"], carried["position"], carried["request_hash"]) == (
@@ -156,21 +156,21 @@ def test_a_branch_claim_carries_its_counterparts_replies_and_needs_no_look_up(
     # A changed request is not replayed from the carried rows: its call is made (paid).
     changed = fork(store, runtime.registry, runtime.settings, original["id"],
                    payload={"goal": "another part"})
-    (row,) = store.claim(["fork_writer"], 1, "w-2", 30)
+    (row,) = store.claims.claim(["fork_writer"], 1, "w-2", 30)
     assert row.id == changed["id"] and row.counterpart_calls
     action = runtime.executor().execute(row, threading.Event())
     assert isinstance(action, RunOutcome) and action.stamp is not None
     assert action.stamp.get("replays") in (None, [])
-    (own,) = store.model_calls(changed["id"])
+    (own,) = store.reads.model_calls(changed["id"])
     assert not own["replayed"] and own["request_hash"] != paid["request_hash"]
 
     # Its redelivery has a reply of its own on record: it is looked up (own first).
     expire_leases(store, where=f"id = '{changed['id']}'")
     store.hygiene.reap(max_delivery=10)
-    (row,) = store.claim(["fork_writer"], 1, "w-3", 30)
+    (row,) = store.claims.claim(["fork_writer"], 1, "w-3", 30)
     assert row.id == changed["id"] and row.recorded_calls is True
     action = runtime.executor().execute(row, threading.Event())
     assert isinstance(action, RunOutcome) and action.stamp is not None
     (held,) = action.stamp["replays"]
     assert held["request_hash"] == own["request_hash"] and reads == [own["position"]]
-    assert store.get(branch["id"])["status"] == "running"  # its outcome was not applied
+    assert store.reads.get(branch["id"])["status"] == "running"  # its outcome was not applied

@@ -43,7 +43,7 @@ def runtime(make_runtime: Callable[..., Runtime]) -> Runtime:
 def finished_tree(runtime: Runtime, payload: dict[str, Any] | None = None) -> uuid.UUID:
     root = submit(runtime.store, "fork_planner", payload or GOAL)
     drain(runtime)
-    assert runtime.store.get(root["id"])["status"] == "done"
+    assert runtime.store.reads.get(root["id"])["status"] == "done"
     return uuid.UUID(str(root["id"]))
 
 
@@ -62,12 +62,13 @@ def dump(store: Store, root_id: uuid.UUID) -> tuple[list[str], list[str], list[s
 
 
 def by_key(store: Store, root_id: uuid.UUID) -> dict[str, dict[str, Any]]:
-    return {r["idempotency_key"] if r["parent_id"] else "/": r for r in store.tree_rows(root_id)}
+    return {r["idempotency_key"] if r["parent_id"] else "/": r
+            for r in store.reads.tree_rows(root_id)}
 
 
 def calls(store: Store, root_id: uuid.UUID) -> tuple[int, int]:
     """(paid, replayed) model call rows of a tree."""
-    rows = store.query("model_call_count_by_task", root_id=root_id)
+    rows = store.database.query("model_call_count_by_task", root_id=root_id)
     return sum(int(r["paid"]) for r in rows), sum(int(r["replayed"]) for r in rows)
 
 
@@ -98,21 +99,22 @@ def test_a_rerun_replays_every_call_and_leaves_the_original_byte_for_byte(
     assert new["/"]["budget_tokens"] == old["/"]["budget_tokens"]
     assert Decimal(new["/"]["budget_usd"]) == Decimal(old["/"]["budget_usd"])
     assert new["w1"]["agent_version"] == agent_version(ForkWriter)
-    assert runtime.store.events(branch["id"])[0]["detail"] == f"forked from {original}: re-run"
+    assert (runtime.store.reads.events(branch["id"])[0]["detail"]
+            == f"forked from {original}: re-run")
 
 
 def test_a_branch_root_of_an_approval_agent_waits_for_a_person(runtime: Runtime) -> None:
     original = finished_tree(runtime)
-    runtime.store.approval_agents = ("fork_planner",)
+    runtime.store.policies.approval_agents = ("fork_planner",)
     branch = fork(runtime.store, runtime.registry, runtime.settings, original, note="again")
     assert branch["status"] == "awaiting_approval"
-    assert runtime.store.events(branch["id"])[0]["detail"] == (
+    assert runtime.store.reads.events(branch["id"])[0]["detail"] == (
         f"forked from {original}: again; held for approval (policy require_approval)")
     drain(runtime)
-    assert runtime.store.get(branch["id"])["status"] == "awaiting_approval"  # not claimed
+    assert runtime.store.reads.get(branch["id"])["status"] == "awaiting_approval"  # not claimed
     assert runtime.store.steering.approve(branch["id"], actor="dan").changed
     drain(runtime)
-    assert runtime.store.get(branch["id"])["status"] == "done"
+    assert runtime.store.reads.get(branch["id"])["status"] == "done"
     assert calls(runtime.store, branch["id"]) == (0, 4)  # approved, then replayed as usual
 
 
@@ -134,9 +136,9 @@ def test_forking_the_root_with_another_agent_runs_that_agent(runtime: Runtime) -
                   agent="fork_writer")
     drain(runtime)
 
-    row = runtime.store.get(branch["id"])
+    row = runtime.store.reads.get(branch["id"])
     assert row["to_agent"] == "fork_writer" and row["status"] == "done"
-    assert row["payload"] == runtime.store.get(original)["payload"]
+    assert row["payload"] == runtime.store.reads.get(original)["payload"]
     assert calls(runtime.store, branch["id"]) == (1, 0)  # a writer's question: never asked
 
 
@@ -176,8 +178,8 @@ def test_replayed_calls_are_marked_in_traces_and_the_timeline(runtime: Runtime) 
     drain(runtime)
 
     for root, replayed in ((original, False), (branch["id"], True)):
-        ids = [r["id"] for r in runtime.store.tree_rows(root)]
-        calls = [s for s in build_spans(runtime.store.trace_rows(ids))
+        ids = [r["id"] for r in runtime.store.reads.tree_rows(root)]
+        calls = [s for s in build_spans(runtime.store.reads.trace_rows(ids))
                  if s.name.startswith("chat ")]
         assert len(calls) == 4
         assert {s.attributes["orgchart.replayed"] for s in calls} == {replayed}
@@ -257,11 +259,12 @@ def test_a_fork_under_a_running_original(runtime: Runtime) -> None:
     try:
         deadline = time.monotonic() + 30
         while not any(r["status"] == "running" and r["parent_id"]
-                      for r in runtime.store.tree_rows(root["id"])):
+                      for r in runtime.store.reads.tree_rows(root["id"])):
             assert time.monotonic() < deadline, "the writers never started"
             time.sleep(0.02)
         branch = fork(runtime.store, runtime.registry, runtime.settings, root["id"])
-        while {runtime.store.get(i)["status"] for i in (root["id"], branch["id"])} != {"done"}:
+        while {runtime.store.reads.get(i)["status"]
+               for i in (root["id"], branch["id"])} != {"done"}:
             assert time.monotonic() < deadline + 30, "the trees did not finish"
             time.sleep(0.05)
     finally:
@@ -278,7 +281,7 @@ def test_a_fork_under_a_running_original(runtime: Runtime) -> None:
     assert calls(runtime.store, root["id"]) == (4, 0)
     assert all(r["forked_from"] is None for r in old.values())
     for row in old.values():
-        finals = [e for e in runtime.store.events(row["id"]) if e["to_status"] == "done"]
+        finals = [e for e in runtime.store.reads.events(row["id"]) if e["to_status"] == "done"]
         assert len(finals) == 1
 
 
@@ -295,17 +298,17 @@ def test_a_redelivered_branch_task_is_never_charged_for_a_replayed_call(
             if delivery:
                 expire_leases(store, where=f"id = '{branch['id']}'")
                 store.hygiene.reap(max_delivery=10)
-            (row,) = store.claim(["fork_writer"], 1, f"w{delivery}", 30)
+            (row,) = store.claims.claim(["fork_writer"], 1, f"w{delivery}", 30)
             assert row["id"] == branch["id"] and row["forked_from"] == original["id"]
             llm = factory.for_task(row, row["lease_token"], threading.Event())
             reply = llm.complete("Write a paragraph about one part", max_tokens=64)
             assert reply.replayed and reply.cost_usd == 0 and reply.prompt_tokens == 0
     finally:
         factory.close()
-    rows = store.model_calls(branch["id"])
+    rows = store.reads.model_calls(branch["id"])
     assert len(rows) == 3 and all(r["replayed"] for r in rows)
     assert sum(Decimal(r["cost_usd"]) for r in rows) == 0
-    assert store.get(branch["id"])["own_tokens"] == 0
+    assert store.reads.get(branch["id"])["own_tokens"] == 0
     assert calls(store, original["id"]) == (1, 0)
 
 

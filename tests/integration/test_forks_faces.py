@@ -85,7 +85,8 @@ def runtime(make_runtime: Callable[..., Runtime]) -> Runtime:
 def test_fork_and_diff_over_http(runtime: Runtime, client: TestClient) -> None:
     root = submit(runtime.store, "fork_planner", {"goal": "g"})
     drain(runtime)
-    writer = next(c for c in runtime.store.children(root["id"]) if c["idempotency_key"] == "w0")
+    writer = next(c for c in runtime.store.reads.children(root["id"])
+                  if c["idempotency_key"] == "w0")
     before = task_count(runtime.store)
 
     # The payload fits no schema of the task's agent: a conflict with the task (409), as

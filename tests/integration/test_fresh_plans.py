@@ -83,14 +83,14 @@ def build_finished_tree(store: Store, nodes: int = NODES, mids: int = MIDS) -> u
     """Write one finished tree of exactly ``nodes`` tasks (no ANALYZE); return its root."""
     leaves = nodes - 1 - mids
     root = uuid.uuid4()
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(sa.text(BUILD_TREE), {"root": root, "mids": mids, "leaves": leaves})
     return root
 
 
 def no_autovacuum(store: Store) -> None:
     """Keep autovacuum's ANALYZE off the test's private database's busy tables."""
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         for table in ("tasks", "model_calls", "task_events", "task_steps"):
             conn.execute(sa.text(f"ALTER TABLE {table} SET (autovacuum_enabled = false)"))
 
@@ -149,7 +149,7 @@ def assert_linear_plans(store: Store, root: uuid.UUID) -> None:
         under = conn.execute(sa.text(
             "SELECT id FROM tasks WHERE parent_id = :r AND idempotency_key = 'part-1'"),
             {"r": root}).scalar_one()
-    ids = [str(i) for i in store.tree_ids(root)]
+    ids = [str(i) for i in store.reads.tree_ids(root)]
     for case, params in reads(root, under, ids).items():
         name = case.removesuffix("_summary").removesuffix("_one_part")
         shape = explain(store, name, analyze=False, **params)

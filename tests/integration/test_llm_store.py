@@ -48,8 +48,8 @@ def make_settings(**sections: Any) -> Settings:
 
 
 def claim_new(store: Store, **budget: Any) -> dict[str, Any]:
-    store.submit(NewTask(to_agent="scout", type="task", payload={"goal": "g"}, **budget))
-    (row,) = store.claim(["scout"], 1, "w", 30)
+    store.tasks.submit(NewTask(to_agent="scout", type="task", payload={"goal": "g"}, **budget))
+    (row,) = store.claims.claim(["scout"], 1, "w", 30)
     return row
 
 
@@ -77,12 +77,12 @@ def test_complete_charges_the_task_and_records_the_call(store: Store) -> None:
     assert (reply.route, reply.model) == ("local", "llama3.2:latest")
     tokens = reply.prompt_tokens + reply.completion_tokens
     assert reply.cost_usd == tokens * Decimal("0.00001")
-    task = store.get(row["id"])
+    task = store.reads.get(row["id"])
     assert task["spent_tokens"] == task["own_tokens"] == tokens
     assert task["spent_usd"] == task["own_usd"] == reply.cost_usd
     assert (task["route"], task["model"]) == ("local", "llama3.2:latest")
     assert task["route_reason"].startswith("prompt 37 chars <= prompt_threshold 100")
-    (call,) = store.model_calls(row["id"])
+    (call,) = store.reads.model_calls(row["id"])
     assert (call["attempt"], call["call_index"], call["backend"]) == (1, 0, "offline")
     assert call["prompt"].startswith(PROMPT + "\n\n[format] json schema Findings")
     assert json.loads(call["response"]) == reply.data
@@ -91,9 +91,9 @@ def test_complete_charges_the_task_and_records_the_call(store: Store) -> None:
     assert call["cost_usd"] == reply.cost_usd and call["error"] is None
     second = llm.complete("And a third one?")
     assert second.call_index == 1 and second.text.startswith("offline: And a third")
-    assert store.get(row["id"])["spent_tokens"] == tokens + second.prompt_tokens \
+    assert store.reads.get(row["id"])["spent_tokens"] == tokens + second.prompt_tokens \
         + second.completion_tokens
-    assert llm.remaining_tokens() == 50_000 - store.get(row["id"])["spent_tokens"]
+    assert llm.remaining_tokens() == 50_000 - store.reads.get(row["id"])["spent_tokens"]
 
 
 def test_token_counts_match_what_the_ollama_server_reported(store: Store,
@@ -103,12 +103,12 @@ def test_token_counts_match_what_the_ollama_server_reported(store: Store,
     first = llm.complete(PROMPT, schema=Findings, system="Answer in JSON.")
     llm.complete("x" * 150)  # long prompt: the cloud route
     assert first.backend == "ollama" and not first.offline
-    task = store.get(row["id"])
+    task = store.reads.get(row["id"])
     assert task["spent_tokens"] == fake_ollama.prompt_tokens + fake_ollama.completion_tokens
     assert [r["model"] for r in fake_ollama.requests] == ["llama3.2:latest", "qwen3:14b"]
     assert (task["route"], task["model"]) == ("cloud", "qwen3:14b")
     assert task["route_reason"] == "prompt 150 chars > prompt_threshold 100"
-    calls = store.model_calls(row["id"])
+    calls = store.reads.model_calls(row["id"])
     assert sum(c["cost_usd"] for c in calls) == task["spent_usd"]
     assert calls[1]["cost_usd"] == (calls[1]["prompt_tokens"] + calls[1]["completion_tokens"]) \
         * Decimal("0.0001")
@@ -116,7 +116,7 @@ def test_token_counts_match_what_the_ollama_server_reported(store: Store,
 
 def test_deep_pending_queue_routes_to_the_cloud(store: Store) -> None:
     row = claim_new(store)
-    store.submit_many("someone", "task", [{"goal": str(i)} for i in range(6)])
+    store.tasks.submit_many("someone", "task", [{"goal": str(i)} for i in range(6)])
     reply = llm_for(store, row).complete("short")
     assert (reply.route, reply.model) == ("cloud", "qwen3:14b")
     assert reply.route_reason == "pending queue 6 > pending_threshold 5"
@@ -124,17 +124,19 @@ def test_deep_pending_queue_routes_to_the_cloud(store: Store) -> None:
 
 def test_spend_rolls_up_to_the_parent_when_the_child_ends(store: Store) -> None:
     parent = claim_new(store, budget_tokens=10_000)
-    store.delegate(parent["id"], parent["lease_token"],
-                   [ChildRow("kid", "task", {"goal": "c"}, "k1", 4000, 60, Decimal("0.5"))], "w")
-    (child,) = store.claim(["kid"], 1, "w", 30)
+    store.transitions.delegate(parent["id"], parent["lease_token"],
+                               [ChildRow("kid", "task", {"goal": "c"}, "k1", 4000, 60,
+                                         Decimal("0.5"))], "w")
+    (child,) = store.claims.claim(["kid"], 1, "w", 30)
     reply = llm_for(store, child).complete(PROMPT)
     tokens = reply.prompt_tokens + reply.completion_tokens
     # A charge touches only its own task; the tree's live spend is summed from its calls.
-    assert store.get(parent["id"])["spent_tokens"] == 0
+    assert store.reads.get(parent["id"])["spent_tokens"] == 0
     assert store.spend.live(parent["root_id"])[0] == tokens
-    store.finish_running([RunOutcome(child.id, child.lease_token, "failed", error="x")], "w")
-    assert store.get(parent["id"])["spent_tokens"] == tokens
-    assert store.get(parent["id"])["own_tokens"] == 0
+    store.transitions.finish_running([RunOutcome(child.id, child.lease_token, "failed",
+                                                 error="x")], "w")
+    assert store.reads.get(parent["id"])["spent_tokens"] == tokens
+    assert store.reads.get(parent["id"])["own_tokens"] == 0
 
 
 def test_budget_overrun_is_refused_before_anything_is_spent(store: Store,
@@ -145,9 +147,9 @@ def test_budget_overrun_is_refused_before_anything_is_spent(store: Store,
         llm.complete("word " * 30)
     assert "prompt" in str(err.value)
     assert fake_ollama.chats == 0
-    task = store.get(row["id"])
+    task = store.reads.get(row["id"])
     assert task["spent_tokens"] == 0 and task["spent_usd"] == 0
-    assert store.model_calls(row["id"]) == []
+    assert store.reads.model_calls(row["id"]) == []
 
 
 def test_max_tokens_shrinks_to_what_the_budget_leaves(store: Store,
@@ -164,7 +166,7 @@ def test_usd_budget_is_checked_with_the_routes_price(store: Store) -> None:
     expected = r"at \$0.0001/token but \$0.0010 of budget_usd \$0.0010 is left"
     with pytest.raises(BudgetExceeded, match=expected):
         llm_for(store, row, settings).complete("word " * 20)
-    assert store.get(row["id"])["spent_usd"] == 0
+    assert store.reads.get(row["id"])["spent_usd"] == 0
 
 
 def test_unknown_price_is_refused_and_names_the_model_and_key(store: Store) -> None:
@@ -172,7 +174,7 @@ def test_unknown_price_is_refused_and_names_the_model_and_key(store: Store) -> N
     settings = make_settings(cost={"local_per_token": ""})
     with pytest.raises(UnknownPrice, match=r"'llama3.2:latest'.*cost\.local_per_token"):
         llm_for(store, row, settings).complete(PROMPT)
-    assert store.get(row["id"])["spent_tokens"] == 0
+    assert store.reads.get(row["id"])["spent_tokens"] == 0
 
 
 def test_per_model_price_wins_over_the_route_rate(store: Store) -> None:
@@ -191,8 +193,8 @@ def test_lost_lease_stops_the_call(store: Store) -> None:
     # Another holder's token: the start gate refuses before the model is called.
     with pytest.raises(LeaseLost, match="taken away; the model was not called"):
         llm_for(store, row, token=uuid.uuid4()).complete(PROMPT)
-    assert store.get(row["id"])["spent_tokens"] == 0
-    assert store.model_calls(row["id"]) == []
+    assert store.reads.get(row["id"])["spent_tokens"] == 0
+    assert store.reads.model_calls(row["id"]) == []
 
 
 def test_a_lease_taken_during_the_call_drops_its_answer(store: Store,
@@ -219,8 +221,8 @@ def test_a_lease_taken_during_the_call_drops_its_answer(store: Store,
     assert fake_ollama.received == 1
     assert len(raised) == 1 and isinstance(raised[0], LeaseLost)
     assert "not charged" in str(raised[0])
-    assert store.get(row["id"])["spent_tokens"] == 0
-    assert store.model_calls(row["id"]) == []
+    assert store.reads.get(row["id"])["spent_tokens"] == 0
+    assert store.reads.model_calls(row["id"]) == []
 
 
 def test_failed_calls_are_recorded_with_their_error(store: Store,
@@ -236,7 +238,7 @@ def test_failed_calls_are_recorded_with_their_error(store: Store,
     with pytest.raises(BadModelReply, match=r"in 3 attempt\(s\)"):
         llm_for(store, row, backend=OllamaBackend(fake_ollama.url, 5.0)).complete(
             PROMPT, schema=Findings)
-    calls = store.model_calls(row["id"])
+    calls = store.reads.model_calls(row["id"])
     assert [c["error"].split(":")[0] for c in calls] == [
         "ModelNotFound", "TransientModelError", "TransientModelError",
         "BadModelReply", "BadModelReply", "BadModelReply"]
@@ -247,7 +249,7 @@ def test_failed_calls_are_recorded_with_their_error(store: Store,
     # The bad replies still used tokens, and they are charged; the retries cost nothing.
     bad = calls[3:]
     assert all(c["response"] == "not json" and c["completion_tokens"] > 0 for c in bad)
-    assert store.get(row["id"])["spent_tokens"] == sum(
+    assert store.reads.get(row["id"])["spent_tokens"] == sum(
         c["prompt_tokens"] + c["completion_tokens"] for c in bad)
     # Each repair carried the bad reply and the error back to the model.
     repair = fake_ollama.requests[-1]["messages"]
@@ -260,7 +262,7 @@ def test_record_and_replay_give_the_same_answers(store: Store, tmp_path: Path) -
     llm = llm_for(store, row)
     original = [llm.complete(PROMPT, schema=Findings), llm.complete("Summarise them"),
                 llm.complete(PROMPT, schema=Findings, system="Be terse.")]
-    calls = store.query("model_call_list_tree", root_id=row["root_id"])
+    calls = store.database.query("model_call_list_tree", root_id=row["root_id"])
     path = tmp_path / "run.jsonl"
     assert write_replay_file(path, records_from_calls(calls)) == 3
     again = claim_new(store)
@@ -271,7 +273,8 @@ def test_record_and_replay_give_the_same_answers(store: Store, tmp_path: Path) -
     assert [a.text for a in answers] == [o.text for o in original]
     assert {a.backend for a in answers} == {"replay"}
     assert all(a.offline for a in answers)  # recorded offline: still labelled offline
-    assert store.get(again["id"])["spent_tokens"] == store.get(row["id"])["spent_tokens"]
+    assert (store.reads.get(again["id"])["spent_tokens"]
+            == store.reads.get(row["id"])["spent_tokens"])
 
 
 def test_cli_record_writes_a_replay_file_and_check_says_why(
@@ -301,7 +304,7 @@ def test_cli_record_writes_a_replay_file_and_check_says_why(
 def test_record_false_keeps_the_accounting_but_not_the_text(store: Store) -> None:
     row = claim_new(store)
     reply = llm_for(store, row, make_settings(llm={"record": False})).complete(PROMPT)
-    (call,) = store.model_calls(row["id"])
+    (call,) = store.reads.model_calls(row["id"])
     assert call["prompt"].startswith("[not recorded] request ")
     assert call["response"] is None
     assert call["prompt_tokens"] == reply.prompt_tokens

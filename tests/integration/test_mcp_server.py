@@ -129,7 +129,7 @@ async def ask_and_answer(session: ClientSession, runtime: Runtime) -> str:
     bad = refusal(await session.call_tool("answer", {"task_id": question["id"],
                                                      "answer": "maybe"}))
     assert "not one of the choices" in bad
-    assert runtime.store.get(uuid.UUID(question["id"]))["status"] == "pending"
+    assert runtime.store.reads.get(uuid.UUID(question["id"]))["status"] == "pending"
     done = payload(await session.call_tool("answer", {"task_id": question["id"],
                                                       "answer": "yes", "by": "alice"}))
     assert done["changed"] is True and done["status"] == "done"
@@ -137,7 +137,7 @@ async def ask_and_answer(session: ClientSession, runtime: Runtime) -> str:
 
 
 async def bad_input_changes_nothing(session: ClientSession, runtime: Runtime) -> None:
-    before = len(runtime.store.recent_roots(500))
+    before = len(runtime.store.reads.recent_roots(500))
     unknown = refusal(await session.call_tool("submit_goal", {"prompt": "x",
                                                               "agent": "nobody"}))
     assert "nobody" in unknown
@@ -147,7 +147,7 @@ async def bad_input_changes_nothing(session: ClientSession, runtime: Runtime) ->
     assert malformed.startswith("task id 'not-a-uuid' is not a UUID")
     missing = refusal(await session.call_tool("get_task", {"task_id": str(uuid.uuid4())}))
     assert missing.startswith("no task")
-    assert len(runtime.store.recent_roots(500)) == before
+    assert len(runtime.store.reads.recent_roots(500)) == before
 
 
 async def steer_a_tree(session: ClientSession, runtime: Runtime, done_root: str) -> None:
@@ -164,15 +164,15 @@ async def steer_a_tree(session: ClientSession, runtime: Runtime, done_root: str)
     cancelled = payload(await session.call_tool("cancel", {"task_id": first["id"],
                                                            "by": "bob"}))
     assert cancelled["status"] == "cancelled"
-    assert runtime.store.events(uuid.UUID(first["id"]))[-1]["worker"] == "bob"
+    assert runtime.store.reads.events(uuid.UUID(first["id"]))[-1]["worker"] == "bob"
     branch = payload(await session.call_tool("fork", {"task_id": done_root}))
     assert branch["created"] is True and branch["id"] != done_root
-    assert runtime.store.get(uuid.UUID(branch["id"]))["status"] == "pending"
+    assert runtime.store.reads.get(uuid.UUID(branch["id"]))["status"] == "pending"
 
 
 async def approve_and_reject(session: ClientSession, runtime: Runtime) -> None:
     """Roots held for approval: approved once, rejected with a note (required)."""
-    runtime.store.approval_agents = ("echo",)
+    runtime.store.policies.approval_agents = ("echo",)
     held = [payload(await session.call_tool("submit_goal", {"prompt": f"needs a yes {i}",
                                                             "agent": "echo"}))
             for i in range(2)]
@@ -182,7 +182,7 @@ async def approve_and_reject(session: ClientSession, runtime: Runtime) -> None:
     again = payload(await session.call_tool("approve", {"task_id": held[0]["id"]}))
     assert again["changed"] is False and "nothing to approve" in again["message"]
     assert refusal(await session.call_tool("reject", {"task_id": held[1]["id"]}))
-    assert runtime.store.get(uuid.UUID(held[1]["id"]))["status"] == "awaiting_approval"
+    assert runtime.store.reads.get(uuid.UUID(held[1]["id"]))["status"] == "awaiting_approval"
     no = payload(await session.call_tool("reject", {"task_id": held[1]["id"],
                                                     "note": "too dear"}))
     assert no["status"] == "failed"
@@ -322,7 +322,7 @@ def test_http_waits_for_the_tree_with_progress_and_resource_updates(
                 while f"orgchart://trees/{root}" not in updated:
                     assert time.monotonic() < deadline, "no resources/updated notification"
                     await anyio.sleep(0.05)
-            assert runtime.store.get(uuid.UUID(root))["status"] == "done"
+            assert runtime.store.reads.get(uuid.UUID(root))["status"] == "done"
             await approve_and_reject(session, runtime)
             await bad_input_changes_nothing(session, runtime)
 
@@ -336,8 +336,8 @@ def test_a_subscribed_tree_updates_as_a_running_call_streams(
     """Pieces of a running task's call, with no transition between them, each bring a
     ``resources/updated``, and the tree resource shows the text so far (``streaming``)."""
     store = runtime.store
-    root, _ = store.submit(NewTask(to_agent="echo", type="task", payload={"goal": "g"}))
-    [claimed] = store.claim(["echo"], 1, "test", 300)
+    root, _ = store.tasks.submit(NewTask(to_agent="echo", type="task", payload={"goal": "g"}))
+    [claimed] = store.claims.claim(["echo"], 1, "test", 300)
     uri = f"orgchart://trees/{root['id']}"
     updates: list[str] = []
 
@@ -359,7 +359,7 @@ def test_a_subscribed_tree_updates_as_a_running_call_streams(
             session = await _http_session(stack, http_url, on_message)
             await session.subscribe_resource(uri)
             assert await streamed(session) == []
-            transitions = store.tree_changes(root["id"], 0)
+            transitions = store.reads.tree_changes(root["id"], 0)
             text = ""
             for n, word in enumerate(["Once ", "upon ", "a time"]):
                 outcome = write_pieces(store, [piece(1 if n else None, len(text), word)])
@@ -372,7 +372,7 @@ def test_a_subscribed_tree_updates_as_a_running_call_streams(
                 assert await streamed(session) == [{
                     "task_id": str(root["id"]), "phase": "run", "call": 0, "attempt": 1,
                     "text": text}]
-            assert store.tree_changes(root["id"], 0) == transitions  # text alone, no move
+            assert store.reads.tree_changes(root["id"], 0) == transitions  # text alone, no move
 
     anyio.run(main)
 

@@ -56,8 +56,8 @@ def test_the_servers_tools_come_with_their_schemas(source: McpToolSource) -> Non
 
 def test_mcp_tools_run_as_durable_steps_in_the_tool_loop(
         store: Store, source: McpToolSource, tmp_path: Path) -> None:
-    store.submit(NewTask(to_agent="scout", type="task", payload={"goal": "g"}))
-    (row,) = store.claim(["scout"], 1, "w", 30)
+    store.tasks.submit(NewTask(to_agent="scout", type="task", payload={"goal": "g"}))
+    (row,) = store.claims.claim(["scout"], 1, "w", 30)
     factory = LLMFactory(Settings(), StoreLedger(store), backend=OfflineBackend(),
                          announcement="test")
     llm = factory.for_task(row, row["lease_token"], threading.Event())

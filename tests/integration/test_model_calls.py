@@ -47,8 +47,8 @@ def make_settings(**sections: Any) -> Settings:
 
 
 def claim_new(store: Store, **budget: Any) -> dict[str, Any]:
-    store.submit(NewTask(to_agent="scout", type="task", payload={"goal": "g"}, **budget))
-    (row,) = store.claim(["scout"], 1, "w", 30)
+    store.tasks.submit(NewTask(to_agent="scout", type="task", payload={"goal": "g"}, **budget))
+    (row,) = store.claims.claim(["scout"], 1, "w", 30)
     return row
 
 
@@ -56,7 +56,7 @@ def redeliver(store: Store, row: dict[str, Any]) -> dict[str, Any]:
     """What a dead worker leaves behind: the lease expires, the reaper frees it, a claim."""
     expire_leases(store, where=f"id = '{row['id']}'")
     store.hygiene.reap(max_delivery=10)
-    (again,) = store.claim(["scout"], 1, "w2", 30)
+    (again,) = store.claims.claim(["scout"], 1, "w2", 30)
     assert again["id"] == row["id"] and again["lease_token"] != row["lease_token"]
     return again
 
@@ -83,7 +83,7 @@ def llm_for(factories: Any, store: Store, row: dict[str, Any], settings: Setting
 
 
 def spent(store: Store, task_id: uuid.UUID) -> int:
-    return int(store.get(task_id)["spent_tokens"])
+    return int(store.reads.get(task_id)["spent_tokens"])
 
 
 def charged(calls: list[dict[str, Any]]) -> int:
@@ -100,7 +100,7 @@ def test_a_bad_structured_reply_is_repaired_in_the_same_call(
     reply = llm.complete(PROMPT, schema=Findings)
     Findings.model_validate(reply.data)
     assert reply.attempts == 2
-    calls = store.model_calls(row["id"])
+    calls = store.reads.model_calls(row["id"])
     assert [c["attempt_kind"] for c in calls] == ["call", "repair"]
     assert calls[0]["error"].startswith("BadModelReply") and calls[1]["error"] is None
     # Both requests are charged (the bad reply's tokens were spent too).
@@ -120,7 +120,7 @@ def test_when_every_repair_fails_the_error_names_model_error_and_attempts(
     with pytest.raises(BadModelReply, match=r"llama3.2:latest.*3 attempt.*nothing") as err:
         llm.complete(PROMPT, schema=Findings)
     assert "replied with nothing" in str(err.value)
-    calls = store.model_calls(row["id"])
+    calls = store.reads.model_calls(row["id"])
     assert [c["attempt_kind"] for c in calls] == ["call", "repair", "repair"]
     assert all(c["error"] for c in calls) and spent(store, row["id"]) == charged(calls)
 
@@ -132,7 +132,7 @@ def test_the_offline_backend_can_be_told_to_misbehave(store: Store, factories: A
     reply = llm.complete(PROMPT, schema=Findings)
     Findings.model_validate(reply.data)
     kinds = [(c["attempt_kind"], (c["error"] or "").split(":")[0])
-             for c in store.model_calls(row["id"])]
+             for c in store.reads.model_calls(row["id"])]
     # The repair met a transient error, its retry a bad reply, the second repair worked.
     assert kinds == [("call", "BadModelReply"), ("repair", "TransientModelError"),
                      ("retry", "BadModelReply"), ("repair", "")]
@@ -153,7 +153,7 @@ def test_a_transient_failure_is_retried_inside_the_call(
     reply = llm.complete(PROMPT)
     waited = time.monotonic() - started
     assert reply.text.startswith("fake: ") and reply.attempts == 2
-    calls = store.model_calls(row["id"])
+    calls = store.reads.model_calls(row["id"])
     assert [c["attempt_kind"] for c in calls] == ["call", "retry"]
     assert calls[0]["error"].startswith("TransientModelError")
     assert (calls[0]["prompt_tokens"], calls[0]["completion_tokens"]) == (0, 0)
@@ -170,8 +170,8 @@ def test_retries_are_spent_then_the_call_raises_transient(
                   OllamaBackend(fake_ollama.url, 5.0))
     with pytest.raises(TransientModelError, match="gave up after 3 request"):
         llm.complete(PROMPT)
-    assert [c["attempt_kind"] for c in store.model_calls(row["id"])] == ["call", "retry",
-                                                                         "retry"]
+    assert [c["attempt_kind"] for c in store.reads.model_calls(row["id"])] == ["call", "retry",
+                                                                               "retry"]
     assert fake_ollama.received == 3
 
 
@@ -212,7 +212,7 @@ def test_thinking_is_kept_apart_stored_and_counted(
     Findings.model_validate(reply.data)
     assert reply.thinking and reply.thinking.startswith("fake thinking")
     assert "thinking" not in reply.text
-    (call,) = store.model_calls(row["id"])
+    (call,) = store.reads.model_calls(row["id"])
     assert call["thinking"] == reply.thinking
     assert call["completion_tokens"] == fake_ollama.completion_tokens
     assert fake_ollama.requests[0]["think"] is True
@@ -220,7 +220,7 @@ def test_thinking_is_kept_apart_stored_and_counted(
     llm_for(factories, store, plain, make_settings(),
             OllamaBackend(fake_ollama.url, 5.0)).complete(PROMPT)
     assert fake_ollama.requests[-1]["think"] is False
-    assert store.model_calls(plain["id"])[0]["thinking"] is None
+    assert store.reads.model_calls(plain["id"])[0]["thinking"] is None
 
 
 # ---------------------------------------------------------------------- durable calls
@@ -244,12 +244,12 @@ def test_a_redelivered_task_is_served_its_recorded_calls_at_zero_cost(
     assert served[0].data == made[0].data and served[2].text == made[2].text
     assert served[0].cost_usd == 0 and served[0].prompt_tokens == 0
     assert fake_ollama.received == 5
-    calls = store.model_calls(row["id"])
+    calls = store.reads.model_calls(row["id"])
     replayed = [c for c in calls if c["replayed"]]
     assert [(c["attempt"], c["position"], c["cost_usd"]) for c in replayed] == [
         (2, "0", Decimal(0)), (2, "key:rank", Decimal(0))]
     assert spent(store, row["id"]) == paid + charged([c for c in calls if c["attempt"] == 2])
-    assert store.metrics()["model_replays"] == 2
+    assert store.reads.metrics()["model_replays"] == 2
     # The task's history (orgchart show, GET /tasks/ID) says which were served from the record.
     shown = task_detail_json(store, row["id"])["model_calls"]
     assert [(c["attempt"], c["position"], c["replayed"]) for c in shown] == [
@@ -290,7 +290,7 @@ def test_a_repaired_call_replays_its_good_reply(
     second = llm_for(factories, store, again, settings, OllamaBackend(fake_ollama.url, 5.0))
     served = second.complete(PROMPT, schema=Findings)
     assert served.replayed and served.data == good.data and fake_ollama.received == 2
-    metrics = store.metrics()
+    metrics = store.reads.metrics()
     assert (metrics["model_repairs"], metrics["model_replays"]) == (1, 1)
 
 
@@ -365,7 +365,7 @@ def test_a_recorded_call_is_found_when_the_route_changed(
                    OllamaBackend(fake_ollama.url, 5.0)).complete(PROMPT)
     assert made.route == "local"
     again = redeliver(store, row)
-    store.submit(NewTask(to_agent="other", type="task", payload={}))  # a queue now
+    store.tasks.submit(NewTask(to_agent="other", type="task", payload={}))  # a queue now
     cloud = make_settings(routing={"pending_threshold": 0})
     served = llm_for(factories, store, again, cloud,
                      OllamaBackend(fake_ollama.url, 5.0)).complete(PROMPT)
@@ -386,9 +386,9 @@ def _chain_gap(store: Store, fake_ollama: FakeOllama, factories: Any,
     factory = factories(store, settings, backend)
     llms = []
     for tenant in ("big", "small"):
-        store.submit(NewTask(to_agent="scout", type="task", payload={"goal": tenant},
-                             tenant=tenant))
-        (row,) = store.claim(["scout"], 1, "w", 60)
+        store.tasks.submit(NewTask(to_agent="scout", type="task", payload={"goal": tenant},
+                                   tenant=tenant))
+        (row,) = store.claims.claim(["scout"], 1, "w", 60)
         llms.append(factory.for_task(row, row["lease_token"], threading.Event()))
     wide, small = llms
 

@@ -287,7 +287,7 @@ def test_a_fire_that_finds_the_lock_taken_does_nothing(
 def test_the_daily_cap_refuses_a_fire_and_does_nothing(
         store: Store, orgchart_env: dict[str, str]) -> None:
     submit(store, "echo")
-    with store.transaction() as conn:  # six fires today, one yesterday
+    with store.database.transaction() as conn:  # six fires today, one yesterday
         conn.execute(sa.text("INSERT INTO fires (started_at, finished_at) "
                              "SELECT now() - make_interval(hours => h), now() "
                              "FROM generate_series(1, 6) h"))
@@ -301,14 +301,14 @@ def test_the_daily_cap_refuses_a_fire_and_does_nothing(
 def test_dry_run_prints_the_plan_and_runs_nothing(
         store: Store, orgchart_env: dict[str, str]) -> None:
     task = submit(store, "echo")
-    store.claim(["echo"], 1, "dead:1:x", 30)
+    store.claims.claim(["echo"], 1, "dead:1:x", 30)
     expire_leases(store)
     submit(store, "fanout")
     done = run_cli(cli_env(orgchart_env), "fire", "--dry-run", "--agents-module", MODULE)
     assert done.returncode == 0, done.stderr
     assert "fanout: 1 worker for 1 queued" in done.stdout
     assert fires(store) == 0
-    assert store.get(task["id"])["status"] == "running"  # no hygiene either
+    assert store.reads.get(task["id"])["status"] == "running"  # no hygiene either
 
 
 def test_bad_caps_on_the_command_line_exit_2_naming_the_option(
@@ -321,15 +321,16 @@ def test_bad_caps_on_the_command_line_exit_2_naming_the_option(
 def test_hygiene_runs_before_the_fan_out_and_the_stranded_task_is_drained(
         store: Store, orgchart_env: dict[str, str]) -> None:
     task = submit(store, "echo", {"goal": "left by a SIGKILLed worker"})
-    claimed = store.claim(["echo"], 1, "dead-host:4242:abcdef", 30)
+    claimed = store.claims.claim(["echo"], 1, "dead-host:4242:abcdef", 30)
     assert claimed[0]["status"] == "running"
     expire_leases(store, minutes=10)
     result = orchestrator(store, orgchart_env).run_once()
     assert result.status == "ran"
     assert result.stats["hygiene"]["released"] == 1
-    row = store.get(task["id"])
+    row = store.reads.get(task["id"])
     assert row["status"] == "done"
-    history = [(e["from_status"], e["to_status"], e["worker"]) for e in store.events(task["id"])]
+    history = [(e["from_status"], e["to_status"], e["worker"])
+               for e in store.reads.events(task["id"])]
     assert history[2] == ("running", "pending", "reaper")  # released before any worker claimed
     assert history[3][:2] == ("pending", "running")
     assert "hygiene before the fan-out: released 1 stranded task(s)" in result.rollup
@@ -361,7 +362,7 @@ def test_a_worker_that_outlives_its_wall_clock_is_killed_and_reported(
     assert worker["signal"] in ("SIGTERM", "SIGKILL") and worker["stats"] is None
     assert worker["wall_clock_seconds"] <= 2
     assert "outlived its wall clock of 2s" in result.rollup
-    row = store.get(task["id"])
+    row = store.reads.get(task["id"])
     if row["status"] == "running":  # killed mid-task: its lease expires, a reaper returns it
         assert row["lease_owner"].startswith(f"{socket.gethostname()}:{worker['pid']}:")
     else:  # on a loaded machine the worker may be killed before it claimed anything
@@ -428,7 +429,7 @@ def _fire_until_running(store: Store, orch: Orchestrator,
     thread = threading.Thread(target=lambda: results.append(orch.run_once()))
     thread.start()
     deadline = time.monotonic() + 60
-    while store.get(task_id)["status"] != "running" and time.monotonic() < deadline:
+    while store.reads.get(task_id)["status"] != "running" and time.monotonic() < deadline:
         time.sleep(0.1)
     return thread, results
 
@@ -466,6 +467,6 @@ def test_a_second_stop_has_the_fires_workers_hand_back_their_tasks_at_once(
     (result,) = results
     (worker,) = result.stats["workers"]
     assert worker["signal"] == "SIGTERM (exited cleanly)", worker
-    row = store.get(task["id"])
+    row = store.reads.get(task["id"])
     assert (row["status"], row["lease_owner"]) == ("pending", None)
-    assert store.events(task["id"])[-1]["detail"] == "released by a worker shutting down"
+    assert store.reads.events(task["id"])[-1]["detail"] == "released by a worker shutting down"

@@ -68,7 +68,7 @@ def test_a_scrape_parses_and_counts_what_happened_since_the_first(client: TestCl
     tree = build_timed_tree(store, leads=3, writers=4)
     queued = factories.submit(store, "echo")
     factories.submit(store, "echo")
-    claimed = store.claim(["echo"], 1, "w-prom", 30)
+    claimed = store.claims.claim(["echo"], 1, "w-prom", 30)
     assert claimed
     text = client.get("/metrics", headers={"Accept": "text/plain"}).text
     found = samples(text)
@@ -110,8 +110,8 @@ def test_reaped_and_poisoned_are_counted(client: TestClient, store: Store) -> No
     client.get("/metrics", headers={"Accept": "text/plain"})
     factories.submit(store, "echo")
     factories.submit(store, "echo")
-    store.claim(["echo"], 2, "w-dead", 30)
-    with store.transaction() as conn:  # one was already delivered too often: poison
+    store.claims.claim(["echo"], 2, "w-dead", 30)
+    with store.database.transaction() as conn:  # one was already delivered too often: poison
         conn.execute(sa.text(
             "UPDATE tasks SET delivery_count = 99 WHERE id = (SELECT id FROM tasks "
             "WHERE status = 'running' ORDER BY id LIMIT 1)"))
@@ -140,7 +140,7 @@ def test_the_grafana_dashboard_only_uses_metrics_a_scrape_has(client: TestClient
     client.get("/metrics", headers={"Accept": "text/plain"})
     build_timed_tree(store, leads=1, writers=1)
     factories.submit(store, "echo")
-    store.claim(["echo"], 1, "w-dash", 30)
+    store.claims.claim(["echo"], 1, "w-dash", 30)
     factories.submit(store, "echo")
     text = client.get("/metrics", headers={"Accept": "text/plain"}).text
     exposed = {s.name for f in text_string_to_metric_families(text) for s in f.samples}

@@ -94,7 +94,7 @@ def test_the_api_serves_the_same_schedules(store: Store) -> None:
 def test_doctor_exits_1_naming_a_late_schedule_and_reads_the_fire_interval_from_it(
         store: Store) -> None:
     assert cli("add", "fire", "--every", "1h", "--fire").exit_code == 0
-    with store.transaction() as conn:  # the last fire: two hours ago, finished
+    with store.database.transaction() as conn:  # the last fire: two hours ago, finished
         conn.execute(sa.text("INSERT INTO fires (started_at, finished_at) VALUES "
                              "(now() - interval '2 hours', now() - interval '2 hours')"))
         conn.execute(sa.text("UPDATE schedules SET next_at = now() - interval '10 minutes'"))

@@ -278,7 +278,7 @@ def test_a_scheduled_fire_that_died_unfinished_holds_up_no_later_slot(store: Sto
     assert Ticker(store, config, started.append).run_once().fired == 1
     _wait_next_slot(store, "fire")  # its fire is unfinished, and young
     assert Ticker(store, config, started.append).run_once().skipped == 1
-    with store.transaction() as conn:  # its process died long ago
+    with store.database.transaction() as conn:  # its process died long ago
         conn.execute(sa.text("UPDATE fires SET started_at = now() - interval '1 hour'"))
     _wait_next_slot(store, "fire")
     assert Ticker(store, config, started.append).run_once().fired == 1

@@ -37,7 +37,7 @@ def serve_calls(store: Store) -> TimedTree:
     """
     tree = build_timed_tree(store, leads=2, writers=2)
     ids = tree.ids
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(sa.text(
             "UPDATE model_calls SET backend = 'offline', route = 'cloud', model = 'qwen3:14b' "
             "WHERE task_id = CAST(:id AS uuid)"), {"id": str(ids["lead-0"])})
@@ -85,12 +85,12 @@ def test_the_tree_json_says_who_served_each_task_and_what_is_estimated(store: St
         totals = read["totals"]
         assert totals["served_by"] == {"embedded": 1, "offline": 3, "ollama": 4, "replay": 1}
     # The estimate: the own spend of the tasks served offline (lead-0, writer-0-1).
-    own = {t["id"]: t["own_usd"] for t in store.tree_rows(tree.root)}
+    own = {t["id"]: t["own_usd"] for t in store.reads.tree_rows(tree.root)}
     estimated = own[tree.ids["lead-0"]] + own[tree.ids["writer-0-1"]]
     assert totals["estimated_usd"] == f"{estimated:.8f}"
     # The Python path (GET /tasks, the follower's rows) gives the same.
     assert json.loads(tree_text(store, tree.root)[0]) == json.loads(
-        json.dumps(tree_json(store.tree_rows(tree.root)), default=str))
+        json.dumps(tree_json(store.reads.tree_rows(tree.root)), default=str))
 
 
 def test_served_text_names_the_model_only_when_it_ran() -> None:

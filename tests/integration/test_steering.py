@@ -31,18 +31,18 @@ from tests.factories import (
 def _grow(store: Store) -> tuple[uuid.UUID, list[uuid.UUID], list[uuid.UUID]]:
     """root waiting -> 2 mids waiting -> 2 leaves each pending; returns (root, mids, leaves)."""
     root, mids = parent_with_children(store, 2, agent="mid")
-    claimed = store.claim(["mid"], 2, "w-mid", 30)
+    claimed = store.claims.claim(["mid"], 2, "w-mid", 30)
     leaves: list[uuid.UUID] = []
     for row in claimed:
-        applied, _ = store.delegate(row.id, row.lease, child_rows(2, prefix=str(row.id)[:4]),
-                                    "w-mid")
+        applied, _ = store.transitions.delegate(row.id, row.lease,
+                                                child_rows(2, prefix=str(row.id)[:4]), "w-mid")
         assert applied
-        leaves += [c["id"] for c in store.children(row.id)]
+        leaves += [c["id"] for c in store.reads.children(row.id)]
     return root["id"], [m["id"] for m in mids], leaves
 
 
 def _statuses(store: Store, root_id: uuid.UUID) -> dict[uuid.UUID, str]:
-    return {t["id"]: t["status"] for t in store.tree_rows(root_id)}
+    return {t["id"]: t["status"] for t in store.reads.tree_rows(root_id)}
 
 
 def _charge(row, usd: str = "0.5") -> ModelCharge:
@@ -55,38 +55,38 @@ def _charge(row, usd: str = "0.5") -> ModelCharge:
 # ---------------------------------------------------------------- cancel
 def test_cancel_ends_every_open_task_of_the_tree_with_one_event_each(store: Store) -> None:
     root, mids, leaves = _grow(store)
-    running = store.claim(["echo"], 1, "w-leaf", 30)
+    running = store.claims.claim(["echo"], 1, "w-leaf", 30)
     out = store.steering.cancel(root, actor="alice", note="bad goal")
     assert out.cancelled == 1 + 2 + 4
     assert set(_statuses(store, root).values()) == {"cancelled"}
     counts = terminal_event_counts(store)
     assert all(counts[i] == 1 for i in [root, *mids, *leaves])
-    ev = store.events(root)[-1]
+    ev = store.reads.events(root)[-1]
     assert ev["worker"] == "alice" and "bad goal" in ev["detail"]
     # The leaf a worker holds lost its lease: its late finish matches nothing.
-    late = store.finish_running([RunOutcome(running[0].id, running[0].lease, "judging",
-                                            result={"text": "x"})], "w-leaf")
+    late = store.transitions.finish_running([RunOutcome(running[0].id, running[0].lease, "judging",
+                                                        result={"text": "x"})], "w-leaf")
     assert late.applied == [] and late.stale == [running[0].id]
-    assert store.get(running[0].id)["status"] == "cancelled"
-    assert store.get(running[0].id)["lease_token"] is None
+    assert store.reads.get(running[0].id)["status"] == "cancelled"
+    assert store.reads.get(running[0].id)["lease_token"] is None
 
 
 def test_cancel_twice_adds_no_event_and_says_so(store: Store) -> None:
     root, _, _ = _grow(store)
     store.steering.cancel(root)
-    n = len(store.events(root))
+    n = len(store.reads.events(root))
     again = store.steering.cancel(root)
     assert again.cancelled == 0 and "already cancelled" in again.message
-    assert len(store.events(root)) == n
+    assert len(store.reads.events(root)) == n
 
 
 def test_cancel_of_a_finished_task_is_a_no_op_that_says_so(store: Store) -> None:
     task = submit(store)
-    row = store.claim(["echo"], 1, "w", 30)[0]
-    store.finish_running([RunOutcome(row.id, row.lease, "failed", error="x")], "w")
+    row = store.claims.claim(["echo"], 1, "w", 30)[0]
+    store.transitions.finish_running([RunOutcome(row.id, row.lease, "failed", error="x")], "w")
     out = store.steering.cancel(task["id"])
     assert out.cancelled == 0 and "already finished (failed)" in out.message
-    assert store.get(task["id"])["status"] == "failed"
+    assert store.reads.get(task["id"])["status"] == "failed"
 
 
 def test_cancel_of_an_unknown_task_raises_not_found(store: Store) -> None:
@@ -96,15 +96,15 @@ def test_cancel_of_an_unknown_task_raises_not_found(store: Store) -> None:
 
 def test_cancel_of_a_subtree_fans_in_its_parent_as_a_failed_child(store: Store) -> None:
     root, kids = parent_with_children(store, 2)
-    rows = store.claim(["echo"], 2, "w", 30)
+    rows = store.claims.claim(["echo"], 2, "w", 30)
     first = next(r for r in rows if r.id == kids[0]["id"])
     second = next(r for r in rows if r.id == kids[1]["id"])
     store.spend.charge_many([_charge(second, "0.25")])
-    store.finish_running([RunOutcome(first.id, first.lease, "failed", error="x")], "w")
+    store.transitions.finish_running([RunOutcome(first.id, first.lease, "failed", error="x")], "w")
     out = store.steering.cancel(second.id, note="enough")
     # The parent flipped in the cancel's own transaction, and the spend rolled up.
     assert out.parents_ready == (root["id"],)
-    parent = store.get(root["id"])
+    parent = store.reads.get(root["id"])
     assert parent["status"] == "ready_to_aggregate"
     assert parent["spent_usd"] == Decimal("0.25")
     assert events(store, root["id"])[-1] == ("waiting", "ready_to_aggregate")
@@ -112,45 +112,46 @@ def test_cancel_of_a_subtree_fans_in_its_parent_as_a_failed_child(store: Store) 
 
 def test_cancel_rolls_spend_up_through_every_level(store: Store) -> None:
     root, _, _ = _grow(store)
-    leaf_rows = store.claim(["echo"], 4, "w", 30)
+    leaf_rows = store.claims.claim(["echo"], 4, "w", 30)
     store.spend.charge_many([_charge(r, "0.5") for r in leaf_rows])
     store.steering.cancel(root)
-    assert store.get(root)["spent_usd"] == Decimal("2.0")
+    assert store.reads.get(root)["spent_usd"] == Decimal("2.0")
 
 
 def test_a_call_answered_before_the_cancel_is_charged_after_it_and_rolled_up(
         store: Store) -> None:
     root, _, _ = _grow(store)
-    row = store.claim(["echo"], 1, "w", 30)[0]
+    row = store.claims.claim(["echo"], 1, "w", 30)[0]
     store.steering.cancel(root)
     # The reply came back before the worker stopped; its charge lands after the cancel.
     assert store.spend.charge_many([_charge(row, "0.5")]) == [True]
-    assert store.get(row.id)["spent_usd"] == Decimal("0.5")
+    assert store.reads.get(row.id)["spent_usd"] == Decimal("0.5")
     # ... and reaches every (cancelled) ancestor, up to the root.
-    assert store.get(root)["spent_usd"] == Decimal("0.5")
-    assert len(store.model_calls(row.id)) == 1
+    assert store.reads.get(root)["spent_usd"] == Decimal("0.5")
+    assert len(store.reads.model_calls(row.id)) == 1
     # Every other fenced write of that worker is still refused.
-    late = store.finish_running([RunOutcome(row.id, row.lease, "judging", result={})], "w")
+    late = store.transitions.finish_running([RunOutcome(row.id, row.lease, "judging",
+                                                        result={})], "w")
     assert late.applied == []
 
 
 def test_a_late_charge_of_a_task_that_was_not_cancelled_is_refused(store: Store) -> None:
     submit(store)
-    row = store.claim(["echo"], 1, "w", 30)[0]
-    store.finish_running([RunOutcome(row.id, row.lease, "failed", error="x")], "w")
+    row = store.claims.claim(["echo"], 1, "w", 30)[0]
+    store.transitions.finish_running([RunOutcome(row.id, row.lease, "failed", error="x")], "w")
     assert store.spend.charge_many([_charge(row)]) == [False]
 
 
 def test_a_cancel_racing_a_workers_finish_leaves_one_terminal_event(store: Store) -> None:
     for _ in range(10):
         root, kids = parent_with_children(store, 4)
-        rows = store.claim(["echo"], 4, "w", 30)
+        rows = store.claims.claim(["echo"], 4, "w", 30)
         barrier = threading.Barrier(2)
 
         def finish(rows: list = rows, barrier: threading.Barrier = barrier) -> None:
             barrier.wait()
-            store.finish_running([RunOutcome(r.id, r.lease, "failed", error="x")
-                                  for r in rows], "w")
+            store.transitions.finish_running([RunOutcome(r.id, r.lease, "failed", error="x")
+                                              for r in rows], "w")
 
         t = threading.Thread(target=finish)
         t.start()
@@ -160,7 +161,7 @@ def test_a_cancel_racing_a_workers_finish_leaves_one_terminal_event(store: Store
         counts = terminal_event_counts(store)
         assert all(counts[k["id"]] == 1 for k in kids)
         assert counts[root["id"]] == 1
-        assert store.get(root["id"])["status"] == "cancelled"
+        assert store.reads.get(root["id"])["status"] == "cancelled"
 
 
 def test_a_batch_finish_waits_for_its_rows_in_a_cancels_order(store: Store) -> None:
@@ -170,12 +171,12 @@ def test_a_batch_finish_waits_for_its_rows_in_a_cancels_order(store: Store) -> N
     first (it locks by depth, then id) and waiting for the second would deadlock with it.
     """
     parent_with_children(store, 2)
-    first, second = sorted(store.claim(["echo"], 2, "w", 30), key=lambda r: r.id)
+    first, second = sorted(store.claims.claim(["echo"], 2, "w", 30), key=lambda r: r.id)
     with store.engine.connect() as holder:
         tx = holder.begin()
         holder.execute(sa.text("SELECT 1 FROM tasks WHERE id = :id FOR UPDATE"),
                        {"id": first.id})
-        t = threading.Thread(target=store.finish_running, args=(
+        t = threading.Thread(target=store.transitions.finish_running, args=(
             [RunOutcome(r.id, r.lease, "failed", error="x") for r in (second, first)], "w"))
         t.start()
         t.join(0.3)
@@ -186,13 +187,13 @@ def test_a_batch_finish_waits_for_its_rows_in_a_cancels_order(store: Store) -> N
             probe.rollback()
         tx.rollback()
     t.join(10)
-    assert {store.get(r.id)["status"] for r in (first, second)} == {"failed"}
+    assert {store.reads.get(r.id)["status"] for r in (first, second)} == {"failed"}
 
 
 def _late_finish(store: Store, late: TaskRow) -> tuple[threading.Thread, dict[str, Any]]:
     """A late worker's finish of ``late`` (failed), started in a thread; ``done["out"]``."""
     done: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: done.update(out=store.finish_running(
+    t = threading.Thread(target=lambda: done.update(out=store.transitions.finish_running(
         [RunOutcome(late.id, late.lease, "failed", error="late")], "w-late")))
     t.start()
     return t, done
@@ -201,10 +202,10 @@ def _late_finish(store: Store, late: TaskRow) -> tuple[threading.Thread, dict[st
 def test_a_late_workers_batch_locks_nothing_another_worker_now_holds(store: Store) -> None:
     """A batch whose lease was taken over neither waits on the new owner's row nor writes it."""
     parent_with_children(store, 1)
-    late = store.claim(["echo"], 1, "w-late", 30)[0]
+    late = store.claims.claim(["echo"], 1, "w-late", 30)[0]
     expire_leases(store)
     assert store.hygiene.reap(max_delivery=5).released == 1  # the task goes back to the queue
-    owner = store.claim(["echo"], 1, "w-owner", 30)[0]
+    owner = store.claims.claim(["echo"], 1, "w-owner", 30)[0]
     assert owner.id == late.id and owner.lease != late.lease
     with store.engine.connect() as holder:  # the new owner is writing the row right now
         tx = holder.begin()
@@ -217,8 +218,8 @@ def test_a_late_workers_batch_locks_nothing_another_worker_now_holds(store: Stor
     t.join(10)
     assert not alive  # it did not wait for the owner's lock
     assert done["out"].applied == []
-    assert store.get(owner.id)["status"] == "running"
-    assert store.get(owner.id)["lease_token"] == owner.lease
+    assert store.reads.get(owner.id)["status"] == "running"
+    assert store.reads.get(owner.id)["lease_token"] == owner.lease
 
 
 def test_a_batch_that_waited_while_its_lease_changed_hands_writes_nothing(store: Store) -> None:
@@ -229,7 +230,7 @@ def test_a_batch_that_waited_while_its_lease_changed_hands_writes_nothing(store:
     alone, so only the lock's re-check of the token keeps the late write out.
     """
     parent_with_children(store, 1)
-    late = store.claim(["echo"], 1, "w-late", 30)[0]
+    late = store.claims.claim(["echo"], 1, "w-late", 30)[0]
     with store.engine.connect() as holder:  # the reaper and a new claim, in one transaction
         tx = holder.begin()
         holder.execute(sa.text("UPDATE tasks SET lease_token = gen_random_uuid(), "
@@ -241,14 +242,14 @@ def test_a_batch_that_waited_while_its_lease_changed_hands_writes_nothing(store:
     t.join(10)
     assert waited  # it found the row under its token, then waited for the lock
     assert done["out"].applied == []
-    row = store.get(late.id)
+    row = store.reads.get(late.id)
     assert row["status"] == "running" and row["lease_owner"] == "w-owner"
     assert [e for e in events(store, late.id) if e[1] == "failed"] == []
 
 
 def test_cancel_reaches_children_of_a_delegation_that_committed_meanwhile(store: Store) -> None:
     root = submit(store, "fanout")
-    row = store.claim(["fanout"], 1, "w", 30)[0]
+    row = store.claims.claim(["fanout"], 1, "w", 30)[0]
     # A delegation holds the parent's row when the cancel starts: the cancel waits for
     # it, then (in a later pass) finds the children its first snapshot could not see.
     with store.engine.connect() as conn:
@@ -277,12 +278,12 @@ def test_a_paused_tree_is_not_claimed_until_resumed(store: Store) -> None:
     assert store.steering.pause(root["id"], actor="bob").changed
     again = store.steering.pause(root["id"])
     assert not again.changed and "already paused" in again.message
-    claimed = store.claim(["echo"], 10, "w", 30)
+    claimed = store.claims.claim(["echo"], 10, "w", 30)
     assert [r.id for r in claimed] == [other["id"]]
     assert store.steering.pause_of(root["id"])["paused_by"] == "bob"
     assert store.steering.resume(root["id"]).changed
     assert not store.steering.resume(root["id"]).changed
-    assert {r.id for r in store.claim(["echo"], 10, "w", 30)} == {k["id"] for k in kids}
+    assert {r.id for r in store.claims.claim(["echo"], 10, "w", 30)} == {k["id"] for k in kids}
 
 
 def test_pause_of_a_child_or_unknown_task_is_refused(store: Store) -> None:
@@ -295,23 +296,23 @@ def test_pause_of_a_child_or_unknown_task_is_refused(store: Store) -> None:
 
 def test_pause_gates_model_calls_and_keeps_leases(store: Store) -> None:
     root, _ = parent_with_children(store, 2)
-    rows = store.claim(["echo"], 2, "w", 30)
+    rows = store.claims.claim(["echo"], 2, "w", 30)
     store.steering.pause(root["id"])
     gate = store.steering.gate_calls([r.id for r in rows])
     assert all(g.paused and not g.stopped for g in gate.values())
-    assert store.heartbeat([r.lease for r in rows], 30) == {r.lease for r in rows}
+    assert store.claims.heartbeat([r.lease for r in rows], 30) == {r.lease for r in rows}
     store.steering.resume(root["id"])
     assert not any(g.paused for g in store.steering.gate_calls([r.id for r in rows]).values())
 
 
 def test_resume_moves_running_deadlines_on_by_the_pause(store: Store) -> None:
     root, _ = parent_with_children(store, 1)
-    row = store.claim(["echo"], 1, "w", 30)[0]
+    row = store.claims.claim(["echo"], 1, "w", 30)[0]
     store.steering.pause(root["id"])
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(sa.text("UPDATE tree_pauses SET paused_at = now() - interval '1 hour'"))
     store.steering.resume(root["id"])
-    assert store.get(row.id)["deadline_at"] > row.deadline_at + dt_hours(0.99)
+    assert store.reads.get(row.id)["deadline_at"] > row.deadline_at + dt_hours(0.99)
 
 
 def dt_hours(h: float):
@@ -321,7 +322,7 @@ def dt_hours(h: float):
 
 
 def test_claim_keeps_the_partial_index_with_a_paused_tree(store: Store) -> None:
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(sa.text(
             "INSERT INTO tasks (to_agent, type, payload, status, completed_at) "
             "SELECT 'echo', 'task', '{}', 'done', now() FROM generate_series(1, 20000)"))
@@ -340,28 +341,28 @@ def test_claim_keeps_the_partial_index_with_a_paused_tree(store: Store) -> None:
 # ---------------------------------------------------------------- questions
 def _ask(store: Store, payload: dict, budget_seconds: int = 60) -> tuple[uuid.UUID, uuid.UUID]:
     root = submit(store, "fanout")
-    row = store.claim(["fanout"], 1, "w", 30)[0]
-    store.delegate(row.id, row.lease, [ChildRow("human", "task", payload, "q", 0,
-                                                budget_seconds, Decimal(0))], "w")
-    return root["id"], store.children(root["id"])[0]["id"]
+    row = store.claims.claim(["fanout"], 1, "w", 30)[0]
+    store.transitions.delegate(row.id, row.lease, [ChildRow("human", "task", payload, "q", 0,
+                                                            budget_seconds, Decimal(0))], "w")
+    return root["id"], store.reads.children(root["id"])[0]["id"]
 
 
 def test_a_question_is_never_claimed_and_its_answer_fans_in(store: Store) -> None:
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}},
               "required": ["ok"]}
     root, q = _ask(store, {"question": "ship it?", "answer_schema": schema})
-    assert store.claim(["human", "echo"], 10, "w", 30) == []
+    assert store.claims.claim(["human", "echo"], 10, "w", 30) == []
     inbox = store.steering.inbox()
     assert [(i["kind"], i["id"], i["from_agent"]) for i in inbox] == [("question", q, "fanout")]
     with pytest.raises(SteeringRefused, match="answer_schema"):
         store.steering.answer(q, {"ok": "yes"})
-    assert store.get(q)["status"] == "pending"
+    assert store.reads.get(q)["status"] == "pending"
     out = store.steering.answer(q, {"ok": True}, actor="carol")
     assert out.parents_ready == (root,)
-    task = store.get(q)
+    task = store.reads.get(q)
     assert task["status"] == "done" and task["result"] == {"ok": True}
-    assert store.events(q)[-1]["worker"] == "carol"
-    assert store.get(root)["status"] == "ready_to_aggregate"
+    assert store.reads.events(q)[-1]["worker"] == "carol"
+    assert store.reads.get(root)["status"] == "ready_to_aggregate"
     with pytest.raises(SteeringRefused, match="no longer an open question"):
         store.steering.answer(q, {"ok": False})
 
@@ -371,7 +372,7 @@ def test_an_answer_must_be_one_of_the_choices(store: Store) -> None:
     with pytest.raises(SteeringRefused, match="not one of the choices"):
         store.steering.answer(q, "green")
     store.steering.answer(q, {"choice": "blue"})
-    assert store.get(q)["result"] == {"choice": "blue"}
+    assert store.reads.get(q)["result"] == {"choice": "blue"}
 
 
 def test_an_answer_racing_a_cancel_changes_nothing_when_second(store: Store) -> None:
@@ -384,68 +385,68 @@ def test_an_answer_racing_a_cancel_changes_nothing_when_second(store: Store) -> 
 
 def test_a_question_past_its_deadline_fails(store: Store) -> None:
     root, q = _ask(store, {"question": "late?"}, budget_seconds=1)
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(sa.text("UPDATE tasks SET created_at = now() - interval '1 minute' "
                              "WHERE id = :id"), {"id": q})
     assert store.steering.fail_unanswered() == [q]
-    task = store.get(q)
+    task = store.reads.get(q)
     assert task["status"] == "failed" and task["error"] == "no answer: deadline"
-    assert store.get(root)["status"] == "ready_to_aggregate"
+    assert store.reads.get(root)["status"] == "ready_to_aggregate"
 
 
 # ---------------------------------------------------------------- approvals
 def test_require_approval_holds_a_child_until_approved_once(store: Store) -> None:
-    store.approval_agents = ("echo",)
+    store.policies.approval_agents = ("echo",)
     _, kids = parent_with_children(store, 2)
     assert {k["status"] for k in kids} == {"awaiting_approval"}
-    assert store.claim(["echo"], 10, "w", 30) == []
+    assert store.claims.claim(["echo"], 10, "w", 30) == []
     assert {i["kind"] for i in store.steering.inbox()} == {"approval"}
     assert store.steering.approve(kids[0]["id"], actor="dan").changed
     again = store.steering.approve(kids[0]["id"])
     assert not again.changed and "not awaiting approval" in again.message
-    assert [r.id for r in store.claim(["echo"], 10, "w", 30)] == [kids[0]["id"]]
+    assert [r.id for r in store.claims.claim(["echo"], 10, "w", 30)] == [kids[0]["id"]]
     with pytest.raises(SteeringRefused, match="note"):
         store.steering.reject(kids[1]["id"], note="")
     out = store.steering.reject(kids[1]["id"], note="too costly", actor="dan")
     assert out.changed
-    task = store.get(kids[1]["id"])
+    task = store.reads.get(kids[1]["id"])
     assert task["status"] == "failed" and "too costly" in task["error"]
 
 
 def test_require_approval_holds_a_root_submitted_to_a_listed_agent(store: Store) -> None:
-    store.approval_agents = ("echo",)
+    store.policies.approval_agents = ("echo",)
     held, free = submit(store, "echo"), submit(store, "fanout")
     assert held["status"] == "awaiting_approval" and free["status"] == "pending"
     assert events(store, held["id"]) == [(None, "awaiting_approval")]
-    assert "held for approval" in store.events(held["id"])[0]["detail"]
-    assert [r.id for r in store.claim(["echo", "fanout"], 10, "w", 30)] == [free["id"]]
+    assert "held for approval" in store.reads.events(held["id"])[0]["detail"]
+    assert [r.id for r in store.claims.claim(["echo", "fanout"], 10, "w", 30)] == [free["id"]]
     assert [i["id"] for i in store.steering.inbox()] == [held["id"]]
     assert store.steering.approve(held["id"], actor="dan").changed
-    assert [r.id for r in store.claim(["echo"], 10, "w", 30)] == [held["id"]]
+    assert [r.id for r in store.claims.claim(["echo"], 10, "w", 30)] == [held["id"]]
     assert events(store, held["id"])[-2:] == [("awaiting_approval", "pending"),
                                               ("pending", "running")]
 
 
 def test_require_approval_holds_bulk_roots_and_never_a_question(store: Store) -> None:
-    store.approval_agents = ("echo", "human")
-    assert store.submit_many("echo", "task", [{"goal": "a"}, {"goal": "b"}]) == 2
-    assert store.claim(["echo"], 10, "w", 30) == []
+    store.policies.approval_agents = ("echo", "human")
+    assert store.tasks.submit_many("echo", "task", [{"goal": "a"}, {"goal": "b"}]) == 2
+    assert store.claims.claim(["echo"], 10, "w", 30) == []
     assert [i["kind"] for i in store.steering.inbox()] == ["approval", "approval"]
     question = submit(store, "human")  # a question to a person waits for its answer only
     assert question["status"] == "pending"
 
 
 def test_require_approval_above_a_tree_spend(store: Store) -> None:
-    store.approve_above_usd = Decimal("0.015")
+    store.policies.approve_above_usd = Decimal("0.015")
     root = submit(store, "fanout")
-    row = store.claim(["fanout"], 1, "w", 30)[0]
+    row = store.claims.claim(["fanout"], 1, "w", 30)[0]
     store.spend.charge_many([_charge(row, "0.01")])
-    store.delegate(row.id, row.lease, child_rows(1), "w")   # 0.01 + 0.01 > 0.015
-    assert store.children(root["id"])[0]["status"] == "awaiting_approval"
+    store.transitions.delegate(row.id, row.lease, child_rows(1), "w")   # 0.01 + 0.01 > 0.015
+    assert store.reads.children(root["id"])[0]["status"] == "awaiting_approval"
 
 
 def test_rejecting_the_last_child_fans_in_its_parent(store: Store) -> None:
-    store.approval_agents = ("echo",)
+    store.policies.approval_agents = ("echo",)
     root, kids = parent_with_children(store, 1)
     out = store.steering.reject(kids[0]["id"], note="no")
     assert out.parents_ready == (root["id"],)
@@ -455,17 +456,17 @@ def test_the_watchdog_spares_a_paused_tree(store: Store) -> None:
     from tests.factories import backdate_claims
 
     root, _ = parent_with_children(store, 1)
-    row = store.claim(["echo"], 1, "w", 30)[0]
+    row = store.claims.claim(["echo"], 1, "w", 30)[0]
     store.steering.pause(root["id"])
     backdate_claims(store, 3600)
     assert store.hygiene.time_out().failed == 0
     store.steering.resume(root["id"])
-    assert store.get(row.id)["status"] == "running"
+    assert store.reads.get(row.id)["status"] == "running"
 
 
 def test_a_cancel_waits_for_a_gate_read_that_holds_its_tree(store: Store) -> None:
     root, _ = parent_with_children(store, 1)
-    row = store.claim(["echo"], 1, "w", 30)[0]
+    row = store.claims.claim(["echo"], 1, "w", 30)[0]
     states, release = store.steering.gate_calls_held([row.id])
     assert states[row.id].status == "running"
     done: dict = {}
@@ -473,7 +474,7 @@ def test_a_cancel_waits_for_a_gate_read_that_holds_its_tree(store: Store) -> Non
     t.start()
     t.join(0.5)
     assert t.is_alive()            # the calls that read let through start first
-    assert store.get(row.id)["status"] == "running"
+    assert store.reads.get(row.id)["status"] == "running"
     release()
     t.join(10)
     assert done["out"].cancelled == 2

@@ -59,41 +59,41 @@ def cli_json(*args: str) -> Any:
 
 
 def _publisher(runtime: Runtime) -> tuple[uuid.UUID, uuid.UUID]:
-    root, _ = runtime.store.submit(NewTask("publisher", "publish", {"goal": "the report"}))
+    root, _ = runtime.store.tasks.submit(NewTask("publisher", "publish", {"goal": "the report"}))
     drain(runtime)
-    (question,) = runtime.store.children(root["id"])
+    (question,) = runtime.store.reads.children(root["id"])
     return root["id"], question["id"]
 
 
 # ---------------------------------------------------------------- the doc's example
 def test_the_docs_example_asks_a_person_and_uses_the_answer(runtime: Runtime) -> None:
     root, q = _publisher(runtime)
-    assert runtime.store.get(q)["status"] == "pending"   # no worker took the question
+    assert runtime.store.reads.get(q)["status"] == "pending"   # no worker took the question
     inbox = cli_json("inbox")
     assert [(i["kind"], i["id"], i["asking_agent"], i["choices"]) for i in inbox] == [
         ("question", str(q), "publisher", ["yes", "no"])]
     bad = cli("answer", str(q), "--json", '"maybe"')
     assert bad.exit_code == 2 and "not one of the choices" in bad.stderr
-    assert runtime.store.get(q)["status"] == "pending"
+    assert runtime.store.reads.get(q)["status"] == "pending"
     good = cli("answer", str(q), "--json", '"yes"', "--by", "alice")
     assert good.exit_code == 0, good.stderr
-    assert runtime.store.get(root)["status"] == "ready_to_aggregate"
+    assert runtime.store.reads.get(root)["status"] == "ready_to_aggregate"
     drain(runtime)
-    done = runtime.store.get(root)
+    done = runtime.store.reads.get(root)
     assert done["status"] == "done" and done["result"] == {"text": "publish: yes"}
-    assert runtime.store.events(q)[-1]["worker"] == "alice"
+    assert runtime.store.reads.events(q)[-1]["worker"] == "alice"
 
 
 def test_an_unanswered_question_lets_the_parent_decide(runtime: Runtime) -> None:
     root, q = _publisher(runtime)
-    with runtime.store.transaction() as conn:
+    with runtime.store.database.transaction() as conn:
         import sqlalchemy as sa
 
         conn.execute(sa.text("UPDATE tasks SET created_at = now() - interval '2 hours' "
                              "WHERE id = :id"), {"id": q})
     runtime.store.steering.fail_unanswered()
     drain(runtime)
-    assert runtime.store.get(root)["result"] == {"text": "not published: no answer: deadline"}
+    assert runtime.store.reads.get(root)["result"] == {"text": "not published: no answer: deadline"}
 
 
 # ---------------------------------------------------------------- CLI
@@ -116,18 +116,18 @@ def test_cli_cancel_pause_resume(runtime: Runtime) -> None:
 
 def test_a_root_posted_to_an_approval_agent_is_held_until_approved(
         runtime: Runtime, client: TestClient) -> None:
-    runtime.store.approval_agents = ("echo",)
+    runtime.store.policies.approval_agents = ("echo",)
     posted = client.post("/tasks", json={"prompt": "needs a yes", "agent": "echo"})
     assert posted.status_code == 201, posted.text
     task = posted.json()
     assert task["status"] == "awaiting_approval"
     assert [i["id"] for i in client.get("/inbox").json()] == [task["id"]]
     assert client.post(f"/tasks/{task['id']}/approve", json={"by": "dan"}).status_code == 200
-    assert runtime.store.get(uuid.UUID(task["id"]))["status"] == "pending"
+    assert runtime.store.reads.get(uuid.UUID(task["id"]))["status"] == "pending"
 
 
 def test_cli_approve_and_reject(runtime: Runtime) -> None:
-    runtime.store.approval_agents = ("echo",)
+    runtime.store.policies.approval_agents = ("echo",)
     _, kids = parent_with_children(runtime.store, 2)
     inbox = cli_json("inbox")
     assert sorted(i["kind"] for i in inbox) == ["approval", "approval"]
@@ -140,7 +140,7 @@ def test_cli_approve_and_reject(runtime: Runtime) -> None:
 
 def test_doctor_reports_an_old_question(runtime: Runtime) -> None:
     _, q = _publisher(runtime)
-    with runtime.store.transaction() as conn:
+    with runtime.store.database.transaction() as conn:
         import sqlalchemy as sa
 
         conn.execute(sa.text("UPDATE tasks SET created_at = now() - interval '2 hours', "
@@ -172,14 +172,14 @@ def test_api_answer_and_inbox(client: TestClient, runtime: Runtime) -> None:
     assert [i["id"] for i in inbox] == [str(q)]
     bad = client.post(f"/tasks/{q}/answer", json={"answer": "perhaps"})
     assert bad.status_code == 422 and "choices" in bad.json()["error"]
-    assert runtime.store.get(q)["status"] == "pending"
+    assert runtime.store.reads.get(q)["status"] == "pending"
     ok = client.post(f"/tasks/{q}/answer", json={"answer": "no", "by": "frank"})
     assert ok.status_code == 200 and ok.json()["parents_ready"] == [str(root)]
     assert client.get("/inbox").json() == []
 
 
 def test_api_approve_reject(client: TestClient, runtime: Runtime) -> None:
-    runtime.store.approval_agents = ("echo",)
+    runtime.store.policies.approval_agents = ("echo",)
     _, kids = parent_with_children(runtime.store, 2)
     assert client.post(f"/tasks/{kids[0]['id']}/approve").json()["changed"] is True
     assert client.post(f"/tasks/{kids[0]['id']}/approve").json()["changed"] is False

@@ -98,7 +98,7 @@ def test_a_cancelled_task_stops_and_starts_no_more_calls(runtime: Runtime,
         worker.stop("test")
         thread.join(15)
     assert out.cancelled == 1
-    assert runtime.store.get(task["id"])["status"] == "cancelled"
+    assert runtime.store.reads.get(task["id"])["status"] == "cancelled"
     assert terminal_event_counts(runtime.store)[task["id"]] == 1
 
 
@@ -151,13 +151,13 @@ def test_a_paused_tree_starts_no_call_until_resumed(runtime: Runtime,
         # its chance to be sent, twice, and was not.
         wait_until(lambda: len(paused_answers) >= answered + 2, what="the gate's answers")
         assert fake_ollama.received == held  # no new call while paused
-        assert runtime.store.get(task["id"])["status"] == "running"  # lease kept
+        assert runtime.store.reads.get(task["id"])["status"] == "running"  # lease kept
         runtime.store.steering.resume(task["id"])
-        wait_until(lambda: runtime.store.get(task["id"])["status"] in ("done", "failed"))
+        wait_until(lambda: runtime.store.reads.get(task["id"])["status"] in ("done", "failed"))
     finally:
         worker.stop("test")
         thread.join(15)
-    assert runtime.store.get(task["id"])["status"] == "done"
+    assert runtime.store.reads.get(task["id"])["status"] == "done"
     assert fake_ollama.received == 3
 
 
@@ -181,7 +181,7 @@ def test_a_task_taken_away_starts_no_call_before_its_heartbeat_says_so(
         TwoCalls.go.set()
         wait_until(lambda: worker.stats.dropped >= 1)
         assert fake_ollama.received == 1
-        row = runtime.store.get(task["id"])
+        row = runtime.store.reads.get(task["id"])
         assert (row["status"], row["lease_token"], row["lease_owner"]) == (
             "running", token, "w-other")
     finally:
@@ -209,14 +209,14 @@ def store_gate(store: Store, calls: list[int]) -> tuple[CallGate, Callable[[], A
 def test_the_gate_refuses_a_caller_whose_lease_was_taken(store: Store) -> None:
     """The gate compares the caller's lease token with the task's holder, per caller."""
     submit(store, "echo")
-    first = store.claim(["echo"], 1, "w-first", 30)[0]
+    first = store.claims.claim(["echo"], 1, "w-first", 30)[0]
     calls: list[int] = []
     gate, request = store_gate(store, calls)
     assert asyncio.run(gate.send(first.id, asyncio.Semaphore(1), request,
                                  lease_token=first.lease_token)) == "sent"
     assert expire_leases(store) == 1
     store.hygiene.reap(max_delivery=10)
-    second = store.claim(["echo"], 1, "w-second", 30)[0]
+    second = store.claims.claim(["echo"], 1, "w-second", 30)[0]
     assert second.id == first.id and second.lease_token != first.lease_token
     with pytest.raises(LeaseLost, match="taken away"):
         asyncio.run(gate.send(first.id, asyncio.Semaphore(1), request,
@@ -230,7 +230,7 @@ def test_the_gate_refuses_a_caller_whose_lease_was_taken(store: Store) -> None:
 
 def test_the_gate_refuses_a_cancelled_task_without_calling(store: Store) -> None:
     task = submit(store, "echo")
-    row = store.claim(["echo"], 1, "w", 30)[0]
+    row = store.claims.claim(["echo"], 1, "w", 30)[0]
     calls: list[int] = []
     gate, request = store_gate(store, calls)
     assert asyncio.run(gate.send(row.id, asyncio.Semaphore(1), request)) == "sent"

@@ -22,12 +22,12 @@ from tests.factories import expire_leases
 
 
 def claim(store: Store) -> Any:
-    (row,) = store.claim(["scout"], 1, "w", 30)
+    (row,) = store.claims.claim(["scout"], 1, "w", 30)
     return row
 
 
 def new_task(store: Store) -> Any:
-    store.submit(NewTask(to_agent="scout", type="task", payload={"goal": "g"}))
+    store.tasks.submit(NewTask(to_agent="scout", type="task", payload={"goal": "g"}))
     return claim(store)
 
 
@@ -232,4 +232,4 @@ def test_step_writes_survive_a_lost_connection_and_a_repeated_finish_charges_onc
     assert first and again
     (step,) = store.steps.for_task(row["id"])
     assert (step["status"], step["result"], step["starts"]) == ("finished", {"ok": 1}, 1)
-    assert store.get(row["id"])["own_usd"] == Decimal("0.5")
+    assert store.reads.get(row["id"])["own_usd"] == Decimal("0.5")

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from agents.base import Agent, Result, TaskView
 from agents.context import AgentContext
+from runtime.store.rows import Tenancy
 from runtime.store.store import Store
 from runtime.wiring import Runtime
 from tests.factories import submit, terminal_event_counts
@@ -66,7 +67,8 @@ def runtime(make_runtime: Callable[..., Runtime], store: Store, tmp_path: Path) 
     config.write_text(f"[tenants.metered]\ntokens_per_minute = {RATE}\n"
                       f"[worker]\nstop_grace_seconds = {GRACE}\n")
     runtime = make_runtime([__name__], config=config)
-    store.tenancy = runtime.store.tenancy = type(store.tenancy).from_settings(runtime.settings)
+    store.policies.tenancy = runtime.store.policies.tenancy = Tenancy.from_settings(
+        runtime.settings)
     return runtime
 
 
@@ -111,10 +113,10 @@ def test_a_task_waiting_for_tokens_is_handed_back_at_once_on_stop(runtime: Runti
         thread.join(GRACE + 5)
     assert worker.stats.outcomes == {} and worker.stats.dropped == 0  # nothing written
     print(f"\nstopped {took:.2f} s after the stop began (grace {GRACE:g} s)")
-    row = store.get(task["id"])
+    row = store.reads.get(task["id"])
     assert row["status"] == "pending" and row["lease_owner"] is None
     assert worker.stats.released == 1
-    assert [e["detail"] for e in store.events(task["id"])][-1] == \
+    assert [e["detail"] for e in store.reads.events(task["id"])][-1] == \
         "released by a worker shutting down"
     assert meter.waiting_tasks() == set()
     assert _calls(store, task["id"]) == 1  # the second call never started
@@ -122,8 +124,8 @@ def test_a_task_waiting_for_tokens_is_handed_back_at_once_on_stop(runtime: Runti
     # The debt paid, the next worker replays the first call and pays for the second only.
     assert store.spend.take_tenant_tokens("metered", 0, RATE, refund=12 * RATE) == 0.0
     again = runtime.worker([agent, "judge"], maintenance=False, listen=False)
-    _wait_for(lambda: again.run_once() == 1 or store.get(task["id"])["status"] == "done")
-    assert store.get(task["id"])["status"] == "done"
+    _wait_for(lambda: again.run_once() == 1 or store.reads.get(task["id"])["status"] == "done")
+    assert store.reads.get(task["id"])["status"] == "done"
     assert _calls(store, task["id"]) == 2  # paid: the first call once, the second
     assert _calls(store, task["id"], replayed=True) == 1
     assert terminal_event_counts(store) == {task["id"]: 1}

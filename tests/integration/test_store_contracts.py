@@ -17,17 +17,17 @@ from tests.factories import events, parent_with_children
 
 def test_retried_child_event_names_the_status_it_left(store: Store) -> None:
     parent, (failed, escalated) = parent_with_children(store, 2)
-    first, second = store.claim(["echo"], 2, "w", 30)
+    first, second = store.claims.claim(["echo"], 2, "w", 30)
     by_id = {first["id"]: first, second["id"]: second}
-    store.finish_running([
+    store.transitions.finish_running([
         RunOutcome(failed["id"], by_id[failed["id"]]["lease_token"], "failed", error="boom"),
         RunOutcome(escalated["id"], by_id[escalated["id"]]["lease_token"], "escalated",
-                   error="why"),
+                               error="why"),
     ], "w")
-    (agg,) = store.claim(["fanout"], 1, "w", 30)
+    (agg,) = store.claims.claim(["fanout"], 1, "w", 30)
     assert agg["id"] == parent["id"]
-    assert store.retry_children(agg["id"], agg["lease_token"],
-                                [failed["id"], escalated["id"]], "w") == 2
+    assert store.transitions.retry_children(agg["id"], agg["lease_token"],
+                                            [failed["id"], escalated["id"]], "w") == 2
     assert events(store, failed["id"])[-1] == ("failed", "pending")
     assert events(store, escalated["id"])[-1] == ("escalated", "pending")
 
@@ -80,10 +80,10 @@ def test_migration_lock_and_version_check_are_named_statements() -> None:
 
 def test_prune_never_deletes_a_tree_whose_task_is_being_resolved(store: Store) -> None:
     parent, (child,) = parent_with_children(store, 1)
-    (claimed,) = store.claim(["echo"], 1, "w", 30)
-    store.finish_running([RunOutcome(child["id"], claimed["lease_token"], "escalated",
-                                     error="needs a person")], "w")
-    with store.transaction() as conn:  # the whole tree finished long ago
+    (claimed,) = store.claims.claim(["echo"], 1, "w", 30)
+    store.transitions.finish_running([RunOutcome(child["id"], claimed["lease_token"], "escalated",
+                                                 error="needs a person")], "w")
+    with store.database.transaction() as conn:  # the whole tree finished long ago
         conn.execute(sa.text("UPDATE tasks SET status = 'done', completed_at = now() - "
                              "interval '2 days' WHERE id = :id"), {"id": parent["id"]})
     # A person's `resolve --retry` holds its transaction open, the child already reopened.
@@ -94,17 +94,17 @@ def test_prune_never_deletes_a_tree_whose_task_is_being_resolved(store: Store) -
         "id": child["id"], "to_status": "pending", "reassign_to": None, "actor": "person",
         "detail": "resolved: retry", "error": None})
     pruned: list[tuple[int, int]] = []
-    pruner = threading.Thread(target=lambda: pruned.append(store.prune(dt.timedelta(days=1))))
+    pruner = threading.Thread(target=lambda: pruned.append(store.reads.prune(dt.timedelta(days=1))))
     pruner.start()
     pruner.join(timeout=2.0)  # the fixed prune passes over a locked tree at once
     resolver.commit()
     resolver.close()
     pruner.join(timeout=30)
     assert pruned and pruned[0] == (0, 0)
-    assert store.get(child["id"])["status"] == "pending"
-    assert store.get(parent["id"])["status"] == "done"
+    assert store.reads.get(child["id"])["status"] == "pending"
+    assert store.reads.get(parent["id"])["status"] == "done"
     # Once nothing holds it, a still-unfinished tree is kept too.
-    assert store.prune(dt.timedelta(days=1)) == (0, 0)
+    assert store.reads.prune(dt.timedelta(days=1)) == (0, 0)
 
 
 def test_the_setting_reaches_the_stores_connections(db_url: str,

@@ -37,7 +37,7 @@ from tests.factories import (
 
 
 def test_many_threads_claiming_at_once_never_share_a_task(store: Store) -> None:
-    store.submit_many("echo", "task", [{"goal": str(i)} for i in range(400)])
+    store.tasks.submit_many("echo", "task", [{"goal": str(i)} for i in range(400)])
     claimed: list[uuid.UUID] = []
     lock = threading.Lock()
     barrier = threading.Barrier(8)
@@ -45,7 +45,7 @@ def test_many_threads_claiming_at_once_never_share_a_task(store: Store) -> None:
     def claimer(n: int) -> None:
         barrier.wait()
         while True:
-            rows = store.claim(["echo"], 7, f"w{n}", 30)
+            rows = store.claims.claim(["echo"], 7, f"w{n}", 30)
             if not rows:
                 return
             with lock:
@@ -65,24 +65,24 @@ def test_claim_orders_by_priority_then_fair_time(store: Store) -> None:
     first = submit(store, priority=5)
     second = submit(store, priority=5)
     late_urgent = submit(store, priority=1)
-    order = [r["id"] for r in store.claim(["echo"], 3, "w", 30)]
+    order = [r["id"] for r in store.claims.claim(["echo"], 3, "w", 30)]
     assert order == [late_urgent["id"], first["id"], second["id"]]
 
 
 def test_claim_skips_tasks_whose_available_at_is_in_the_future(store: Store) -> None:
     task = submit(store)
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(sa.text("UPDATE tasks SET available_at = now() + interval '1 hour'"))
-    assert store.claim(["echo"], 10, "w", 30) == []
-    with store.transaction() as conn:
+    assert store.claims.claim(["echo"], 10, "w", 30) == []
+    with store.database.transaction() as conn:
         conn.execute(sa.text("UPDATE tasks SET available_at = now()"))
-    assert [r["id"] for r in store.claim(["echo"], 10, "w", 30)] == [task["id"]]
+    assert [r["id"] for r in store.claims.claim(["echo"], 10, "w", 30)] == [task["id"]]
 
 
 def test_claim_only_takes_the_agents_asked_for(store: Store) -> None:
     submit(store, agent="echo")
     other = submit(store, agent="other")
-    rows = store.claim(["other", "nobody"], 10, "w", 30)
+    rows = store.claims.claim(["other", "nobody"], 10, "w", 30)
     assert [r["id"] for r in rows] == [other["id"]]
 
 
@@ -92,16 +92,16 @@ def test_claim_skips_rows_locked_by_another_worker(store: Store) -> None:
     with store.engine.connect() as other:
         other.execute(sa.text("SELECT 1 FROM tasks WHERE id = :id FOR UPDATE"),
                       {"id": locked["id"]})
-        rows = store.claim(["echo"], 10, "w", 30)
+        rows = store.claims.claim(["echo"], 10, "w", 30)
         other.rollback()
     assert [r["id"] for r in rows] == [free["id"]]
 
 
 def test_claim_writes_one_event_and_a_fresh_lease(store: Store) -> None:
     task = submit(store)
-    (row,) = store.claim(["echo"], 1, "w1", 30)
+    (row,) = store.claims.claim(["echo"], 1, "w1", 30)
     assert row["status"] == "running" and row["delivery_count"] == 1
-    stored = store.get(task["id"])
+    stored = store.reads.get(task["id"])
     assert stored["lease_owner"] == "w1" and stored["lease_token"] == row["lease_token"]
     assert row["lease_token"] is not None and stored["lease_expires_at"] is not None
     # The claimed row carries the columns the engine reads (fragment_claimed_columns).
@@ -111,43 +111,44 @@ def test_claim_writes_one_event_and_a_fresh_lease(store: Store) -> None:
 
 def test_idempotency_key_returns_the_same_task_and_refuses_a_different_request(
         store: Store) -> None:
-    a, created_a = store.submit(NewTask("echo", "task", {"goal": "x"}, idempotency_key="k"))
-    b, created_b = store.submit(NewTask("echo", "task", {"goal": "x"}, idempotency_key="k"))
+    a, created_a = store.tasks.submit(NewTask("echo", "task", {"goal": "x"}, idempotency_key="k"))
+    b, created_b = store.tasks.submit(NewTask("echo", "task", {"goal": "x"}, idempotency_key="k"))
     assert created_a and not created_b and a["id"] == b["id"]
     with pytest.raises(IdempotencyConflict, match="'k'"):
-        store.submit(NewTask("echo", "task", {"goal": "y"}, idempotency_key="k"))
-    assert store.metrics()["by_status"] == {"pending": 1}
+        store.tasks.submit(NewTask("echo", "task", {"goal": "y"}, idempotency_key="k"))
+    assert store.reads.metrics()["by_status"] == {"pending": 1}
 
 
 def test_reaper_releases_a_lease_that_expired_ten_minutes_ago(store: Store) -> None:
     task = submit(store)
-    store.claim(["echo"], 1, "dead-worker", 30)
+    store.claims.claim(["echo"], 1, "dead-worker", 30)
     expire_leases(store, minutes=10)
     reaped = Reaper(store, RetrySettings(max_delivery=3)).run_once()
     assert (reaped.released, reaped.poisoned) == (1, 0)
-    row = store.get(task["id"])
+    row = store.reads.get(task["id"])
     assert row["status"] == "pending" and row["lease_token"] is None
     assert row["delivery_count"] == 1
 
 
 def test_reaper_leaves_live_leases_alone(store: Store) -> None:
     submit(store)
-    store.claim(["echo"], 1, "alive", 30)
+    store.claims.claim(["echo"], 1, "alive", 30)
     assert Reaper(store, RetrySettings()).run_once().released == 0
 
 
 def test_a_late_completion_after_reaping_changes_nothing(store: Store) -> None:
     task = submit(store)
-    (first,) = store.claim(["echo"], 1, "slow", 30)
+    (first,) = store.claims.claim(["echo"], 1, "slow", 30)
     expire_leases(store)
     Reaper(store, RetrySettings()).run_once()
-    (second,) = store.claim(["echo"], 1, "fast", 30)
-    done = store.finish_running([RunOutcome(task["id"], second["lease_token"], "judging",
-                                            result={"by": "fast"})], "fast")
-    late = store.finish_running([RunOutcome(task["id"], first["lease_token"], "failed",
-                                            error="late")], "slow")
+    (second,) = store.claims.claim(["echo"], 1, "fast", 30)
+    done = store.transitions.finish_running([RunOutcome(task["id"], second["lease_token"],
+                                                        "judging", result={"by": "fast"})],
+                                            "fast")
+    late = store.transitions.finish_running([RunOutcome(task["id"], first["lease_token"], "failed",
+                                                        error="late")], "slow")
     assert done.applied == [task["id"]] and late.applied == [] and late.stale == [task["id"]]
-    row = store.get(task["id"])
+    row = store.reads.get(task["id"])
     assert row["status"] == "judging" and row["result"] == {"by": "fast"} and row["error"] is None
 
 
@@ -158,18 +159,18 @@ def test_a_batch_with_a_late_and_a_current_outcome_of_one_task_applies_the_curre
     # and the current one's reach the database in the same batch, in either order. Only
     # the current one is applied, and its event names the current token.
     task = submit(store)
-    (first,) = store.claim(["echo"], 1, "w", 30)
+    (first,) = store.claims.claim(["echo"], 1, "w", 30)
     expire_leases(store)
     Reaper(store, RetrySettings()).run_once()
-    (second,) = store.claim(["echo"], 1, "w", 30)
+    (second,) = store.claims.claim(["echo"], 1, "w", 30)
     late = RunOutcome(task["id"], first["lease_token"], "failed", error="late")
     current = RunOutcome(task["id"], second["lease_token"], "judging", result={"by": "now"})
-    done = store.finish_running([late, current] if late_first else [current, late], "w")
+    done = store.transitions.finish_running([late, current] if late_first else [current, late], "w")
     assert done.applied == [task["id"]]
-    row = store.get(task["id"])
+    row = store.reads.get(task["id"])
     assert row["status"] == "judging" and row["result"] == {"by": "now"}
     assert row["error"] is None
-    last = store.events(task["id"])[-1]
+    last = store.reads.events(task["id"])[-1]
     assert last["to_status"] == "judging" and last["lease_token"] == second["lease_token"]
 
 
@@ -177,59 +178,60 @@ def test_a_task_delivered_max_delivery_times_becomes_poison(store: Store) -> Non
     task = submit(store)
     reaper = Reaper(store, RetrySettings(max_delivery=3))
     for _ in range(3):
-        assert store.claim(["echo"], 1, "crashy", 30)
+        assert store.claims.claim(["echo"], 1, "crashy", 30)
         expire_leases(store)
         reaper.run_once()
-    row = store.get(task["id"])
+    row = store.reads.get(task["id"])
     assert row["status"] == "failed"
     assert "poison" in row["error"] and "3 times" in row["error"]
-    assert store.claim(["echo"], 1, "w", 30) == []
+    assert store.claims.claim(["echo"], 1, "w", 30) == []
 
 
 def test_retry_outcome_backs_off_and_counts(store: Store) -> None:
     task = submit(store)
-    (row,) = store.claim(["echo"], 1, "w", 30)
-    store.finish_running([RunOutcome(task["id"], row["lease_token"], "pending",
-                                     error="transient", delay_seconds=4.0)], "w")
-    fresh = store.get(task["id"])
+    (row,) = store.claims.claim(["echo"], 1, "w", 30)
+    store.transitions.finish_running([RunOutcome(task["id"], row["lease_token"], "pending",
+                                                 error="transient", delay_seconds=4.0)], "w")
+    fresh = store.reads.get(task["id"])
     assert fresh["retry_count"] == 1 and fresh["status"] == "pending"
     with store.engine.connect() as conn:
         wait = conn.execute(sa.text("SELECT extract(epoch FROM available_at - now()) "
                                     "FROM tasks WHERE id = :id"), {"id": task["id"]}).scalar()
     assert 2.0 < float(wait) <= 4.0
-    assert store.claim(["echo"], 1, "w", 30) == []
+    assert store.claims.claim(["echo"], 1, "w", 30) == []
 
 
 def test_watchdog_times_out_a_task_and_its_late_worker_cannot_overwrite(store: Store) -> None:
     task = submit(store, budget_seconds=5)
-    (row,) = store.claim(["echo"], 1, "w", 30)
+    (row,) = store.claims.claim(["echo"], 1, "w", 30)
     assert Watchdog(store).run_once().failed == 0
     backdate_claims(store, 6)
     assert Watchdog(store).run_once().failed == 1
-    late = store.finish_running([RunOutcome(task["id"], row["lease_token"], "judging",
-                                            result={"late": True})], "w")
+    late = store.transitions.finish_running([RunOutcome(task["id"], row["lease_token"], "judging",
+                                                        result={"late": True})], "w")
     assert late.applied == []
-    fresh = store.get(task["id"])
+    fresh = store.reads.get(task["id"])
     assert (fresh["status"], fresh["error"], fresh["result"]) == ("failed", "timeout", None)
 
 
 def test_heartbeat_extends_held_leases_and_reports_lost_ones(store: Store) -> None:
     submit(store)
     submit(store)
-    a, b = store.claim(["echo"], 2, "w", 30)
+    a, b = store.claims.claim(["echo"], 2, "w", 30)
     expire_leases(store, where=f"id = '{b['id']}'")
     Reaper(store, RetrySettings()).run_once()
-    held = store.heartbeat([a["lease_token"], b["lease_token"]], 60)
+    held = store.claims.heartbeat([a["lease_token"], b["lease_token"]], 60)
     assert held == {a["lease_token"]}
 
 
 def test_every_transition_writes_exactly_one_event(store: Store) -> None:
     task = submit(store)
-    (row,) = store.claim(["echo"], 1, "w", 30)
-    store.finish_running([RunOutcome(task["id"], row["lease_token"], "judging", {"x": 1})], "w")
-    (judging,) = store.claim_judging(1, "j", 30)
-    store.finish_judging([JudgeOutcome(task["id"], judging["lease_token"], "done",
-                                       {"passed": True})], "j")
+    (row,) = store.claims.claim(["echo"], 1, "w", 30)
+    store.transitions.finish_running([RunOutcome(task["id"], row["lease_token"], "judging",
+                                                 {"x": 1})], "w")
+    (judging,) = store.claims.claim_judging(1, "j", 30)
+    store.transitions.finish_judging([JudgeOutcome(task["id"], judging["lease_token"], "done",
+                                                   {"passed": True})], "j")
     assert events(store, task["id"]) == [(None, "pending"), ("pending", "running"),
                                          ("running", "judging"), ("judging", "done")]
 
@@ -239,20 +241,20 @@ def test_fan_in_flips_the_parent_when_the_last_child_finishes(store: Store, n: i
     parent, children = parent_with_children(store, n)
     assert parent["status"] == "waiting" and len(children) == n
     claimed = []
-    while rows := store.claim(["echo"], 1000, "w", 30):
+    while rows := store.claims.claim(["echo"], 1000, "w", 30):
         claimed += rows
     assert len(claimed) == n
     last = claimed.pop()
     for i in range(0, len(claimed), 1000):
         chunk = claimed[i:i + 1000]
-        store.finish_running([RunOutcome(r["id"], r["lease_token"], "failed", error="x")
-                              for r in chunk], "w")
-    assert store.get(parent["id"])["status"] == "waiting"
-    done = store.finish_running([RunOutcome(last["id"], last["lease_token"], "escalated",
-                                            error="why")], "w")
+        store.transitions.finish_running([RunOutcome(r["id"], r["lease_token"], "failed", error="x")
+                                          for r in chunk], "w")
+    assert store.reads.get(parent["id"])["status"] == "waiting"
+    done = store.transitions.finish_running([RunOutcome(last["id"], last["lease_token"],
+                                                        "escalated", error="why")], "w")
     assert done.parents_ready == [parent["id"]]
-    assert store.get(parent["id"])["status"] == "ready_to_aggregate"
-    (agg,) = store.claim(["fanout"], 1, "w", 30)
+    assert store.reads.get(parent["id"])["status"] == "ready_to_aggregate"
+    (agg,) = store.claims.claim(["fanout"], 1, "w", 30)
     assert agg["phase"] == "aggregate" and agg["claimed_from"] == "ready_to_aggregate"
 
 
@@ -260,28 +262,28 @@ def test_two_workers_finishing_the_last_two_children_at_once_flip_the_parent(
         store: Store) -> None:
     for i in range(20):
         parent, _ = parent_with_children(store, 2, parent_agent=f"fanout{i}")
-        a, b = store.claim(["echo"], 2, "w", 30)
+        a, b = store.claims.claim(["echo"], 2, "w", 30)
         barrier = threading.Barrier(2)
 
         def finish(row: dict, barrier: threading.Barrier = barrier) -> None:
             barrier.wait()
-            store.finish_running([RunOutcome(row["id"], row["lease_token"], "failed",
-                                             error="x")], "w")
+            store.transitions.finish_running([RunOutcome(row["id"], row["lease_token"], "failed",
+                                                         error="x")], "w")
 
         threads = [threading.Thread(target=finish, args=(r,)) for r in (a, b)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        assert store.get(parent["id"])["status"] == "ready_to_aggregate"
+        assert store.reads.get(parent["id"])["status"] == "ready_to_aggregate"
 
 
 def test_sweeper_is_the_safety_net_for_a_missed_flip(store: Store) -> None:
     parent, _children = parent_with_children(store, 3)
-    with store.transaction() as conn:  # children finished by hand: no flip ran
+    with store.database.transaction() as conn:  # children finished by hand: no flip ran
         conn.execute(sa.text("UPDATE tasks SET status = 'done' WHERE parent_id = :p"),
                      {"p": parent["id"]})
-    assert store.get(parent["id"])["status"] == "waiting"
+    assert store.reads.get(parent["id"])["status"] == "waiting"
     swept = Sweeper(store).run_once()
     assert swept.ready == 1 and swept.ids == (parent["id"],)
     assert Sweeper(store).run_once().ready == 0
@@ -290,87 +292,89 @@ def test_sweeper_is_the_safety_net_for_a_missed_flip(store: Store) -> None:
 
 def test_a_parent_rerun_after_a_crash_does_not_duplicate_children(store: Store) -> None:
     root = submit(store, "fanout")
-    (first,) = store.claim(["fanout"], 1, "w1", 30)
+    (first,) = store.claims.claim(["fanout"], 1, "w1", 30)
     # The first delivery delegated; then suppose the parent is retried by hand and runs again.
-    store.delegate(root["id"], first["lease_token"], child_rows(3), "w1")
-    with store.transaction() as conn:
+    store.transitions.delegate(root["id"], first["lease_token"], child_rows(3), "w1")
+    with store.database.transaction() as conn:
         conn.execute(sa.text("UPDATE tasks SET status = 'pending', phase = 'run' "
                              "WHERE id = :id"), {"id": root["id"]})
-    (second,) = store.claim(["fanout"], 1, "w2", 30)
-    applied, inserted = store.delegate(root["id"], second["lease_token"],
-                                       child_rows(3) + child_rows(1, prefix="extra"), "w2")
+    (second,) = store.claims.claim(["fanout"], 1, "w2", 30)
+    applied, inserted = store.transitions.delegate(
+        root["id"], second["lease_token"], child_rows(3) + child_rows(1, prefix="extra"), "w2")
     assert applied and inserted == 1
-    keys = Counter(c["idempotency_key"] for c in store.children(root["id"]))
+    keys = Counter(c["idempotency_key"] for c in store.reads.children(root["id"]))
     assert keys == {"c0": 1, "c1": 1, "c2": 1, "extra0": 1}
 
 
 def test_delegation_from_a_lost_lease_writes_nothing(store: Store) -> None:
     root = submit(store, "fanout")
-    (row,) = store.claim(["fanout"], 1, "w1", 30)
+    (row,) = store.claims.claim(["fanout"], 1, "w1", 30)
     expire_leases(store)
     Reaper(store, RetrySettings()).run_once()
-    applied, inserted = store.delegate(root["id"], row["lease_token"], child_rows(2), "w1")
+    applied, inserted = store.transitions.delegate(root["id"], row["lease_token"], child_rows(2),
+                                                   "w1")
     assert (applied, inserted) == (False, 0)
-    assert store.children(root["id"]) == []
+    assert store.reads.children(root["id"]) == []
 
 
 def test_resolve_refuses_a_task_that_is_not_escalated(store: Store) -> None:
     task = submit(store)
     with pytest.raises(ResolveRefused, match="not escalated"):
-        store.resolve(task["id"], "done")
+        store.transitions.resolve(task["id"], "done")
 
 
 def test_resolve_refuses_to_retry_a_child_whose_parent_already_aggregated(store: Store) -> None:
     _parent, _children = parent_with_children(store, 1)
-    (child,) = store.claim(["echo"], 1, "w", 30)
-    store.finish_running([RunOutcome(child["id"], child["lease_token"], "escalated",
-                                     error="needs a person")], "w")
-    (agg,) = store.claim(["fanout"], 1, "w", 30)
-    store.finish_running([RunOutcome(agg["id"], agg["lease_token"], "judging", {"ok": 1})], "w")
+    (child,) = store.claims.claim(["echo"], 1, "w", 30)
+    store.transitions.finish_running([RunOutcome(child["id"], child["lease_token"], "escalated",
+                                                 error="needs a person")], "w")
+    (agg,) = store.claims.claim(["fanout"], 1, "w", 30)
+    store.transitions.finish_running([RunOutcome(agg["id"], agg["lease_token"], "judging",
+                                                 {"ok": 1})], "w")
     with pytest.raises(ResolveRefused, match="already aggregated"):
-        store.resolve(child["id"], "retry")
-    assert store.get(child["id"])["status"] == "escalated"
+        store.transitions.resolve(child["id"], "retry")
+    assert store.reads.get(child["id"])["status"] == "escalated"
 
 
 def test_resolving_an_escalated_child_retry_then_done_flips_its_parent(store: Store) -> None:
     parent, _ = parent_with_children(store, 1)
-    (child,) = store.claim(["echo"], 1, "w", 30)
-    store.finish_running([RunOutcome(child["id"], child["lease_token"], "escalated",
-                                     error="why")], "w")
-    assert store.get(parent["id"])["status"] == "ready_to_aggregate"
-    retried = store.resolve(child["id"], "retry", note="try again")
+    (child,) = store.claims.claim(["echo"], 1, "w", 30)
+    store.transitions.finish_running([RunOutcome(child["id"], child["lease_token"], "escalated",
+                                                 error="why")], "w")
+    assert store.reads.get(parent["id"])["status"] == "ready_to_aggregate"
+    retried = store.transitions.resolve(child["id"], "retry", note="try again")
     assert retried["status"] == "pending"
-    assert store.get(parent["id"])["status"] == "waiting"
-    (again,) = store.claim(["echo"], 1, "w", 30)
-    store.finish_running([RunOutcome(again["id"], again["lease_token"], "escalated",
-                                     error="still")], "w")
-    store.resolve(child["id"], "done", note="checked by hand")
-    assert store.get(parent["id"])["status"] == "ready_to_aggregate"
-    history = store.events(child["id"])
+    assert store.reads.get(parent["id"])["status"] == "waiting"
+    (again,) = store.claims.claim(["echo"], 1, "w", 30)
+    store.transitions.finish_running([RunOutcome(again["id"], again["lease_token"], "escalated",
+                                                 error="still")], "w")
+    store.transitions.resolve(child["id"], "done", note="checked by hand")
+    assert store.reads.get(parent["id"])["status"] == "ready_to_aggregate"
+    history = store.reads.events(child["id"])
     assert "note: checked by hand" in history[-1]["detail"]
 
 
 def test_release_on_shutdown_returns_tasks_to_the_queue(store: Store) -> None:
     task = submit(store)
-    (row,) = store.claim(["echo"], 1, "w", 30)
-    assert store.release([row["lease_token"]], "w") == 1
-    fresh = store.get(task["id"])
+    (row,) = store.claims.claim(["echo"], 1, "w", 30)
+    assert store.claims.release([row["lease_token"]], "w") == 1
+    fresh = store.reads.get(task["id"])
     assert fresh["status"] == "pending" and fresh["delivery_count"] == 0
 
 
 def test_exactly_one_terminal_transition_per_task_after_a_normal_run(store: Store) -> None:
     ids = [submit(store)["id"] for _ in range(5)]
-    rows = store.claim(["echo"], 5, "w", 30)
-    store.finish_running([RunOutcome(r["id"], r["lease_token"], "failed", error="x")
-                          for r in rows], "w")
-    store.finish_running([RunOutcome(r["id"], r["lease_token"], "failed", error="again")
-                          for r in rows], "w")
+    rows = store.claims.claim(["echo"], 5, "w", 30)
+    store.transitions.finish_running([RunOutcome(r["id"], r["lease_token"], "failed", error="x")
+                                      for r in rows], "w")
+    store.transitions.finish_running([RunOutcome(r["id"], r["lease_token"], "failed", error="again")
+                                      for r in rows], "w")
     counts = terminal_event_counts(store)
     assert all(counts[i] == 1 for i in ids)
 
 
 def test_claim_uses_the_partial_index_with_many_finished_rows(store: Store) -> None:
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(sa.text(
             "INSERT INTO tasks (to_agent, type, payload, status, completed_at) "
             "SELECT 'echo', 'task', '{}', 'done', now() FROM generate_series(1, 20000)"))
@@ -389,7 +393,7 @@ def test_claim_uses_the_partial_index_with_many_finished_rows(store: Store) -> N
 
 
 def test_sweep_uses_the_waiting_index(store: Store) -> None:
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(sa.text(
             "INSERT INTO tasks (to_agent, type, payload, status, completed_at) "
             "SELECT 'echo', 'task', '{}', 'done', now() FROM generate_series(1, 20000)"))
@@ -423,17 +427,17 @@ def test_prune_removes_whole_finished_trees_with_their_events(store: Store) -> N
 
     parent, children = parent_with_children(store, 2)
     unfinished = submit(store)
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(sa.text("UPDATE tasks SET status = 'done', completed_at = now() - "
                              "interval '2 days' WHERE root_id = :r"), {"r": parent["id"]})
         conn.execute(sa.text("UPDATE tasks SET completed_at = now() - interval '2 days' "
                              "WHERE id = :id"), {"id": unfinished["id"]})
-    assert store.prune(dt.timedelta(days=1)) == (1, 3)
+    assert store.reads.prune(dt.timedelta(days=1)) == (1, 3)
     with store.engine.connect() as conn:
         left = conn.execute(sa.text("SELECT count(*) FROM task_events WHERE task_id = ANY(:ids)"),
                             {"ids": [parent["id"], *(c["id"] for c in children)]}).scalar()
     assert left == 0
-    assert store.get(unfinished["id"])["status"] == "pending"
+    assert store.reads.get(unfinished["id"])["status"] == "pending"
 
 
 def _charge(row: TaskRow, tokens: int, n: int = 0, token: uuid.UUID | None = None) -> ModelCharge:
@@ -446,7 +450,7 @@ def _charge(row: TaskRow, tokens: int, n: int = 0, token: uuid.UUID | None = Non
 
 def test_claims_return_typed_rows_with_a_deadline(store: Store) -> None:
     submit(store, "echo", budget_seconds=120)
-    (row,) = store.claim(["echo"], 1, "w", 30)
+    (row,) = store.claims.claim(["echo"], 1, "w", 30)
     assert isinstance(row, TaskRow) and row["id"] == row.id and row.get("nope") is None
     assert row.claimed_at is not None and row.deadline_at is not None
     assert round((row.deadline_at - row.claimed_at).total_seconds()) == 120
@@ -455,7 +459,7 @@ def test_claims_return_typed_rows_with_a_deadline(store: Store) -> None:
 def test_rows_built_per_result_equal_rows_built_per_mapping(store: Store) -> None:
     submit(store, "echo", budget_seconds=60)
     submit(store, "echo", budget_seconds=90)
-    rows = store.claim(["echo"], 2, "w", 30)
+    rows = store.claims.claim(["echo"], 2, "w", 30)
     with store.engine.connect() as conn:
         result = conn.execute(sa.text("SELECT *, 1 AS not_a_column FROM tasks ORDER BY id"))
         keys, values = list(result.keys()), result.all()
@@ -468,42 +472,43 @@ def test_rows_built_per_result_equal_rows_built_per_mapping(store: Store) -> Non
 
 def test_a_charge_touches_only_its_task_and_spend_rolls_up_when_it_ends(store: Store) -> None:
     root, _ = parent_with_children(store, 2)
-    a, b = store.claim(["echo"], 2, "w", 30)
+    a, b = store.claims.claim(["echo"], 2, "w", 30)
     assert store.spend.charge(_charge(a, 10)) and store.spend.charge(_charge(b, 5))
-    assert store.get(root["id"])["spent_tokens"] == 0  # no hot root row
+    assert store.reads.get(root["id"])["spent_tokens"] == 0  # no hot root row
     assert store.spend.live(root["id"])[:2] == (15, Decimal("0.015"))
-    store.finish_running([RunOutcome(a.id, a.lease_token, "failed", error="x")], "w")
-    assert store.get(root["id"])["spent_tokens"] == 10
-    store.finish_running([RunOutcome(b.id, b.lease_token, "failed", error="x")], "w")
-    parent = store.get(root["id"])
+    store.transitions.finish_running([RunOutcome(a.id, a.lease_token, "failed", error="x")], "w")
+    assert store.reads.get(root["id"])["spent_tokens"] == 10
+    store.transitions.finish_running([RunOutcome(b.id, b.lease_token, "failed", error="x")], "w")
+    parent = store.reads.get(root["id"])
     assert parent["spent_tokens"] == 15 and parent["status"] == "ready_to_aggregate"
     # A child retried by its parent rolls up only what it spends afterwards.
-    (agg,) = store.claim([root["to_agent"]], 1, "w", 30)
-    store.retry_children(agg.id, agg.lease_token, [a.id], "w")
-    (again,) = store.claim(["echo"], 1, "w", 30)
+    (agg,) = store.claims.claim([root["to_agent"]], 1, "w", 30)
+    store.transitions.retry_children(agg.id, agg.lease_token, [a.id], "w")
+    (again,) = store.claims.claim(["echo"], 1, "w", 30)
     assert store.spend.charge(_charge(again, 7))
-    store.finish_running([RunOutcome(again.id, again.lease_token, "failed", error="x")], "w")
-    assert store.get(root["id"])["spent_tokens"] == 22 == store.spend.live(root["id"])[0]
+    store.transitions.finish_running([RunOutcome(again.id, again.lease_token, "failed",
+                                                 error="x")], "w")
+    assert store.reads.get(root["id"])["spent_tokens"] == 22 == store.spend.live(root["id"])[0]
 
 
 def test_charge_many_sums_per_task_and_skips_a_lost_lease(store: Store) -> None:
     root, _ = parent_with_children(store, 2)
-    a, b = store.claim(["echo"], 2, "w", 30)
+    a, b = store.claims.claim(["echo"], 2, "w", 30)
     cloud = dataclasses.replace(_charge(a, 4, 1), route="cloud", model="big")
     done = store.spend.charge_many([_charge(a, 3, 0), _charge(b, 5, 0), cloud,
                                     _charge(b, 9, 1, token=uuid.uuid4())])
     assert done == [True, True, True, False]
-    assert store.get(a.id)["own_tokens"] == 7 and store.get(b.id)["own_tokens"] == 5
+    assert store.reads.get(a.id)["own_tokens"] == 7 and store.reads.get(b.id)["own_tokens"] == 5
     # A task's route and model are its last recorded call's.
-    assert (store.get(a.id)["route"], store.get(a.id)["model"]) == ("cloud", "big")
-    assert (store.get(b.id)["route"], store.get(b.id)["model"]) == ("local", "m")
-    calls = store.model_calls(a.id) + store.model_calls(b.id)
+    assert (store.reads.get(a.id)["route"], store.reads.get(a.id)["model"]) == ("cloud", "big")
+    assert (store.reads.get(b.id)["route"], store.reads.get(b.id)["model"]) == ("local", "m")
+    calls = store.reads.model_calls(a.id) + store.reads.model_calls(b.id)
     assert len(calls) == 3 and {c["root_id"] for c in calls} == {root["id"]}
 
 
 def test_the_charge_writer_batches_concurrent_charges(store: Store) -> None:
-    store.submit_many("echo", "task", [{"goal": str(i)} for i in range(200)])
-    rows = store.claim(["echo"], 200, "w", 30)
+    store.tasks.submit_many("echo", "task", [{"goal": str(i)} for i in range(200)])
+    rows = store.claims.claim(["echo"], 200, "w", 30)
     writer = ChargeWriter(store)
     try:
         with ThreadPoolExecutor(max_workers=200) as pool:
@@ -538,28 +543,29 @@ def test_maintenance_skips_while_another_worker_holds_the_lock(store: Store) -> 
 def test_delegate_many_is_one_transaction_of_guarded_delegations(store: Store) -> None:
     for _ in range(2):
         submit(store, "fanout")
-    a, b = store.claim(["fanout"], 2, "w", 30)
-    done = store.delegate_many([(a.id, a.lease, child_rows(3, prefix="a"), None),
-                                (b.id, uuid.uuid4(), child_rows(2, prefix="b"), "stale")], "w")
+    a, b = store.claims.claim(["fanout"], 2, "w", 30)
+    done = store.transitions.delegate_many([(a.id, a.lease, child_rows(3, prefix="a"), None),
+                                            (b.id, uuid.uuid4(), child_rows(2, prefix="b"),
+                                             "stale")], "w")
     assert done == [(True, 3), (False, 0)]
-    assert store.get(a.id)["status"] == "waiting" and len(store.children(a.id)) == 3
-    assert store.get(b.id)["status"] == "running" and store.children(b.id) == []
+    assert store.reads.get(a.id)["status"] == "waiting" and len(store.reads.children(a.id)) == 3
+    assert store.reads.get(b.id)["status"] == "running" and store.reads.children(b.id) == []
     # Idempotent: the same keys again insert nothing (the parent is no longer running).
-    assert store.delegate_many([(a.id, a.lease, child_rows(3, prefix="a"), None)], "w") == \
-        [(False, 0)]
+    assert store.transitions.delegate_many(
+        [(a.id, a.lease, child_rows(3, prefix="a"), None)], "w") == [(False, 0)]
 
 
 def test_one_delegation_statement_keeps_each_parents_children_in_order(store: Store) -> None:
     for _ in range(3):
         submit(store, "fanout")
-    parents = store.claim(["fanout"], 3, "w", 30)
-    done = store.delegate_many([(p.id, p.lease, child_rows(4, prefix=f"p{n}"), f"batch {n}")
-                                for n, p in enumerate(parents)], "w")
+    parents = store.claims.claim(["fanout"], 3, "w", 30)
+    done = store.transitions.delegate_many([(p.id, p.lease, child_rows(4, prefix=f"p{n}"),
+                                             f"batch {n}") for n, p in enumerate(parents)], "w")
     assert done == [(True, 4)] * 3
     for n, parent in enumerate(parents):
-        kids = sorted(store.children(parent.id), key=lambda c: c["created_at"])
+        kids = sorted(store.reads.children(parent.id), key=lambda c: c["created_at"])
         assert [c["idempotency_key"] for c in kids] == [f"p{n}{i}" for i in range(4)]
-        events = store.events(parent.id)
+        events = store.reads.events(parent.id)
         assert [(e["to_status"], e["detail"]) for e in events][-1] == ("waiting", f"batch {n}")
         for kid in kids:
-            assert [e["to_status"] for e in store.events(kid["id"])] == ["pending"]
+            assert [e["to_status"] for e in store.reads.events(kid["id"])] == ["pending"]

@@ -48,13 +48,13 @@ _PIECE_PG = ('INSERT INTO call_text (root_id, task_id, phase, call_index, attemp
 
 
 def _submit(store: Store, agent: str = "echo") -> uuid.UUID:
-    task, _ = store.submit(NewTask(agent, "task", {"goal": "stream me"}))
+    task, _ = store.tasks.submit(NewTask(agent, "task", {"goal": "stream me"}))
     return uuid.UUID(str(task["id"]))
 
 
 def _piece(store: Store, root: uuid.UUID, text: str, offset: int, *, task: uuid.UUID | None = None,
            call: int = 0, attempt: int = 1, phase: str = "run") -> None:
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(_PIECE, {"root": root, "task": task or root, "phase": phase, "call": call,
                               "attempt": attempt, "offset": offset, "text": text})
 
@@ -207,7 +207,7 @@ def test_a_newer_attempt_supersedes_the_older_one(store: Store) -> None:
 def test_the_stream_ends_after_the_roots_terminal_transition(runtime: Runtime) -> None:
     root = _submit(runtime.store, "fanout")
     drain(runtime)
-    assert runtime.store.get(root)["status"] == "done"
+    assert runtime.store.reads.get(root)["status"] == "done"
     events = list(follow(StreamReader(runtime.store.engine), root))
     _ordered_once(events)
     last = [e for e in events if e.kind == "transition"][-1]
@@ -474,7 +474,7 @@ def test_an_escalated_root_ends_the_stream_and_a_retry_goes_on(store: Store) -> 
     root = _submit(store)
 
     def event(before: str, after: str) -> None:
-        with store.transaction() as conn:
+        with store.database.transaction() as conn:
             conn.execute(sa.text("INSERT INTO task_events (task_id, from_status, to_status) "
                                  "VALUES (:t, :a, :b)"), {"t": root, "a": before, "b": after})
 

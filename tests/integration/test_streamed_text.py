@@ -56,8 +56,8 @@ def charges(store: Store) -> Iterator[ChargeWriter]:
 
 
 def _claimed(store: Store) -> Any:
-    store.submit(NewTask(to_agent="scout", type="task", payload={"goal": "g"}))
-    (row,) = store.claim(["scout"], 1, "w", 30)
+    store.tasks.submit(NewTask(to_agent="scout", type="task", payload={"goal": "g"}))
+    (row,) = store.claims.claim(["scout"], 1, "w", 30)
     return row
 
 
@@ -104,7 +104,7 @@ def test_ollama_pieces_are_recorded_in_order_and_make_the_reply(
     assert {p["root_id"] for p in pieces} == {row["root_id"]}
     assert {p["lease_token"] for p in pieces} == {row["lease_token"]}
     # The model_calls row is the reply, recorded on arrival as without streaming.
-    (call,) = store.model_calls(row["id"])
+    (call,) = store.reads.model_calls(row["id"])
     assert call["response"] == reply.text and call["call_index"] == 0
 
 
@@ -134,7 +134,7 @@ def test_a_repaired_call_streams_a_new_higher_attempt(
     reply = llm.complete(PROMPT, schema=Answer)
     pieces = _pieces(store, row["id"])
     assert sorted({p["attempt"] for p in pieces}) == [1, 2]
-    calls = store.model_calls(row["id"])
+    calls = store.reads.model_calls(row["id"])
     assert _text_of(pieces, 1) == calls[0]["response"]  # the broken reply, as it came
     assert _text_of(pieces, 2) == reply.text == calls[1]["response"]
 
@@ -149,7 +149,7 @@ def test_a_redelivered_call_is_a_new_attempt_and_the_old_lease_is_refused(
     assert first.attempt == 1
     # The task is taken back and delivered again (a new lease token).
     new_token = uuid.uuid4()
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(sa.text("UPDATE tasks SET lease_token = :new WHERE id = :id"),
                      {"new": new_token, "id": row["id"]})
     first.add(" a crash")  # the old delivery's late piece: refused
@@ -251,11 +251,11 @@ def test_a_pruned_tree_takes_its_pieces_with_it(
         row, row["lease_token"], threading.Event())
     llm.complete(PROMPT)
     assert _pieces(store, row["id"])
-    with store.transaction() as conn:  # the tree ends (as an outcome would leave it)
+    with store.database.transaction() as conn:  # the tree ends (as an outcome would leave it)
         conn.execute(sa.text("UPDATE tasks SET status = 'done', lease_token = NULL, "
                              "completed_at = now() - interval '2 days' WHERE id = :id"),
                      {"id": row["id"]})
-    assert store.prune(dt.timedelta(days=1)) == (1, 1)
+    assert store.reads.prune(dt.timedelta(days=1)) == (1, 1)
     assert _pieces(store, row["id"]) == []
 
 
@@ -319,7 +319,7 @@ def test_a_call_cut_off_mid_generation_continues_from_its_recorded_text(
         dead.add("Durable queues keep every job in a table, so")
         _wait_written(dead)
         token = hand_over(store, row["id"])  # taken back, delivered again
-        again = store.get(row["id"])
+        again = store.reads.get(row["id"])
         llm = _factory(store, charges, backend, writer).for_task(again, token,
                                                                  threading.Event())
         reply = llm.complete("Write two sentences about durable queues.", max_tokens=40)
@@ -329,7 +329,7 @@ def test_a_call_cut_off_mid_generation_continues_from_its_recorded_text(
         assert {p["attempt"] for p in pieces} == {1}  # the same attempt, continued
         assert _text_of(pieces, 1) == reply.text
         assert {p["lease_token"] for p in pieces} == {row["lease_token"], token}
-        (call,) = store.model_calls(row["id"])
+        (call,) = store.reads.model_calls(row["id"])
         assert call["response"] == reply.text
         # Its start was evaluated as prompt and counts as completion too (never charged).
         assert call["completion_tokens"] > backend.count_tokens(
@@ -353,7 +353,7 @@ def test_an_ollama_call_cut_off_continues_as_the_assistants_last_message(
     token = hand_over(store, row["id"])
     fake_ollama.reply_text = " and the second."  # what the model adds after the prefix
     llm = _factory(store, charges, OllamaBackend(fake_ollama.url, 10.0), text_writer) \
-        .for_task(store.get(row["id"]), token, threading.Event())
+        .for_task(store.reads.get(row["id"]), token, threading.Event())
     reply = llm.complete(PROMPT)
     sent = fake_ollama.requests[-1]["messages"]
     assert sent[-1] == {"role": "assistant", "content": "The first half,"}
@@ -368,7 +368,7 @@ def test_an_ollama_call_cut_off_continues_as_the_assistants_last_message(
     token2 = hand_over(store, row["id"])
     fake_ollama.reply_text = None
     llm2 = _factory(store, charges, OllamaBackend(fake_ollama.url, 10.0), text_writer) \
-        .for_task(store.get(row["id"]), token2, threading.Event())
+        .for_task(store.reads.get(row["id"]), token2, threading.Event())
     llm2.complete(PROMPT)  # call 0: replayed from the record (no request)
     structured = llm2.complete(PROMPT + " as JSON", schema=Answer)
     assert fake_ollama.requests[-1]["messages"][-1]["role"] == "user"
@@ -390,7 +390,7 @@ def test_with_continuing_off_a_call_cut_off_is_made_again_as_a_new_attempt(
     factory = LLMFactory(settings, StoreLedger(store, charges),
                          backend=OllamaBackend(fake_ollama.url, 10.0), announcement="test",
                          text=text_writer)
-    reply = factory.for_task(store.get(row["id"]), token, threading.Event()).complete(PROMPT)
+    reply = factory.for_task(store.reads.get(row["id"]), token, threading.Event()).complete(PROMPT)
     assert fake_ollama.requests[-1]["messages"][-1]["role"] == "user"
     pieces = _pieces(store, row["id"])
     assert _text_of(pieces, 1) == "The first half,"  # superseded, kept

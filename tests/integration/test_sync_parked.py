@@ -51,7 +51,7 @@ def test_sync_agents_calls_are_all_in_flight_with_two_threads(
     try:
         wait_until(lambda: fake_ollama.max_in_flight == TASKS, timeout=20.0)
         assert worker.agents.parked <= TASKS
-        wait_until(lambda: all(runtime.store.get(t["id"])["status"] == "done" for t in tasks),
+        wait_until(lambda: all(runtime.store.reads.get(t["id"])["status"] == "done" for t in tasks),
                    timeout=20.0)
         wait_until(lambda: worker.agents.parked == 0, timeout=20.0)
     finally:

@@ -187,18 +187,18 @@ def test_the_meter_names_the_tasks_whose_calls_wait(store: Store) -> None:
 
 
 def test_the_claim_leaves_a_tenants_tasks_while_its_bucket_is_dry(store: Store) -> None:
-    store.tenancy = Tenancy(rates={"acme": 600})  # 10 tokens a second
+    store.policies.tenancy = Tenancy(rates={"acme": 600})  # 10 tokens a second
     metered = [submit(store, tenant="acme")["id"] for _ in range(2)]
     other = submit(store, tenant="beta")["id"]
     assert store.spend.take_tenant_tokens("acme", 600, 600) == 0.0  # emptied
-    assert [t["id"] for t in store.claim(["echo"], 10, "w", 30)] == [other]
+    assert [t["id"] for t in store.claims.claim(["echo"], 10, "w", 30)] == [other]
     _age(store, "acme", 2.0)  # two seconds' refill: more than one second's worth
-    assert {t["id"] for t in store.claim(["echo"], 10, "w", 30)} == set(metered)
-    assert store.claim(["echo"], 10, "w", 30) == []
+    assert {t["id"] for t in store.claims.claim(["echo"], 10, "w", 30)} == set(metered)
+    assert store.claims.claim(["echo"], 10, "w", 30) == []
 
 
 def test_a_tenant_without_a_limit_is_claimed_whatever_the_buckets_hold(store: Store) -> None:
     with store.engine.begin() as conn:  # a bucket left by an earlier configuration
         conn.execute(sa.text("INSERT INTO tenant_buckets (tenant, tokens) VALUES ('acme', -1e6)"))
     task = submit(store, tenant="acme")["id"]
-    assert [t["id"] for t in store.claim(["echo"], 10, "w", 30)] == [task]
+    assert [t["id"] for t in store.claims.claim(["echo"], 10, "w", 30)] == [task]

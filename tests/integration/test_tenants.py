@@ -21,14 +21,14 @@ QUANTUM = 0.5
 
 def _delegate(store: Store, task: dict[str, Any], n: int, agent: str = "echo",
               prefix: str = "c") -> list[dict[str, Any]]:
-    applied, inserted = store.delegate(task["id"], task["lease_token"],
-                                       child_rows(n, agent, prefix), "w")
+    applied, inserted = store.transitions.delegate(task["id"], task["lease_token"],
+                                                   child_rows(n, agent, prefix), "w")
     assert applied and inserted == n
-    return store.children(task["id"])
+    return store.reads.children(task["id"])
 
 
 def _claim_one(store: Store, task_id: uuid.UUID, agent: str) -> dict[str, Any]:
-    claimed = store.claim([agent], 1, "w", 30)
+    claimed = store.claims.claim([agent], 1, "w", 30)
     assert [c["id"] for c in claimed] == [task_id]
     return claimed[0]
 
@@ -48,7 +48,7 @@ def test_the_whole_tree_inherits_the_roots_tenant(store: Store) -> None:
 
 
 def test_one_parents_children_are_spaced_by_the_quantum_over_the_weight(store: Store) -> None:
-    store.tenancy = Tenancy(weights={"acme": 4.0}, quantum_seconds=2.0)
+    store.policies.tenancy = Tenancy(weights={"acme": 4.0}, quantum_seconds=2.0)
     root = submit(store, "fanout", tenant="acme")
     kids = _delegate(store, _claim_one(store, root["id"], "fanout"), 3)
     times = sorted(k["fair_at"] for k in kids)
@@ -57,15 +57,16 @@ def test_one_parents_children_are_spaced_by_the_quantum_over_the_weight(store: S
 
 
 def test_a_trees_tasks_are_one_step_apart_whatever_its_shape(store: Store) -> None:
-    store.tenancy = Tenancy(quantum_seconds=10.0)
+    store.policies.tenancy = Tenancy(quantum_seconds=10.0)
     root = submit(store, "fanout")
     leads = _delegate(store, _claim_one(store, root["id"], "fanout"), 3, agent="fanout")
-    claimed = store.claim(["fanout"], 3, "w", 30)
+    claimed = store.claims.claim(["fanout"], 3, "w", 30)
     assert len(claimed) == 3
     first, *rest = claimed  # in fair order
     _delegate(store, first, 2, prefix="a")  # alone
-    applied = store.delegate_many([(r["id"], r["lease_token"], child_rows(2, prefix=f"b{i}"),
-                                    None) for i, r in enumerate(rest)], "w")  # together
+    applied = store.transitions.delegate_many(  # together
+        [(r["id"], r["lease_token"], child_rows(2, prefix=f"b{i}"), None)
+         for i, r in enumerate(rest)], "w")
     assert applied == [(True, 2), (True, 2)]
     with store.engine.connect() as conn:
         times = [r[0] for r in conn.execute(sa.text(
@@ -77,7 +78,7 @@ def test_a_trees_tasks_are_one_step_apart_whatever_its_shape(store: Store) -> No
 
 
 def test_no_fair_time_is_later_than_creation_plus_max_wait(store: Store) -> None:
-    store.tenancy = Tenancy(quantum_seconds=10.0, max_wait_seconds=25.0)
+    store.policies.tenancy = Tenancy(quantum_seconds=10.0, max_wait_seconds=25.0)
     root = submit(store, "fanout")
     kids = _delegate(store, _claim_one(store, root["id"], "fanout"), 5)
     late = sorted((k["fair_at"] - k["created_at"]).total_seconds() for k in kids)
@@ -88,19 +89,19 @@ def test_a_newer_small_tree_is_claimed_before_a_wide_trees_later_children(
         store: Store) -> None:
     wide = submit(store, "fanout", tenant="big")
     _delegate(store, _claim_one(store, wide["id"], "fanout"), 200)
-    first = store.claim(["echo"], 20, "w", 30)  # the wide tree's first 20 children
+    first = store.claims.claim(["echo"], 20, "w", 30)  # the wide tree's first 20 children
     assert {c["root_id"] for c in first} == {wide["id"]}
     small = submit(store, "echo", tenant="small")
-    claimed = store.claim(["echo"], 1, "w", 30)
+    claimed = store.claims.claim(["echo"], 1, "w", 30)
     assert [c["id"] for c in claimed] == [small["id"]]
 
 
 def test_weights_share_the_claims_between_two_wide_trees(store: Store) -> None:
-    store.tenancy = Tenancy(weights={"heavy": 3.0, "light": 1.0}, quantum_seconds=QUANTUM)
+    store.policies.tenancy = Tenancy(weights={"heavy": 3.0, "light": 1.0}, quantum_seconds=QUANTUM)
     for tenant in ("heavy", "light"):
         root = submit(store, "fanout", tenant=tenant)
         _delegate(store, _claim_one(store, root["id"], "fanout"), 100)
-    claimed = store.claim(["echo"], 40, "w", 30)
+    claimed = store.claims.claim(["echo"], 40, "w", 30)
     by_tenant = {t: sum(1 for c in claimed if c["tenant"] == t) for t in ("heavy", "light")}
     assert 28 <= by_tenant["heavy"] <= 32 and by_tenant["heavy"] + by_tenant["light"] == 40, \
         by_tenant
@@ -114,7 +115,7 @@ def _running(store: Store, tenant: str) -> int:
 
 
 def test_max_in_flight_holds_across_concurrent_claimers(store: Store) -> None:
-    store.tenancy = Tenancy(caps={"acme": 5})
+    store.policies.tenancy = Tenancy(caps={"acme": 5})
     for i in range(40):
         submit(store, tenant="acme", payload={"goal": f"a{i}"})
     for i in range(10):
@@ -126,7 +127,7 @@ def test_max_in_flight_holds_across_concurrent_claimers(store: Store) -> None:
     def claimer() -> None:
         start.wait()
         for _ in range(5):
-            rows = store.claim(["echo"], 3, f"w{threading.get_ident()}", 30)
+            rows = store.claims.claim(["echo"], 3, f"w{threading.get_ident()}", 30)
             with lock:
                 got.extend(1 for r in rows if r["tenant"] == "acme")
 
@@ -140,17 +141,17 @@ def test_max_in_flight_holds_across_concurrent_claimers(store: Store) -> None:
 
 
 def test_a_dead_workers_expired_leases_stop_counting(store: Store) -> None:
-    store.tenancy = Tenancy(caps={"acme": 2})
+    store.policies.tenancy = Tenancy(caps={"acme": 2})
     for i in range(5):
         submit(store, tenant="acme", payload={"goal": f"a{i}"})
-    assert len(store.claim(["echo"], 10, "dead", 30)) == 2
-    assert store.claim(["echo"], 10, "w", 30) == []
+    assert len(store.claims.claim(["echo"], 10, "dead", 30)) == 2
+    assert store.claims.claim(["echo"], 10, "w", 30) == []
     expire_leases(store)  # the worker was SIGKILLed: its leases ran out, no reaper yet
-    assert len(store.claim(["echo"], 10, "w", 30)) == 2
+    assert len(store.claims.claim(["echo"], 10, "w", 30)) == 2
 
 
 def test_the_claim_walks_the_partial_index_with_capped_tenants(store: Store) -> None:
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(sa.text(
             "INSERT INTO tasks (to_agent, type, payload, status, completed_at) "
             "SELECT 'echo', 'task', '{}', 'done', now() FROM generate_series(1, 20000)"))

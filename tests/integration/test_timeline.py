@@ -64,7 +64,7 @@ def test_the_critical_path_is_the_chain_that_finished_last(store: Store) -> None
 
 def test_an_unfinished_tree_runs_to_now(store: Store) -> None:
     tree = build_timed_tree(store, leads=2, writers=2)
-    with store.transaction() as conn:  # the root is still waiting for its children
+    with store.database.transaction() as conn:  # the root is still waiting for its children
         conn.execute(sa.text("UPDATE tasks SET status = 'waiting', completed_at = NULL "
                              "WHERE id = :id"), {"id": tree.root})
         conn.execute(sa.text("DELETE FROM task_events WHERE task_id = :id AND to_status IN "

@@ -31,18 +31,18 @@ def drive(runtime: Runtime, task_id: Any, until: str) -> dict[str, Any]:
     worker = runtime.worker(["clerk", "judge"], maintenance=False, listen=False)
     for _ in range(30):
         worker.run_once()
-        row = runtime.store.get(task_id)
+        row = runtime.store.reads.get(task_id)
         if row["status"] == until:
             return row
-    raise AssertionError(f"task is {runtime.store.get(task_id)['status']}, not {until}")
+    raise AssertionError(f"task is {runtime.store.reads.get(task_id)['status']}, not {until}")
 
 
 def test_an_approved_tool_call_runs_once_after_the_approval(runtime: Runtime) -> None:
     store = runtime.store
-    task, _ = store.submit(NewTask(to_agent="clerk", type="task", payload={"goal": "ACME"}))
+    task, _ = store.tasks.submit(NewTask(to_agent="clerk", type="task", payload={"goal": "ACME"}))
     held = drive(runtime, task["id"], "awaiting_approval")
     assert PAID == [] and held["lease_token"] is None
-    hold = [e for e in store.events(task["id"]) if e["to_status"] == "awaiting_approval"]
+    hold = [e for e in store.reads.events(task["id"]) if e["to_status"] == "awaiting_approval"]
     assert hold[0]["detail"].startswith("tool call 0#0.0 (send_payment) waits for a "
                                         "person's approval")
     # The ask names exactly the call: its id (the step's position), tool and arguments.
@@ -54,7 +54,7 @@ def test_an_approved_tool_call_runs_once_after_the_approval(runtime: Runtime) ->
     assert (ask["status"], ask["decided_by"]) == ("approved", "person")
     done = drive(runtime, task["id"], "done")
     assert len(PAID) == 1 and done["result"]["paid"] == [{"paid": True}]
-    calls = store.model_calls(task["id"])
+    calls = store.reads.model_calls(task["id"])
     # The first round was paid once and replayed after the approval (a replay's row is
     # written with the task's outcome, so it is the last).
     assert sorted((c["position"], c["replayed"]) for c in calls) == [
@@ -66,27 +66,27 @@ def test_an_approved_tool_call_runs_once_after_the_approval(runtime: Runtime) ->
 
 def test_a_redelivery_after_the_approval_does_not_ask_again(runtime: Runtime) -> None:
     store = runtime.store
-    task, _ = store.submit(NewTask(to_agent="clerk", type="task", payload={"goal": "ACME"}))
+    task, _ = store.tasks.submit(NewTask(to_agent="clerk", type="task", payload={"goal": "ACME"}))
     drive(runtime, task["id"], "awaiting_approval")
     assert store.steering.approve(task["id"]).changed
     # A worker claims the approved task and dies before it gets anywhere.
-    (claimed,) = store.claim(["clerk"], 1, "doomed", 30)
+    (claimed,) = store.claims.claim(["clerk"], 1, "doomed", 30)
     assert claimed["id"] == task["id"]
     expire_leases(store)
     assert store.hygiene.reap(max_delivery=10).released == 1
     done = drive(runtime, task["id"], "done")
     assert len(PAID) == 1 and done["result"]["paid"] == [{"paid": True}]
-    holds = [e for e in store.events(task["id"]) if e["to_status"] == "awaiting_approval"]
+    holds = [e for e in store.reads.events(task["id"]) if e["to_status"] == "awaiting_approval"]
     assert len(holds) == 1
     assert [a["status"] for a in store.steps.tool_approvals(task["id"])] == ["approved"]
 
 
 def test_a_rejected_tool_call_never_runs(runtime: Runtime) -> None:
     store = runtime.store
-    task, _ = store.submit(NewTask(to_agent="clerk", type="task", payload={"goal": "ACME"}))
+    task, _ = store.tasks.submit(NewTask(to_agent="clerk", type="task", payload={"goal": "ACME"}))
     drive(runtime, task["id"], "awaiting_approval")
     assert store.steering.reject(task["id"], "not this supplier").changed
-    failed = store.get(task["id"])
+    failed = store.reads.get(task["id"])
     assert (failed["status"], failed["error"]) == ("failed",
                                                    "rejected by person: not this supplier")
     assert PAID == [] and store.steps.for_task(task["id"]) == []
@@ -99,7 +99,7 @@ def test_a_rerun_replays_an_approved_call_without_asking_again(runtime: Runtime)
     from runtime.forks import fork
 
     store = runtime.store
-    task, _ = store.submit(NewTask(to_agent="clerk", type="task", payload={"goal": "ACME"}))
+    task, _ = store.tasks.submit(NewTask(to_agent="clerk", type="task", payload={"goal": "ACME"}))
     drive(runtime, task["id"], "awaiting_approval")
     assert store.steering.approve(task["id"]).changed
     drive(runtime, task["id"], "done")
@@ -108,7 +108,7 @@ def test_a_rerun_replays_an_approved_call_without_asking_again(runtime: Runtime)
     # never runs, so there is nothing for a person to approve.
     branch = fork(store, runtime.registry, runtime.settings, task["id"], note="re-run")
     done = drive(runtime, branch["id"], "done")
-    assert len(PAID) == 1 and done["result"] == store.get(task["id"])["result"]
+    assert len(PAID) == 1 and done["result"] == store.reads.get(task["id"])["result"]
     assert store.steps.tool_approvals(branch["id"]) == []
     (step,) = store.steps.for_task(branch["id"])
     assert (step["status"], step["starts"], step["replays"]) == ("finished", 0, 1)
@@ -127,7 +127,7 @@ def test_show_lists_the_ask_and_the_decision(runtime: Runtime,
     from runtime.cli.app import app
 
     store = runtime.store
-    task, _ = store.submit(NewTask(to_agent="clerk", type="task", payload={"goal": "ACME"}))
+    task, _ = store.tasks.submit(NewTask(to_agent="clerk", type="task", payload={"goal": "ACME"}))
     drive(runtime, task["id"], "awaiting_approval")
     assert store.steering.approve(task["id"], note="go ahead").changed
     shown = CliRunner().invoke(app, ["show", str(task["id"]), "--json"])

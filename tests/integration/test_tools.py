@@ -42,12 +42,12 @@ class Answer(BaseModel):
 
 
 def claim(store: Store) -> Any:
-    (row,) = store.claim(["scout"], 1, "w", 30)
+    (row,) = store.claims.claim(["scout"], 1, "w", 30)
     return row
 
 
 def new_task(store: Store, **budget: Any) -> Any:
-    store.submit(NewTask(to_agent="scout", type="task", payload={"goal": "g"}, **budget))
+    store.tasks.submit(NewTask(to_agent="scout", type="task", payload={"goal": "g"}, **budget))
     return claim(store)
 
 
@@ -92,7 +92,7 @@ def test_the_loop_runs_tool_calls_as_steps_and_returns_the_final_answer(
     assert [(t.id, t.name, t.arguments, t.result) for t in reply.tool_results] == [
         ("0#0.0", "lookup", {"n": 0}, {"n": 0, "value": 0}),
         ("0#1.0", "lookup", {"n": 1}, {"n": 1, "value": 10})]
-    calls = store.model_calls(row["id"])
+    calls = store.reads.model_calls(row["id"])
     assert [c["position"] for c in calls] == ["0#0", "0#1", "0#2"]
     assert calls[0]["tool_calls"] == [{"id": "", "name": "lookup", "arguments": {"n": 0}}]
     assert calls[2]["tool_calls"] is None
@@ -136,7 +136,7 @@ def test_a_redelivery_mid_loop_replays_rounds_and_tools_and_pays_nothing_twice(
     assert effects.lines[1][0] == effects.lines[2][0]
     # Each distinct request reached the server once: rounds 0 and 1 were replayed.
     assert sorted(fake_ollama.seen.values()) == [1, 1, 1, 1]
-    calls = store.model_calls(row["id"])
+    calls = store.reads.model_calls(row["id"])
     replayed = [c["position"] for c in calls if c["replayed"]]
     assert replayed == ["0#0", "0#1"]
     assert all(c["cost_usd"] == 0 for c in calls if c["replayed"])
@@ -158,7 +158,7 @@ def test_bad_arguments_go_back_to_the_model_as_a_repair_and_never_reach_the_tool
     assert bad.error.startswith("BadToolArguments: the arguments do not fit tool 'lookup'")
     sent = fake_ollama.requests[1]["messages"][2]
     assert sent["role"] == "tool" and sent["content"].startswith("error: BadToolArguments")
-    kinds = [c["attempt_kind"] for c in store.model_calls(row["id"])]
+    kinds = [c["attempt_kind"] for c in store.reads.model_calls(row["id"])]
     assert kinds == ["call", "repair", "call"]
     assert store.steps.for_task(row["id"])[0]["status"] == "failed"
 
@@ -171,7 +171,7 @@ def test_the_round_limit_ends_a_runaway_loop_with_a_clear_error(
                                              r"max_tool_rounds=2"):
         llm_for(store, row, OllamaBackend(fake_ollama.url, 5.0)).complete(
             PROMPT, tools=[Ledger().tool()], max_tool_rounds=2)
-    assert len(store.model_calls(row["id"])) == 3
+    assert len(store.reads.model_calls(row["id"])) == 3
     assert len(store.steps.for_task(row["id"])) == 2
 
 
@@ -228,8 +228,8 @@ def test_a_tools_cost_is_charged_and_checked_against_the_budget(store: Store) ->
     reply = llm.complete(PROMPT, tools=[effects.tool(cost_usd=Decimal("0.25"))],
                          schema=Answer)
     assert reply.offline and reply.tool_rounds == 1 and len(effects.lines) == 1
-    task = store.get(row["id"])
-    calls = store.model_calls(row["id"])
+    task = store.reads.get(row["id"])
+    calls = store.reads.model_calls(row["id"])
     assert task["own_usd"] == sum(c["cost_usd"] for c in calls) + Decimal("0.25")
     assert store.steps.for_task(row["id"])[0]["cost_usd"] == Decimal("0.25")
     with pytest.raises(BudgetExceeded, match=r"tool 'lookup' refused .* costs \$1"):
@@ -289,20 +289,20 @@ def test_a_worker_runs_a_scouts_tool_loop_and_traces_each_tool_call(
     settings = load_settings(env={"ORGCHART_DATABASE_URL": db_url,
                                   "ORGCHART_LLM__BACKEND": "offline"})
     runtime = build_runtime(settings, store=store)
-    task, _ = store.submit(NewTask(to_agent="trend_analyst", type="research",
-                                   payload={"goal": "durable agent runtimes"}))
+    task, _ = store.tasks.submit(NewTask(to_agent="trend_analyst", type="research",
+                                         payload={"goal": "durable agent runtimes"}))
     worker = runtime.worker(None, maintenance=False, listen=False)
     for _ in range(20):
-        if worker.run_once() == 0 and store.get(task["id"])["status"] == "done":
+        if worker.run_once() == 0 and store.reads.get(task["id"])["status"] == "done":
             break
-    done = store.get(task["id"])
+    done = store.reads.get(task["id"])
     assert done["status"] == "done", done["error"]
     assert done["result"]["tool_notes"] and done["result"]["offline"] is True
     (step,) = task_detail_json(store, task["id"])["steps"]
     assert (step["kind"], step["name"], step["tool_call_id"]) == (
         "tool", "search_trend_notes", "0#0.0")
     assert step["replayed"] is False and '"query"' in step["args"]
-    spans = traces.build_spans(store.trace_rows([task["id"]]))
+    spans = traces.build_spans(store.reads.trace_rows([task["id"]]))
     (tool,) = [s for s in spans if s.name.startswith("execute_tool")]
     (agent,) = [s for s in spans if s.name == "trend_analyst"]
     assert tool.name == "execute_tool search_trend_notes"
@@ -312,7 +312,7 @@ def test_a_worker_runs_a_scouts_tool_loop_and_traces_each_tool_call(
     assert tool.parent.span_id == agent.context.span_id
     assert tool.start_time <= tool.end_time
     # The page's waterfall draws it as a segment of the task's bar.
-    (row,) = store.timeline_rows(task["id"])
+    (row,) = store.reads.timeline_rows(task["id"])
     (segment,) = __import__("json").loads(row["json"])["tools"]
     assert segment[2:] == ["search_trend_notes", "finished"] and segment[0] <= segment[1]
 

@@ -68,8 +68,8 @@ def test_a_tree_is_one_trace_with_a_span_per_task_and_model_call(
         receiver: type[Receiver], store: Store) -> None:
     tree = build_timed_tree(store, leads=3, writers=4)
     other = build_timed_tree(store, leads=1, writers=1, seed=3)
-    store.export_cursor(traces.CURSOR_NAME)  # created at the newest event...
-    with store.transaction() as conn:  # ...moved back to export everything written so far
+    store.reads.export_cursor(traces.CURSOR_NAME)  # created at the newest event...
+    with store.database.transaction() as conn:  # ...moved back to export everything written so far
         conn.execute(sa.text("UPDATE export_cursors SET last_event_id = 0"))
     export = traces.TraceExport(store, interval=60)
     sent = export.run_pass(settle=0.0)
@@ -178,24 +178,24 @@ def test_a_tree_run_by_a_real_worker_exports_as_one_trace(receiver: type[Receive
     runtime = build_runtime(settings, ["tests.support_agents"], store=store)
     new = build_root(runtime.registry, settings, goal="g", agent="fanout",
                      payload={"n": 2, "child": "fanout"})
-    root = runtime.store.submit(new, actor="test")[0]["id"]
+    root = runtime.store.tasks.submit(new, actor="test")[0]["id"]
     worker = runtime.worker(None, maintenance=False, listen=False)  # starts the exporter
     try:
         for _ in range(60):
             if worker.run_once() == 0 and runtime.store.hygiene.sweep().ready == 0:
                 break
-        assert runtime.store.get(root)["status"] == "done"
+        assert runtime.store.reads.get(root)["status"] == "done"
     finally:
         traces.stop_trace_export()  # flushes what ended
-    ids = set(runtime.store.tree_ids(root))
+    ids = set(runtime.store.reads.tree_ids(root))
     assert len(ids) == 1 + 2 + 6
     spans = [s for _, s in receiver.spans if s.trace_id == root.bytes]
     task_spans = {uuid.UUID(attrs(s)["orgchart.task_id"]): s for s in spans
                   if "orgchart.task_id" in attrs(s)}
     assert set(task_spans) == ids and len(spans) == len(ids) + sum(
-        len(runtime.store.model_calls(i)) for i in ids)
+        len(runtime.store.reads.model_calls(i)) for i in ids)
     for task_id, span in task_spans.items():
-        parent = runtime.store.get(task_id)["parent_id"]
+        parent = runtime.store.reads.get(task_id)["parent_id"]
         expected = b"" if parent is None else traces.span_id_for(parent).to_bytes(8, "big")
         assert span.parent_span_id == expected
         assert [e.name for e in span.events][-1] == "done"
@@ -245,18 +245,18 @@ def test_the_first_exporter_sends_the_tree_that_is_ending_as_it_starts(
 
     done = {"passed": True, "reason": "test"}
     old = build_timed_tree(store, leads=1, writers=1)  # finished history: not sent
-    root = store.submit(NewTask(to_agent="boss", type="task", payload={}))[0]["id"]
-    [parent] = store.claim(["boss"], 1, "w1", 60)
-    store.delegate(root, parent.lease_token, [ChildRow(
+    root = store.tasks.submit(NewTask(to_agent="boss", type="task", payload={}))[0]["id"]
+    [parent] = store.claims.claim(["boss"], 1, "w1", 60)
+    store.transitions.delegate(root, parent.lease_token, [ChildRow(
         to_agent="helper", type="task", payload={}, key="k", budget_tokens=10,
         budget_seconds=10, budget_usd=Decimal("0.1"))], "w1")
-    [child] = store.claim(["helper"], 1, "w1", 60)
-    store.finish_running([RunOutcome(child.id, child.lease_token, "done", result={},
-                                     verdict=done)], "w1")
+    [child] = store.claims.claim(["helper"], 1, "w1", 60)
+    store.transitions.finish_running([RunOutcome(child.id, child.lease_token, "done", result={},
+                                                 verdict=done)], "w1")
     export = traces.TraceExport(store, interval=60)  # the first: creates the cursor
-    [again] = store.claim(["boss"], 1, "w1", 60)  # the aggregate
-    store.finish_running([RunOutcome(root, again.lease_token, "done", result={},
-                                     verdict=done)], "w1")
+    [again] = store.claims.claim(["boss"], 1, "w1", 60)  # the aggregate
+    store.transitions.finish_running([RunOutcome(root, again.lease_token, "done", result={},
+                                                 verdict=done)], "w1")
     assert export.run_pass(settle=0.0) == 2
     export.stop(flush=False)
     sent = {uuid.UUID(attrs(s)["orgchart.task_id"]) for _, s in receiver.spans}
@@ -292,7 +292,7 @@ def test_the_exporters_lock_is_one_session_at_a_time_and_dies_with_its_session(
         assert not second.try_acquire()
         first.release()
         assert second.try_acquire()  # released: another process takes over
-        with store.transaction() as conn:  # the holder's session dies (a killed process)
+        with store.database.transaction() as conn:  # the holder's session dies (a killed process)
             conn.execute(sa.text(
                 "SELECT pg_terminate_backend(pid) FROM pg_locks "
                 "WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"))

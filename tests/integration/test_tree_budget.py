@@ -84,8 +84,8 @@ def test_a_thousand_concurrent_leaves_never_overspend_the_tree(runtime: Runtime)
     worker = runtime.worker(["budget_planner", "budget_greedy_leaf", "judge"],
                             maintenance=False, listen=False, batch_size=1000)
     assert worker.run_once() == 1  # the planner delegates
-    assert store.get(root["id"])["status"] == "waiting", store.get(root["id"])["error"]
-    leaves = store.claim(["budget_greedy_leaf"], LEAVES, "budget-test", 60)
+    assert store.reads.get(root["id"])["status"] == "waiting", store.reads.get(root["id"])["error"]
+    leaves = store.claims.claim(["budget_greedy_leaf"], LEAVES, "budget-test", 60)
     assert len(leaves) == LEAVES
 
     start = threading.Barrier(LEAVES)
@@ -100,9 +100,9 @@ def test_a_thousand_concurrent_leaves_never_overspend_the_tree(runtime: Runtime)
     while worker.run_once():  # the planner aggregates
         pass
 
-    done = store.get(root["id"])
+    done = store.reads.get(root["id"])
     assert done["status"] == "done", done["error"]
-    children = store.children(root["id"])
+    children = store.reads.children(root["id"])
     unfinished = {c["status"]: c["error"] for c in children if c["status"] != "done"}
     assert not unfinished, unfinished  # a refused call is the leaf's answer, not its failure
     calls = sum(c["result"]["calls"] for c in children)

@@ -42,7 +42,7 @@ def test_the_database_built_tree_equals_the_python_one_on_odd_values(store: Stor
     tree = build_timed_tree(store, leads=3, writers=4)
     # Values whose formatting differs easily: unicode and quotes, whole and fractional
     # budgets, a timestamp on a whole second, NULLs, an error text, a long duration.
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(sa.text(
             "UPDATE tasks SET error = :e, budget_usd = 10, duration_seconds = 1.23456789, "
             "started_at = date_trunc('second', started_at), route = NULL, "
@@ -52,7 +52,7 @@ def test_the_database_built_tree_equals_the_python_one_on_odd_values(store: Stor
         conn.execute(sa.text("UPDATE tasks SET budget_usd = 0.1234, priority = NULL "
                              "WHERE id = :id"), {"id": tree.ids["writer-0-0"]})
     text, last_event = tree_text(store, tree.root)
-    assert json.loads(text) == as_json(tree_json(store.tree_rows(tree.root)))
+    assert json.loads(text) == as_json(tree_json(store.reads.tree_rows(tree.root)))
     assert last_event == store.fires.event_watermark() > 0
     lead = find(json.loads(text), str(tree.ids["lead-1"]))
     assert lead is not None and lead["budget_usd"] == "10" and lead["duration_seconds"] == 1.234568
@@ -120,7 +120,7 @@ def test_a_follower_sees_the_same_tree_as_a_whole_read_at_every_step(runtime: Ru
     from runtime.views import TreeFollower, tree_for
 
     store = runtime.store
-    root = store.submit(build_root_task(runtime), actor="test")[0]["id"]
+    root = store.tasks.submit(build_root_task(runtime), actor="test")[0]["id"]
     follower = TreeFollower(store, root, full_every=1000)
     worker = runtime.worker(None, maintenance=False, listen=False, batch_size=1,
                             sync_threads=1)
@@ -155,7 +155,7 @@ def strip_spend(node: dict[str, Any]) -> dict[str, Any]:
 def test_a_big_tree_read_in_parts_equals_the_python_one(
         store: Store) -> None:
     root = uuid.uuid4()
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(sa.text(
             "INSERT INTO tasks (id, root_id, to_agent, type, payload, status, depth, "
             "own_tokens, own_usd, duration_seconds, completed_at) VALUES (:r, :r, 'ceo', "
@@ -170,7 +170,7 @@ def test_a_big_tree_read_in_parts_equals_the_python_one(
             "FROM generate_series(1, :n) AS i"), {"r": root, "n": PARALLEL_TREE_NODES})
     text, _ = tree_text(store, root)
     tree = json.loads(text)
-    assert tree == as_json(tree_json(store.tree_rows(root)))
+    assert tree == as_json(tree_json(store.reads.tree_rows(root)))
     assert tree["totals"]["tasks"] == PARALLEL_TREE_NODES + 1
     assert tree["totals"]["by_status"] == {"done": 1 + PARALLEL_TREE_NODES
                                            - PARALLEL_TREE_NODES // 3,
@@ -215,7 +215,7 @@ def test_the_summary_shape_is_the_tree_without_what_agents_wrote(client: TestCli
                                                                  store: Store) -> None:
     tree = build_timed_tree(store, leads=3, writers=4)
     lead, writer = tree.ids["lead-1"], tree.ids["writer-1-2"]
-    with store.transaction() as conn:  # a long goal, a long error, a verdict, no result
+    with store.database.transaction() as conn:  # a long goal, a long error, a verdict, no result
         conn.execute(sa.text(
             "UPDATE tasks SET payload = CAST(:p AS jsonb), error = :e, "
             "verdict = CAST(:v AS jsonb) WHERE id = :id"),
@@ -245,7 +245,7 @@ def test_the_summary_shape_is_the_tree_without_what_agents_wrote(client: TestCli
 
 def test_a_big_tree_in_the_summary_shape_is_read_in_parts(store: Store) -> None:
     root = uuid.uuid4()
-    with store.transaction() as conn:
+    with store.database.transaction() as conn:
         conn.execute(sa.text(
             "INSERT INTO tasks (id, root_id, to_agent, type, payload, status, depth) "
             "VALUES (:r, :r, 'ceo', 'goal', '{\"goal\": \"big\"}', 'done', 0)"), {"r": root})

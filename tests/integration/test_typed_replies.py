@@ -26,7 +26,7 @@ class Findings(BaseModel):
 
 
 def claim(store: Store) -> Any:
-    (row,) = store.claim(["scout"], 1, "w", 30)
+    (row,) = store.claims.claim(["scout"], 1, "w", 30)
     return row
 
 
@@ -37,7 +37,7 @@ def llm_for(store: Store, row: Any) -> TaskLLM:
 
 
 def test_the_output_is_the_schemas_instance_made_and_replayed(store: Store) -> None:
-    store.submit(NewTask(to_agent="scout", type="task", payload={"goal": "g"}))
+    store.tasks.submit(NewTask(to_agent="scout", type="task", payload={"goal": "g"}))
     row = claim(store)
     made: Completion[Findings] = llm_for(store, row).complete(PROMPT, schema=Findings)
     assert isinstance(made.output, Findings) and not made.replayed

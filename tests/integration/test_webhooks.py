@@ -57,8 +57,8 @@ def _deliverer(store: Store, **kw: Any) -> Deliverer:
 
 
 def _finish(store: Store, root: dict[str, Any], status: str = "failed") -> None:
-    row = store.claim([root["to_agent"]], 1, "w", 30)[0]
-    store.finish_running([RunOutcome(row.id, row.lease, status, error="boom")], "w")
+    row = store.claims.claim([root["to_agent"]], 1, "w", 30)[0]
+    store.transitions.finish_running([RunOutcome(row.id, row.lease, status, error="boom")], "w")
 
 
 def _outbox(store: Store) -> list[dict[str, Any]]:
@@ -383,7 +383,7 @@ def test_a_worker_process_stores_its_configured_endpoint_and_delivers(
     assert receiver.received, stderr.decode()[-2000:]
     [got] = receiver.received
     assert got.event == "tree.finished" and got.data["root_id"] == str(root["id"])
-    assert got.data["status"] == store.get(root["id"])["status"]
+    assert got.data["status"] == store.reads.get(root["id"])["status"]
     assert [e["name"] for e in store.webhooks.endpoints()] == ["ops"]
 
 
@@ -408,5 +408,5 @@ def test_prune_takes_a_trees_delivered_events_and_leaves_the_rest(store: Store,
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE webhook_outbox SET status = 'dead' WHERE root_id = :r"),
                      {"r": failing["id"]})
-    assert store.prune(dt.timedelta(seconds=-60)) == (2, 2)
+    assert store.reads.prune(dt.timedelta(seconds=-60)) == (2, 2)
     assert [(r["root_id"], r["status"]) for r in _outbox(store)] == [(failing["id"], "dead")]

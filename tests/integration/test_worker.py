@@ -62,7 +62,7 @@ def test_a_root_goes_pending_running_judging_done(runtime: Runtime) -> None:
     task = submit(runtime.store, "echo", {"goal": "hi"},
                   success_criteria={"checks": [{"path": "echo", "op": "==", "value": "hi"}]})
     drain(runtime)
-    row = runtime.store.get(task["id"])
+    row = runtime.store.reads.get(task["id"])
     assert row["status"] == "done"
     assert row["result"]["echo"] == "hi"
     assert row["verdict"]["passed"] is True
@@ -74,11 +74,11 @@ def test_a_root_with_nothing_to_judge_goes_from_running_to_done(runtime: Runtime
     """No criteria, the rules judge: one transition; its verdict and its event say why."""
     task = submit(runtime.store, "echo", {"goal": "hi"})
     drain(runtime)
-    row = runtime.store.get(task["id"])
+    row = runtime.store.reads.get(task["id"])
     assert row["status"] == "done"
     assert row["verdict"]["passed"] is True
     assert row["verdict"]["reasons"] == ["no success criteria: accepted"]
-    history = runtime.store.events(task["id"])
+    history = runtime.store.reads.events(task["id"])
     assert [(e["from_status"], e["to_status"]) for e in history] == [
         (None, "pending"), ("pending", "running"), ("running", "done")]
     assert history[-1]["detail"] == "verdict: done (no criteria to judge)"
@@ -87,10 +87,10 @@ def test_a_root_with_nothing_to_judge_goes_from_running_to_done(runtime: Runtime
 def test_fan_out_and_fan_in_end_to_end(runtime: Runtime) -> None:
     root = submit(runtime.store, "fanout", {"goal": "g", "n": 4})
     drain(runtime)
-    row = runtime.store.get(root["id"])
+    row = runtime.store.reads.get(root["id"])
     assert row["status"] == "done", row["error"]
     assert row["result"] == {"parts": 4}
-    children = runtime.store.children(root["id"])
+    children = runtime.store.reads.children(root["id"])
     assert len(children) == 4 and all(c["status"] == "done" for c in children)
     assert all(c["depth"] == 1 and c["root_id"] == root["id"] for c in children)
     # Budgets were carved from the root's: four shares plus one kept for the aggregate.
@@ -105,16 +105,16 @@ def test_a_transient_error_retries_with_backoff_then_fails(runtime: Runtime) -> 
     delays = []
     for _ in range(3):
         assert worker.run_once() == 1
-        row = runtime.store.get(task["id"])
+        row = runtime.store.reads.get(task["id"])
         if row["status"] != "pending":
             break
         with runtime.store.engine.connect() as conn:
             delays.append(round(float(conn.execute(sa.text(
                 "SELECT extract(epoch FROM available_at - now()) FROM tasks WHERE id = :id"),
                 {"id": task["id"]}).scalar())))
-        with runtime.store.transaction() as conn:
+        with runtime.store.database.transaction() as conn:
             conn.execute(sa.text("UPDATE tasks SET available_at = now()"))
-    row = runtime.store.get(task["id"])
+    row = runtime.store.reads.get(task["id"])
     assert delays == [1, 2]  # 2**0, 2**1
     assert row["status"] == "failed" and row["retry_count"] == 2
     assert "transient error persisted after 2 retries" in row["error"]
@@ -126,7 +126,7 @@ def test_a_lost_database_connection_in_the_agent_is_retried_not_failed(runtime: 
     task = submit(runtime.store, "dbgone")
     worker = runtime.worker(["dbgone"], maintenance=False, listen=False)
     assert worker.run_once() == 1
-    row = runtime.store.get(task["id"])
+    row = runtime.store.reads.get(task["id"])
     assert row["status"] == "pending" and row["retry_count"] == 1, row
     assert row["error"].startswith("transient: connection failed"), row["error"]
 
@@ -134,7 +134,7 @@ def test_a_lost_database_connection_in_the_agent_is_retried_not_failed(runtime: 
 def test_an_agent_exception_fails_the_task_and_is_not_retried(runtime: Runtime) -> None:
     task = submit(runtime.store, "boom")
     drain(runtime)
-    row = runtime.store.get(task["id"])
+    row = runtime.store.reads.get(task["id"])
     assert row["status"] == "failed" and row["retry_count"] == 0
     assert row["error"] == "agent error: RuntimeError: kaboom"
 
@@ -143,10 +143,10 @@ def test_a_task_for_an_unregistered_agent_fails_with_a_suggestion(runtime: Runti
     task = submit(runtime.store, "ecko")
     worker = runtime.worker(["echo"], maintenance=False, listen=False)
     # Claim it by hand as a worker for 'ecko' would.
-    (row,) = runtime.store.claim(["ecko"], 1, "w", 30)
+    (row,) = runtime.store.claims.claim(["ecko"], 1, "w", 30)
     action = worker.executor.execute(row, threading.Event())
     worker.apply([action])
-    fresh = runtime.store.get(task["id"])
+    fresh = runtime.store.reads.get(task["id"])
     assert fresh["status"] == "failed" and "did you mean 'echo'" in fresh["error"]
 
 
@@ -154,9 +154,9 @@ def test_aggregate_can_retry_failed_children_on_another_agent(runtime: Runtime) 
     root = submit(runtime.store, "fanout", {"goal": "g", "n": 2, "child": "boom",
                                             "retry_failed": True})
     drain(runtime)
-    row = runtime.store.get(root["id"])
+    row = runtime.store.reads.get(root["id"])
     assert row["status"] == "done", row["error"]
-    children = runtime.store.children(root["id"])
+    children = runtime.store.reads.children(root["id"])
     assert {c["to_agent"] for c in children} == {"echo"}
     assert len(children) == 2
     assert all(c["retry_count"] == 1 for c in children)  # what ChildView.retries reads
@@ -168,14 +168,15 @@ def test_a_retry_whose_children_could_overspend_the_parent_is_refused(
                                             "retry_failed": True})
     worker = runtime.worker(None, maintenance=False, listen=False)
     assert worker.run_once() == 1  # the parent delegates
-    with runtime.store.transaction() as conn:  # each child could now spend the whole tree's
+    # Each child could now spend the whole tree's:
+    with runtime.store.database.transaction() as conn:
         conn.execute(sa.text("UPDATE tasks SET budget_tokens = :b WHERE parent_id = :p"),
                      {"b": root["budget_tokens"], "p": root["id"]})
     drain(runtime)
-    row = runtime.store.get(root["id"])
+    row = runtime.store.reads.get(root["id"])
     assert row["status"] == "failed", row["error"]
     assert row["error"].startswith("delegation refused: budget: retrying 2 children")
-    assert [c["retry_count"] for c in runtime.store.children(root["id"])] == [0, 0]
+    assert [c["retry_count"] for c in runtime.store.reads.children(root["id"])] == [0, 0]
 
 
 def test_stop_releases_what_the_worker_still_holds(runtime: Runtime) -> None:
@@ -185,12 +186,12 @@ def test_stop_releases_what_the_worker_still_holds(runtime: Runtime) -> None:
     thread = threading.Thread(target=worker.run)
     thread.start()
     for _ in range(100):
-        if runtime.store.get(task["id"])["status"] == "running":
+        if runtime.store.reads.get(task["id"])["status"] == "running":
             break
         time.sleep(0.05)
     worker.stop("test")
     thread.join(10)
-    row = runtime.store.get(task["id"])
+    row = runtime.store.reads.get(task["id"])
     assert row["status"] == "pending" and worker.stats.released == 1
 
 
@@ -200,7 +201,7 @@ def test_heartbeat_flags_a_task_whose_lease_was_taken(runtime: Runtime) -> None:
     thread = threading.Thread(target=worker.run)
     thread.start()
     for _ in range(100):
-        if runtime.store.get(task["id"])["status"] == "running":
+        if runtime.store.reads.get(task["id"])["status"] == "running":
             break
         time.sleep(0.05)
     expire_leases(runtime.store)
@@ -209,7 +210,7 @@ def test_heartbeat_flags_a_task_whose_lease_was_taken(runtime: Runtime) -> None:
     worker.stop("test")
     thread.join(10)
     assert worker.stats.stale >= 1
-    assert runtime.store.get(task["id"])["status"] == "pending"
+    assert runtime.store.reads.get(task["id"])["status"] == "pending"
 
 
 def test_a_lost_hook_hears_of_the_task_taken_away_and_can_abort_its_work(
@@ -247,7 +248,7 @@ def test_a_lost_hook_hears_of_the_task_taken_away_and_can_abort_its_work(
         thread.join(10)
     assert worker.stats.stale == 0 and worker.stats.released == 0
     assert worker.stats.claimed == 1
-    assert runtime.store.get(task["id"])["status"] == "failed"
+    assert runtime.store.reads.get(task["id"])["status"] == "failed"
 
 
 def test_a_task_whose_outcome_is_being_written_is_not_reported_lost(runtime: Runtime) -> None:
@@ -257,9 +258,9 @@ def test_a_task_whose_outcome_is_being_written_is_not_reported_lost(runtime: Run
 
     submit(runtime.store, "echo", {"goal": "g"})
     worker = runtime.worker(["echo"], maintenance=False, listen=False)
-    (row,) = runtime.store.claim(["echo"], 1, worker.config.worker_id, 30)
+    (row,) = runtime.store.claims.claim(["echo"], 1, worker.config.worker_id, 30)
     written = RunOutcome(row.id, row.lease, "failed", error="done elsewhere")
-    runtime.store.finish_running([written], worker.config.worker_id)
+    runtime.store.transitions.finish_running([written], worker.config.worker_id)
     heard: list[Any] = []
     worker.leases.on_lost(heard.extend)
     item = InFlight(row, "run", action=written)
@@ -298,7 +299,7 @@ def test_an_aborted_sync_task_is_dropped_at_once_while_its_thread_runs_on(
         worker.stop("test")  # a stopping worker writes every outcome it holds first
         thread.join(10)
     assert sum(worker.stats.outcomes.values()) == 0  # the nap's result was not written
-    assert runtime.store.get(task["id"])["status"] == "running"  # left to the reaper
+    assert runtime.store.reads.get(task["id"])["status"] == "running"  # left to the reaper
 
 
 def test_worker_run_with_once_drains_and_exits(runtime: Runtime) -> None:
@@ -306,7 +307,7 @@ def test_worker_run_with_once_drains_and_exits(runtime: Runtime) -> None:
     worker = runtime.worker(None, once=True, sync_threads=4, batch_size=8)
     stats = worker.run()
     assert stats.stop_reason == "queue empty"
-    assert all(runtime.store.get(i)["status"] == "done" for i in ids)
+    assert all(runtime.store.reads.get(i)["status"] == "done" for i in ids)
 
 
 def test_a_once_worker_judges_what_it_ran_before_it_exits(runtime: Runtime) -> None:
@@ -320,7 +321,7 @@ def test_a_once_worker_judges_what_it_ran_before_it_exits(runtime: Runtime) -> N
                             poll_interval_seconds=30)
     stats = worker.run()
     assert stats.stop_reason == "queue empty"
-    row = runtime.store.get(task["id"])
+    row = runtime.store.reads.get(task["id"])
     # Judged (the offline backend scores no rubric: escalated, saying so), not left judging.
     assert row["status"] in ("done", "failed", "escalated"), (row["status"], row["error"])
     assert ("judging", row["status"]) in events(runtime.store, task["id"])
@@ -351,7 +352,7 @@ def test_worker_wakes_on_notify(runtime: Runtime) -> None:
         wait_until(lambda: listening(runtime.store), what="the worker's LISTEN")
         task = submit(runtime.store, "echo", {"goal": "wake"})
         # a 30 s poll would not have found it within 5 s
-        wait_until(lambda: runtime.store.get(task["id"])["status"] == "done", timeout=5.0,
+        wait_until(lambda: runtime.store.reads.get(task["id"])["status"] == "done", timeout=5.0,
                    what="the task woken by its notification to be done")
     finally:
         worker.stop("test")
@@ -363,10 +364,10 @@ def test_a_result_the_database_refuses_fails_alone_and_the_batch_goes_on(
     bad = submit(runtime.store, "nul")
     good = [submit(runtime.store, "echo", {"goal": str(i)})["id"] for i in range(3)]
     drain(runtime)
-    row = runtime.store.get(bad["id"])
+    row = runtime.store.reads.get(bad["id"])
     assert row["status"] == "failed"
     assert "could not be stored" in row["error"]
-    assert all(runtime.store.get(i)["status"] == "done" for i in good)
+    assert all(runtime.store.reads.get(i)["status"] == "done" for i in good)
 
 
 def test_a_reassignment_outside_the_org_chart_escalates_the_parent(runtime: Runtime) -> None:
@@ -374,7 +375,7 @@ def test_a_reassignment_outside_the_org_chart_escalates_the_parent(runtime: Runt
     root = submit(runtime.store, "fanout", {"goal": "g", "n": 1, "child": "boom",
                                             "retry_failed": True, "reassign": "noop"})
     drain(runtime)
-    row = runtime.store.get(root["id"])
+    row = runtime.store.reads.get(root["id"])
     assert row["status"] == "escalated"
     assert row["error"].startswith("policy delegation_edges:"), row["error"]
 
@@ -384,8 +385,8 @@ def test_a_reassignment_inside_the_org_chart_runs_the_failed_child_again(
     root = submit(runtime.store, "fanout", {"goal": "g", "n": 2, "child": "boom",
                                             "retry_failed": True, "reassign": "echo"})
     drain(runtime)
-    assert runtime.store.get(root["id"])["status"] == "done"
-    children = runtime.store.children(root["id"])
+    assert runtime.store.reads.get(root["id"])["status"] == "done"
+    children = runtime.store.reads.children(root["id"])
     assert [(c["to_agent"], c["status"]) for c in children] == [("echo", "done")] * 2
 
 
@@ -398,7 +399,7 @@ def test_the_inline_judge_counts_the_failures_of_the_children_aggregated(
                                             "tolerate": True},
                   kill_criteria={"max_child_failures": limit})
     drain(runtime)
-    row = runtime.store.get(root["id"])
+    row = runtime.store.reads.get(root["id"])
     assert row["status"] == status, row["error"]
     assert row["result"] == {"parts": 2, "failed": 2}
     if status == "escalated":
@@ -412,16 +413,17 @@ def test_a_run_that_finds_failed_children_is_judged_against_max_child_failures(
     # children it already has, as the judge stage would.
     store = runtime.store
     root = submit(store, "echo", {"goal": "g"}, kill_criteria={"max_child_failures": 0})
-    (parent,) = store.claim(["echo"], 1, "w", 30)
-    store.delegate(parent.id, parent.lease, child_rows(2), "w")
-    kids = store.claim(["echo"], 2, "w", 30)
-    store.finish_running([RunOutcome(k.id, k.lease, "failed", error="boom") for k in kids], "w")
-    (again,) = store.claim(["echo"], 1, "w", 30)
+    (parent,) = store.claims.claim(["echo"], 1, "w", 30)
+    store.transitions.delegate(parent.id, parent.lease, child_rows(2), "w")
+    kids = store.claims.claim(["echo"], 2, "w", 30)
+    store.transitions.finish_running([RunOutcome(k.id, k.lease, "failed", error="boom")
+                                      for k in kids], "w")
+    (again,) = store.claims.claim(["echo"], 1, "w", 30)
     assert again.id == root["id"] and again.phase == "aggregate"
-    store.finish_running([RunOutcome(again.id, again.lease, "pending", error="transient")],
-                         "w")
+    store.transitions.finish_running([RunOutcome(again.id, again.lease, "pending",
+                                                 error="transient")], "w")
     drain(runtime, ["echo", "judge"])
-    row = store.get(root["id"])
+    row = store.reads.get(root["id"])
     assert row["status"] == "escalated", row["error"]
     assert "max_child_failures: 2 of 2 children" in row["error"]
 
@@ -436,7 +438,7 @@ def test_async_agents_are_awaited_on_the_loop_many_at_once(runtime: Runtime) -> 
                             listen=False)
     stats = worker.run()
     assert stats.stop_reason == "queue empty"
-    assert all(runtime.store.get(i)["status"] == "done" for i in ids)
+    assert all(runtime.store.reads.get(i)["status"] == "done" for i in ids)
     assert AsyncNapper.peak >= 100, AsyncNapper.peak
 
 
@@ -479,7 +481,7 @@ def test_a_small_room_is_filled_at_the_next_poll(runtime: Runtime) -> None:
 def test_an_async_agent_also_runs_when_stepped_by_hand(runtime: Runtime) -> None:
     task = submit(runtime.store, "async_napper", {"goal": "g", "nap": 0})
     drain(runtime, ["async_napper", "judge"])
-    assert runtime.store.get(task["id"])["status"] == "done"
+    assert runtime.store.reads.get(task["id"])["status"] == "done"
 
 
 def test_the_docs_async_example_makes_two_calls_in_one_task(runtime: Runtime,
@@ -497,6 +499,6 @@ def test_the_docs_async_example_makes_two_calls_in_one_task(runtime: Runtime,
     worker = runtime.worker(["two_takes", "judge"], once=True, maintenance=False,
                             listen=False)
     worker.run()
-    row = runtime.store.get(task["id"])
+    row = runtime.store.reads.get(task["id"])
     assert row["status"] == "done", row["error"]
-    assert len(runtime.store.model_calls(task["id"])) == 2
+    assert len(runtime.store.reads.model_calls(task["id"])) == 2

@@ -36,7 +36,7 @@ def _leased(store: Store, owner: str, n: int) -> list[TaskRow]:
     agent = f"agent-{owner}"
     for i in range(n):
         submit(store, agent, {"goal": f"{owner} {i}"})
-    claimed = store.claim([agent], n, owner, LEASE_SECONDS)
+    claimed = store.claims.claim([agent], n, owner, LEASE_SECONDS)
     assert len(claimed) == n
     return claimed
 
@@ -96,8 +96,8 @@ def test_a_dead_session_s_tasks_come_back_long_before_the_lease(
         ("reaper", "released: its worker's session ended on delivery 1")}
     assert {e.lease_token for e in events} == {t.lease_token for t in doomed}
     # Fencing as before: the dead worker's late outcome matches no row.
-    late = store.finish_running([RunOutcome(doomed[0].id, doomed[0].lease, "done",
-                                            result={"late": True})], "w-dead")
+    late = store.transitions.finish_running([RunOutcome(doomed[0].id, doomed[0].lease, "done",
+                                                        result={"late": True})], "w-dead")
     assert late.applied == [] and late.stale == [doomed[0].id]
     # The dead owner holds nothing now: the next pass forgets its row; the live one stays.
     store.hygiene.reap_dead(3)
@@ -132,7 +132,7 @@ def test_a_poisoned_task_s_parent_hears_of_it(
     assert dead.registration is not None
     _terminate(db_url, dead.registration.backend_pid)
     wait_until(lambda: store.hygiene.reap_dead(1).poisoned, 10.0, "the task poisoned")
-    row = store.get(task.id)
+    row = store.reads.get(task.id)
     assert row["status"] == "failed" and row["error"].startswith("poison: delivered 1 times")
 
 

@@ -83,9 +83,9 @@ def test_a_sigkilled_workers_tasks_are_reaped_and_finished_once_by_another(
     # Every tree finished, and finished well: nothing was lost or failed by the crash.
     assert status_counts(store) == {"done": ROOTS * (1 + CHILDREN)}, _logs(fleet)
     for root in roots:
-        row = store.get(root["id"])
+        row = store.reads.get(root["id"])
         assert row["status"] == "done" and row["result"] == {"parts": CHILDREN}
-        assert len(store.children(root["id"])) == CHILDREN
+        assert len(store.reads.children(root["id"])) == CHILDREN
     # Exactly one terminal transition per task.
     counts = terminal_event_counts(store)
     assert len(counts) == ROOTS * (1 + CHILDREN)
@@ -100,7 +100,7 @@ def test_a_sigkilled_workers_tasks_are_reaped_and_finished_once_by_another(
         if task["status"] == "running":
             claims = [e for e in after if e["to_status"] == "running"]
             assert claims and claims[0]["worker"] not in ("reaper", victim_id), after
-        assert store.get(task["id"])["status"] == "done"
+        assert store.reads.get(task["id"])["status"] == "done"
     assert not fleet.unexpected_exits(), _logs(fleet)
 
 
@@ -118,7 +118,7 @@ def test_sigterm_lets_a_worker_finish_what_it_holds_and_exit_zero(
     assert rc == 0, f"worker exited {rc}:\n{worker.log()}"
     assert "signal SIGTERM" in worker.log()
     assert held_by(store, worker.pid) == []  # nothing left leased to a dead process
-    row = store.get(task["id"])
+    row = store.reads.get(task["id"])
     history = events_of(store, task["id"])
     left = [e for e in history if e["worker"] == worker_id and e["from_status"] == "running"]
     assert len(left) == 1, history
@@ -132,7 +132,7 @@ def test_sigterm_lets_a_worker_finish_what_it_holds_and_exit_zero(
     # Whatever it left, the next worker completes.
     after = fleet.start("--once")
     assert after.proc.wait(60) == 0, after.log()
-    row = store.get(task["id"])
+    row = store.reads.get(task["id"])
     assert row["status"] == "done" and row["result"]["echo"] == "graceful"
     assert terminal_event_counts(store) == {uuid.UUID(task["id"]): 1}
 
@@ -153,7 +153,7 @@ def test_a_second_sigterm_hands_back_what_is_in_flight_at_once(
     assert rc == 0, f"worker exited {rc}:\n{worker.log()}"
     assert "SIGTERM again: handing back the tasks in flight now" in worker.log()
     assert "handed back 1" in worker.log()
-    row = store.get(task["id"])
+    row = store.reads.get(task["id"])
     assert (row["status"], row["lease_owner"]) == ("pending", None)
     history = events_of(store, task["id"])
     assert history[-1]["worker"] == held[0]["lease_owner"], history

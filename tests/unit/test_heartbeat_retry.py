@@ -21,11 +21,12 @@ class _Row:
 
 
 class _AwayThenBack:
-    """A store whose heartbeat fails ``failures`` times, then keeps every lease."""
+    """A store (and its claims part) whose heartbeat fails ``failures`` times, then holds."""
 
     def __init__(self, failures: int) -> None:
         self.failures = failures
         self.calls = 0
+        self.claims = self
 
     def heartbeat(self, leases: list[Any], lease_seconds: float) -> set[uuid.UUID]:
         self.calls += 1

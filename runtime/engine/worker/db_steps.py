@@ -70,12 +70,13 @@ class Steps:
                 break
             if kind == "run" and cfg.run_agents:
                 lease = cfg.worker.lease_seconds
-                rows = (self.store.claim(cfg.run_agents, room, cfg.worker_id, lease)
-                        if cfg.root_ids is None else self.store.claim_in_trees(
+                rows = (self.store.claims.claim(cfg.run_agents, room, cfg.worker_id, lease)
+                        if cfg.root_ids is None else self.store.claims.claim_in_trees(
                             cfg.root_ids, cfg.run_agents, room, cfg.worker_id, lease))
             elif kind == "judge" and cfg.judges and self.judging_may_wait.is_set():
-                rows = (self.store.claim_judging(room, cfg.worker_id, cfg.worker.lease_seconds)
-                        if cfg.root_ids is None else self.store.claim_in_trees(
+                rows = (self.store.claims.claim_judging(room, cfg.worker_id,
+                                                        cfg.worker.lease_seconds)
+                        if cfg.root_ids is None else self.store.claims.claim_in_trees(
                             cfg.root_ids, (), room, cfg.worker_id, cfg.worker.lease_seconds,
                             judging=True))
                 if len(rows) < room:
@@ -105,23 +106,23 @@ class Steps:
         runs = [a for a in actions if isinstance(a, RunOutcome)]
         verdicts = [a for a in actions if isinstance(a, JudgeOutcome)]
         if runs:
-            self._write_batch(runs, self.store.finish_running, handoff)
+            self._write_batch(runs, self.store.transitions.finish_running, handoff)
             if any(a.to_status == "judging" for a in runs):
                 # Results now wait for the judge: look at its queue at the next claim,
                 # not only after the 'judge' notification comes back (a --once worker
                 # that claimed before it came would think the queue empty and exit).
                 self.judging_may_wait.set()
         if verdicts:
-            self._write_batch(verdicts, self.store.finish_judging, handoff)
+            self._write_batch(verdicts, self.store.transitions.finish_judging, handoff)
         alone = {id(a) for a in self._delegate_together(
             [a for a in actions if isinstance(a, DelegateAction)], handoff)}
         for action in actions:
             if isinstance(action, DelegateAction) and id(action) in alone:
                 self._delegate_one(action, handoff)
             elif isinstance(action, RetryAction):
-                n = self.store.retry_children(action.task_id, action.lease_token,
-                                              action.child_ids, self.config.worker_id,
-                                              action.reassign_to, action.detail)
+                n = self.store.transitions.retry_children(action.task_id, action.lease_token,
+                                                          action.child_ids, self.config.worker_id,
+                                                          action.reassign_to, action.detail)
                 self.stats.retried_children += n
             elif isinstance(action, Dropped):
                 self.stats.dropped += 1
@@ -138,7 +139,7 @@ class Steps:
         if len(delegations) <= 1:
             return delegations
         try:
-            done = self.store.delegate_many(
+            done = self.store.transitions.delegate_many(
                 [(d.task_id, d.lease_token, d.children, d.detail, d.stamp) for d in delegations],
                 self.config.worker_id, handoff)
         except sa.exc.DataError:
@@ -150,14 +151,14 @@ class Steps:
 
     def _delegate_one(self, action: DelegateAction, handoff: Handoff | None = None) -> None:
         try:
-            applied, _ = self.store.delegate(action.task_id, action.lease_token,
-                                             action.children, self.config.worker_id,
-                                             action.detail, action.stamp, handoff)
+            applied, _ = self.store.transitions.delegate(action.task_id, action.lease_token,
+                                                         action.children, self.config.worker_id,
+                                                         action.detail, action.stamp, handoff)
         except sa.exc.DataError as exc:  # a child payload the database refuses
             self._write_batch([RunOutcome(
                 action.task_id, action.lease_token, "failed",
                 error=f"delegation could not be stored: {exc.orig}")],
-                self.store.finish_running)
+                self.store.transitions.finish_running)
             return
         self.stats.delegated += int(applied)
         self.stats.stale += int(not applied)
@@ -180,13 +181,13 @@ class Steps:
             log.warning("outcome refused by the database", extra={"task_id": str(bad.task_id)})
             reason = f"the outcome could not be stored: {exc.orig}"
             if isinstance(bad, RunOutcome):
-                done = self.store.finish_running(
+                done = self.store.transitions.finish_running(
                     [RunOutcome(bad.task_id, bad.lease_token, "failed", error=reason)],
                     self.config.worker_id)
             else:
-                done = self.store.finish_judging(
+                done = self.store.transitions.finish_judging(
                     [JudgeOutcome(bad.task_id, bad.lease_token, "escalated", undecided(reason),
-                                  error=reason)], self.config.worker_id)
+                                              error=reason)], self.config.worker_id)
         self._count(outcomes, done.applied, done.stale)
 
     def _count(self, outcomes: list[Any], applied: list[uuid.UUID],

@@ -82,8 +82,8 @@ class LeaseKeeper:
         if not items:
             return 0
         try:
-            kept = (self._own_store or self.store).heartbeat([i.row.lease for i in items],
-                                                             self.lease_seconds)
+            kept = (self._own_store or self.store).claims.heartbeat(
+                [i.row.lease for i in items], self.lease_seconds)
         except DB_ERRORS as exc:
             self.failing = True
             self.health.error("heartbeat", exc)

@@ -329,7 +329,7 @@ class Scheduler:
                 break
             try:
                 self.steps.stats.released += await self._db(
-                    self.steps.store.release, tokens, self.config.worker_id)
+                    self.steps.store.claims.release, tokens, self.config.worker_id)
                 break
             except DB_ERRORS as exc:
                 self.health.error("release", exc)

@@ -15,7 +15,7 @@ import datetime as dt
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.engine import Connection
 
@@ -23,9 +23,7 @@ from runtime.errors import BadInput
 from runtime.store.database import Database
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.rows import NewTask, NotFound, canonical_json
-
-if TYPE_CHECKING:
-    from runtime.store.store import Store
+from runtime.store.tasks import Tasks
 
 Row = dict[str, Any]
 
@@ -44,7 +42,7 @@ class SlotWriter:
     :meth:`Schedules.tick` ends without an error).
     """
 
-    def __init__(self, tasks: Store, conn: Connection, row: Row, worker: str) -> None:
+    def __init__(self, tasks: Tasks, conn: Connection, row: Row, worker: str) -> None:
         self.tasks = tasks
         self.conn = conn
         self.row = row
@@ -104,11 +102,12 @@ class SlotWriter:
 class Schedules:
     """Schedules: store, list, pause, resume, remove, and the tick's transaction.
 
-    ``store.schedules``; ``tasks`` is the store whose ``root_params`` a goal slot's root
-    is inserted with (the same require_approval parameters as any submitted root).
+    ``store.schedules``; ``tasks`` is the store's :class:`~runtime.store.tasks.Tasks`,
+    whose ``root_params`` a goal slot's root is inserted with (the same require_approval
+    parameters as any submitted root).
     """
 
-    def __init__(self, database: Database, tasks: Store) -> None:
+    def __init__(self, database: Database, tasks: Tasks) -> None:
         self.database = database
         self.tasks = tasks
 

@@ -4,7 +4,7 @@ A part of the store (``store.steering``, :class:`Steering`). Every
 change is one guarded statement of ``queries.sql`` with its ``task_events`` rows; when a
 task ends here (cancelled, answered, rejected, past its question deadline), its spend is
 rolled up and its parent's fan-in runs in the same transaction, exactly as for a child a
-worker finished (``Store.children_ended``).
+worker finished (``store.transitions.children_ended``).
 
 - **Cancel** (``task_cancel_subtree``) ends a task and every open task below it as
   ``cancelled`` and clears their leases: a worker still running one finds every fenced

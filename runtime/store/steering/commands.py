@@ -10,7 +10,7 @@ import datetime as dt
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -26,10 +26,7 @@ from runtime.store.steering.types import (
     SteerOutcome,
     validate_answer,
 )
-from runtime.store.writes import STEER_LOCK_CLASS
-
-if TYPE_CHECKING:
-    from runtime.store.store import Store
+from runtime.store.transitions import STEER_LOCK_CLASS, Transitions
 
 #: How many times a cancel repeats its statement to catch tasks that became open while it
 #: ran without taking the tree's steering lock (a person's resolve of an escalated task);
@@ -42,14 +39,14 @@ DEADLOCK_SQLSTATE = "40P01"
 class Steering:
     """The steering commands of the store (see :mod:`runtime.store.steering`).
 
-    ``tasks`` is the store whose fan-in (``children_ended``) and spend roll-up
-    (``roll_up``) a task ended here goes through, in this part's transaction, exactly as
-    for a child a worker finished.
+    ``transitions`` is the store's :class:`~runtime.store.transitions.Transitions`, whose
+    fan-in (``children_ended``) and spend roll-up (``roll_up``) a task ended here goes
+    through, in this part's transaction, exactly as for a child a worker finished.
     """
 
-    def __init__(self, database: Database, tasks: Store) -> None:
+    def __init__(self, database: Database, transitions: Transitions) -> None:
         self.database = database
-        self.tasks = tasks
+        self.transitions = transitions
 
     # ------------------------------------------------------------------ cancel
     def cancel(self, task_id: uuid.UUID, actor: str = "person",
@@ -112,10 +109,10 @@ class Steering:
             else:
                 by_depth.setdefault(r.depth, []).append(r.id)
         for depth in sorted(by_depth, reverse=True):
-            self.tasks.roll_up(conn, by_depth[depth])
+            self.transitions.roll_up(conn, by_depth[depth])
         if head is None:
             return []
-        return self.tasks.children_ended(conn, [head], actor)
+        return self.transitions.children_ended(conn, [head], actor)
 
     def stopped(self, task_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
         """Of the given tasks, the ones a worker must stop: cancelled, or gone."""
@@ -253,7 +250,7 @@ class Steering:
             rows = conn.execute(_TEXT["task_reject_awaiting"],
                                 {"id": task_id, "actor": actor, "detail": detail,
                                  "error": detail}).all()
-            ready = self.tasks.children_ended(conn, rows, actor) if rows else []
+            ready = self.transitions.children_ended(conn, rows, actor) if rows else []
             status = self._status(conn, task_id)
         if not rows:
             return SteerOutcome(task_id, False, status,
@@ -286,7 +283,7 @@ class Steering:
             rows = conn.execute(_TEXT["task_answer_question"],
                                 {"id": task_id, "answer": canonical_json(answer),
                                  "actor": actor, "detail": f"answered by {actor}"}).all()
-            ready = self.tasks.children_ended(conn, rows, actor) if rows else []
+            ready = self.transitions.children_ended(conn, rows, actor) if rows else []
             status = self._status(conn, task_id)
         if not rows:
             raise SteeringConflict(f"task {task_id} is {status}; it is no longer an open "
@@ -302,7 +299,7 @@ class Steering:
         rows = conn.execute(_TEXT["task_fail_unanswered"],
                             {"worker": worker, "limit": limit}).all()
         if rows:
-            self.tasks.children_ended(conn, rows, worker)
+            self.transitions.children_ended(conn, rows, worker)
         return [r.id for r in rows]
 
     # ------------------------------------------------------------------ inbox

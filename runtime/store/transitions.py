@@ -1,10 +1,20 @@
-"""The store's lease-guarded outcomes: finishing, delegating, retrying children; fan-in.
+"""Where a task's status changes: outcomes, delegation, children retried, resolutions; fan-in.
 
-A mixin of :class:`runtime.store.store.Store`. Each state change is one guarded statement
-that also writes its ``task_events`` rows; where fan-in has to follow (a child became
-terminal), the parents are locked, the children's spend rolled up and the ready parents
-flipped in that same transaction. A write from a worker whose lease was taken away
-matches no row, changes nothing, and is logged.
+A part of the store (``store.transitions``, :class:`Transitions`): the answer to "where
+does a task's status change?". A run's or a verdict's outcome, a delegation (the parent
+waits, its children are inserted), an aggregate's retry of children, a person's
+resolution of an escalation, and fan-in: a parent woken when its last child ends, which
+every other ending runs through too (a cancel, an answer, an approval refused:
+:mod:`runtime.store.steering`; the reaper and the watchdog: :mod:`runtime.store.hygiene`
+call :meth:`Transitions.children_ended`). Only a task's first moves are elsewhere, each
+in the module named for it: inserted by :mod:`runtime.store.tasks`, leased and handed
+back by :mod:`runtime.store.claims`.
+
+Each state change is one guarded statement that also writes its ``task_events`` rows;
+where fan-in has to follow (a child became terminal), the parents are locked, the
+children's spend rolled up and the ready parents flipped in that same transaction. A
+write from a worker whose lease was taken away matches no row, changes nothing, and is
+logged.
 """
 
 from __future__ import annotations
@@ -12,15 +22,16 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from decimal import Decimal
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
 from runtime.budget import sum_by_parent
 from runtime.jsoncodec import dumps_fast
+from runtime.store.database import Database
+from runtime.store.policies import Policies
 from runtime.store.queries import TEXT as _TEXT
-from runtime.store.reads import StoreReads
+from runtime.store.queries import Task
 from runtime.store.rows import (
     HANDED_DOWN,
     HANDED_UP,
@@ -29,6 +40,8 @@ from runtime.store.rows import (
     Finished,
     Handoff,
     JudgeOutcome,
+    NotFound,
+    ResolveRefused,
     RunOutcome,
     TaskRow,
     canonical_json,
@@ -49,19 +62,18 @@ Delegation = (tuple[uuid.UUID, uuid.UUID, Sequence[ChildRow], str | None]
 STEER_LOCK_CLASS = 0x5354  # "ST"
 
 
-class StoreWrites(StoreReads):
-    """Outcomes of leased work (finish, delegate, retry children) and the fan-in they cause."""
+class Transitions:
+    """A task's status changes after its claim: outcomes of leased work, resolutions, fan-in.
 
-    #: The require_approval policy, set by the wiring from ``[policies]``: agents whose
-    #: delegated tasks (and submitted roots) wait in 'awaiting_approval', and the tree
-    #: spend past which a delegated task does.
-    approval_agents: tuple[str, ...] = ()
-    approve_above_usd: Decimal | None = None
+    ``store.transitions``; ``policies`` is the store's
+    :class:`~runtime.store.policies.Policies` (the tenancy a hand-off claims with and
+    a delegation's fair time is weighed by; the require_approval holds of the children
+    a delegation inserts).
+    """
 
-    def approval_params(self) -> dict[str, Any]:
-        """The require_approval parameters of the statements that insert tasks."""
-        return {"approval_agents": list(self.approval_agents),
-                "approve_above_usd": self.approve_above_usd}
+    def __init__(self, database: Database, policies: Policies) -> None:
+        self.database = database
+        self.policies = policies
 
     def finish_running(self, outcomes: Sequence[RunOutcome], worker: str,
                        handoff: Handoff | None = None) -> Finished:
@@ -95,7 +107,7 @@ class StoreWrites(StoreReads):
         if not outcomes:
             return done
         got: list[TaskRow] = []
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             rows = conn.execute(_TEXT[query], {"batch": dumps_fast(batch),
                                                "worker": worker}).all()
             done.applied = [r.id for r in rows]
@@ -168,7 +180,7 @@ class StoreWrites(StoreReads):
         ``ids`` were made claimable by this transaction, their agents' notifications held
         back (``quiet_agents``): those not taken are announced here (``task_notify_waiting``).
         """
-        tenants = self.tenancy.claim_params()
+        tenants = self.policies.tenancy.claim_params()
         result = conn.execute(_TEXT["task_claim_handed"], {
             "ids": ids, "agents": list(handoff.agents), "limit": handoff.room - len(got),
             "worker": worker, "lease_seconds": float(handoff.lease_seconds),
@@ -252,12 +264,13 @@ class StoreWrites(StoreReads):
         ]
         offer = handoff if handoff is not None and handoff.offered() else None
         got: list[TaskRow] = []
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             self._hold_steering(conn, [d[0] for d in delegations])
             moved = {row.id: int(row.inserted) for row in conn.execute(
                 _TEXT["task_delegate_running_many"],
-                {"batch": canonical_json(batch), "worker": worker, **self.approval_params(),
-                 **self.tenancy.delegation_params(),
+                {"batch": canonical_json(batch), "worker": worker,
+                 **self.policies.approval_params(),
+                 **self.policies.tenancy.delegation_params(),
                  "quiet_agents": list(offer.agents) if offer is not None else []})}
             kids = [uuid.UUID(c["id"]) for d in batch if uuid.UUID(d["id"]) in moved
                     for c in d["children"]]
@@ -285,7 +298,7 @@ class StoreWrites(StoreReads):
         Returns how many children were re-queued (0 when the parent's lease was gone).
         """
         what = f"reassigned to {reassign_to}" if reassign_to else "retried"
-        with self.transaction() as conn:
+        with self.database.transaction() as conn:
             self._hold_steering(conn, [task_id])
             row = conn.execute(
                 _TEXT["task_retry_children"],
@@ -298,3 +311,55 @@ class StoreWrites(StoreReads):
         if not row.parents:
             log.warning("late retry ignored: lease gone", extra={"task_id": str(task_id)})
         return int(row.children)
+
+    # ------------------------------------------------------------------ resolve
+    def resolve(self, task_id: uuid.UUID, action: str, actor: str = "person",
+                note: str | None = None, reassign_to: str | None = None) -> Task:
+        """Resolve an escalated task: ``retry`` (optionally reassigned), ``done`` or ``fail``.
+
+        Raises:
+            NotFound: no such task.
+            ResolveRefused: the task is not escalated, or a retry of a child whose parent
+                has already aggregated.
+
+        """
+        to_status = {"retry": "pending", "reassign": "pending", "done": "done",
+                     "fail": "failed"}.get(action)
+        if to_status is None:
+            raise ValueError(f"unknown resolution {action!r}: use retry, reassign, done or fail")
+        detail = f"resolved: {action}" + (f" to {reassign_to}" if reassign_to else "")
+        if note:
+            detail += f"; note: {note}"
+        with self.database.transaction() as conn:
+            task = conn.execute(_TEXT["task_lock_by_id"], {"id": task_id}).first()
+            if task is None:
+                raise NotFound(f"no task {task_id}")
+            if task.status != "escalated":
+                raise ResolveRefused(
+                    f"task {task_id} is {task.status}, not escalated; only escalated tasks "
+                    "can be resolved"
+                )
+            if task.parent_id is not None:
+                # Child then parent: the order fan-in uses too (it locks the finishing child
+                # in its UPDATE, then the parent), so the two cannot deadlock.
+                parent = conn.execute(_TEXT["task_lock_by_id"],
+                                      {"id": task.parent_id}).one().status
+                if to_status == "pending" and parent not in ("waiting", "ready_to_aggregate"):
+                    raise ResolveRefused(
+                        f"task {task_id} cannot be retried: its parent {task.parent_id} has "
+                        f"already aggregated its children (parent is {parent})"
+                    )
+                if to_status == "pending" and parent == "ready_to_aggregate":
+                    conn.execute(_TEXT["task_unready_parent"],
+                                 {"id": task.parent_id, "actor": actor})
+            error = f"resolved as {action} by {actor}" + (f": {note}" if note else "")
+            rows = self.database.rows(conn, "task_resolve_escalated", id=task_id,
+                                      to_status=to_status, reassign_to=reassign_to,
+                                      actor=actor, detail=detail,
+                                      error=error if to_status == "failed" else None)
+            if not rows:
+                raise ResolveRefused(f"task {task_id} changed while resolving; try again")
+            if to_status != "pending" and task.parent_id is not None:
+                self.children_ended(conn, [task], actor)
+            fresh = self.database.rows(conn, "task_get", id=task_id)[0]
+        return fresh
