@@ -172,6 +172,10 @@ class OllamaSettings(Section):
     cloud_max_parallel: int = Field(8, ge=1, le=100_000)
     #: Let thinking models think (kept apart from the reply, counted).
     think: bool = False
+    #: Requests are made, and replies read and recorded, by a process of the worker's own
+    #: (durable within milliseconds however busy the worker is; docs/architecture.md).
+    #: Off: read on the worker's reply loop, in its process.
+    recorder: bool = True
 
 
 class EmbeddedSettings(Section):

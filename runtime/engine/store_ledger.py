@@ -51,6 +51,10 @@ class StoreLedger(CallLedger):
         """How many tasks are pending (the model layer caches it for routing)."""
         return self.store.reads.pending_depth()
 
+    def charges_url(self) -> str | None:
+        """The store's database, with its password (for the recorder process)."""
+        return self.store.engine.url.render_as_string(hide_password=False)
+
     def charge(self, charge: ModelCharge) -> bool:
         """Record and charge one model call row; False when the task's lease is gone."""
         if self.writer is not None:

@@ -10,6 +10,11 @@ the budget's settlement and the agent come after. A backend that does not call i
 offline one, a replay file, the embedded model) is recorded by the send stage as soon as
 its ``achat`` returns, still before validation.
 
+A server's replies are read and recorded by the recorder process
+(:mod:`runtime.llm.recorder`): it queues the row to its own charge writer the moment the
+reply is parsed, then tells this process, whose hook gets the row and the future of its
+write (:data:`Recorded`) and queues nothing.
+
 The hook runs on whatever thread read the reply (the worker's loop, or the model
 layer's reply loop: :mod:`runtime.llm.reply_loop`); it must not touch a loop's objects.
 """
@@ -18,16 +23,23 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from runtime.llm.reply import ModelReply
+from runtime.records import ModelCharge
 
-#: Set by the send stage around one request: records the request's reply when it arrives.
-ON_ARRIVAL: contextvars.ContextVar[Callable[[ModelReply], None] | None] = \
+#: A reply's row as another process queued it, and the future of its write (True:
+#: recorded; False: the lease was gone).
+Recorded = tuple[ModelCharge, "Future[bool]"]
+
+#: Set by the send stage around one request: records the request's reply when it arrives
+#: (given the row when it is recorded already).
+ON_ARRIVAL: contextvars.ContextVar[Callable[[ModelReply, Recorded | None], None] | None] = \
     contextvars.ContextVar("orgchart_on_arrival", default=None)
 
 
-def reply_arrived(reply: ModelReply) -> None:
+def reply_arrived(reply: ModelReply, recorded: Recorded | None = None) -> None:
     """Say that the current request's reply has arrived (parsed, not yet checked)."""
     hook = ON_ARRIVAL.get()
     if hook is not None:
-        hook(reply)
+        hook(reply, recorded)

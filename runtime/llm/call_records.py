@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any, TypeVar
 
+from runtime.budget import call_cost
 from runtime.llm.ledger import CallLedger
 from runtime.llm.reply import ModelReply
 from runtime.llm.request import Request
@@ -32,28 +33,54 @@ class Rows:
     phase: str
     record: bool
 
+    def template(self, call: Request, kind: str) -> ModelCharge:
+        """The row of one request of ``call`` before its reply: no tokens, cost or text yet."""
+        return ModelCharge(
+            task_id=self.task_id, lease_token=self.lease_token, attempt=self.attempt,
+            call_index=call.call_index, backend=self.backend,
+            route=call.route.route, route_reason=call.route.reason, model=call.route.model,
+            prompt=call.stored_prompt, response=None, prompt_tokens=0, completion_tokens=0,
+            duration_seconds=0.0, cost_usd=Decimal(0), phase=self.phase,
+            position=call.position, request_hash=call.request_hash, attempt_kind=kind,
+            call_try=call.rows)
+
     def row(self, call: Request, kind: str, reply: ModelReply | None, prompt_tokens: int,
             completion_tokens: int, duration: float, cost: Decimal,
             error: str | None) -> ModelCharge:
         """The row of one request of ``call`` (its text kept only when ``record``)."""
-        kept = reply is not None and self.record
-        return ModelCharge(
-            task_id=self.task_id, lease_token=self.lease_token, attempt=self.attempt,
-            call_index=call.call_index,
-            backend=reply.backend if reply is not None else self.backend,
-            route=call.route.route, route_reason=call.route.reason, model=call.route.model,
-            prompt=call.stored_prompt, response=reply.text if kept and reply else None,
-            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-            duration_seconds=duration, cost_usd=cost, error=error, phase=self.phase,
-            position=call.position, request_hash=call.request_hash, attempt_kind=kind,
-            call_try=call.rows, thinking=reply.thinking if kept and reply else None,
-            tool_calls=([c.as_json() for c in reply.tool_calls]
-                        if reply is not None and reply.tool_calls else None))
+        return filled(self.template(call, kind), reply, prompt_tokens, completion_tokens,
+                      duration, cost, error, keep_text=self.record)
 
     def replayed(self, call: Request, reply: ModelReply) -> ModelCharge:
         """The zero-cost ``replayed`` row of a call served from the record."""
         return replace(self.row(call, "call", reply, 0, 0, 0.0, Decimal(0), None),
                        replayed=True, call_try=0)
+
+
+def filled(template: ModelCharge, reply: ModelReply | None, prompt_tokens: int,
+           completion_tokens: int, duration: float, cost: Decimal, error: str | None, *,
+           keep_text: bool) -> ModelCharge:
+    """``template`` (:meth:`Rows.template`) with its reply's figures (its text if ``keep_text``)."""
+    kept = reply is not None and keep_text
+    return replace(
+        template, backend=reply.backend if reply is not None else template.backend,
+        response=reply.text if kept and reply else None, prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens, duration_seconds=duration, cost_usd=cost,
+        error=error, thinking=reply.thinking if kept and reply else None,
+        tool_calls=([c.as_json() for c in reply.tool_calls]
+                    if reply is not None and reply.tool_calls else None))
+
+
+def arrived_row(template: ModelCharge, reply: ModelReply, price: Decimal, *,
+                keep_text: bool) -> ModelCharge:
+    """The row of a reply that just arrived: its tokens, their cost at ``price``, no error.
+
+    One function for the row whichever process records it (the worker's, or the
+    recorder's: :mod:`runtime.engine.recorder`), so both write the same row.
+    """
+    cost = call_cost(reply.prompt_tokens + reply.completion_tokens, price)
+    return filled(template, reply, reply.prompt_tokens, reply.completion_tokens,
+                  reply.duration_seconds, cost, None, keep_text=keep_text)
 
 
 def replay_record(rows: Rows, call: Request, reply: ModelReply,

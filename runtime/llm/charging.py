@@ -25,7 +25,8 @@ from typing import Protocol
 
 from runtime.budget import call_cost
 from runtime.errors import BudgetExceeded, LeaseLost, TransientModelError
-from runtime.llm.call_records import Rows
+from runtime.llm.arrival import Recorded
+from runtime.llm.call_records import Rows, arrived_row
 from runtime.llm.reply import ModelReply
 from runtime.llm.request import Request
 from runtime.records import ModelCharge
@@ -88,19 +89,25 @@ class Charger:
         self._ledger = ledger
         self.rows = rows
 
-    def arrived(self, request: Request, reply: ModelReply,
-                loop: asyncio.AbstractEventLoop) -> Arrival:
+    def arrived(self, request: Request, reply: ModelReply, loop: asyncio.AbstractEventLoop,
+                recorded: Recorded | None = None) -> Arrival:
         """Queue the row of a reply that just arrived (before it is checked); no waiting.
 
         Safe from any thread (the reply loop's, or ``loop``'s own); the outcome of the
         write is a future on ``loop``, where :meth:`answered` or :meth:`failed` awaits
         it. The row is the request's own (``call_try``, ``attempt_kind``), with no error.
+        ``recorded``: the row as the recorder process already queued it, and its write's
+        outcome (:mod:`runtime.llm.recorder`): nothing is queued here then.
         """
-        tokens = reply.prompt_tokens + reply.completion_tokens
-        cost = call_cost(tokens, request.price)
-        charge = self.rows.row(request, request.kind, reply, reply.prompt_tokens,
-                               reply.completion_tokens, reply.duration_seconds, cost, None)
-        arrival = Arrival(charge, tokens, cost, self._ledger.submit_charge(charge, loop))
+        if recorded is None:
+            charge = arrived_row(self.rows.template(request, request.kind), reply,
+                                 request.price, keep_text=self.rows.record)
+            written = self._ledger.submit_charge(charge, loop)
+        else:
+            charge, outcome = recorded
+            written = asyncio.wrap_future(outcome, loop=loop)
+        arrival = Arrival(charge, charge.prompt_tokens + charge.completion_tokens,
+                          charge.cost_usd, written)
         request.arrival = arrival
         return arrival
 

@@ -24,6 +24,7 @@ model call, stage by stage"):
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -48,6 +49,7 @@ from runtime.llm.gate import CallGate, TaskStop
 from runtime.llm.ledger import CallLedger, RecordReader, step_ledger
 from runtime.llm.loop import CallLoop, token_rates
 from runtime.llm.recorded import RecordedReplies
+from runtime.llm.recorder import RECORDERS, Hello, Recorder
 from runtime.llm.repair import ask_with_repairs
 from runtime.llm.reply import Backend, first_messages
 from runtime.llm.reply_loop import REPLY_LOOP
@@ -110,19 +112,43 @@ class LLMFactory:
         self.records = RecordReader(ledger)  # durable calls' look-ups, batched
         self.router = Router(settings, lambda: self.in_ledger(ledger.pending_depth), backend)
         self.slots = ServerSlots(self.calls, backend, settings)
+        #: A remote backend's requests go through the recorder process (``[ollama]
+        #: recorder``; :mod:`runtime.llm.recorder`) while a worker is attached.
+        url = (ledger.charges_url() if settings.ollama.recorder
+               and backend.recorder_spec() is not None else None)
+        self._recorder_hello = (None if url is None else
+                                Hello(url, settings.database.statement_timeout_ms))
+        self._recorder: Recorder | None = None
+        self._recorder_lock = threading.Lock()
 
     async def in_ledger(self, fn: Callable[..., T], *args: Any) -> T:
         """Run one blocking ledger call off the loop, in the factory's ledger threads."""
         return await asyncio.get_running_loop().run_in_executor(self._ledger_pool, fn, *args)
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Make sync callers' calls on ``loop`` (a worker's, while it runs)."""
+        """Make sync callers' calls on ``loop`` (a worker's, while it runs).
+
+        A worker's recorder process is started now (:meth:`recorder`), not by its
+        first call.
+        """
         self.calls.attach(loop)
+        with self._recorder_lock:
+            if self._recorder_hello is not None and self._recorder is None:
+                self._recorder = RECORDERS.acquire(self._recorder_hello)
+                self._recorder.prestart()
 
     async def detach(self) -> None:
         """From a coroutine on an attached loop about to close: close its connections."""
         await self.aclose()
         self.calls.detach(asyncio.get_running_loop())
+
+    def recorder(self) -> Recorder | None:
+        """The recorder process of a running worker's remote requests (None: read here).
+
+        Taken when a worker attaches its loop, given back when it detaches: calls made
+        outside a worker (a script, a test's handle) read their replies in this process.
+        """
+        return self._recorder
 
     def for_task(self, task_row: dict[str, Any], lease_token: uuid.UUID,
                  lease_lost: threading.Event) -> TaskLLM:
@@ -137,6 +163,10 @@ class LLMFactory:
         await self.backend.aclose()
         if self.backend.remote:  # its connections on the reply loop too
             await REPLY_LOOP.call(self.backend.aclose)
+        with self._recorder_lock:
+            recorder, self._recorder = self._recorder, None
+        if recorder is not None:  # the recorder process ends with its last user
+            await REPLY_LOOP.call(functools.partial(RECORDERS.release, recorder))
         await self.ledger.aclose()
 
     def close(self) -> None:
@@ -186,7 +216,8 @@ class TaskLLM:
         self._sender = Sender(factory.backend, factory.slots, factory.gate, self.budget,
                               charger, fair, stop, lease_token, lease_lost,
                               text=factory.text,
-                              continue_cut_off=self._settings.streaming.continue_cut_off)
+                              continue_cut_off=self._settings.streaming.continue_cut_off,
+                              recorder=factory.recorder)
         self.steps = TaskSteps(step_ledger(factory.ledger, self._recorded.counterpart),
                                task_row, lease_token, lease_lost,
                                in_ledger=factory.in_ledger, budget=self.budget)

@@ -59,6 +59,13 @@ class CallLedger(StepLedger, Protocol):
         """How many tasks are pending (routing's queue-depth signal)."""
         ...
 
+    def charges_url(self) -> str | None:
+        """The database another process may charge calls in (the recorder process's).
+
+        None: this ledger's charges are written in this process only.
+        """
+        ...
+
     def take_tokens(self, tenant: str, need: float, rate: float, refund: float) -> float:
         """A tenant's token bucket: 0 when ``need`` was taken, else the seconds to wait."""
         ...

@@ -131,6 +131,14 @@ class Backend:
         """Its own limit of calls at once on ``route`` (None: only ``[ollama]``'s)."""
         return None
 
+    def recorder_spec(self) -> tuple[str, tuple[Any, ...]] | None:
+        """How the recorder process builds this backend: its kind and its arguments.
+
+        None (the default): its replies are read and recorded in this process
+        (:mod:`runtime.llm.recorder`).
+        """
+        return None
+
     async def achat(self, model: str, messages: Sequence[Message],
                     schema: dict[str, Any] | None, max_tokens: int, *,
                     route: str = "local", think: bool = False) -> ModelReply:

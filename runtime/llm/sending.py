@@ -7,10 +7,11 @@
    left, or :class:`~runtime.errors.BudgetExceeded`);
 2. slot: its turn at its server (:class:`runtime.llm.server_slots.ServerSlots`);
 3. send: through the start gate (:class:`runtime.llm.gate.CallGate`: no request for a
-   cancelled task or in a paused tree) to the backend (a server's, on the reply loop:
-   :mod:`runtime.llm.reply_loop`);
+   cancelled task or in a paused tree) to the backend (a server's, from the reply loop
+   :mod:`runtime.llm.reply_loop`, made by the recorder process: :mod:`runtime.llm.recorder`);
 4. record: the reply's row is queued to the ledger's writer the moment the reply arrives
-   (:mod:`runtime.llm.arrival`; :meth:`runtime.llm.charging.Charger.arrived`), before
+   (:mod:`runtime.llm.arrival`; :meth:`runtime.llm.charging.Charger.arrived`; a server's
+   reply to the recorder's own writer, in its process), before
    anything else looks at it: an answer is durable on arrival; with ``[streaming]`` on,
    the text streamed before it was buffered as it came (:mod:`runtime.llm.text_stream`)
    and its last piece is written at arrival, awaited beside the charge;
@@ -25,19 +26,21 @@ on arrival counts as charged unless its write was refused).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any
 
 from runtime.budget import TaskBudget
 from runtime.errors import LeaseLost
-from runtime.llm.arrival import ON_ARRIVAL
+from runtime.llm.arrival import ON_ARRIVAL, Recorded
 from runtime.llm.charging import Charger
 from runtime.llm.gate import CallGate
+from runtime.llm.recorder import CallSpec, Recorder
 from runtime.llm.repair import validated
 from runtime.llm.reply import Backend, BadModelReply, ModelReply, message_tokens
 from runtime.llm.reply_loop import REPLY_LOOP
@@ -60,13 +63,16 @@ class Sender:
         text: where requests' streamed text is written (``[streaming]`` on), else None.
         continue_cut_off: a call cut off on an earlier delivery continues from its
             recorded text (``[streaming] continue_cut_off``) when the backend can.
+        recorder: the recorder process a remote backend's requests go through (taken on
+            first use: :meth:`runtime.llm.handle.LLMFactory.recorder`), or None.
 
     """
 
     def __init__(self, backend: Backend, slots: ServerSlots, gate: CallGate,
                  budget: TaskBudget, charger: Charger, fair: Fair, stopped: StopCheck,
                  lease_token: uuid.UUID, lease_lost: threading.Event,
-                 text: TextSink | None = None, continue_cut_off: bool = True) -> None:
+                 text: TextSink | None = None, continue_cut_off: bool = True,
+                 recorder: Callable[[], Recorder | None] = lambda: None) -> None:
         self._backend, self._slots, self._gate = backend, slots, gate
         self._budget, self._charger = budget, charger
         self._fair, self._stopped = fair, stopped
@@ -74,6 +80,7 @@ class Sender:
         self._task_id = charger.rows.task_id
         #: A server's replies are read on the reply loop, not behind this loop's work.
         self._remote = backend.remote
+        self._recorder = recorder
         self._text = text
         #: The backend continues a prefix (a call cut off is continued, not made again).
         self._continues = continue_cut_off and backend.continues_prefix
@@ -133,11 +140,12 @@ class Sender:
         tools = {"tools": request.tools} if request.tools else {}
         loop = asyncio.get_running_loop()
 
-        def arrived(reply: ModelReply) -> None:  # on the thread that read the reply
+        def arrived(reply: ModelReply, recorded: Recorded | None = None) -> None:
+            # on the thread that read the reply (or told of it by the recorder process)
             if stream is not None:
                 stream.end()  # its last piece is written now, beside the reply's row
             if request.arrival is None:
-                self._charger.arrived(request, reply, loop)
+                self._charger.arrived(request, reply, loop, recorded)
 
         def ask() -> Awaitable[ModelReply]:
             return self._backend.achat(
@@ -145,13 +153,19 @@ class Sender:
                 held.completion_tokens, route=request.route.route, think=request.think,
                 **tools)
 
+        recorder = self._recorder() if self._remote else None
+        remote: Callable[[], Awaitable[ModelReply]] = ask
+        if recorder is not None:  # made and recorded by the recorder process
+            spec = self._spec(request, held.completion_tokens, prefix, stream is not None)
+            remote = functools.partial(recorder.achat, spec)
+
         recording = ON_ARRIVAL.set(arrived)
         streaming = ON_TEXT.set(None if stream is None else stream.add)
         continuing = CONTINUE_FROM.set(prefix)
         try:
             reply = await self._gate.send(  # cancelled? paused? (gate.py)
                 self._task_id, ticket,
-                lambda: ticket.answer(REPLY_LOOP.run(ask) if self._remote else ask()),
+                lambda: ticket.answer(REPLY_LOOP.run(remote) if self._remote else ask()),
                 lease_token=self._lease_token)
         except BaseException:
             if stream is not None:
@@ -163,6 +177,19 @@ class Sender:
             ON_ARRIVAL.reset(recording)
         ticket.settle(reply.prompt_tokens + reply.completion_tokens)  # its spend
         return reply
+
+    def _spec(self, request: Request, max_tokens: int, prefix: str | None,
+              stream: bool) -> CallSpec:
+        """``request`` as the recorder process makes it (:mod:`runtime.llm.recorder`)."""
+        backend = self._backend.recorder_spec()
+        assert backend is not None  # (a recorder is given for such backends only)
+        rows = self._charger.rows
+        return CallSpec(backend=backend, model=request.route.model,
+                        messages=request.conversation, schema=request.json_schema,
+                        max_tokens=max_tokens, route=request.route.route,
+                        think=request.think, tools=request.tools or (), prefix=prefix,
+                        stream=stream, row=rows.template(request, request.kind),
+                        price=request.price, keep_text=rows.record)
 
     async def _open_stream(self, request: Request) -> tuple[TextStream | None, str | None]:
         """The request's stream, and the recorded text it continues (None: from the start).

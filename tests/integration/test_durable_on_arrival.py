@@ -4,10 +4,18 @@ The reply's ``model_calls`` row is queued to the charge writer as soon as the ba
 parsed it (``runtime/llm/arrival.py``), so it is committed while the call's later stages
 (validation, repair, the budget, the agent) still run; a reply that then fails
 validation keeps its row and its charge, and the row gets its error.
+
+Each test runs twice: calls made outside a worker (read in this process), and calls of a
+worker's attached loop, made and recorded by its recorder process
+(``runtime/llm/recorder.py``), whose errors reach the caller as their own class and which
+ends when the worker detaches.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import threading
 import time
 import uuid
@@ -21,6 +29,7 @@ from pydantic import BaseModel, field_validator
 from runtime.config import Settings
 from runtime.engine.charges import ChargeWriter
 from runtime.engine.store_ledger import StoreLedger
+from runtime.errors import ModelNotFound
 from runtime.llm.backends.ollama import OllamaBackend
 from runtime.llm.handle import LLMFactory
 from runtime.store.rows import NewTask
@@ -46,9 +55,41 @@ def _claimed(store: Store) -> dict[str, Any]:
     return row
 
 
-def _factory(store: Store, writer: ChargeWriter, fake: FakeOllama) -> LLMFactory:
-    return LLMFactory(Settings(), StoreLedger(store, writer),
-                      backend=OllamaBackend(fake.url, 10.0), announcement="test")
+@pytest.fixture(params=[False, True], ids=["in-process", "recorder"])
+def attached(request: pytest.FixtureRequest) -> bool:
+    """Whether the factory's calls run on a worker's attached loop (its recorder process)."""
+    return bool(request.param)
+
+
+@contextlib.contextmanager
+def _worker_loop(factory: LLMFactory) -> Iterator[None]:
+    """A loop in a thread, attached to ``factory`` as a worker's is, detached at the end."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    factory.attach(loop)
+    try:
+        yield
+    finally:
+        asyncio.run_coroutine_threadsafe(factory.detach(), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+@pytest.fixture
+def factory(store: Store, writer: ChargeWriter, fake_ollama: FakeOllama,
+            attached: bool) -> Iterator[LLMFactory]:
+    """The model layer over the fake server, attached to a worker's loop or not."""
+    made = LLMFactory(Settings(), StoreLedger(store, writer),
+                      backend=OllamaBackend(fake_ollama.url, 10.0), announcement="test")
+    if not attached:
+        yield made
+        return
+    with _worker_loop(made):
+        recorder = made.recorder()
+        assert recorder is not None and recorder.pid not in (None, os.getpid())
+        yield made
 
 
 def _rows(store: Store, task_id: uuid.UUID) -> int:
@@ -57,8 +98,8 @@ def _rows(store: Store, task_id: uuid.UUID) -> int:
                                 {"id": task_id}).scalar_one())
 
 
-def test_a_reply_is_on_record_before_it_is_validated(
-        store: Store, writer: ChargeWriter, fake_ollama: FakeOllama) -> None:
+def test_a_reply_is_on_record_before_it_is_validated(store: Store,
+                                                    factory: LLMFactory) -> None:
     row = _claimed(store)
     rows_at_validation: list[int] = []
 
@@ -75,8 +116,7 @@ def test_a_reply_is_on_record_before_it_is_validated(
             rows_at_validation.append(_rows(store, row["id"]))
             return value
 
-    llm = _factory(store, writer, fake_ollama).for_task(row, row["lease_token"],
-                                                         threading.Event())
+    llm = factory.for_task(row, row["lease_token"], threading.Event())
     reply = llm.complete(PROMPT, schema=Checked)
     # (Validated again when the agent's output is built: the row is there then too.)
     assert rows_at_validation[0] == 1
@@ -87,7 +127,7 @@ def test_a_reply_is_on_record_before_it_is_validated(
 
 
 def test_a_reply_that_fails_validation_keeps_its_charge_and_gets_its_error(
-        store: Store, writer: ChargeWriter, fake_ollama: FakeOllama) -> None:
+        store: Store, factory: LLMFactory, fake_ollama: FakeOllama) -> None:
     row = _claimed(store)
     validated: list[str] = []
 
@@ -102,7 +142,6 @@ def test_a_reply_that_fails_validation_keeps_its_charge_and_gets_its_error(
                 raise ValueError("not good enough yet")
             return value
 
-    factory = _factory(store, writer, fake_ollama)
     reply = factory.for_task(row, row["lease_token"], threading.Event()).complete(
         PROMPT, schema=Picky)
     calls = store.reads.model_calls(row["id"])
@@ -120,3 +159,30 @@ def test_a_reply_that_fails_validation_keeps_its_charge_and_gets_its_error(
     replayed = again.complete(PROMPT, schema=Picky)
     assert replayed.replayed and replayed.text == reply.text
     assert fake_ollama.received == asked
+
+
+def test_an_error_reaches_the_caller_as_its_own_class(
+        store: Store, factory: LLMFactory, fake_ollama: FakeOllama) -> None:
+    row = _claimed(store)
+    fake_ollama.models = []  # every model is missing: 404
+    llm = factory.for_task(row, row["lease_token"], threading.Event())
+    with pytest.raises(ModelNotFound, match="not found on the model server"):
+        llm.complete(PROMPT)
+    (call,) = store.reads.model_calls(row["id"])
+    assert call["error"].startswith("ModelNotFound: ")
+
+
+def test_the_recorder_process_ends_when_the_worker_detaches(
+        store: Store, writer: ChargeWriter, fake_ollama: FakeOllama) -> None:
+    made = LLMFactory(Settings(), StoreLedger(store, writer),
+                      backend=OllamaBackend(fake_ollama.url, 10.0), announcement="test")
+    with _worker_loop(made):
+        recorder = made.recorder()
+        assert recorder is not None
+        pid = recorder.pid
+        assert pid is not None
+        row = _claimed(store)
+        made.for_task(row, row["lease_token"], threading.Event()).complete(PROMPT)
+    assert made.recorder() is None and recorder.pid is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # reaped: gone

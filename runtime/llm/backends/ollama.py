@@ -245,6 +245,16 @@ class OllamaBackend(Backend):
         return cls(o.url, o.timeout_seconds, o.cloud_url, o.max_parallel,
                    o.cloud_max_parallel)
 
+    def recorder_spec(self) -> tuple[str, tuple[Any, ...]]:
+        """What the recorder process builds this backend from (:meth:`from_spec`)."""
+        return ("ollama", (self.url, self.timeout_seconds, self.cloud_url, self.max_parallel,
+                           self.cloud_max_parallel))
+
+    @classmethod
+    def from_spec(cls, args: tuple[Any, ...]) -> OllamaBackend:
+        """The backend of :meth:`recorder_spec`'s arguments (in the recorder process)."""
+        return cls(*args)
+
     def host_for(self, route: str) -> str:
         """Return the server a route's calls go to."""
         return self.cloud_url if route == "cloud" and self.cloud_url else self.url

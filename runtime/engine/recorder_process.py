@@ -1,0 +1,190 @@
+"""The recorder process's program: make a worker's model requests, record each reply on arrival.
+
+``python -m runtime.engine.recorder_process FD`` is started by the worker's model layer
+(:class:`runtime.llm.recorder.Recorder`), FD its end of a socket pair; the protocol and
+the reasons are in :mod:`runtime.llm.recorder`. It does nothing else: no agents, no
+claims. Its event loop reads the worker's requests, makes each one with the backend the
+request names (built once per kind and arguments), and the moment a reply is parsed its
+``model_calls`` row is queued to this process's :class:`~runtime.engine.charges.ChargeWriter`
+(the row the worker would have written: :func:`runtime.llm.call_records.arrived_row`,
+fenced by the task's lease token), before the reply is checked or sent back.
+
+It ends when the worker closes the socket, or dies: the calls in flight get up to
+:data:`GRACE_SECONDS` to finish and be recorded, then are cancelled; the charge writer
+writes what it holds, and the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from runtime.engine.charges import ChargeWriter
+from runtime.llm.arrival import ON_ARRIVAL, Recorded
+from runtime.llm.backends.ollama import OllamaBackend
+from runtime.llm.call_records import arrived_row
+from runtime.llm.gate import REQUEST_SENT
+from runtime.llm.recorder import CallSpec, Channel, Hello
+from runtime.llm.reply import ModelReply, ModelRequestError
+from runtime.llm.text_stream import CONTINUE_FROM, ON_TEXT
+from runtime.store.postgres.engines import create_db_engine
+from runtime.store.store import Store
+
+log = logging.getLogger(__name__)
+
+#: How long the calls in flight may go on once the worker is gone (their answers are
+#: recorded for its tasks' next delivery).
+GRACE_SECONDS = 10.0
+#: The backends a recorder can build, by kind (:meth:`Backend.recorder_spec`).
+BACKENDS: dict[str, Callable[[tuple[Any, ...]], OllamaBackend]] = {
+    "ollama": OllamaBackend.from_spec}
+
+
+class RecorderServer:
+    """Serves one worker's requests over its socket (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.channel = Channel(self._received)
+        self._charges: ChargeWriter | None = None
+        self._engine: Engine | None = None
+        self._backends: dict[tuple[str, tuple[Any, ...]], OllamaBackend] = {}
+        self._calls: dict[int, asyncio.Task[None]] = {}
+
+    def send(self, message: object) -> None:
+        """Send one message to the worker (dropped once the socket is closed)."""
+        self.channel.send(message)
+
+    def _received(self, message: Any) -> None:
+        if isinstance(message, Hello):  # the first message: where rows are recorded
+            self._engine = create_db_engine(message.database_url, pool_size=2,
+                                            statement_timeout_ms=message.statement_timeout_ms)
+            self._charges = ChargeWriter(Store(self._engine))
+        elif message[0] == "call":
+            self.start(message[1], message[2])
+        elif message[0] == "cancel":
+            self.cancel(message[1])
+
+    def start(self, call_id: int, spec: CallSpec) -> None:
+        """Start making one request (its messages go back as they come)."""
+        task = asyncio.create_task(self._make(call_id, spec))
+        self._calls[call_id] = task
+        task.add_done_callback(lambda _: self._calls.pop(call_id, None))
+
+    def cancel(self, call_id: int) -> None:
+        """The worker gave the call up (a cancelled task): drop its request."""
+        task = self._calls.get(call_id)
+        if task is not None:
+            task.cancel()
+
+    async def _make(self, call_id: int, spec: CallSpec) -> None:
+        backend = self._backends.get(spec.backend)
+        if backend is None:
+            backend = self._backends[spec.backend] = BACKENDS[spec.backend[0]](spec.backend[1])
+        loop = asyncio.get_running_loop()
+
+        sent: list[ModelReply] = []
+
+        def arrived(reply: ModelReply, recorded: Recorded | None = None) -> None:
+            assert self._charges is not None  # (Hello comes first)
+            row = arrived_row(spec.row, reply, spec.price, keep_text=spec.keep_text)
+            written = self._charges.enqueue(row, loop)
+            written.add_done_callback(lambda f: self._written(call_id, f))
+            self.send(("arrived", call_id, reply, row))
+            sent.append(reply)
+
+        ON_ARRIVAL.set(arrived)  # (this task's own context)
+        REQUEST_SENT.set(lambda: self.send(("sent", call_id)))
+        ON_TEXT.set((lambda text: self.send(("text", call_id, text))) if spec.stream else None)
+        CONTINUE_FROM.set(spec.prefix)
+        tools = {"tools": spec.tools} if spec.tools else {}
+        try:
+            reply = await backend.achat(spec.model, spec.messages, spec.schema,
+                                        spec.max_tokens, route=spec.route, think=spec.think,
+                                        **tools)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.send(("error", call_id, portable(exc)))
+        else:  # (None: the reply that arrived, sent already)
+            self.send(("done", call_id, None if sent and sent[0] is reply else reply))
+
+    def _written(self, call_id: int, future: asyncio.Future[bool]) -> None:
+        if future.cancelled():
+            outcome: object = ModelRequestError("the recorder stopped before the row's write")
+        elif future.exception() is not None:
+            outcome = portable(future.exception())  # type: ignore[arg-type]
+        else:
+            outcome = future.result()
+        self.send(("written", call_id, outcome))
+
+    async def finish(self) -> None:
+        """The worker is gone: let the calls in flight finish (bounded), then drop them."""
+        calls = list(self._calls.values())
+        if calls:
+            _, late = await asyncio.wait(calls, timeout=GRACE_SECONDS)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        for backend in self._backends.values():
+            await backend.aclose()
+        if self._charges is not None:
+            await asyncio.to_thread(self._charges.close)  # writes what it holds
+        self.channel.close()
+        if self._engine is not None:
+            self._engine.dispose()
+
+
+def portable(exc: BaseException) -> BaseException:
+    """``exc`` as it can cross to the worker (pickled), or a plain error saying what it was."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return ModelRequestError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+async def serve(fd: int) -> None:
+    """Serve the worker on socket ``fd`` until it closes it (see the module doc)."""
+    server = _TO_WORKER.server = RecorderServer()
+    await asyncio.get_running_loop().create_connection(
+        lambda: server.channel, sock=socket.socket(fileno=fd))
+    await server.channel.closed
+    await server.finish()
+
+
+class _ToWorker(logging.Handler):
+    """Sends this process's warnings to the worker, which logs them as its own.
+
+    The recorder's standard streams are closed: a worker's output pipe must end when the
+    worker does, not when its recorder has finished.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.server: RecorderServer | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.server is not None:
+            self.server.send(("log", 0, record.levelno, record.getMessage()))
+
+
+_TO_WORKER = _ToWorker()
+
+
+def main(argv: list[str]) -> int:
+    """Run the recorder on the socket whose descriptor is ``argv[0]``."""
+    logging.getLogger().addHandler(_TO_WORKER)
+    logging.getLogger().setLevel(logging.WARNING)
+    asyncio.run(serve(int(argv[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
