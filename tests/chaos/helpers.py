@@ -132,23 +132,34 @@ class Fleet:
         self.workers: list[WorkerProc] = []
         log_dir.mkdir(parents=True, exist_ok=True)
 
-    def start(self, *extra: str) -> WorkerProc:
-        """Start one ``orgchart worker`` with the fleet's arguments (plus ``extra``)."""
+    def start(self, *extra: str, new_session: bool = False) -> WorkerProc:
+        """Start one ``orgchart worker`` with the fleet's arguments (plus ``extra``).
+
+        ``new_session``: in a process group of its own (with the processes it starts, its
+        model-call recorder), so that :meth:`sigkill` can kill them together.
+        """
         number = len(self.workers)
         log_path = self.log_dir / f"worker-{number}.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cli("worker", *self.args, *extra), env=self.env,
                                     cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
+                                    stdin=subprocess.DEVNULL, start_new_session=new_session)
         worker = WorkerProc(number, proc, log_path)
         self.workers.append(worker)
         return worker
 
-    def sigkill(self, worker: WorkerProc) -> None:
-        """SIGKILL one worker and reap it: no goodbye, its leases stay behind."""
+    def sigkill(self, worker: WorkerProc, group: bool = False) -> None:
+        """SIGKILL one worker and reap it: no goodbye, its leases stay behind.
+
+        ``group``: its whole process group (started with ``new_session``), its recorder
+        process with it.
+        """
         worker.signalled = "SIGKILL"
         worker.killed_at = time.monotonic()
-        worker.proc.send_signal(signal.SIGKILL)
+        if group:
+            os.killpg(worker.proc.pid, signal.SIGKILL)
+        else:
+            worker.proc.send_signal(signal.SIGKILL)
         worker.proc.wait(EXIT_WAIT_SECONDS)
         if self.recorder is not None:
             self.recorder.fault("kill", f"worker pid {worker.pid}")
