@@ -157,12 +157,12 @@ def _cancel(store: Store, root: uuid.UUID) -> None:
 
 def _tree(store: Store, calls: int) -> tuple[uuid.UUID, list[Any]]:
     """A root that delegated to ``calls`` children, every child claimed."""
-    root, _ = store.submit(NewTask(to_agent="boss", type="task", payload={"goal": "g"}))
-    [claimed] = store.claim(["boss"], 1, "bench", 300)
+    root, _ = store.tasks.submit(NewTask(to_agent="boss", type="task", payload={"goal": "g"}))
+    [claimed] = store.claims.claim(["boss"], 1, "bench", 300)
     children = [ChildRow("scout", "task", {"goal": f"part {i}"}, f"k{i}", 100, 60,
                          Decimal("0.01")) for i in range(calls)]
-    store.delegate(root["id"], claimed["lease_token"], children, "bench")
-    return root["id"], list(store.claim(["scout"], calls, "bench", 300))
+    store.transitions.delegate(root["id"], claimed["lease_token"], children, "bench")
+    return root["id"], list(store.claims.claim(["scout"], calls, "bench", 300))
 
 
 def _quantiles(values: list[float]) -> tuple[float, float]:
@@ -269,7 +269,7 @@ def _read_side(store: Store, url: str, pieces: int, gap: float) -> dict[str, Any
         offset = 0
         for i in range(pieces):
             text = f"[{i}]"
-            with store.transaction() as conn:
+            with store.database.transaction() as conn:
                 conn.execute(insert, {"root": root, "task": rows[0]["id"], "offset": offset,
                                       "text": text})
             committed[text] = time.monotonic()

@@ -34,8 +34,8 @@ from runtime.store.rows import NewTask
 
 def _claimed(store: Any, n: int) -> list[dict[str, Any]]:
     for _ in range(n):
-        store.submit(NewTask(to_agent="scout", type="task", payload={"goal": "g"}))
-    return list(store.claim(["scout"], n, "bench", 300))
+        store.tasks.submit(NewTask(to_agent="scout", type="task", payload={"goal": "g"}))
+    return list(store.claims.claim(["scout"], n, "bench", 300))
 
 
 def _wal(store: Any) -> int:

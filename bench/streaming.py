@@ -230,7 +230,7 @@ def resume(server: str | None) -> dict[str, Any]:
         with scratch_database("stream_resume", server) as url:
             store = open_store(url)
             for i in range(RESUME_CALLS):
-                store.submit(NewTask(to_agent="spender", type="task",
+                store.tasks.submit(NewTask(to_agent="spender", type="task",
                                      payload={"goal": f"stream {i}"}))
             workers.append(_ollama_worker(url, fake.url, lines))
             _until("every call to have text recorded", lambda: len(_recorded(store))
@@ -305,7 +305,7 @@ def resume_embedded(server: str | None, calls: int = 2,
         with scratch_database("stream_resume_embedded", server) as url:
             store = open_store(url)
             for i in range(calls):
-                store.submit(NewTask(to_agent="long_writer", type="task", payload={
+                store.tasks.submit(NewTask(to_agent="long_writer", type="task", payload={
                     "goal": f"durable queues, part {i}", "max_tokens": max_tokens}))
             workers.append(_worker(url, settings, "long_writer,judge",
                                    "bench.stream_agents", lines))

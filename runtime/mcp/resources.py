@@ -86,10 +86,10 @@ def version(store: Store, uri: str, after: int) -> int:
     """
     kind, ident = parse_uri(uri)
     try:
-        row = store.get(ident)
+        row = store.reads.get(ident)
     except NotFound:
         return -1
-    changes = store.tree_changes(row["root_id"] or ident, after, limit=10_000)
+    changes = store.reads.tree_changes(row["root_id"] or ident, after, limit=10_000)
     if kind == "tasks":
         changes = [c for c in changes if c["task_id"] == ident]
     return int(changes[-1]["id"]) if changes else after

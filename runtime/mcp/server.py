@@ -209,7 +209,7 @@ class _Handlers:
         return _result(value)
 
     async def list_resources(self, _ctx: Any, _params: Any) -> types.ListResourcesResult:
-        roots = await anyio.to_thread.run_sync(self.deps.store.recent_roots, 20)
+        roots = await anyio.to_thread.run_sync(self.deps.store.reads.recent_roots, 20)
         return types.ListResourcesResult(resources=[
             types.Resource(uri=resources.TREE_TEMPLATE.format(root_id=r["id"]),
                            name=f"tree {r['id']}", mime_type="application/json",

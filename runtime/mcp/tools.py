@@ -146,7 +146,7 @@ def submit_goal(deps: Deps, args: SubmitGoalArgs) -> dict[str, Any]:
     )
     task, created = submit_root(deps.store, new, DEFAULT_ACTOR,
                                 deps.settings.database.failover_timeout_seconds)
-    warning = deps.store.no_worker_warning(
+    warning = deps.store.claims.no_worker_warning(
         new.to_agent, deps.settings.worker.maintenance_interval_seconds)
     return {**task_json(task), "created": created, **({"warning": warning} if warning else {})}
 
@@ -290,7 +290,7 @@ def root_progress(store: Store, root_id: uuid.UUID) -> tuple[str, int, int]:
     """A tree's root status, how many of its tasks have ended, and how many it has."""
     from runtime.store.rows import TERMINAL_STATUSES
 
-    rows = store.tree_rows(root_id)
+    rows = store.reads.tree_rows(root_id)
     status = next(str(r["status"]) for r in rows if r["id"] == root_id)
     ended = sum(1 for r in rows if r["status"] in TERMINAL_STATUSES)
     return status, ended, len(rows)

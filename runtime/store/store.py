@@ -18,12 +18,7 @@ that already locks the parent for fan-in; a running tree's live spend is summed 
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from typing import Any
-
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Engine
 
 from runtime.store.claims import Claims
 from runtime.store.database import Database
@@ -32,9 +27,7 @@ from runtime.store.fires import Fires
 from runtime.store.hygiene import MAINTENANCE_LOCK_KEY, Hygiene, Maintained
 from runtime.store.policies import Policies
 from runtime.store.queries import TEXT as _TEXT
-from runtime.store.queries import Task
 from runtime.store.reads import Reads
-from runtime.store.rows import ChildRow, NewTask, TaskRow
 from runtime.store.schedules import Schedules
 from runtime.store.spend import Spend
 from runtime.store.steering import Steering
@@ -123,48 +116,3 @@ class Store:
     def dispose(self) -> None:
         """Close every pooled connection."""
         self.engine.dispose()
-
-    # ------------------------------------------------------ spellings kept for a while
-    # Callers in files their owners are editing now (runtime/mcp/, bench/stream_*.py)
-    # still use the mixins' spelling; each of these names the part to call instead, and
-    # goes with its last caller.
-    def get(self, task_id: uuid.UUID) -> Task:
-        """``store.reads.get`` (kept for runtime/mcp/ until it calls the part)."""
-        return self.reads.get(task_id)
-
-    def tree_rows(self, root_id: uuid.UUID) -> list[Task]:
-        """``store.reads.tree_rows`` (kept for runtime/mcp/ until it calls the part)."""
-        return self.reads.tree_rows(root_id)
-
-    def tree_changes(self, root_id: uuid.UUID, after: int, limit: int = 5000) -> list[Task]:
-        """``store.reads.tree_changes`` (kept for runtime/mcp/ until it calls the part)."""
-        return self.reads.tree_changes(root_id, after, limit)
-
-    def recent_roots(self, limit: int = 50) -> list[Task]:
-        """``store.reads.recent_roots`` (kept for runtime/mcp/ until it calls the part)."""
-        return self.reads.recent_roots(limit)
-
-    def no_worker_warning(self, agent: str, maintenance_interval_seconds: float
-                          ) -> str | None:
-        """``store.claims.no_worker_warning`` (kept for runtime/mcp/ until it calls the part)."""
-        return self.claims.no_worker_warning(agent, maintenance_interval_seconds)
-
-    def transaction(self) -> AbstractContextManager[Connection]:
-        """``store.database.transaction`` (kept for bench/stream_reads.py)."""
-        return self.database.transaction()
-
-    def submit(self, new: NewTask, actor: str = "submit",
-               task_id: uuid.UUID | None = None) -> tuple[Task, bool]:
-        """``store.tasks.submit`` (kept for bench/stream_*.py until they call the part)."""
-        return self.tasks.submit(new, actor, task_id)
-
-    def claim(self, agents: Sequence[str], limit: int, worker: str,
-              lease_seconds: float) -> list[TaskRow]:
-        """``store.claims.claim`` (kept for bench/stream_*.py until they call the part)."""
-        return self.claims.claim(agents, limit, worker, lease_seconds)
-
-    def delegate(self, task_id: uuid.UUID, lease_token: uuid.UUID,
-                 children: Sequence[ChildRow], worker: str, detail: str | None = None,
-                 stamp: dict[str, Any] | None = None) -> tuple[bool, int]:
-        """``store.transitions.delegate`` (kept for bench/stream_reads.py)."""
-        return self.transitions.delegate(task_id, lease_token, children, worker, detail, stamp)
