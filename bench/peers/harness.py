@@ -12,17 +12,23 @@ fresh ``bench.model_server``:
   PostgreSQL server's CPU (``bench.common.server_cpu_seconds``);
 - with the shared client only: the tree again, SIGKILLed once half the writers' calls
   have been answered at the server, restarted as its docs say; calls made again (at the
-  server), answers durable at the kill (from the runtime's own tables), calls in flight at
-  the kill (answered but not durable, or not yet answered), and the makespan with the
-  restart; and the chain: makespan minus the model's delays, per level.
+  server), answers durable at the kill and when the successor starts (from the runtime's
+  own tables), calls in flight at the kill (answered but not durable, or not yet
+  answered), and the makespan with the restart; and the chain: makespan minus the
+  model's delays, per level.
 
-The orgchart process is one ``orgchart worker`` (its tasks submitted by this process);
-the peers' is :mod:`bench.peers.child`.
+The orgchart process is one ``orgchart worker`` (its tasks submitted by this process)
+and its recorder process (runtime/llm/recorder.py), measured together (CPU, RSS); the
+peers' is :mod:`bench.peers.child`. orgchart is crashed twice: the worker alone
+(SIGKILL of its pid, as the OOM killer or ``kill -9`` does: its recorder lives on and
+records what arrived), and the worker with its recorder (SIGKILL of its process group:
+``crash_group_*`` figures).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -70,7 +76,8 @@ RUNTIMES = (
     Runtime("dbos", "dbos", "-", "dbos_tree.py"),
 )
 #: The SQL that counts the writers' answers a runtime holds durably (read after a kill).
-DURABLE = {"orgchart": "SELECT count(*) FROM model_calls"}
+#: A durable answer: a paid call's row (a successor's replays of it are not counted again).
+DURABLE = {"orgchart": "SELECT count(*) FROM model_calls WHERE NOT replayed"}
 
 
 def installed(runtime: str) -> bool:
@@ -99,6 +106,8 @@ class Process:
             env.update({"ORGCHART_LLM__BACKEND": "ollama", "ORGCHART_OLLAMA__URL": model_url,
                         "ORGCHART_OLLAMA__MAX_PARALLEL": "2000",
                         "ORGCHART_OLLAMA__CLOUD_MAX_PARALLEL": "2000",
+                        # PEERS_RECORDER=false: replies read in the worker (a comparison)
+                        "ORGCHART_OLLAMA__RECORDER": os.environ.get("PEERS_RECORDER", "true"),
                         # a chain level is a task one level deeper ([policies] max_depth: 5)
                         "ORGCHART_POLICIES__MAX_DEPTH": str(min(shape.depth + 1, 100))})
             self.proc = subprocess.Popen(
@@ -106,7 +115,7 @@ class Process:
                  "pe_planner,pe_lead,pe_writer,pe_link,judge",
                  "--agents-module", "bench.peers.orgchart_tree"],
                 env=env, cwd=str(REPO_ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True)
+                text=True, start_new_session=True)  # its group: the worker and its recorder
             return
         cmd = [sys.executable, "-m", "bench.peers.child", rt.runtime, rt.option,
                "--db", urls.libpq_url(url), "--model", model_url, "--client", client,
@@ -167,9 +176,12 @@ class Process:
                 raise RuntimeError(f"{self.rt.label} exited:\n" + "".join(self.lines[-30:]))
         return self.result is not None
 
-    def kill(self) -> None:
-        """SIGKILL it."""
-        self.proc.send_signal(signal.SIGKILL)
+    def kill(self, group: bool = False) -> None:
+        """SIGKILL it (``group``: with the processes it started, orgchart's recorder)."""
+        if group and self.rt.runtime == "orgchart":
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        else:
+            self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
 
     def stop(self) -> None:
@@ -180,6 +192,27 @@ class Process:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+def _children(pid: int) -> list[int]:
+    """The live children of ``pid`` (orgchart's worker: its recorder process)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return found
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and its live children (the recorder counts as orgchart's)."""
+    return proc_cpu_seconds(pid) + sum(proc_cpu_seconds(c) for c in _children(pid))
+
+
+def _tree_kb(pid: int, field: str) -> int:
+    """``field`` (VmRSS, VmHWM) of ``pid`` and of its live children, added up."""
+    return sum(_vm_kb(p, field) or 0 for p in (pid, *_children(pid)))
 
 
 def _counters(url: str) -> tuple[int, float | None, dict[str, int]]:
@@ -280,11 +313,16 @@ def lost_answers(ends: list[float], killed: float, durable: int,
 
 
 def _crash(proc: Process, rt: Runtime, url: str, model_url: str, client: str,
-           shape: Shape) -> tuple[Process, dict[str, Any]]:
-    """SIGKILL ``proc``; read what was durable; start its successor and resume."""
+           shape: Shape, group: bool = False) -> tuple[Process, dict[str, Any]]:
+    """SIGKILL ``proc`` (``group``: with its recorder); read what was durable; restart.
+
+    Durable answers are read at once after the kill, and again when the successor starts
+    (what it finds on record: a peer's count cannot change once it is dead; orgchart's
+    recorder, when it lives on, records the answers that arrived).
+    """
     at_kill = _get(model_url + "/stats")
     killed_wall = time.time()
-    proc.kill()
+    proc.kill(group)
     killed_at = time.monotonic()
     durable = _durable(rt, url)
     ends = sorted(_get(model_url + "/starts")["ends"])
@@ -293,12 +331,15 @@ def _crash(proc: Process, rt: Runtime, url: str, model_url: str, client: str,
     successor = Process(rt, url, model_url, client, shape, resume=True)
     successor.root = proc.root
     successor.wait_ready()
+    durable_at_restart = _durable(rt, url)
     successor.go()
     return successor, {
         "answered_at_kill": at_kill["answered"],
         "durable_at_kill": durable,
         "sent_20ms_before_kill": before,
         "lost_answers_at_kill": lost,
+        "durable_at_restart": durable_at_restart,
+        "lost_answers_at_restart": lost_answers(ends, killed_wall, durable_at_restart)[1],
         # how long before the kill the median answer so far had left the server
         "kill_after_half_ms": round((killed_wall - half) * 1000, 1),
         # sent and not yet durably recorded: answered but not recorded, or not answered
@@ -308,7 +349,7 @@ def _crash(proc: Process, rt: Runtime, url: str, model_url: str, client: str,
 
 
 def run_once(rt: Runtime, client: str, shape: Shape, delay: float, server: str | None,
-             crash: bool = False) -> dict[str, Any]:
+             crash: bool = False, group: bool = False) -> dict[str, Any]:
     """One run of ``shape`` on ``rt``; its figures (see the module's docstring)."""
     with scratch_database("peers", server) as url:
         model_proc, model_url = start_model_server(delay)
@@ -318,7 +359,7 @@ def run_once(rt: Runtime, client: str, shape: Shape, delay: float, server: str |
             time.sleep(1.5)  # the set-up's statistics reach pg_stat_database
             wal0, pg_cpu0, tables0 = _counters(url)
             indexes0 = _index_counters(url)
-            idle_kb, cpu0 = _vm_kb(proc.proc.pid, "VmRSS") or 0, proc_cpu_seconds(proc.proc.pid)
+            idle_kb, cpu0 = _tree_kb(proc.proc.pid, "VmRSS"), _tree_cpu(proc.proc.pid)
             _get(model_url + "/stats/reset")
             started = time.monotonic()
             proc.go()
@@ -328,19 +369,19 @@ def run_once(rt: Runtime, client: str, shape: Shape, delay: float, server: str |
                     raise RuntimeError(f"{rt.label}: no answer in {RUN_TIMEOUT} s")
                 if crash and crashed is None and \
                         _get(model_url + "/stats")["answered"] >= shape.leads * shape.writers // 2:
-                    proc, crashed = _crash(proc, rt, url, model_url, client, shape)
+                    proc, crashed = _crash(proc, rt, url, model_url, client, shape, group)
                 # Watching for the kill: often, so it comes near the half, not past it.
                 time.sleep(0.002 if crash and crashed is None else 0.02)
             makespan = time.monotonic() - started
             wal1, pg_cpu1, _ = _counters(url)
-            peak_kb = _vm_kb(proc.proc.pid, "VmHWM") or 0
-            cpu = proc_cpu_seconds(proc.proc.pid) - cpu0
+            peak_kb = _tree_kb(proc.proc.pid, "VmHWM")
+            cpu = _tree_cpu(proc.proc.pid) - cpu0
             counts = _get(model_url + "/stats")
             timeline = _timeline(url) if rt.runtime == "orgchart" else None
             proc.stop()
         finally:
             if proc.proc.poll() is None:
-                proc.kill()
+                proc.kill(group=True)
             model_proc.kill()
             model_proc.wait()
         time.sleep(1.0)  # the last backends' statistics
@@ -386,6 +427,9 @@ def measure(runtimes: tuple[Runtime, ...], tree: Shape, delay: float, chain: Sha
             figures.update({f"{client}_{key}": value for key, value in run.items()})
         if crash:
             figures.update(run_once(rt, "shared", tree, delay, server, crash=True))
+            if rt.runtime == "orgchart":  # the worker and its recorder killed together
+                figures.update({f"crash_group_{key}": value for key, value in run_once(
+                    rt, "shared", tree, delay, server, crash=True, group=True).items()})
         run = run_once(rt, "shared", chain, chain_delay, server)
         figures["chain_makespan_seconds"] = run["makespan_seconds"]
         figures["chain_overhead_ms_per_level"] = round(
@@ -411,6 +455,9 @@ def goals(runs: dict[str, dict[str, Any]], floor_seconds: float | None) -> dict[
         f["shared_makespan_seconds"] for f in peers.values()), 3)
     for key, name in (("repaid_calls", "peer_repaid_calls"),
                       ("lost_answers_at_kill", "lost_answers_at_kill"),
+                      ("lost_answers_at_restart", "lost_answers_at_restart"),
+                      ("crash_group_lost_answers_at_kill", "lost_answers_group_kill"),
+                      ("crash_group_repaid_calls", "repaid_calls_group_kill"),
                       ("crash_makespan_seconds", "crash_makespan_seconds"),
                       ("shared_pg_cpu_ms_per_call", "peer_pg_cpu_ms_per_call"),
                       ("shared_wal_bytes_per_call", "peer_wal_bytes_per_call"),
@@ -427,6 +474,9 @@ COLUMNS = (("makespan s", "shared_makespan_seconds"), ("x crit", "shared_vs_crit
            ("ollama s", "ollama_makespan_seconds"), ("repaid", "repaid_calls"),
            ("durable", "durable_at_kill"), ("in flight", "in_flight_at_kill"),
            ("sent-20ms", "sent_20ms_before_kill"), ("lost", "lost_answers_at_kill"),
+           ("lost@restart", "lost_answers_at_restart"),
+           ("group lost", "crash_group_lost_answers_at_kill"),
+           ("group repaid", "crash_group_repaid_calls"),
            ("crash s", "crash_makespan_seconds"), ("chain ms/lvl", "chain_overhead_ms_per_level"),
            ("lines", "code_lines"))
 
