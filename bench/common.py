@@ -223,6 +223,22 @@ def proc_cpu_seconds(pid: int, with_children: bool = True) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def child_pids(pid: int) -> list[int]:
+    """The live children of ``pid`` (a worker's: its model-call recorder process)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and of its live children (a worker with its recorder)."""
+    return proc_cpu_seconds(pid) + sum(proc_cpu_seconds(c) for c in child_pids(pid))
+
+
 def server_cpu_seconds(url: str) -> float | None:
     """CPU seconds used so far by the PostgreSQL server at ``url``, if it runs on this machine.
 

@@ -41,9 +41,9 @@ import sqlalchemy as sa
 from bench.common import (
     REPO_ROOT,
     open_store,
-    proc_cpu_seconds,
     report,
     scratch_database,
+    tree_cpu_seconds,
     wait_serving,
     worker_env,
 )
@@ -166,7 +166,7 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
         store = open_store(url)
         try:
             idle_kb = _vm_kb(worker.pid, "VmRSS") or 0
-            cpu_before = proc_cpu_seconds(worker.pid)
+            cpu_before = tree_cpu_seconds(worker.pid)  # with its recorder process
             _get(model_url + "/stats/reset")
             root, _ = store.tasks.submit(NewTask(
                 to_agent=f"{prefix}_planner", type="task",
@@ -186,7 +186,7 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
                     break
                 time.sleep(0.02)
             makespan = time.monotonic() - started
-            worker_cpu = proc_cpu_seconds(worker.pid) - cpu_before
+            worker_cpu = tree_cpu_seconds(worker.pid) - cpu_before
             counts = _get(model_url + "/stats")
             if finish is not None:
                 finish()
@@ -225,7 +225,8 @@ def measure(leads: int = 30, writers: int = 30, delay: float = 1.0,
         "makespan_vs_critical_path": round(makespan / critical, 3),
         "peak_calls_in_flight": peak,
         "makespan_model_calls": int(calls or 0),
-        # the worker's CPU (all threads) from submit to the root's end, per task
+        # the worker's CPU (all threads, and its recorder process's) from submit to the
+        # root's end, per task
         "makespan_worker_cpu_ms_per_task": round(worker_cpu / expected * 1000, 3),
         "makespan_idle_rss_mb": round(idle_kb / 1024, 1),
         "makespan_peak_rss_mb": round(peak_kb / 1024, 1),

@@ -40,11 +40,12 @@ from typing import Any
 
 from bench.common import (
     REPO_ROOT,
+    child_pids,
     connect,
     open_store,
-    proc_cpu_seconds,
     scratch_database,
     server_cpu_seconds,
+    tree_cpu_seconds,
     wait_serving,
     worker_env,
 )
@@ -194,25 +195,9 @@ class Process:
             self.kill()
 
 
-def _children(pid: int) -> list[int]:
-    """The live children of ``pid`` (orgchart's worker: its recorder process)."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found += [int(c) for c in (task / "children").read_text().split()]
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return found
-
-
-def _tree_cpu(pid: int) -> float:
-    """CPU seconds of ``pid`` and its live children (the recorder counts as orgchart's)."""
-    return proc_cpu_seconds(pid) + sum(proc_cpu_seconds(c) for c in _children(pid))
-
-
 def _tree_kb(pid: int, field: str) -> int:
     """``field`` (VmRSS, VmHWM) of ``pid`` and of its live children, added up."""
-    return sum(_vm_kb(p, field) or 0 for p in (pid, *_children(pid)))
+    return sum(_vm_kb(p, field) or 0 for p in (pid, *child_pids(pid)))
 
 
 def _counters(url: str) -> tuple[int, float | None, dict[str, int]]:
@@ -359,7 +344,7 @@ def run_once(rt: Runtime, client: str, shape: Shape, delay: float, server: str |
             time.sleep(1.5)  # the set-up's statistics reach pg_stat_database
             wal0, pg_cpu0, tables0 = _counters(url)
             indexes0 = _index_counters(url)
-            idle_kb, cpu0 = _tree_kb(proc.proc.pid, "VmRSS"), _tree_cpu(proc.proc.pid)
+            idle_kb, cpu0 = _tree_kb(proc.proc.pid, "VmRSS"), tree_cpu_seconds(proc.proc.pid)
             _get(model_url + "/stats/reset")
             started = time.monotonic()
             proc.go()
@@ -375,7 +360,7 @@ def run_once(rt: Runtime, client: str, shape: Shape, delay: float, server: str |
             makespan = time.monotonic() - started
             wal1, pg_cpu1, _ = _counters(url)
             peak_kb = _tree_kb(proc.proc.pid, "VmHWM")
-            cpu = _tree_cpu(proc.proc.pid) - cpu0
+            cpu = tree_cpu_seconds(proc.proc.pid) - cpu0
             counts = _get(model_url + "/stats")
             timeline = _timeline(url) if rt.runtime == "orgchart" else None
             proc.stop()
