@@ -25,12 +25,12 @@ from typing import Any
 
 import anyio
 import httpx
+import httpx2
 import pytest
 import uvicorn
 from mcp import Client, ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client  # the SDK's own (in __all__)
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from runtime.config import load_settings
@@ -45,6 +45,8 @@ from tests.integration.test_docs_agents import code_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "mcp-test-token"
+#: Seconds: the MCP SDK's default client timeouts (its ``streamable_http_client``'s own).
+MCP_TIMEOUT_SECONDS, MCP_READ_TIMEOUT_SECONDS = 30.0, 300.0
 TOOLS = {"submit_goal", "get_tree", "get_task", "list_inbox", "answer", "approve", "reject",
          "cancel", "pause", "resume", "fork"}
 #: Where ``make mcp-inspector`` installs the Inspector (``ORGCHART_NPM_CACHE`` moves it).
@@ -276,8 +278,11 @@ def http_url(runtime: Runtime) -> Iterator[str]:
 
 async def _http_session(stack: AsyncExitStack, url: str,
                         on_message: Callable[[Any], Awaitable[None]]) -> ClientSession:
-    client = await stack.enter_async_context(
-        create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"}))
+    # The SDK's documented way to send headers: an httpx2 client of one's own, with the
+    # timeouts its transports use by default (30 s, and 300 s to read a held stream).
+    client = await stack.enter_async_context(httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=httpx2.Timeout(MCP_TIMEOUT_SECONDS, read=MCP_READ_TIMEOUT_SECONDS)))
     read, write = await stack.enter_async_context(
         streamable_http_client(url, http_client=client))
     session = await stack.enter_async_context(

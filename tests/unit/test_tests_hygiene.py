@@ -52,9 +52,6 @@ PRIVATE_ALLOWED: dict[tuple[str, str], str] = {
         "the lean client's proxy decision to what httpx does with the same mounts",
     ("tests/unit/test_transport_honest.py", "client._transport"):
         "httpx's default transport (no public name), what its choice is compared to",
-    ("tests/integration/test_mcp_server.py", "mcp.shared._httpx_utils"):
-        "the MCP SDK's own client factory (in the module's __all__), with the timeouts "
-        "its transports expect",
 }
 
 #: (file, the call as written) -> why the fixed wait stays.
