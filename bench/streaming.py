@@ -208,6 +208,14 @@ def _ollama_worker(url: str, model_url: str, lines: list[str]) -> subprocess.Pop
                    "spender,judge", "tests.chaos.agents", lines)
 
 
+def _stop(workers: list[subprocess.Popen[str]]) -> None:
+    """Ask the workers still running to end, and wait for them."""
+    for proc in workers:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(30)
+
+
 def _until(what: str, check: Any, timeout: float, lines: list[str],
            interval: float = 0.01) -> None:
     deadline = time.monotonic() + timeout
@@ -250,10 +258,7 @@ def resume(server: str | None) -> dict[str, Any]:
                     "SELECT max(attempt) FROM call_text")).scalar_one()
             store.engine.dispose()
     finally:
-        for proc in workers:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(30)
+        _stop(workers)
         fake.stop()
     received: dict[str, int] = {}
     for user, at, chars in fake.piece_log:
@@ -330,10 +335,7 @@ def resume_embedded(server: str | None, calls: int = 2,
                     "WHERE phase = 'run' AND error IS NULL"))}
             store.engine.dispose()
     finally:
-        for proc in workers:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(30)
+        _stop(workers)
     lag_ms, again_tokens, window_tokens, rates = [], [], [], []
     continued = 0
     for task, rows in at_kill.items():
