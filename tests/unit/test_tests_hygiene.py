@@ -41,11 +41,6 @@ PRIVATE_ALLOWED: dict[tuple[str, str], str] = {
     ("tests/unit/test_queries.py", "psycopg._queries"):
         "psycopg's statement cache limit has no public name; the test holds our "
         "MAX_SENT_CHARS to it",
-    ("tests/unit/test_transport_honest.py", "client._transport_for_url"):
-        "httpx's own choice of transport for a URL (no public name): the test holds "
-        "the lean client's proxy decision to what httpx does with the same mounts",
-    ("tests/unit/test_transport_honest.py", "client._transport"):
-        "httpx's default transport (no public name), what its choice is compared to",
 }
 
 #: (file, the call as written) -> why the fixed wait stays.

@@ -301,7 +301,13 @@ def test_the_environments_proxies_send_a_url_as_httpx_would(
     proxies = {"http": "http://proxy.invalid:3128", "no": no_proxy}
     mounts = environment_mounts(proxies, httpx.Limits())
     assert goes_straight(httpx.URL(url), mounts) is straight
-    # httpx itself, given the same mounts, picks the proxy exactly when we do not go straight
-    client = httpx.AsyncClient(mounts=mounts)
-    picked = client._transport_for_url(httpx.URL(url))  # httpx's own choice, to compare
-    assert (picked is client._transport) is straight
+    # httpx itself, given the same mounts (the same patterns, each to a proxy or to None),
+    # sends the call through a proxy exactly when we do not go straight: each transport
+    # answers with its name.
+    def answers(name: str) -> httpx.MockTransport:
+        return httpx.MockTransport(lambda _request: httpx.Response(200, text=name))
+
+    with httpx.Client(transport=answers("straight"), mounts={
+            pattern: None if proxy is None else answers("proxy")
+            for pattern, proxy in mounts.items()}) as client:
+        assert (client.get(url).text == "straight") is straight
