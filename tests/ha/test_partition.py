@@ -10,17 +10,21 @@ the link heals.
 Then: the other hosts ran host 0's tasks once its leases expired (within lease + 2 s of
 the cut, with a margin for this loaded machine); every write host 0 attempted for those
 tasks after the heal was refused by fencing (no event of its for them after they were
-reaped); every root ends ``done`` with one terminal event per task; host 0 noticed the
-partition (``partition_detect_seconds``: the cut to its log line "database connection
-lost") within its ``tcp_user_timeout`` plus one heartbeat interval; and every model call
-paid twice (counted at the servers) is one host 0 had begun before the cut and not
-recorded: its calls in flight (a recorded reply is replayed, never paid again).
+reaped; host 0 is stopped, and has exited cleanly, before that is read, so every write
+it would make has been tried); every root ends ``done`` with one terminal event per
+task; host 0 noticed the partition (``partition_detect_seconds``: the cut to its log
+line "database connection lost") within its ``tcp_user_timeout`` plus one heartbeat
+interval; and every model call paid twice (counted at the servers) is one host 0 had
+begun before the cut and not recorded: its calls in flight (a recorded reply is
+replayed, never paid again).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,8 +82,6 @@ def hosts() -> Iterator[list[Host]]:
 
 def _start_worker(host: Host, env: dict[str, str], log_dir: Path, n: int,
                   *extra: str) -> WorkerProc:
-    import subprocess
-
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"host-{n}.log"
     with open(log_path, "wb") as log:
@@ -107,6 +109,15 @@ def _held(store: Any, worker: str) -> list[Any]:
     return [r[0] for r in rows(store, "SELECT id FROM tasks WHERE lease_owner = :w "
                                       "AND lease_token IS NOT NULL AND status = 'running'",
                                w=worker)]
+
+
+def _stop(worker: WorkerProc, timeout: float = 60.0) -> int | None:
+    """SIGTERM ``worker`` and wait for it to exit; its exit status (None: it hung)."""
+    worker.proc.send_signal(signal.SIGTERM)
+    try:
+        return worker.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def _late_writes(store: Any, held: list[Any], cut_at: float) -> int:
@@ -190,7 +201,11 @@ def test_a_host_cut_off_while_holding_leases_loses_nothing(
         healed_at = time.time()
         rec.fault("partition", "host0", cut_at, healed_at)
         wait_for(lambda: roots_done(store, roots), 400, "every root to finish", interval=1.0)
-        time.sleep(LEASE_SECONDS / 3 + 1)  # host 0's next heartbeat finds its leases gone
+        crashed = [] if workers[0].alive() else [0]
+        # Host 0 stops: what it still holds gets its stop grace to be written (each write
+        # fenced by the lease it lost) and the rest is handed back (fenced too). Once it
+        # has exited, every late write it could make after the heal has been tried.
+        host0_exit = _stop(workers[0])
         late = _late_writes(store, held, cut_at)
         history = check_history(store, roots)
         twice = paid_twice(models)
@@ -199,7 +214,7 @@ def test_a_host_cut_off_while_holding_leases_loses_nothing(
             record_model_server(rec, m)
         report = audited(store, rec)
         logs = [w.log(10**8) for w in workers]  # the whole log: the first lines matter
-        crashed = [w.number for w in workers if not w.alive()]
+        crashed += [w.number for w in workers[1:] if not w.alive()]
     finally:
         for w in workers:
             if w.alive():
@@ -226,6 +241,7 @@ def test_a_host_cut_off_while_holding_leases_loses_nothing(
     figures["partition"] = result
     print(json.dumps({**result, **history}, indent=2, default=str))
     assert not crashed, logs
+    assert host0_exit == 0, logs[0][-4000:]
     assert history["roots_not_done"] == {} and history["missing_roots"] == [], history
     assert history["terminal_events_not_once"] == {}, history
     assert history["duplicate_children"] == []
