@@ -42,7 +42,7 @@ import contextvars
 import logging
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -183,13 +183,15 @@ class CallGate:
                 paused, sent = await self._check(task_id, lease_token)
                 try:
                     if not paused:
-                        return await self._sending_as(task_id, request, sent)
+                        with self._in_flight(task_id, sent):
+                            return await request()
                 finally:
                     sent()  # sent, refused or waiting: the wave need not wait for this one
             await asyncio.sleep(PAUSE_POLL_SECONDS)  # the slot is free for other trees
 
-    async def _sending_as(self, task_id: uuid.UUID, request: Callable[[], Awaitable[T]],
-                          sent: Callable[[], None]) -> T:
+    @contextlib.contextmanager
+    def _in_flight(self, task_id: uuid.UUID, sent: Callable[[], None]) -> Iterator[None]:
+        """The request of the running job as in flight for ``task_id`` (:meth:`stop`)."""
         job = asyncio.current_task()
         assert job is not None
         with self._lock:
@@ -198,7 +200,7 @@ class CallGate:
             self._sending.setdefault(task_id, set()).add(job)
         token = REQUEST_SENT.set(sent)
         try:
-            return await request()
+            yield
         finally:
             REQUEST_SENT.reset(token)
             with self._lock:

@@ -5,20 +5,23 @@ which it chose in :attr:`LLMFactory.announcement`), and hands each leased task a
 :class:`TaskLLM`. One call (:meth:`TaskLLM.acomplete`, on the caller's loop;
 :meth:`TaskLLM.complete` submits it to the worker's loop, or the model layer's own, and
 waits) refuses when the task's lease is lost, checks its arguments and builds one
-:class:`~runtime.llm.request.Request` that its stages carry (docs/architecture.md, "One
-model call, stage by stage"):
+:class:`~runtime.llm.request.Request` that its stages carry. :meth:`TaskLLM._call` runs
+them in order, top to bottom (docs/architecture.md, "One model call, stage by stage",
+lists its hops):
 
 1. the record look-up (:class:`~runtime.llm.recorded.RecordedReplies`): a reply on
    record for the same identity is served at once, charged zero;
 2. the route (:class:`~runtime.llm.routing.Router`): local or cloud, its price, the
    record key;
-3. repair (:func:`~runtime.llm.repair.ask_with_repairs`) and retry
-   (:func:`~runtime.llm.retries.ask_with_retries`) around each request;
-4. one request (:meth:`~runtime.llm.sending.Sender.attempt`): reserve in the task's
-   budget, take a slot at its server (:class:`~runtime.llm.server_slots.ServerSlots`),
-   pass the start gate (:mod:`~runtime.llm.gate`), send, validate, and charge its row
-   (:class:`~runtime.llm.charging.Charger`): the task's own spend, nothing above it
-   (spend rolls up to the parent when the task ends).
+3. requests until one is answered (:meth:`~runtime.llm.sending.Sender.attempt`: reserve
+   in the task's budget, take a slot at its server
+   (:class:`~runtime.llm.server_slots.ServerSlots`), pass the start gate
+   (:mod:`~runtime.llm.gate`), send, record on arrival, validate, and charge its row
+   (:class:`~runtime.llm.charging.Charger`): the task's own spend, nothing above it;
+   spend rolls up to the parent when the task ends);
+4. a transient failure is sent again after its backoff
+   (:class:`~runtime.llm.retries.Retries`), a bad structured reply is asked again with
+   its error (:class:`~runtime.llm.repair.Repairs`).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from agents.tasks import DEFAULT_BUDGET_TOKENS, DEFAULT_BUDGET_USD
 from agents.tools import Tool
 from runtime.budget import TaskBudget
 from runtime.config import Settings
-from runtime.errors import BadInput, LeaseLost
+from runtime.errors import BadInput, LeaseLost, TransientModelError
 from runtime.llm.backends.choice import build_backend
 from runtime.llm.call_records import HeldReplays, Rows
 from runtime.llm.charging import Charger
@@ -50,11 +53,11 @@ from runtime.llm.ledger import CallLedger, RecordReader, step_ledger
 from runtime.llm.loop import CallLoop, token_rates
 from runtime.llm.recorded import RecordedReplies
 from runtime.llm.recorder import RECORDERS, Hello, Recorder
-from runtime.llm.repair import ask_with_repairs
-from runtime.llm.reply import Backend, first_messages
+from runtime.llm.repair import Repairs
+from runtime.llm.reply import Backend, BadModelReply, first_messages
 from runtime.llm.reply_loop import REPLY_LOOP
 from runtime.llm.request import Request, schema_of
-from runtime.llm.retries import ask_with_retries
+from runtime.llm.retries import Retries
 from runtime.llm.routing import Router
 from runtime.llm.sending import Sender
 from runtime.llm.server_slots import Fair, ServerSlots
@@ -332,27 +335,42 @@ class TaskLLM:
             self._calls += 1
         position = f"key:{key}" if key is not None else str(call_index)
 
-        def request(at: str, round_: ToolRound | None = None) -> Request:
-            return Request(prompt, system, json_schema, model_cls, asked,
-                           self._settings.ollama.think, call_index, at, round_)
-
+        call = Request(prompt, system, json_schema, model_cls, asked,
+                       self._settings.ollama.think, call_index, position)
         if tools:  # every round is a call of its own, at position <position>#<round>
             completion: Completion[Any] = await run_with_tools(
-                lambda at, rnd: self._call(request(at, rnd)), self.steps, tools, position,
+                functools.partial(self._call, call), self.steps, tools, position,
                 self.tool_check, first_messages(prompt, system), max_tool_rounds)
             return completion
-        return await self._call(request(position))
+        return await self._call(call, position)
 
-    async def _call(self, request: Request) -> Completion[Any]:
-        """One logical call through its stages: record, route, repair, retry, request."""
+    async def _call(self, call: Request, at: str,
+                    round_: ToolRound | None = None) -> Completion[Any]:
+        """One logical call at position ``at`` (a tool loop's ``round_``): its stages in order.
+
+        The record look-up, the route, then requests (:meth:`Sender.attempt`: reserve,
+        slot, gate, send, record on arrival, validate, charge) until one is answered: a
+        transient failure is retried (:class:`Retries`), a bad structured reply repaired
+        (:class:`Repairs`). docs/architecture.md, "One model call", lists the hops.
+        """
+        request = call.at(at, round_)
+        # 1. The record: a reply on record for this identity is served, charged zero.
         replayed = await self._recorded.answer(request)
         if replayed is not None:
             return replayed
+        # 2. The route: local or cloud, its price, its record key, its stored prompt.
         await self._factory.router.route(request, self._recorded.model_override)
+        # 3. Requests until one is answered; each one's own stages are Sender.attempt's.
         llm = self._settings.llm
-        reply, data = await ask_with_repairs(
-            request, lambda r: ask_with_retries(r, self._sender.attempt, llm,
-                                                self._lease_lost, self.task_id),
-            llm.output_retries)
+        repairs, retries = Repairs(request, llm.output_retries), Retries(llm)
+        while True:
+            try:
+                reply, data = await self._sender.attempt(request)
+                break
+            except TransientModelError as exc:  # 4. retry, after its backoff
+                await retries.wait(exc, request, self._lease_lost, self.task_id)
+            except BadModelReply as exc:  # 5. repair: asked again with the error
+                repairs.again(exc, request)
+                retries = Retries(llm)  # each repair has retries of its own
         self._recorded.recorded()  # this reply is on record now (a repeated key replays it)
         return answered(request, reply, data, self.offline)

@@ -10,7 +10,6 @@ paid for, and must fit the budget).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -22,8 +21,6 @@ from runtime.llm.request import Request
 MAX_REPAIR_ECHO_CHARS = 2000
 #: How much of the error a repair tells the model.
 MAX_REPAIR_REASON_CHARS = 300
-#: Makes the requests of one call until one is answered (the retry stage).
-Ask = Callable[[Request], Awaitable[tuple[ModelReply, Any]]]
 
 
 def validated(reply: ModelReply, model_cls: type[BaseModel] | None) -> Any:
@@ -40,29 +37,41 @@ def validated(reply: ModelReply, model_cls: type[BaseModel] | None) -> Any:
             f"{where}: {first['msg']}", reply) from None
 
 
-async def ask_with_repairs(request: Request, ask: Ask,
-                           output_retries: int) -> tuple[ModelReply, Any]:
-    """Ask, and ask again with the error while a structured reply is bad.
+class Repairs:
+    """One call's repairs: after a bad structured reply, the next request asks again.
 
-    Raises:
-        BadModelReply: no reply fit the schema in 1 + ``output_retries`` attempts.
+    :meth:`again` is called by the pipeline (:meth:`runtime.llm.handle.TaskLLM._call`)
+    with each bad reply; it sets the next request's conversation (the first request, the
+    bad reply, the error) and kind, or raises when the call has no round left.
+
+    Args:
+        request: the call (its first messages, and whether it is structured).
+        output_retries: ``[llm] output_retries``: repairs of a structured call.
 
     """
-    first = request.messages
-    rounds = 1 + (output_retries if request.json_schema else 0)
-    errors: list[str] = []
-    for number in range(rounds):
-        request.kind = request.first_kind if number == 0 else "repair"
-        try:
-            return await ask(request)
-        except BadModelReply as exc:
-            errors.append(str(exc))
-            bad = exc.reply.text if exc.reply is not None else ""
-            request.conversation = [
-                *first, {"role": "assistant", "content": bad[:MAX_REPAIR_ECHO_CHARS]},
-                {"role": "user", "content": (
-                    f"Your reply failed: {exc.reason[:MAX_REPAIR_REASON_CHARS]}. Answer "
-                    "again with only JSON that fits the schema.")}]
-    raise BadModelReply(
-        f"model {request.route.model!r} gave no reply that fits the schema in {rounds} "
-        f"attempt(s) ({request.rows} request(s)); last error: {errors[-1]}")
+
+    def __init__(self, request: Request, output_retries: int) -> None:
+        self._first = request.messages
+        self.rounds = 1 + (output_retries if request.json_schema else 0)
+        self._errors: list[str] = []
+
+    def again(self, exc: BadModelReply, request: Request) -> None:
+        """Make ``request``'s next request a repair of ``exc``'s reply.
+
+        Raises:
+            BadModelReply: no reply fit the schema in :attr:`rounds` attempts.
+
+        """
+        self._errors.append(str(exc))
+        if len(self._errors) >= self.rounds:
+            raise BadModelReply(
+                f"model {request.route.model!r} gave no reply that fits the schema in "
+                f"{self.rounds} attempt(s) ({request.rows} request(s)); last error: "
+                f"{self._errors[-1]}") from None
+        bad = exc.reply.text if exc.reply is not None else ""
+        request.conversation = [
+            *self._first, {"role": "assistant", "content": bad[:MAX_REPAIR_ECHO_CHARS]},
+            {"role": "user", "content": (
+                f"Your reply failed: {exc.reason[:MAX_REPAIR_REASON_CHARS]}. Answer "
+                "again with only JSON that fits the schema.")}]
+        request.kind = "repair"

@@ -20,6 +20,7 @@ other), so its stages may write into it without a lock.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -94,6 +95,13 @@ class Request:
         if not self.conversation:
             self.conversation = self.messages
         self.kind = self.first_kind
+
+    def at(self, position: str, round_: ToolRound | None = None) -> Request:
+        """The call at ``position`` (a tool loop's round: its conversation and tools)."""
+        if position == self.position and round_ is self.round:
+            return self
+        return dataclasses.replace(self, position=position, round=round_, conversation=[],
+                                   record_keys={})
 
     @property
     def messages(self) -> list[Message]:

@@ -9,20 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from runtime.config import LLMSettings
 from runtime.core import backoff
 from runtime.errors import LeaseLost, TransientModelError
-from runtime.llm.reply import ModelReply
 from runtime.llm.request import Request
 
 #: The longest ``Retry-After`` honoured as given (longer ones are cut to this).
 MAX_RETRY_AFTER_SECONDS = 300.0
-#: Makes one request of a call (the sending stage).
-Send = Callable[[Request], Awaitable[tuple[ModelReply, Any]]]
 
 
 @dataclass
@@ -53,25 +48,18 @@ class Retries:
                 f"llm.call_retries = {llm.call_retries})") from exc
         return delay
 
+    async def wait(self, exc: TransientModelError, request: Request,
+                   lease_lost: threading.Event, task: object) -> None:
+        """Wait before sending ``request`` again (its kind ``retry``).
 
-async def ask_with_retries(request: Request, send: Send, llm: LLMSettings,
-                           lease_lost: threading.Event,
-                           task: object) -> tuple[ModelReply, Any]:
-    """Send ``request``, retrying transient failures with backoff (``kind`` ``retry``).
+        Raises:
+            TransientModelError: the server stayed unreachable, busy or slow.
+            LeaseLost: the task was taken away while the call waited to retry.
 
-    Raises:
-        TransientModelError: the server stayed unreachable, busy or slow.
-        LeaseLost: the task was taken away while the call waited to retry.
-
-    """
-    retries = Retries(llm)
-    while True:
-        try:
-            return await send(request)
-        except TransientModelError as exc:
-            delay = retries.delay(exc, request.rows)  # raises when out of retries
-            request.kind = "retry"
-            await asyncio.sleep(delay)
-            if lease_lost.is_set():
-                raise LeaseLost(f"task {task}: lease lost while the model call waited to "
-                                "retry") from exc
+        """
+        delay = self.delay(exc, request.rows)  # raises when out of retries
+        request.kind = "retry"
+        await asyncio.sleep(delay)
+        if lease_lost.is_set():
+            raise LeaseLost(f"task {task}: lease lost while the model call waited to "
+                            "retry") from exc

@@ -26,16 +26,17 @@ on arrival counts as charged unless its write was refused).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from decimal import Decimal
 from typing import Any
 
-from runtime.budget import TaskBudget
+from runtime.budget import Reservation, TaskBudget
 from runtime.errors import LeaseLost
 from runtime.llm.arrival import ON_ARRIVAL, Recorded
 from runtime.llm.charging import Charger
@@ -88,7 +89,13 @@ class Sender:
         self._text_calls: dict[int, CallAttempts] = {}
 
     async def attempt(self, request: Request) -> tuple[ModelReply, Any]:
-        """One request: reserve, slot, send and record, validate, charge; settle."""
+        """One request: reserve, slot, gate, send and record, validate, charge; settle.
+
+        Its order, top to bottom (the module doc): the budget's reservation; the stream
+        (and the recorded text a call cut off continues); the slot's ticket; the start
+        gate, which sends it (from the reply loop, by the recorder process, for a
+        server's); the reply recorded on arrival; validation; the charge; the settlement.
+        """
         if self._lease_lost.is_set():
             raise LeaseLost(f"task {self._task_id}: lease lost; the model was not called")
         # Reserve (budget rule 3); the finally below settles with what was charged (rule 4).
@@ -98,12 +105,25 @@ class Sender:
         request.arrival = None
         started = time.monotonic()
         charged_tokens, charged_usd = 0, Decimal(0)
+        loop = asyncio.get_running_loop()
         try:
             try:
                 stream, prefix = await self._open_stream(request)
-                reply = await self.send(request, stream, prefix)
+                ticket = self._slots.ticket(request, self._fair, self._stopped)
+                make = self._maker(request, held.completion_tokens, prefix, stream)
+
+                async def sent() -> ModelReply:  # under the slot, once the gate let it
+                    reply = await (REPLY_LOOP.run(make) if self._remote else make())
+                    ticket.answered = True
+                    return reply
+
+                with self._hooks(request, stream, prefix, loop):  # arrival, text
+                    # cancelled? paused? (gate.py), then sent
+                    reply = await self._gate.send(self._task_id, ticket, sent,
+                                                  lease_token=self._lease_token)
+                ticket.settle(reply.prompt_tokens + reply.completion_tokens)  # its spend
                 if request.arrival is None:  # a backend that does not say when it arrived
-                    self._charger.arrived(request, reply, asyncio.get_running_loop())
+                    self._charger.arrived(request, reply, loop)
                 if stream is not None and self._text is not None:
                     # Its last piece commits (beside the reply's row) before the call
                     # returns: every write the task makes after the call follows it (by
@@ -121,62 +141,58 @@ class Sender:
             request.held = None
             if request.arrival is not None:  # recorded on arrival: charged unless refused
                 charged_tokens, charged_usd = request.arrival.charged
-            settled = self._budget.settle(held, charged_tokens, charged_usd)
-            if settled.over_tokens > 0:
-                log.info("a request spent more than it reserved (the server counted more "
-                         "prompt tokens than estimated)",
-                         extra={"task_id": str(self._task_id), "over": settled.over_tokens})
+            self._settle(held, charged_tokens, charged_usd)
 
-    async def send(self, request: Request, stream: TextStream | None = None,
-                   prefix: str | None = None) -> ModelReply:
-        """Send ``request`` at its turn, once the gate lets it; settle its slot's estimate.
+    def _settle(self, held: Reservation, tokens: int, usd: Decimal) -> None:
+        """Settle a request's reservation with what it was charged (budget rule 4)."""
+        settled = self._budget.settle(held, tokens, usd)
+        if settled.over_tokens > 0:
+            log.info("a request spent more than it reserved (the server counted more "
+                     "prompt tokens than estimated)",
+                     extra={"task_id": str(self._task_id), "over": settled.over_tokens})
 
-        ``stream`` takes the reply's text as the backend streams it (ended on arrival);
-        ``prefix``: the recorded text of the call cut off, which the backend continues.
+    @contextlib.contextmanager
+    def _hooks(self, request: Request, stream: TextStream | None, prefix: str | None,
+               loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+        """The request's hooks while it is sent: on arrival, on text, the text continued.
+
+        On arrival (on the thread that read the reply, or told of it by the recorder
+        process) the stream's last piece is written and the reply's row queued
+        (:meth:`Charger.arrived`). A failed send ends the stream: what came before the
+        failure is still written.
         """
-        ticket = self._slots.ticket(request, self._fair, self._stopped)
-        held = request.held
-        assert held is not None  # reserved by attempt()
-        tools = {"tools": request.tools} if request.tools else {}
-        loop = asyncio.get_running_loop()
-
         def arrived(reply: ModelReply, recorded: Recorded | None = None) -> None:
-            # on the thread that read the reply (or told of it by the recorder process)
             if stream is not None:
-                stream.end()  # its last piece is written now, beside the reply's row
+                stream.end()
             if request.arrival is None:
                 self._charger.arrived(request, reply, loop, recorded)
-
-        def ask() -> Awaitable[ModelReply]:
-            return self._backend.achat(
-                request.route.model, request.conversation, request.json_schema,
-                held.completion_tokens, route=request.route.route, think=request.think,
-                **tools)
-
-        recorder = self._recorder() if self._remote else None
-        remote: Callable[[], Awaitable[ModelReply]] = ask
-        if recorder is not None:  # made and recorded by the recorder process
-            spec = self._spec(request, held.completion_tokens, prefix, stream is not None)
-            remote = functools.partial(recorder.achat, spec)
 
         recording = ON_ARRIVAL.set(arrived)
         streaming = ON_TEXT.set(None if stream is None else stream.add)
         continuing = CONTINUE_FROM.set(prefix)
         try:
-            reply = await self._gate.send(  # cancelled? paused? (gate.py)
-                self._task_id, ticket,
-                lambda: ticket.answer(REPLY_LOOP.run(remote) if self._remote else ask()),
-                lease_token=self._lease_token)
+            yield
         except BaseException:
             if stream is not None:
-                stream.end()  # what came before the failure is still written
+                stream.end()
             raise
         finally:
             CONTINUE_FROM.reset(continuing)
             ON_TEXT.reset(streaming)
             ON_ARRIVAL.reset(recording)
-        ticket.settle(reply.prompt_tokens + reply.completion_tokens)  # its spend
-        return reply
+
+    def _maker(self, request: Request, max_tokens: int, prefix: str | None,
+               stream: TextStream | None) -> Callable[[], Awaitable[ModelReply]]:
+        """What makes ``request``: the backend's ``achat``, or the recorder process's."""
+        recorder = self._recorder() if self._remote else None
+        if recorder is not None:  # made and recorded by the recorder process
+            return functools.partial(recorder.achat, self._spec(
+                request, max_tokens, prefix, stream is not None))
+        tools = {"tools": request.tools} if request.tools else {}
+        return functools.partial(
+            self._backend.achat, request.route.model, request.conversation,
+            request.json_schema, max_tokens, route=request.route.route, think=request.think,
+            **tools)
 
     def _spec(self, request: Request, max_tokens: int, prefix: str | None,
               stream: bool) -> CallSpec:

@@ -81,8 +81,9 @@ class RoundReply(Protocol):
     tool_calls: tuple[ToolCall, ...]
 
 
-#: Makes one model round: ``(conversation, round number, repair) -> Completion``.
-AskModel = Callable[[list[Message], int, bool], Awaitable[Any]]
+#: Makes one model round: ``(position, round) -> Completion`` (a durable call at
+#: ``<position>#<round>``).
+AskRound = Callable[[str, "ToolRound"], Awaitable[Any]]
 
 
 def refused(error: str) -> Callable[..., Any]:
@@ -112,19 +113,46 @@ class ToolLoop:
         """The tools as the chat request lists them."""
         return [t.ollama_spec() for t in self.tools.values()]
 
-    async def run(self, conversation: list[Message], ask: AskModel,
-                  max_rounds: int) -> tuple[Any, int]:
-        """Ask, run the tool calls, ask again; return the final reply and the rounds run.
+    async def run(self, conversation: list[Message], ask_round: AskRound,
+                  max_rounds: int) -> tuple[Any, int, Decimal]:
+        """Ask, run the tool calls, ask again; the final reply, the rounds run, their cost.
 
-        A round's step records are written while the next model call runs (their round
-        trips overlap it) and awaited when it returns: a record refused by fencing raises
+        Each round's model call is ``ask_round(<position>#<round>, round)``. A round's
+        step records are written while the next model call runs (their round trips
+        overlap it) and awaited when it returns: a record refused by fencing raises
         :class:`~runtime.errors.LeaseLost` then, before anything else of the round.
         """
+        specs, cost, repair = self.specs(), Decimal(0), False
         try:
-            return await self._rounds(conversation, ask, max_rounds)
+            for number in range(max_rounds + 1):
+                reply = await ask_round(f"{self.position}#{number}",
+                                        ToolRound(list(conversation), specs, number, repair))
+                cost += reply.cost_usd
+                await self._recorded()
+                calls = tuple(reply.tool_calls)
+                if not calls:
+                    return reply, number, cost
+                if number == max_rounds:
+                    asked = ", ".join(sorted({c.name for c in calls}))
+                    raise ToolRoundLimit(
+                        f"the model still called tools ({asked}) after max_tool_rounds="
+                        f"{max_rounds} round(s); raise max_tool_rounds or tighten the "
+                        "prompt")
+                ids = [f"{self.position}#{number}.{j}" for j in range(len(calls))]
+                results = await self._round(calls, ids)
+                self.outcomes += results  # in the order of the calls, not of their ends
+                repair = any(r.error is not None
+                             and r.error.startswith(BadToolArguments.__name__)
+                             for r in results)
+                conversation.append({"role": "assistant", "content": reply.text,
+                                     "tool_calls": [c.as_message_part() for c in calls]})
+                for call, outcome in zip(calls, results, strict=True):
+                    conversation.append({"role": "tool", "tool_name": call.name,
+                                         "content": _content(outcome)})
         except BaseException:
             await asyncio.gather(*self._recording, return_exceptions=True)
             raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _recorded(self) -> None:
         """Wait for the step records in flight; raise the first failure among them."""
@@ -132,32 +160,6 @@ class ToolLoop:
         for failure in await asyncio.gather(*recording, return_exceptions=True):
             if isinstance(failure, BaseException):
                 raise failure
-
-    async def _rounds(self, conversation: list[Message], ask: AskModel,
-                      max_rounds: int) -> tuple[Any, int]:
-        repair = False
-        for number in range(max_rounds + 1):
-            reply = await ask(conversation, number, repair)
-            await self._recorded()
-            calls = tuple(reply.tool_calls)
-            if not calls:
-                return reply, number
-            if number == max_rounds:
-                asked = ", ".join(sorted({c.name for c in calls}))
-                raise ToolRoundLimit(
-                    f"the model still called tools ({asked}) after max_tool_rounds="
-                    f"{max_rounds} round(s); raise max_tool_rounds or tighten the prompt")
-            ids = [f"{self.position}#{number}.{j}" for j in range(len(calls))]
-            results = await self._round(calls, ids)
-            self.outcomes += results  # in the order of the calls, not of their ends
-            repair = any(r.error is not None and r.error.startswith(BadToolArguments.__name__)
-                         for r in results)
-            conversation.append({"role": "assistant", "content": reply.text,
-                                 "tool_calls": [c.as_message_part() for c in calls]})
-            for call, outcome in zip(calls, results, strict=True):
-                conversation.append({"role": "tool", "tool_name": call.name,
-                                     "content": _content(outcome)})
-        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _round(self, calls: Sequence[ToolCall], ids: list[str]) -> list[ToolOutcome]:
         """Run one reply's calls: async tools at once, plain ones one after another.
@@ -289,9 +291,8 @@ def recorded_tool_calls(recorded: Any) -> tuple[ToolCall, ...]:
                  for c in recorded or ())
 
 
-async def run_with_tools(ask_round: Callable[[str, ToolRound], Awaitable[Any]],
-                         steps: TaskSteps, tools: Sequence[Tool], position: str,
-                         check: Callable[[str], str | None] | None,
+async def run_with_tools(ask_round: AskRound, steps: TaskSteps, tools: Sequence[Tool],
+                         position: str, check: Callable[[str], str | None] | None,
                          first: list[Message], max_rounds: int | None) -> Any:
     """Run the loop for one ``complete(..., tools=...)`` at ``position``.
 
@@ -303,15 +304,6 @@ async def run_with_tools(ask_round: Callable[[str, ToolRound], Awaitable[Any]],
     if rounds < 0:
         raise BadInput(f"max_tool_rounds must not be negative (got {max_rounds})")
     loop = ToolLoop(steps, list(tools), position, check)
-    specs, cost = loop.specs(), Decimal(0)
-
-    async def ask(conversation: list[Message], number: int, repair: bool) -> Any:
-        nonlocal cost
-        reply = await ask_round(f"{position}#{number}",
-                                ToolRound(list(conversation), specs, number, repair))
-        cost += reply.cost_usd
-        return reply
-
-    final, used = await loop.run(first, ask, rounds)
+    final, used, cost = await loop.run(first, ask_round, rounds)
     return dataclasses.replace(final, cost_usd=cost, position=position,
                                tool_results=tuple(loop.outcomes), tool_rounds=used)
