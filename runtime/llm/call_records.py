@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from runtime.budget import call_cost
 from runtime.llm.ledger import CallLedger
 from runtime.llm.reply import ModelReply
-from runtime.llm.request import Request
+from runtime.llm.request import CallProgress
 from runtime.records import ModelCharge
 
 
@@ -33,25 +33,26 @@ class Rows:
     phase: str
     record: bool
 
-    def template(self, call: Request, kind: str) -> ModelCharge:
+    def template(self, call: CallProgress, kind: str) -> ModelCharge:
         """The row of one request of ``call`` before its reply: no tokens, cost or text yet."""
+        routed = call.routed
         return ModelCharge(
             task_id=self.task_id, lease_token=self.lease_token, attempt=self.attempt,
-            call_index=call.call_index, backend=self.backend,
-            route=call.route.route, route_reason=call.route.reason, model=call.route.model,
-            prompt=call.stored_prompt, response=None, prompt_tokens=0, completion_tokens=0,
-            duration_seconds=0.0, cost_usd=Decimal(0), phase=self.phase,
-            position=call.position, request_hash=call.request_hash, attempt_kind=kind,
-            call_try=call.rows)
+            call_index=call.request.call_index, backend=self.backend,
+            route=routed.route.route, route_reason=routed.route.reason,
+            model=routed.route.model, prompt=routed.stored_prompt, response=None,
+            prompt_tokens=0, completion_tokens=0, duration_seconds=0.0, cost_usd=Decimal(0),
+            phase=self.phase, position=call.request.position,
+            request_hash=routed.request_hash, attempt_kind=kind, call_try=call.rows)
 
-    def row(self, call: Request, kind: str, reply: ModelReply | None, prompt_tokens: int,
+    def row(self, call: CallProgress, kind: str, reply: ModelReply | None, prompt_tokens: int,
             completion_tokens: int, duration: float, cost: Decimal,
             error: str | None) -> ModelCharge:
         """The row of one request of ``call`` (its text kept only when ``record``)."""
         return filled(self.template(call, kind), reply, prompt_tokens, completion_tokens,
                       duration, cost, error, keep_text=self.record)
 
-    def replayed(self, call: Request, reply: ModelReply) -> ModelCharge:
+    def replayed(self, call: CallProgress, reply: ModelReply) -> ModelCharge:
         """The zero-cost ``replayed`` row of a call served from the record."""
         return replace(self.row(call, "call", reply, 0, 0, 0.0, Decimal(0), None),
                        replayed=True, call_try=0)
@@ -83,7 +84,7 @@ def arrived_row(template: ModelCharge, reply: ModelReply, price: Decimal, *,
                   reply.duration_seconds, cost, None, keep_text=keep_text)
 
 
-def replay_record(rows: Rows, call: Request, reply: ModelReply,
+def replay_record(rows: Rows, call: CallProgress, reply: ModelReply,
                   at: dt.datetime) -> dict[str, Any]:
     """A replayed call's row as JSON for the task's finishing write (``stamp["replays"]``).
 
@@ -91,12 +92,13 @@ def replay_record(rows: Rows, call: Request, reply: ModelReply,
     (``replayed``, zero tokens and cost); ``at`` is when the call was served (the row's
     ``created_at``: the waterfall places it there, not at the finish).
     """
-    kept = rows.record
-    return {"attempt": rows.attempt, "call_index": call.call_index, "backend": reply.backend,
-            "route": call.route.route, "route_reason": call.route.reason,
-            "model": call.route.model, "prompt": call.stored_prompt,
+    kept, routed = rows.record, call.routed
+    return {"attempt": rows.attempt, "call_index": call.request.call_index,
+            "backend": reply.backend, "route": routed.route.route,
+            "route_reason": routed.route.reason, "model": routed.route.model,
+            "prompt": routed.stored_prompt,
             "response": reply.text if kept else None, "phase": rows.phase,
-            "position": call.position, "request_hash": call.request_hash,
+            "position": call.request.position, "request_hash": routed.request_hash,
             "thinking": reply.thinking if kept else None,
             "tool_calls": ([c.as_json() for c in reply.tool_calls] if reply.tool_calls
                            else None),
@@ -117,14 +119,14 @@ class HeldReplays:
     def __init__(self, ledger: CallLedger, lease_lost: threading.Event) -> None:
         self._ledger = ledger
         self._lease_lost = lease_lost
-        self._held: list[tuple[Rows, Request, ModelReply, dt.datetime]] | None = None
+        self._held: list[tuple[Rows, CallProgress, ModelReply, dt.datetime]] | None = None
 
     def defer(self) -> None:
         """From now on, hold the rows (:meth:`hold`) instead of writing them at once."""
         if self._held is None:
             self._held = []
 
-    def hold(self, rows: Rows, call: Request, reply: ModelReply) -> bool:
+    def hold(self, rows: Rows, call: CallProgress, reply: ModelReply) -> bool:
         """Hold one replayed call's row; False when rows are not held (the caller writes it).
 
         Only what the row is made of is kept (the row is built by :func:`held_replays`).
@@ -134,7 +136,7 @@ class HeldReplays:
         self._held.append((rows, call, reply, dt.datetime.now(dt.UTC)))
         return True
 
-    def take(self) -> list[tuple[Rows, Request, ModelReply, dt.datetime]]:
+    def take(self) -> list[tuple[Rows, CallProgress, ModelReply, dt.datetime]]:
         """The rows held so far (no longer held)."""
         held = self._held or []
         if self._held is not None:

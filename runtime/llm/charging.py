@@ -28,7 +28,7 @@ from runtime.errors import BudgetExceeded, LeaseLost, TransientModelError
 from runtime.llm.arrival import Recorded
 from runtime.llm.call_records import Rows, arrived_row
 from runtime.llm.reply import ModelReply
-from runtime.llm.request import Request
+from runtime.llm.request import CallProgress
 from runtime.records import ModelCharge
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class Charger:
         self._ledger = ledger
         self.rows = rows
 
-    def arrived(self, request: Request, reply: ModelReply, loop: asyncio.AbstractEventLoop,
+    def arrived(self, call: CallProgress, reply: ModelReply, loop: asyncio.AbstractEventLoop,
                 recorded: Recorded | None = None) -> Arrival:
         """Queue the row of a reply that just arrived (before it is checked); no waiting.
 
@@ -100,38 +100,38 @@ class Charger:
         outcome (:mod:`runtime.llm.recorder`): nothing is queued here then.
         """
         if recorded is None:
-            charge = arrived_row(self.rows.template(request, request.kind), reply,
-                                 request.price, keep_text=self.rows.record)
+            charge = arrived_row(self.rows.template(call, call.kind), reply,
+                                 call.routed.price, keep_text=self.rows.record)
             written = self._ledger.submit_charge(charge, loop)
         else:
             charge, outcome = recorded
             written = asyncio.wrap_future(outcome, loop=loop)
         arrival = Arrival(charge, charge.prompt_tokens + charge.completion_tokens,
                           charge.cost_usd, written)
-        request.arrival = arrival
+        call.arrival = arrival
         return arrival
 
-    async def answered(self, request: Request, reply: ModelReply) -> tuple[int, Decimal]:
+    async def answered(self, call: CallProgress, reply: ModelReply) -> tuple[int, Decimal]:
         """Charge an answered request (recorded on arrival); return the tokens and cost.
 
         Raises:
             LeaseLost: the row was refused (the task was taken away): the answer is dropped.
 
         """
-        arrival = request.arrival
+        arrival = call.arrival
         if arrival is None:  # nobody recorded it on arrival: record it now
-            arrival = self.arrived(request, reply, asyncio.get_running_loop())
+            arrival = self.arrived(call, reply, asyncio.get_running_loop())
         if not await arrival.written:
             raise LeaseLost(f"task {self.rows.task_id}: lease lost; the model call was not "
                             "charged and its answer is dropped")
-        request.cost += arrival.cost
+        call.cost += arrival.cost
         return arrival.tokens, arrival.cost
 
-    async def replayed(self, request: Request, reply: ModelReply) -> None:
+    async def replayed(self, call: CallProgress, reply: ModelReply) -> None:
         """Write the zero-cost ``replayed`` row of a call served from the record."""
-        await self._fenced(self.rows.replayed(request, reply))
+        await self._fenced(self.rows.replayed(call, reply))
 
-    async def failed(self, request: Request, exc: Exception, reply: ModelReply | None,
+    async def failed(self, call: CallProgress, exc: Exception, reply: ModelReply | None,
                      duration: float) -> tuple[int, Decimal]:
         """Record a failed request (with the tokens it used, if any); return what was charged.
 
@@ -139,16 +139,16 @@ class Charger:
         A lost lease found here wins over the call's own error: the worker must drop the
         task rather than retry or fail it.
         """
-        if request.arrival is not None:
-            return await self._arrived_bad(request, exc)
+        if call.arrival is not None:
+            return await self._arrived_bad(call, exc)
         # Refused before it was sent. (A cancelled call never comes here: CancelledError
         # is not an Exception, so the sender's ``except Exception`` lets it through.)
         if isinstance(exc, LeaseLost | BudgetExceeded):
             return 0, Decimal(0)
         prompt_tokens = reply.prompt_tokens if reply else 0
         completion_tokens = reply.completion_tokens if reply else 0
-        cost = call_cost(prompt_tokens + completion_tokens, request.price)
-        charge = self.rows.row(request, request.kind, reply, prompt_tokens, completion_tokens,
+        cost = call_cost(prompt_tokens + completion_tokens, call.routed.price)
+        charge = self.rows.row(call, call.kind, reply, prompt_tokens, completion_tokens,
                                duration, cost, f"{error_name(exc)}: {exc}")
         try:
             applied = await self._ledger.acharge(charge)
@@ -158,16 +158,16 @@ class Charger:
             return 0, Decimal(0)
         if not applied:
             raise self._lost_during(exc) from exc
-        request.cost += cost
+        call.cost += cost
         return prompt_tokens + completion_tokens, cost
 
-    async def _arrived_bad(self, request: Request, exc: Exception) -> tuple[int, Decimal]:
+    async def _arrived_bad(self, call: CallProgress, exc: Exception) -> tuple[int, Decimal]:
         """A reply recorded on arrival turned out bad: its row gets the error; it stays paid.
 
         Only an error of the reply itself is written on its row (a lost lease or a
         cancel while the row was being written says nothing about the reply).
         """
-        arrival = request.arrival
+        arrival = call.arrival
         assert arrival is not None
         try:
             written = await arrival.written
@@ -177,7 +177,7 @@ class Charger:
             return 0, Decimal(0)
         if not written:
             raise self._lost_during(exc) from exc
-        request.cost += arrival.cost
+        call.cost += arrival.cost
         if not isinstance(exc, LeaseLost | BudgetExceeded):
             marked = await self._ledger.amark_failed(arrival.charge, f"{error_name(exc)}: {exc}")
             if not marked:

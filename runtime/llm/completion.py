@@ -10,7 +10,7 @@ from typing import Any
 
 from agents.replies import Completion
 from runtime.llm.reply import Backend, ModelReply
-from runtime.llm.request import Request
+from runtime.llm.request import CallProgress
 
 
 def is_offline(backend: Backend) -> bool:
@@ -18,23 +18,24 @@ def is_offline(backend: Backend) -> bool:
     return backend.offline
 
 
-def output_of(request: Request, text: str, data: Any) -> Any:
+def output_of(call: CallProgress, text: str, data: Any) -> Any:
     """A reply's ``output``: an instance of the call's pydantic class, its JSON, or its text."""
-    if request.model_cls is not None and data is not None:
-        return request.model_cls.model_validate(data)
-    if request.json_schema is not None:
+    if call.request.model_cls is not None and data is not None:
+        return call.request.model_cls.model_validate(data)
+    if call.request.json_schema is not None:
         return data
     return text
 
 
-def answered(call: Request, reply: ModelReply, data: Any, offline: bool,
+def answered(call: CallProgress, reply: ModelReply, data: Any, offline: bool,
              replayed: bool = False) -> Completion[Any]:
     """What the agent gets for an answered (or ``replayed``) call."""
+    route = call.routed.route
     return Completion(
         text=reply.text, output=output_of(call, reply.text, data), data=data,
         prompt_tokens=reply.prompt_tokens,
-        completion_tokens=reply.completion_tokens, cost_usd=call.cost, route=call.route.route,
-        model=call.route.model, backend=reply.backend, offline=offline or reply.offline,
-        route_reason=call.route.reason, duration_seconds=reply.duration_seconds,
-        call_index=call.call_index, position=call.position, attempts=call.rows,
+        completion_tokens=reply.completion_tokens, cost_usd=call.cost, route=route.route,
+        model=route.model, backend=reply.backend, offline=offline or reply.offline,
+        route_reason=route.reason, duration_seconds=reply.duration_seconds,
+        call_index=call.request.call_index, position=call.request.position, attempts=call.rows,
         replayed=replayed, thinking=reply.thinking, tool_calls=reply.tool_calls)

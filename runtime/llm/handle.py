@@ -5,14 +5,15 @@ which it chose in :attr:`LLMFactory.announcement`), and hands each leased task a
 :class:`TaskLLM`. One call (:meth:`TaskLLM.acomplete`, on the caller's loop;
 :meth:`TaskLLM.complete` submits it to the worker's loop, or the model layer's own, and
 waits) refuses when the task's lease is lost, checks its arguments and builds one
-:class:`~runtime.llm.request.Request` that its stages carry. :meth:`TaskLLM._call` runs
-them in order, top to bottom (docs/architecture.md, "One model call, stage by stage",
-lists its hops):
+:class:`~runtime.llm.request.Request` (frozen). :meth:`TaskLLM._call` runs its stages in
+order, top to bottom (docs/architecture.md, "One model call, stage by stage", lists its
+hops):
 
 1. the record look-up (:class:`~runtime.llm.recorded.RecordedReplies`): a reply on
    record for the same identity is served at once, charged zero;
 2. the route (:class:`~runtime.llm.routing.Router`): local or cloud, its price, the
-   record key;
+   record key, the stored prompt, as one frozen :class:`~runtime.llm.routing.Routed`;
+   the requests' own state is the call's :class:`~runtime.llm.request.CallProgress`;
 3. requests until one is answered (:meth:`~runtime.llm.sending.Sender.attempt`: reserve
    in the task's budget, take a slot at its server
    (:class:`~runtime.llm.server_slots.ServerSlots`), pass the start gate
@@ -56,7 +57,7 @@ from runtime.llm.recorder import RECORDERS, Hello, Recorder
 from runtime.llm.repair import Repairs
 from runtime.llm.reply import Backend, BadModelReply, first_messages
 from runtime.llm.reply_loop import REPLY_LOOP
-from runtime.llm.request import Request, schema_of
+from runtime.llm.request import CallProgress, Request, schema_of
 from runtime.llm.retries import Retries
 from runtime.llm.routing import Router
 from runtime.llm.sending import Sender
@@ -344,7 +345,7 @@ class TaskLLM:
             return completion
         return await self._call(call, position)
 
-    async def _call(self, call: Request, at: str,
+    async def _call(self, asked: Request, at: str,
                     round_: ToolRound | None = None) -> Completion[Any]:
         """One logical call at position ``at`` (a tool loop's ``round_``): its stages in order.
 
@@ -353,24 +354,25 @@ class TaskLLM:
         transient failure is retried (:class:`Retries`), a bad structured reply repaired
         (:class:`Repairs`). docs/architecture.md, "One model call", lists the hops.
         """
-        request = call.at(at, round_)
+        request = asked.at(at, round_)
         # 1. The record: a reply on record for this identity is served, charged zero.
         replayed = await self._recorded.answer(request)
         if replayed is not None:
             return replayed
         # 2. The route: local or cloud, its price, its record key, its stored prompt.
-        await self._factory.router.route(request, self._recorded.model_override)
+        routed = await self._factory.router.route(request, self._recorded.model_override)
         # 3. Requests until one is answered; each one's own stages are Sender.attempt's.
+        call = CallProgress.start(request, routed)
         llm = self._settings.llm
         repairs, retries = Repairs(request, llm.output_retries), Retries(llm)
         while True:
             try:
-                reply, data = await self._sender.attempt(request)
+                reply, data = await self._sender.attempt(call)
                 break
             except TransientModelError as exc:  # 4. retry, after its backoff
-                await retries.wait(exc, request, self._lease_lost, self.task_id)
+                await retries.wait(exc, call, self._lease_lost, self.task_id)
             except BadModelReply as exc:  # 5. repair: asked again with the error
-                repairs.again(exc, request)
+                repairs.again(exc, call)
                 retries = Retries(llm)  # each repair has retries of its own
         self._recorded.recorded()  # this reply is on record now (a repeated key replays it)
-        return answered(request, reply, data, self.offline)
+        return answered(call, reply, data, self.offline)

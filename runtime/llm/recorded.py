@@ -13,7 +13,6 @@ none of its own on record, its calls are matched against those without a look-up
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Sequence
 from decimal import Decimal
@@ -29,8 +28,8 @@ from runtime.llm.charging import Charger
 from runtime.llm.completion import answered
 from runtime.llm.ledger import RecordReader
 from runtime.llm.reply import BadModelReply, ModelReply, parse_structured, request_text
-from runtime.llm.request import Request
-from runtime.llm.routing import Route
+from runtime.llm.request import CallProgress, Request
+from runtime.llm.routing import Route, Routed
 from runtime.llm.tool_loop import recorded_tool_calls, round_note
 from runtime.records import RecordedCall
 
@@ -87,8 +86,8 @@ class RecordedReplies:
     async def answer(self, request: Request) -> Completion[Any] | None:
         """The recorded answer to ``request``, written as replayed; None: make the call.
 
-        Sets ``request.record_keys`` (the request's hash per candidate model it compared)
-        when it looks.
+        Fills ``request.record_keys`` (the request's hash per candidate model it
+        compared: a memo) when it looks.
         """
         llm = self._settings.llm
         if not (llm.durable and llm.record and self._may_replay):
@@ -100,10 +99,9 @@ class RecordedReplies:
         if self._claimed is not None:
             recorded = claimed_record(self._claimed, request, models)
         else:
-            request.record_keys = request.hashes(models)
             recorded = await self._reader.read(  # batched with other calls' reads
                 self._task_id, self._phase, request.position,
-                sorted(set(request.record_keys.values())), self.counterpart)
+                sorted(set(request.keys_for(models).values())), self.counterpart)
         if recorded is None:
             return None
         replay = replay_of(recorded, request)
@@ -126,13 +124,7 @@ def claimed_record(rows: list[dict[str, Any]], request: Request,
     checked against that model's hash, so a replayed call hashes its request once, not
     once per candidate model (a third of a replay's Python, measured in the worker).
     """
-    keys = request.record_keys
-
-    def key(model: str) -> str:
-        if model not in keys:
-            keys[model] = request.hashes((model,))[model]
-        return keys[model]
-
+    key = request.key_for
     found = None
     for row in rows:
         if row["position"] != request.position:
@@ -146,7 +138,7 @@ def claimed_record(rows: list[dict[str, Any]], request: Request,
 
 
 def replay_of(recorded: RecordedCall,
-              request: Request) -> tuple[Request, ModelReply] | None:
+              request: Request) -> tuple[CallProgress, ModelReply] | None:
     """A recorded reply as the call it answered and its reply; None if it is unusable."""
     data = None
     calls = recorded_tool_calls(recorded.tool_calls)
@@ -159,10 +151,10 @@ def replay_of(recorded: RecordedCall,
             return None
     route = Route("cloud" if recorded.route == "cloud" else "local", recorded.model,
                   f"replayed from model call {recorded.call_id}")
-    served = dataclasses.replace(
-        request, route=route, price=Decimal(0), request_hash=recorded.request_hash,
-        stored_prompt=(request_text(request.prompt, request.system, request.json_schema)
-                       + round_note(request.round)), rows=0, cost=Decimal(0))
+    stored = (request_text(request.prompt, request.system, request.json_schema)
+              + round_note(request.round))
+    served = CallProgress.start(request, Routed(route, Decimal(0), recorded.request_hash,
+                                                stored))
     reply = ModelReply(recorded.response, data, 0, 0, 0.0, recorded.model, recorded.backend,
                        offline=recorded.backend == OfflineBackend.name,
                        thinking=recorded.thinking, tool_calls=calls)

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from runtime.llm.reply import BadModelReply, ModelReply
-from runtime.llm.request import Request
+from runtime.llm.request import CallProgress, Request
 
 #: How much of a bad reply a repair sends back to the model.
 MAX_REPAIR_ECHO_CHARS = 2000
@@ -55,8 +55,8 @@ class Repairs:
         self.rounds = 1 + (output_retries if request.json_schema else 0)
         self._errors: list[str] = []
 
-    def again(self, exc: BadModelReply, request: Request) -> None:
-        """Make ``request``'s next request a repair of ``exc``'s reply.
+    def again(self, exc: BadModelReply, call: CallProgress) -> None:
+        """Make ``call``'s next request a repair of ``exc``'s reply.
 
         Raises:
             BadModelReply: no reply fit the schema in :attr:`rounds` attempts.
@@ -65,13 +65,13 @@ class Repairs:
         self._errors.append(str(exc))
         if len(self._errors) >= self.rounds:
             raise BadModelReply(
-                f"model {request.route.model!r} gave no reply that fits the schema in "
-                f"{self.rounds} attempt(s) ({request.rows} request(s)); last error: "
+                f"model {call.routed.route.model!r} gave no reply that fits the schema in "
+                f"{self.rounds} attempt(s) ({call.rows} request(s)); last error: "
                 f"{self._errors[-1]}") from None
         bad = exc.reply.text if exc.reply is not None else ""
-        request.conversation = [
+        call.conversation = [
             *self._first, {"role": "assistant", "content": bad[:MAX_REPAIR_ECHO_CHARS]},
             {"role": "user", "content": (
                 f"Your reply failed: {exc.reason[:MAX_REPAIR_REASON_CHARS]}. Answer "
                 "again with only JSON that fits the schema.")}]
-        request.kind = "repair"
+        call.kind = "repair"

@@ -1,21 +1,29 @@
-"""One model call as one value: :class:`Request`, carried through every stage of the call.
+"""One model call as values: what was asked, where it goes, and its requests so far.
 
-``ctx.llm.acomplete(...)`` builds a :class:`Request` from its arguments; each stage reads
-what it needs from it and writes what it decides into it:
+``ctx.llm.acomplete(...)`` builds a :class:`Request` from its arguments: frozen, the
+call's identity (prompt, system, schema, completion cap, position, tool round). Each
+stage of the call (run in order by :meth:`runtime.llm.handle.TaskLLM._call`) reads it:
 
-- the record look-up (:mod:`runtime.llm.recorded`) reads the ask (prompt, schema, tools,
-  position) and its hashes (:func:`request_hashes`, a durable call's identity);
-- the route (:class:`runtime.llm.routing.Router`) sets ``route``, ``price``,
-  ``request_hash`` (the record key) and ``stored_prompt``;
-- repair and retry (:mod:`runtime.llm.repair`, :mod:`runtime.llm.retries`) set the
-  ``conversation`` sent and the ``kind`` of the next request;
-- one request (:class:`runtime.llm.sending.Sender`) holds its budget reservation in
-  ``held`` while it is in flight, and counts ``rows`` and ``cost``;
-- the charge (:class:`runtime.llm.charging.Charger`) writes each request as a row built
-  from it.
+- the record look-up (:mod:`runtime.llm.recorded`) reads the ask and its hashes
+  (:func:`request_hashes`, a durable call's identity; :meth:`Request.key_for` keeps each
+  model's, a memo of a pure function, so a hash is computed once per call);
+- the route (:class:`runtime.llm.routing.Router`) decides a
+  :class:`~runtime.llm.routing.Routed`, frozen and
+  set once: the route and model, the price per token, the record key and the prompt as
+  its rows store it;
+- the rest of the call is its :class:`CallProgress`, the one mutable object of a call,
+  named so: the messages and kind of the next request (repair and retry set them), the
+  budget reservation and the row of the request in flight (the send stage and the
+  charge), and the requests made so far and their cost. One call's requests are made
+  one after the other, so its stages write into it without a lock.
 
-One :class:`Request` belongs to one logical call (its requests are made one after the
-other), so its stages may write into it without a lock.
+Why a mutable progress object rather than a new frozen value per request: the arrival
+hook (:mod:`runtime.llm.arrival`) runs on whatever thread read the reply and records the
+reply's row into the request in flight, and the send stage's ``finally`` settles the
+budget with what that row charged; with frozen values each stage would have to return
+the next one through the backends' callbacks, a rewrite of the send path for no reader's
+gain. What is decided once (the ask, the route) cannot change; what changes per request
+is in one object whose name says it does.
 """
 
 from __future__ import annotations
@@ -32,19 +40,15 @@ from runtime.budget import Reservation
 from runtime.core.canonical import canonical_json, canonical_sha256, sha256_hex
 from runtime.errors import BadInput
 from runtime.llm.reply import Message, first_messages
-from runtime.llm.routing import Route
+from runtime.llm.routing import Routed
 from runtime.llm.tool_loop import ToolRound
 
 if TYPE_CHECKING:  # (charging builds requests' rows: it imports this module)
     from runtime.llm.charging import Arrival
 
-#: The route of a request not routed yet (the route stage sets the real one).
-UNROUTED = Route("local", "", "not routed yet")
-
-
-@dataclass
+@dataclass(frozen=True)
 class Request:
-    """One logical model call: what was asked, where it goes, and its requests so far.
+    """One logical model call as asked: its identity, frozen.
 
     Attributes:
         prompt / system: the user prompt and the optional system prompt.
@@ -56,17 +60,8 @@ class Request:
         call_index / position: the call's order of issue in the task, and its identity
             (``key:<key>``, else the order; ``<position>#<round>`` in a tool loop).
         round: the tool loop's round this call is (its conversation and tools), if any.
-        record_keys: the request's hashes per candidate model, once the record look-up
-            has made them (the route stage picks its model's).
-        route / price / request_hash / stored_prompt: set by the route stage: the route
-            and model, the price per token, the record key (sha256 of the request) and
-            the prompt as its rows store it.
-        conversation / kind: the messages of the next request and its kind (``call``,
-            ``retry`` or ``repair``).
-        held: the budget reservation of the request in flight.
-        arrival: the row of the request in flight's reply, queued the moment it arrived
-            (:meth:`runtime.llm.charging.Charger.arrived`), until the next request.
-        rows / cost: requests made so far and what they cost together.
+        record_keys: the request's hash per model computed so far (:meth:`key_for`): a
+            memo, not a decision (the hash of a model is always the same).
 
     """
 
@@ -79,29 +74,13 @@ class Request:
     call_index: int
     position: str
     round: ToolRound | None = None
-    record_keys: dict[str, str] = field(default_factory=dict)
-    route: Route = UNROUTED
-    price: Decimal = field(default_factory=lambda: Decimal(0))
-    request_hash: str = ""
-    stored_prompt: str = ""
-    conversation: list[Message] = field(default_factory=list)
-    kind: str = "call"
-    held: Reservation | None = None
-    arrival: Arrival | None = None
-    rows: int = 0
-    cost: Decimal = field(default_factory=lambda: Decimal(0))
-
-    def __post_init__(self) -> None:
-        if not self.conversation:
-            self.conversation = self.messages
-        self.kind = self.first_kind
+    record_keys: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def at(self, position: str, round_: ToolRound | None = None) -> Request:
         """The call at ``position`` (a tool loop's round: its conversation and tools)."""
         if position == self.position and round_ is self.round:
             return self
-        return dataclasses.replace(self, position=position, round=round_, conversation=[],
-                                   record_keys={})
+        return dataclasses.replace(self, position=position, round=round_, record_keys={})
 
     @property
     def messages(self) -> list[Message]:
@@ -124,6 +103,50 @@ class Request:
         """The record key of this request for each of ``models`` (:func:`request_hashes`)."""
         return request_hashes(models, self.messages, self.json_schema, self.max_tokens,
                               self.think, self.tools or None)
+
+    def key_for(self, model: str) -> str:
+        """The record key of this request for ``model``, computed once (:attr:`record_keys`)."""
+        key = self.record_keys.get(model)
+        if key is None:
+            key = self.record_keys[model] = self.hashes((model,))[model]
+        return key
+
+    def keys_for(self, models: Sequence[str]) -> dict[str, str]:
+        """:meth:`key_for` of each of ``models``, the missing ones serialised once."""
+        missing = [m for m in models if m not in self.record_keys]
+        if missing:
+            self.record_keys.update(self.hashes(missing))
+        return {m: self.record_keys[m] for m in models}
+
+
+@dataclass(eq=False)
+class CallProgress:
+    """The one mutable object of a call: its requests so far and the one in flight.
+
+    Attributes:
+        request / routed: the call as asked and as routed (both frozen).
+        conversation / kind: the messages of the next request and its kind (``call``,
+            ``retry`` or ``repair``): set by the retry and repair stages.
+        held: the budget reservation of the request in flight (the send stage's).
+        arrival: the row of the request in flight's reply, queued the moment it arrived
+            (:meth:`runtime.llm.charging.Charger.arrived`), until the next request.
+        rows / cost: requests made so far and what they cost together.
+
+    """
+
+    request: Request
+    routed: Routed
+    conversation: list[Message]
+    kind: str
+    held: Reservation | None = None
+    arrival: Arrival | None = None
+    rows: int = 0
+    cost: Decimal = field(default_factory=lambda: Decimal(0))
+
+    @classmethod
+    def start(cls, request: Request, routed: Routed) -> CallProgress:
+        """A call about to make its first request."""
+        return cls(request, routed, request.messages, request.first_kind)
 
 
 def request_hashes(models: Sequence[str], messages: list[Message],

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from runtime.config import LLMSettings
 from runtime.core import backoff
 from runtime.errors import LeaseLost, TransientModelError
-from runtime.llm.request import Request
+from runtime.llm.request import CallProgress
 
 #: The longest ``Retry-After`` honoured as given (longer ones are cut to this).
 MAX_RETRY_AFTER_SECONDS = 300.0
@@ -48,17 +48,17 @@ class Retries:
                 f"llm.call_retries = {llm.call_retries})") from exc
         return delay
 
-    async def wait(self, exc: TransientModelError, request: Request,
+    async def wait(self, exc: TransientModelError, call: CallProgress,
                    lease_lost: threading.Event, task: object) -> None:
-        """Wait before sending ``request`` again (its kind ``retry``).
+        """Wait before sending ``call``'s request again (its kind ``retry``).
 
         Raises:
             TransientModelError: the server stayed unreachable, busy or slow.
             LeaseLost: the task was taken away while the call waited to retry.
 
         """
-        delay = self.delay(exc, request.rows)  # raises when out of retries
-        request.kind = "retry"
+        delay = self.delay(exc, call.rows)  # raises when out of retries
+        call.kind = "retry"
         await asyncio.sleep(delay)
         if lease_lost.is_set():
             raise LeaseLost(f"task {task}: lease lost while the model call waited to "

@@ -50,6 +50,24 @@ class Route:
     reason: str
 
 
+@dataclass(frozen=True)
+class Routed:
+    """What the route stage decided for a call, once (:class:`Router`): frozen.
+
+    Attributes:
+        route: the route, its model and why (``model_calls.route``, ``route_reason``).
+        price: the model's price per token (zero for a reply served from the record).
+        request_hash: the record key: the request's hash for the routed model.
+        stored_prompt: the prompt as the call's rows store it.
+
+    """
+
+    route: Route
+    price: Decimal
+    request_hash: str
+    stored_prompt: str
+
+
 def decide_route(prompt: str, pending_depth: int, settings: Settings) -> Route:
     """Choose the route for one model call.
 
@@ -147,8 +165,8 @@ class Router:
         self._depth = (time.monotonic(), depth)
         return depth
 
-    async def route(self, request: Request, model_override: str | None) -> None:
-        """Set ``request``'s route, price, record key and stored prompt.
+    async def route(self, request: Request, model_override: str | None) -> Routed:
+        """``request``'s route, price, record key and stored prompt.
 
         Raises:
             UnknownPrice: the routed model has no price (a policy violation).
@@ -161,13 +179,10 @@ class Router:
         if self._served is not None:  # the model that really runs, at its own price
             model, price = self._served
             route = Route(route.route, model, f"{route.reason}; served by {model}")
-            request.price = price
         else:
-            request.price = price_of(self._settings, route)
-        request.route = route
-        request.request_hash = (request.record_keys.get(route.model)
-                                or request.hashes([route.model])[route.model])
+            price = price_of(self._settings, route)
         prompt, system, schema = request.prompt, request.system, request.json_schema
         stored = (request_text(prompt, system, schema) if self._settings.llm.record
                   else f"{NOT_RECORDED} request {request_key(prompt, system, schema)}")
-        request.stored_prompt = stored + round_note(request.round)
+        return Routed(route, price, request.key_for(route.model),
+                      stored + round_note(request.round))

@@ -1,6 +1,8 @@
 """The send stage: one request of a call, from its budget reservation to its charge.
 
-:meth:`Sender.attempt` makes one request of a :class:`~runtime.llm.request.Request`:
+:meth:`Sender.attempt` makes one request of a call (its
+:class:`~runtime.llm.request.CallProgress`, which it writes: the reservation held, the
+row on arrival, the requests made and their cost):
 
 1. reserve: the request's estimated prompt tokens plus its completion cap are held in the
    task's budget (:meth:`runtime.budget.TaskBudget.reserve`, the cap shrunk to what is
@@ -45,7 +47,7 @@ from runtime.llm.recorder import CallSpec, Recorder
 from runtime.llm.repair import validated
 from runtime.llm.reply import Backend, BadModelReply, ModelReply, message_tokens
 from runtime.llm.reply_loop import REPLY_LOOP
-from runtime.llm.request import Request
+from runtime.llm.request import CallProgress
 from runtime.llm.server_slots import Fair, ServerSlots
 from runtime.llm.text_stream import CONTINUE_FROM, ON_TEXT, CallAttempts, TextSink, TextStream
 from runtime.llm.token_meter import StopCheck
@@ -88,7 +90,7 @@ class Sender:
         #: Per call (its index): the last attempt its streams got in this delivery.
         self._text_calls: dict[int, CallAttempts] = {}
 
-    async def attempt(self, request: Request) -> tuple[ModelReply, Any]:
+    async def attempt(self, call: CallProgress) -> tuple[ModelReply, Any]:
         """One request: reserve, slot, gate, send and record, validate, charge; settle.
 
         Its order, top to bottom (the module doc): the budget's reservation; the stream
@@ -99,48 +101,48 @@ class Sender:
         if self._lease_lost.is_set():
             raise LeaseLost(f"task {self._task_id}: lease lost; the model was not called")
         # Reserve (budget rule 3); the finally below settles with what was charged (rule 4).
-        held = request.held = self._budget.reserve(
-            message_tokens(request.conversation), request.max_tokens, request.price)
-        request.rows += 1
-        request.arrival = None
+        held = call.held = self._budget.reserve(
+            message_tokens(call.conversation), call.request.max_tokens, call.routed.price)
+        call.rows += 1
+        call.arrival = None
         started = time.monotonic()
         charged_tokens, charged_usd = 0, Decimal(0)
         loop = asyncio.get_running_loop()
         try:
             try:
-                stream, prefix = await self._open_stream(request)
-                ticket = self._slots.ticket(request, self._fair, self._stopped)
-                make = self._maker(request, held.completion_tokens, prefix, stream)
+                stream, prefix = await self._open_stream(call)
+                ticket = self._slots.ticket(call, self._fair, self._stopped)
+                make = self._maker(call, held.completion_tokens, prefix, stream)
 
                 async def sent() -> ModelReply:  # under the slot, once the gate let it
                     reply = await (REPLY_LOOP.run(make) if self._remote else make())
                     ticket.answered = True
                     return reply
 
-                with self._hooks(request, stream, prefix, loop):  # arrival, text
+                with self._hooks(call, stream, prefix, loop):  # arrival, text
                     # cancelled? paused? (gate.py), then sent
                     reply = await self._gate.send(self._task_id, ticket, sent,
                                                   lease_token=self._lease_token)
                 ticket.settle(reply.prompt_tokens + reply.completion_tokens)  # its spend
-                if request.arrival is None:  # a backend that does not say when it arrived
-                    self._charger.arrived(request, reply, loop)
+                if call.arrival is None:  # a backend that does not say when it arrived
+                    self._charger.arrived(call, reply, loop)
                 if stream is not None and self._text is not None:
                     # Its last piece commits (beside the reply's row) before the call
                     # returns: every write the task makes after the call follows it (by
                     # txid), so a reader sees the text before the task's next transition.
                     await self._text.finished(stream)
-                data = validated(reply, request.model_cls)
+                data = validated(reply, call.request.model_cls)
             except Exception as exc:
                 spent = exc.reply if isinstance(exc, BadModelReply) else None
                 charged_tokens, charged_usd = await self._charger.failed(
-                    request, exc, spent, time.monotonic() - started)
+                    call, exc, spent, time.monotonic() - started)
                 raise
-            charged_tokens, charged_usd = await self._charger.answered(request, reply)
+            charged_tokens, charged_usd = await self._charger.answered(call, reply)
             return reply, data
         finally:
-            request.held = None
-            if request.arrival is not None:  # recorded on arrival: charged unless refused
-                charged_tokens, charged_usd = request.arrival.charged
+            call.held = None
+            if call.arrival is not None:  # recorded on arrival: charged unless refused
+                charged_tokens, charged_usd = call.arrival.charged
             self._settle(held, charged_tokens, charged_usd)
 
     def _settle(self, held: Reservation, tokens: int, usd: Decimal) -> None:
@@ -152,7 +154,7 @@ class Sender:
                      extra={"task_id": str(self._task_id), "over": settled.over_tokens})
 
     @contextlib.contextmanager
-    def _hooks(self, request: Request, stream: TextStream | None, prefix: str | None,
+    def _hooks(self, call: CallProgress, stream: TextStream | None, prefix: str | None,
                loop: asyncio.AbstractEventLoop) -> Iterator[None]:
         """The request's hooks while it is sent: on arrival, on text, the text continued.
 
@@ -164,8 +166,8 @@ class Sender:
         def arrived(reply: ModelReply, recorded: Recorded | None = None) -> None:
             if stream is not None:
                 stream.end()
-            if request.arrival is None:
-                self._charger.arrived(request, reply, loop, recorded)
+            if call.arrival is None:
+                self._charger.arrived(call, reply, loop, recorded)
 
         recording = ON_ARRIVAL.set(arrived)
         streaming = ON_TEXT.set(None if stream is None else stream.add)
@@ -181,33 +183,34 @@ class Sender:
             ON_TEXT.reset(streaming)
             ON_ARRIVAL.reset(recording)
 
-    def _maker(self, request: Request, max_tokens: int, prefix: str | None,
+    def _maker(self, call: CallProgress, max_tokens: int, prefix: str | None,
                stream: TextStream | None) -> Callable[[], Awaitable[ModelReply]]:
         """What makes ``request``: the backend's ``achat``, or the recorder process's."""
         recorder = self._recorder() if self._remote else None
         if recorder is not None:  # made and recorded by the recorder process
             return functools.partial(recorder.achat, self._spec(
-                request, max_tokens, prefix, stream is not None))
-        tools = {"tools": request.tools} if request.tools else {}
+                call, max_tokens, prefix, stream is not None))
+        tools = {"tools": call.request.tools} if call.request.tools else {}
+        route = call.routed.route
         return functools.partial(
-            self._backend.achat, request.route.model, request.conversation,
-            request.json_schema, max_tokens, route=request.route.route, think=request.think,
-            **tools)
+            self._backend.achat, route.model, call.conversation, call.request.json_schema,
+            max_tokens, route=route.route, think=call.request.think, **tools)
 
-    def _spec(self, request: Request, max_tokens: int, prefix: str | None,
+    def _spec(self, call: CallProgress, max_tokens: int, prefix: str | None,
               stream: bool) -> CallSpec:
         """``request`` as the recorder process makes it (:mod:`runtime.llm.recorder`)."""
         backend = self._backend.recorder_spec()
         assert backend is not None  # (a recorder is given for such backends only)
         rows = self._charger.rows
-        return CallSpec(backend=backend, model=request.route.model,
-                        messages=request.conversation, schema=request.json_schema,
-                        max_tokens=max_tokens, route=request.route.route,
-                        think=request.think, tools=request.tools or (), prefix=prefix,
-                        stream=stream, row=rows.template(request, request.kind),
-                        price=request.price, keep_text=rows.record)
+        asked, route = call.request, call.routed.route
+        return CallSpec(backend=backend, model=route.model,
+                        messages=call.conversation, schema=asked.json_schema,
+                        max_tokens=max_tokens, route=route.route,
+                        think=asked.think, tools=asked.tools or (), prefix=prefix,
+                        stream=stream, row=rows.template(call, call.kind),
+                        price=call.routed.price, keep_text=rows.record)
 
-    async def _open_stream(self, request: Request) -> tuple[TextStream | None, str | None]:
+    async def _open_stream(self, call: CallProgress) -> tuple[TextStream | None, str | None]:
         """The request's stream, and the recorded text it continues (None: from the start).
 
         A call cut off mid-generation on an earlier delivery (its text recorded, no reply
@@ -216,15 +219,15 @@ class Sender:
         costs no read), the call's first request of it, free text (a schema's grammar and
         a tool round start over).
         """
-        stream = self._stream(request)
+        stream = self._stream(call)
         if (stream is None or self._text is None or not self._continues
                 or self._charger.rows.attempt < 2  # the task's first delivery: nothing cut
-                or request.rows != 1 or request.kind != "call"
-                or request.json_schema is not None or request.tools):
+                or call.rows != 1 or call.kind != "call"
+                or call.request.json_schema is not None or call.request.tools):
             return stream, None
         try:
             found = await asyncio.to_thread(self._text.cut_off, self._task_id, stream.phase,
-                                            request.call_index)
+                                            call.request.call_index)
         except Exception as exc:  # the call is made whole rather than not at all
             log.warning("could not read a call's recorded text; it is made again whole",
                         extra={"task_id": str(self._task_id), "error": str(exc)})
@@ -234,16 +237,16 @@ class Sender:
         attempt, text = found
         stream.resume(attempt, len(text))
         log.info("a call cut off mid-generation continues from its recorded text",
-                 extra={"task_id": str(self._task_id), "call_index": request.call_index,
+                 extra={"task_id": str(self._task_id), "call_index": call.request.call_index,
                         "attempt": attempt, "chars": len(text)})
         return stream, text
 
-    def _stream(self, request: Request) -> TextStream | None:
+    def _stream(self, call: CallProgress) -> TextStream | None:
         """A new stream (a new attempt) for the request about to be sent, when streaming."""
         if self._text is None:
             return None
-        attempts = self._text_calls.get(request.call_index)
+        attempts = self._text_calls.get(call.request.call_index)
         if attempts is None:
-            attempts = self._text_calls[request.call_index] = CallAttempts()
+            attempts = self._text_calls[call.request.call_index] = CallAttempts()
         return self._text.open(self._task_id, self._lease_token, self._charger.rows.phase,
-                               request.call_index, attempts)
+                               call.request.call_index, attempts)

@@ -16,7 +16,7 @@ from runtime.config import Settings
 from runtime.llm.fair_slots import Ticket
 from runtime.llm.loop import CallLoop
 from runtime.llm.reply import Backend
-from runtime.llm.request import Request
+from runtime.llm.request import CallProgress
 from runtime.llm.token_meter import StopCheck
 
 
@@ -45,16 +45,16 @@ class ServerSlots:
         self._backend = backend
         self._settings = settings
 
-    def ticket(self, request: Request, fair: Fair, stopped: StopCheck | None = None) -> Ticket:
+    def ticket(self, call: CallProgress, fair: Fair, stopped: StopCheck | None = None) -> Ticket:
         """``request``'s turn at its route's server, its reservation as its estimate."""
-        route = request.route.route
+        route = call.routed.route.route
         host = self._backend.host_for(route)  # one server per route
         ollama = self._settings.ollama
         limit = ollama.cloud_max_parallel if route == "cloud" else ollama.max_parallel
         own = self._backend.parallel_for(route)  # (the embedded model's max_parallel)
         if own is not None:  # the tighter of the two
             limit = min(limit, own)
-        held = request.held
+        held = call.held
         estimate = held.prompt_tokens + held.completion_tokens if held is not None else 0
         return self._calls.slot(host, limit).ticket(
             fair.tenant, fair.tree, fair.priority, self._settings.tenant_weight(fair.tenant),

@@ -9,8 +9,8 @@ from typing import Any
 
 from runtime.llm.call_records import HeldReplays, Rows, defer_replays, held_replays
 from runtime.llm.reply import ModelReply
-from runtime.llm.request import Request
-from runtime.llm.routing import Route
+from runtime.llm.request import CallProgress, Request
+from runtime.llm.routing import Route, Routed
 from runtime.store.rows import ModelCharge
 
 
@@ -30,12 +30,12 @@ class Handle:
         self.replays = HeldReplays(ledger, lost)
 
 
-def replayed_call(position: str = "0") -> tuple[Rows, Request, ModelReply]:
+def replayed_call(position: str = "0") -> tuple[Rows, CallProgress, ModelReply]:
     rows = Rows(uuid.uuid4(), uuid.uuid4(), 2, "ollama", "run", record=True)
-    call = Request("the prompt", None, None, None, 100, False, 0, position,
-                   route=Route("local", "qwen3:1.7b", "replayed from model call 7"),
-                   price=Decimal(0), request_hash="hash-" + position,
-                   stored_prompt="the prompt")
+    call = CallProgress.start(
+        Request("the prompt", None, None, None, 100, False, 0, position),
+        Routed(Route("local", "qwen3:1.7b", "replayed from model call 7"), Decimal(0),
+               "hash-" + position, "the prompt"))
     reply = ModelReply("the answer", None, 0, 0, 0.0, "qwen3:1.7b", "ollama")
     return rows, call, reply
 
