@@ -93,6 +93,9 @@ _M = TypeVar("_M", bound=BaseModel)
 
 def _fitted(schema: type[_M], completion: Any) -> tuple[_M | None, str]:
     """The model's answer as ``schema``, or None and why it did not fit."""
+    output = getattr(completion, "output", None)
+    if isinstance(output, schema):  # validated once, by the model layer
+        return output, ""
     try:
         return schema.model_validate(_answer_data(completion)), ""
     except ValidationError as exc:

@@ -229,6 +229,9 @@ def complete_with_reply(ctx: AgentContext, prompt: str, schema: type[M],
                         **options: Any) -> tuple[M, bool, Any]:
     """:func:`complete_as`, with ``complete``'s options (``tools=``...) and its reply."""
     reply = ctx.llm.complete(prompt, schema=schema, **options)
+    output = getattr(reply, "output", None)
+    if isinstance(output, schema):  # validated once, by the model layer
+        return output, is_offline(ctx, reply), reply
     data = getattr(reply, "data", None)
     if data is None:
         text = getattr(reply, "text", "") or ""

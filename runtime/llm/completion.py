@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from agents.replies import Completion
 from runtime.llm.reply import Backend, ModelReply
 from runtime.llm.request import CallProgress
@@ -18,21 +20,21 @@ def is_offline(backend: Backend) -> bool:
     return backend.offline
 
 
-def output_of(call: CallProgress, text: str, data: Any) -> Any:
-    """A reply's ``output``: an instance of the call's pydantic class, its JSON, or its text."""
-    if call.request.model_cls is not None and data is not None:
-        return call.request.model_cls.model_validate(data)
-    if call.request.json_schema is not None:
-        return data
-    return text
-
-
-def answered(call: CallProgress, reply: ModelReply, data: Any, offline: bool,
+def answered(call: CallProgress, reply: ModelReply, output: Any, offline: bool,
              replayed: bool = False) -> Completion[Any]:
-    """What the agent gets for an answered (or ``replayed``) call."""
+    """What the agent gets for an answered (or ``replayed``) call.
+
+    ``output`` is the validated reply (:func:`runtime.llm.repair.validated`): an instance
+    of the call's pydantic class (its ``data`` is the instance's JSON, dumped, not
+    validated again), the parsed JSON of a schema dict; without a schema the output is
+    the text.
+    """
     route = call.routed.route
+    data = output.model_dump(mode="json") if isinstance(output, BaseModel) else output
+    if call.request.json_schema is None:
+        output, data = reply.text, reply.data
     return Completion(
-        text=reply.text, output=output_of(call, reply.text, data), data=data,
+        text=reply.text, output=output, data=data,
         prompt_tokens=reply.prompt_tokens,
         completion_tokens=reply.completion_tokens, cost_usd=call.cost, route=route.route,
         model=route.model, backend=reply.backend, offline=offline or reply.offline,

@@ -367,7 +367,7 @@ class TaskLLM:
         repairs, retries = Repairs(request, llm.output_retries), Retries(llm)
         while True:
             try:
-                reply, data = await self._sender.attempt(call)
+                reply, output = await self._sender.attempt(call)
                 break
             except TransientModelError as exc:  # 4. retry, after its backoff
                 await retries.wait(exc, call, self._lease_lost, self.task_id)
@@ -375,4 +375,4 @@ class TaskLLM:
                 repairs.again(exc, call)
                 retries = Retries(llm)  # each repair has retries of its own
         self._recorded.recorded()  # this reply is on record now (a repeated key replays it)
-        return answered(call, reply, data, self.offline)
+        return answered(call, reply, output, self.offline)

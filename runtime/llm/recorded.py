@@ -107,10 +107,10 @@ class RecordedReplies:
         replay = replay_of(recorded, request)
         if replay is None:
             return None
-        served, reply = replay
+        served, reply, output = replay
         if not self._replays.hold(self._charger.rows, served, reply):  # not held: write now
             await self._charger.replayed(served, reply)
-        return answered(served, reply, reply.data, self._offline, replayed=True)
+        return answered(served, reply, output, self._offline, replayed=True)
 
 
 def claimed_record(rows: list[dict[str, Any]], request: Request,
@@ -138,15 +138,18 @@ def claimed_record(rows: list[dict[str, Any]], request: Request,
 
 
 def replay_of(recorded: RecordedCall,
-              request: Request) -> tuple[CallProgress, ModelReply] | None:
-    """A recorded reply as the call it answered and its reply; None if it is unusable."""
-    data = None
+              request: Request) -> tuple[CallProgress, ModelReply, Any] | None:
+    """A recorded reply as the call it answered, its reply and its output (validated once).
+
+    None if it is unusable: a record that no longer fits the call's schema.
+    """
+    data = output = None
     calls = recorded_tool_calls(recorded.tool_calls)
     if request.json_schema and not calls:
         try:
             data = parse_structured(recorded.response, request.json_schema, recorded.model)
-            if request.model_cls is not None:
-                data = request.model_cls.model_validate(data).model_dump(mode="json")
+            output = (data if request.model_cls is None
+                      else request.model_cls.model_validate(data))
         except (BadModelReply, ValidationError):
             return None
     route = Route("cloud" if recorded.route == "cloud" else "local", recorded.model,
@@ -158,4 +161,4 @@ def replay_of(recorded: RecordedCall,
     reply = ModelReply(recorded.response, data, 0, 0, 0.0, recorded.model, recorded.backend,
                        offline=recorded.backend == OfflineBackend.name,
                        thinking=recorded.thinking, tool_calls=calls)
-    return served, reply
+    return served, reply, output

@@ -1,6 +1,7 @@
 """The validate-and-repair stage: a structured reply that does not fit is asked again.
 
-A reply is checked against the call's pydantic class (:func:`validated`); one that does
+A reply is checked against the call's pydantic class once (:func:`validated`: the
+instance is the agent's output); one that does
 not fit (or is not JSON, or stopped at the token limit: the backend says so) is sent back
 with the error and asked again, up to ``[llm] output_retries`` times. A repair's request
 carries only the first request, the latest bad reply (cut to
@@ -24,11 +25,20 @@ MAX_REPAIR_REASON_CHARS = 300
 
 
 def validated(reply: ModelReply, model_cls: type[BaseModel] | None) -> Any:
-    """The reply's data, validated by ``model_cls`` (``BadModelReply`` if it does not fit)."""
+    """The reply's output: its data as a ``model_cls`` instance (else its data as parsed).
+
+    The one validation of a reply by the call's pydantic class: the instance is what the
+    agent gets (``Completion.output``), and ``Completion.data`` is its JSON
+    (:func:`runtime.llm.completion.answered`); nothing validates it again.
+
+    Raises:
+        BadModelReply: the data does not fit ``model_cls``.
+
+    """
     if model_cls is None or reply.data is None:
         return reply.data
     try:
-        return model_cls.model_validate(reply.data).model_dump(mode="json")
+        return model_cls.model_validate(reply.data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(root)"

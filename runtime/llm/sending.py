@@ -131,14 +131,14 @@ class Sender:
                     # returns: every write the task makes after the call follows it (by
                     # txid), so a reader sees the text before the task's next transition.
                     await self._text.finished(stream)
-                data = validated(reply, call.request.model_cls)
+                output = validated(reply, call.request.model_cls)  # the one validation
             except Exception as exc:
                 spent = exc.reply if isinstance(exc, BadModelReply) else None
                 charged_tokens, charged_usd = await self._charger.failed(
                     call, exc, spent, time.monotonic() - started)
                 raise
             charged_tokens, charged_usd = await self._charger.answered(call, reply)
-            return reply, data
+            return reply, output
         finally:
             call.held = None
             if call.arrival is not None:  # recorded on arrival: charged unless refused
