@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -130,4 +132,19 @@ def test_a_call_to_a_server_takes_the_listed_hops_at_most_ten(store: Store) -> N
 def test_a_round_of_a_tool_loop_takes_two_more(store: Store) -> None:
     chain = _chain(store, remote=False, tools=[Tool("note", "Keep a note.", Note, _note)])
     assert chain == TOOLS
-    assert len(chain) + 2 + 1 <= 10  # from a server: the reply loop's two, and achat
+
+
+def test_the_longest_path_is_ten_hops_as_the_architecture_lists_them(store: Store) -> None:
+    chain = _chain(store, remote=True, tools=[Tool("note", "Keep a note.", Note, _note)])
+    assert chain == [*TOOLS, *REMOTE[len(LOCAL):]]
+    assert len(chain) + 1 == 10  # and the transport: Recorder.achat, or the backend's
+    assert _listed() == chain
+
+
+def _listed() -> list[str]:
+    """The hops docs/architecture.md lists, but the last (the transport), as qualnames."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text(
+        encoding="utf-8")
+    section = text.split("**One model call, stage by stage.**", 1)[1].split("\n\n", 2)[1]
+    hops = re.findall(r"^\d+\. `runtime/([\w/]+)\.py:([\w.<>]+)`", section, re.MULTILINE)
+    return ["runtime." + path.replace("/", ".") + ":" + name for path, name in hops]
