@@ -88,11 +88,14 @@ class StopWatcher:
                and getattr(states.get(i.row.id), "status", None) == "cancelled"]
         if not hit:
             return []
-        if self.gate is not None:
-            self.gate.stop([i.row.id for i in hit])
+        # The reason first: the gate's stop cancels the task's coroutine on its loop, which
+        # may end it before this thread goes on; a coroutine cancelled with no reason is
+        # taken for the worker stopping, and its task was held for good.
         for item in hit:
             item.abort("cancelled")
             log.info("task cancelled: stopped", extra={"task_id": str(item.row.id)})
+        if self.gate is not None:
+            self.gate.stop([i.row.id for i in hit])
         self.stopped += len(hit)
         return hit
 
