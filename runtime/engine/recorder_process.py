@@ -56,6 +56,8 @@ class RecorderServer:
         self._engine: Engine | None = None
         self._backends: dict[tuple[str, tuple[Any, ...]], OllamaBackend] = {}
         self._calls: dict[int, asyncio.Task[None]] = {}
+        #: The worker said it stops: no grace for its calls in flight.
+        self._stopping = False
 
     def send(self, message: object) -> None:
         """Send one message to the worker (dropped once the socket is closed)."""
@@ -70,6 +72,10 @@ class RecorderServer:
             self.start(message[1], message[2])
         elif message[0] == "cancel":
             self.cancel(message[1])
+        elif message[0] == "stop":  # the worker stops (not dies): nobody waits for these
+            self._stopping = True
+            for task in list(self._calls.values()):
+                task.cancel()
 
     def start(self, call_id: int, spec: CallSpec) -> None:
         """Start making one request (its messages go back as they come)."""
@@ -125,10 +131,15 @@ class RecorderServer:
         self.send(("written", call_id, outcome))
 
     async def finish(self) -> None:
-        """The worker is gone: let the calls in flight finish (bounded), then drop them."""
+        """The worker is gone: let the calls in flight finish (bounded), then drop them.
+
+        A worker that died gets :data:`GRACE_SECONDS` for its calls' answers to come and
+        be recorded; one that said it stops gets none (its calls were cancelled).
+        """
         calls = list(self._calls.values())
         if calls:
-            _, late = await asyncio.wait(calls, timeout=GRACE_SECONDS)
+            grace = 0.0 if self._stopping else GRACE_SECONDS
+            _, late = await asyncio.wait(calls, timeout=grace) if grace else (set(), set(calls))
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)

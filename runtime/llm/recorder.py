@@ -18,7 +18,8 @@ The worker's side is :class:`Recorder`, used on the model layer's reply loop
 over a socket pair; the child is the worker's own program, so pickle trusts no stranger:
 
 - worker to recorder: :class:`Hello` (the database), then ``("call", id, CallSpec)`` and
-  ``("cancel", id)``;
+  ``("cancel", id)``, and ``("stop", 0)`` from a worker that stops (its calls in flight
+  are cancelled at once; only a socket closed without it is a worker's death);
 - recorder to worker, per call: ``("sent", id)`` once the request's bytes are written (the
   start gate's hook), ``("text", id, str)`` as a streamed reply grows, ``("arrived", id,
   reply, row)`` when its row is queued, ``("done", id, reply)`` (None: the reply that
@@ -338,6 +339,7 @@ class Recorder:
         if unused is not None:  # started, never called: closing it ends the process
             unused.close()
         if channel is not None:
+            channel.send(("stop", 0))  # a worker that stops: its calls in flight are dropped
             channel.close()
             await channel.closed
         if proc is not None:
