@@ -1,0 +1,1 @@
+"""The built-in agents' prompts, one markdown file each (shipped with the package)."""
