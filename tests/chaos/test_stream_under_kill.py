@@ -3,8 +3,10 @@
 ``TASKS`` ``spender`` tasks (one free-text model call each) run on one ``orgchart
 worker`` against the loopback fake Ollama, which streams every reply in pieces of
 ``PIECE_CHARS`` characters ``PIECE_SECONDS`` apart (about two seconds a reply). Once
-every call has text recorded and none has its reply yet, the worker is SIGKILLed; a new
-one takes the tasks over (short leases) and finishes them.
+every call has text recorded and none has its reply yet, the worker is SIGKILLed with its
+recorder process (its process group: a worker killed alone has its recorder finish and
+record the replies, and nothing is continued; tests/chaos/test_durable_on_arrival.py);
+a new one takes the tasks over (short leases) and finishes them.
 
 What must hold (issue 47): every call cut off continues from its recorded text on its
 next delivery (Ollama: the text as the assistant's last message), in the same attempt,
@@ -83,13 +85,13 @@ def test_a_worker_killed_mid_stream_leaves_text_that_the_next_one_continues(
                         ORGCHART_OLLAMA__MAX_PARALLEL="100",
                         ORGCHART_OLLAMA__CLOUD_MAX_PARALLEL="100",
                         ORGCHART_STREAMING__FLUSH_SECONDS=str(FLUSH_SECONDS))
-    first = fleet.start()
+    first = fleet.start(new_session=True)
     wait_until(lambda: len(_recorded_chars(store)) >= TASKS
                and min(_recorded_chars(store).values()) >= 4 * PIECE_CHARS, 60,
                "every call to have text recorded", interval=0.01)
     assert not fake_ollama.sent_log, "a reply was complete before the kill"
     kill = time.time()
-    fleet.sigkill(first)
+    fleet.sigkill(first, group=True)
     at_kill = _recorded_chars(store)
     fleet.start()
     wait_until(lambda: unfinished(store) == 0, 120,
