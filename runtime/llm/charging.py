@@ -56,9 +56,17 @@ class Arrival:
     """A reply recorded on arrival: its row, what it charged, the write's outcome."""
 
     charge: ModelCharge
-    tokens: int
-    cost: Decimal
     written: asyncio.Future[bool]
+
+    @property
+    def tokens(self) -> int:
+        """The tokens its row charges."""
+        return self.charge.prompt_tokens + self.charge.completion_tokens
+
+    @property
+    def cost(self) -> Decimal:
+        """The cost its row charges."""
+        return self.charge.cost_usd
 
     @property
     def charged(self) -> tuple[int, Decimal]:
@@ -106,8 +114,7 @@ class Charger:
         else:
             charge, outcome = recorded
             written = asyncio.wrap_future(outcome, loop=loop)
-        arrival = Arrival(charge, charge.prompt_tokens + charge.completion_tokens,
-                          charge.cost_usd, written)
+        arrival = Arrival(charge, written)
         call.arrival = arrival
         return arrival
 

@@ -361,7 +361,7 @@ class Recorders:
     """The process's recorders, one per database, shared by the model layers using it.
 
     :meth:`acquire` counts a user (a model-call factory) and :meth:`release` closes the
-    recorder once its last user is done; both on the reply loop.
+    recorder once its last user is done (acquire from any thread, release on the reply loop).
     """
 
     def __init__(self) -> None:
