@@ -87,6 +87,19 @@ class Section(BaseModel):
             loc = ".".join(str(part) for part in first["loc"])
             raise ValueError(f"bad value for '{loc}': {first['msg']}") from None
 
+    def override_from(self, given: dict[str, Any]) -> Self:
+        """:meth:`override` with the entries of ``given`` that name this section's keys.
+
+        Those entries are taken out of ``given``: a command's flags are split between the
+        sections and a part's own fields (``WorkerConfig.from_settings``), once, here.
+
+        Raises:
+            ValueError: a value is out of range or of the wrong type (the message names it).
+
+        """
+        mine = type(self).model_fields.keys() & given.keys()
+        return self.override(**{key: given.pop(key) for key in mine})
+
 
 class RetrySettings(Section):
     """``[retry]``: transient-error retries and the poison-task cap (seed 001)."""

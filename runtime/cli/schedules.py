@@ -35,9 +35,6 @@ from runtime.schedules.ticker import Ticker, TickerConfig
 from runtime.store.store import Store
 
 NameArg = Annotated[str, typer.Argument(help="The schedule's name.")]
-#: Added to ``[orchestrator] wall_clock_seconds``: how long a scheduled fire may stay
-#: unfinished before the overlap policy takes it for dead.
-FIRE_MARGIN_SECONDS = 300.0
 
 
 def add(
@@ -152,7 +149,7 @@ def run_now_(name: NameArg, json_: JsonOpt = False) -> None:
     """Fire an extra slot now (the overlap policy holds); a fire runs here, in the foreground."""
     config = settings()
     with opened_store(config) as store:
-        done = run_now(store, name)
+        done = run_now(store, config, name)
         for fire_id in done.fires:
             result = _orchestrator(store, config).run_once(fire_id=fire_id)
             if not json_:
@@ -194,10 +191,7 @@ def start_ticker(store: Store, config: Settings, host_fires: bool) -> Ticker:
                          kwargs={"fire_id": fire_id}, name=f"fire-{fire_id}",
                          daemon=True).start()
 
-    # A fire lasts its wall clock plus start-up slack and kill grace: one unfinished
-    # much later than that died with its process, and holds up no later slot.
-    fire_open = config.orchestrator.wall_clock_seconds + FIRE_MARGIN_SECONDS
-    ticker = Ticker(store, TickerConfig(worker=worker, fire_open_seconds=fire_open),
+    ticker = Ticker(store, TickerConfig.from_settings(config, worker),
                     start_fire if host_fires else None)
     ticker.start()
     return ticker

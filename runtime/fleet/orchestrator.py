@@ -120,12 +120,12 @@ class FireConfig:
 
         """
         given = {k: v for k, v in overrides.items() if v is not None}
-        section = {k: given.pop(k) for k in set(OrchestratorSettings.model_fields) & set(given)}
         given.setdefault("kill_grace_seconds", max(
             KILL_GRACE_SECONDS, settings.worker.stop_grace_seconds + KILL_GRACE_MARGIN_SECONDS))
         given["agents_modules"] = tuple(given.get("agents_modules") or ())
         try:
-            return cls(orchestrator=settings.orchestrator.override(**section), **given)
+            orchestrator = settings.orchestrator.override_from(given)  # takes its keys out
+            return cls(orchestrator=orchestrator, **given)
         except ValueError as exc:
             raise BadInput(str(exc)) from None
 

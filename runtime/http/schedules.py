@@ -93,7 +93,7 @@ def add_schedule_routes(app: FastAPI, store: Store, settings: Settings,
         if store.schedules.get(name)["kind"] == "fire":  # this schedule's kind: a conflict
             raise HTTPException(409, f"{name!r} schedules the fire, which runs in the "
                                 f"caller's foreground: use `orgchart schedule run-now {name}`")
-        return run_now(store, name, actor="api").as_dict()
+        return run_now(store, settings, name, actor="api").as_dict()
 
     @app.delete("/schedules/{name}", status_code=204, tags=["schedules"], responses=_ERRORS)
     def remove(name: str) -> Response:

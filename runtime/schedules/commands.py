@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from runtime.config import Settings
 from runtime.schedules.spec import ScheduleSpec, cadence_of, parse_cadence, parse_window
 from runtime.schedules.ticker import Ticked, Ticker, TickerConfig
 from runtime.store.rows import NewTask
@@ -44,13 +45,13 @@ def resume_schedule(store: Store, name: str) -> dict[str, Any]:
     return schedule_json(store.schedules.set_paused(name, False, next_at))
 
 
-def run_now(store: Store, name: str, actor: str = "cli") -> Ticked:
+def run_now(store: Store, settings: Settings, name: str, actor: str = "cli") -> Ticked:
     """Fire an extra slot now, under the schedule's overlap policy.
 
     A fire schedule's fire is not run here: its ``fires`` row is written, and the
     orchestrator runs it when the caller passes the id on (``orgchart fire``'s command).
     """
-    return Ticker(store, TickerConfig(worker=actor)).run_now(name)
+    return Ticker(store, TickerConfig.from_settings(settings, actor)).run_now(name)
 
 
 def schedule_json(row: dict[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.config import OrchestratorSettings, Settings
 from runtime.core.dberrors import one_line
 from runtime.schedules.slots import MAX_COUNTED_SLOTS, plan_slots
 from runtime.schedules.spec import cadence_of, task_of
@@ -50,10 +51,10 @@ TICK_INTERVAL_SECONDS = 0.5
 MAX_SLOTS_PER_TICK = 1000
 #: Most due schedules one tick reads (the rest are the next tick's).
 MAX_SCHEDULES_PER_TICK = 100
-#: A scheduled fire still unfinished after this long died with its process: the overlap
-#: policy no longer waits for it (a fire lasts its wall clock plus start-up and kill
-#: grace; ``start_ticker`` passes ``[orchestrator] wall_clock_seconds`` plus a margin).
-FIRE_OPEN_SECONDS = 3600.0
+#: Added to ``[orchestrator] wall_clock_seconds``: a scheduled fire still unfinished
+#: after both died with its process (a fire lasts its wall clock plus start-up slack and
+#: kill grace), and the overlap policy no longer waits for it.
+FIRE_MARGIN_SECONDS = 300.0
 
 #: Runs the fire a fire schedule's slot started (its ``fires`` row is committed).
 FireStarter = Callable[[int], None]
@@ -61,18 +62,31 @@ FireStarter = Callable[[int], None]
 
 @dataclass(frozen=True)
 class TickerConfig:
-    """How a process ticks; validated on creation."""
+    """How a process ticks: ``[orchestrator]`` (a fire's wall clock) and the tick's own fields.
+
+    The section holds every user-facing value once (:mod:`runtime.config`); the fields
+    here are what a process adds (its name in the runs it records) and the tick's pace,
+    which no user sets (tests tighten it). Build one with :meth:`from_settings`.
+    """
 
     worker: str
+    orchestrator: OrchestratorSettings = field(default_factory=OrchestratorSettings)
     interval_seconds: float = TICK_INTERVAL_SECONDS
     max_slots_per_tick: int = MAX_SLOTS_PER_TICK
-    fire_open_seconds: float = FIRE_OPEN_SECONDS
 
     def __post_init__(self) -> None:
-        if self.interval_seconds <= 0 or self.max_slots_per_tick < 1 or \
-                self.fire_open_seconds <= 0:
-            raise ValueError("interval_seconds and fire_open_seconds must be positive and "
-                             "max_slots_per_tick >= 1")
+        if self.interval_seconds <= 0 or self.max_slots_per_tick < 1:
+            raise ValueError("interval_seconds must be positive and max_slots_per_tick >= 1")
+
+    @classmethod
+    def from_settings(cls, settings: Settings, worker: str) -> TickerConfig:
+        """The ``[orchestrator]`` section's values, for the process named ``worker``."""
+        return cls(worker, settings.orchestrator)
+
+    @property
+    def fire_open_seconds(self) -> float:
+        """How long a scheduled fire may stay unfinished before it is taken for dead."""
+        return self.orchestrator.wall_clock_seconds + FIRE_MARGIN_SECONDS
 
 
 @dataclass

@@ -175,7 +175,7 @@ def test_a_paused_schedule_fires_nothing_and_resumes_from_now(store: Store) -> N
 def test_run_now_fires_an_extra_slot_even_when_paused(store: Store) -> None:
     _store_schedule(store, "manual", every="1h")
     pause_schedule(store, "manual")
-    done = run_now(store, "manual")
+    done = run_now(store, Settings(), "manual")
     assert done.fired == 1 and len(_roots(store)) == 1
     assert _runs(store, "manual")[0]["state"] == "fired"
 
@@ -273,7 +273,7 @@ def test_a_schedule_whose_root_cannot_be_inserted_holds_up_no_other(store: Store
 def test_a_scheduled_fire_that_died_unfinished_holds_up_no_later_slot(store: Store) -> None:
     _store_schedule(store, "fire", every="1s", fire=True, overlap="skip")
     started: list[int] = []
-    config = TickerConfig(worker="t", fire_open_seconds=30.0)
+    config = TickerConfig(worker="t")  # a fire unfinished after 600 s + 300 s is dead
     _wait_next_slot(store, "fire")
     assert Ticker(store, config, started.append).run_once().fired == 1
     _wait_next_slot(store, "fire")  # its fire is unfinished, and young

@@ -36,6 +36,7 @@ def test_a_sections_value_is_what_each_part_uses() -> None:
         "ORGCHART_WORKER__LEASE_SECONDS": "7", "ORGCHART_WORKER__SYNC_THREADS": "3",
         "ORGCHART_RETRY__MAX_DELIVERY": "9", "ORGCHART_ORCHESTRATOR__TASK_CAP": "11",
         "ORGCHART_WEBHOOKS__TIMEOUT_SECONDS": "4", "ORGCHART_WEBHOOKS__MAX_ATTEMPTS": "2",
+        "ORGCHART_ORCHESTRATOR__WALL_CLOCK_SECONDS": "60",
     })
     worker = WorkerConfig.from_settings(settings, ("echo",))
     assert (worker.worker.lease_seconds, worker.worker.sync_threads,
@@ -43,12 +44,14 @@ def test_a_sections_value_is_what_each_part_uses() -> None:
     assert FireConfig.from_settings(settings).limits.task_cap == 11
     delivery = DeliveryConfig.from_settings(settings)
     assert (delivery.webhooks.max_attempts, delivery.lease_seconds) == (2, 4 + 5.0)
+    assert TickerConfig.from_settings(settings, "t").fire_open_seconds == 60 + 300.0
 
 
 def test_a_part_built_without_settings_gets_the_sections_defaults() -> None:
     assert WorkerConfig(("echo",)).worker == Settings().worker
     assert FireConfig().orchestrator == Settings().orchestrator
     assert DeliveryConfig().webhooks == Settings().webhooks
+    assert TickerConfig("t").orchestrator == Settings().orchestrator
 
 
 def test_a_commands_override_is_validated_by_the_section() -> None:
@@ -58,3 +61,6 @@ def test_a_commands_override_is_validated_by_the_section() -> None:
     with pytest.raises(ValueError, match="'batch_size': Input should be less than or equal"):
         WorkerConfig.from_settings(settings, ("echo",), batch_size=5000)
     assert settings.worker.override() is settings.worker
+    given = {"lease_seconds": 5, "max_delivery": 4, "task_cap": 3}
+    assert settings.worker.override_from(given).lease_seconds == 5
+    assert given == {"max_delivery": 4, "task_cap": 3}  # taken out: the rest is not its

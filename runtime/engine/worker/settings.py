@@ -81,9 +81,7 @@ class WorkerConfig:
 
         """
         given = {k: v for k, v in overrides.items() if v is not None}
-        worker_keys, retry_keys = set(WorkerSettings.model_fields), set(RetrySettings.model_fields)
-        worker = settings.worker.override(**{k: given.pop(k) for k in worker_keys & set(given)})
-        retry = settings.retry.override(**{k: given.pop(k) for k in retry_keys & set(given)})
+        worker, retry = settings.worker.override_from(given), settings.retry.override_from(given)
         return cls(agents=agents, worker=worker, retry=retry, **given)
 
     @property
