@@ -49,7 +49,7 @@ from runtime.http.stream import add_stream_routes
 from runtime.llm.text_stream import CallAttempts
 from runtime.store.rows import ChildRow, NewTask
 from runtime.store.store import Store
-from runtime.store.streams import StreamReader, follow
+from runtime.store.streams import follow
 from tests.asgi_server import Server
 
 
@@ -215,7 +215,7 @@ def _through_the_writer(store: Store, url: str, calls: int, tokens: int,
     horizon.stop.set()
     horizon.thread.join(5)
     dropping.thread.join(30)
-    whole = [e.id for e in follow(StreamReader(store.engine), root)]
+    whole = [e.id for e in follow(store.streams, root)]
     got = dropping.ids
     first_ms, piece_ms = [], []
     for text, at in arrived.items():

@@ -67,7 +67,7 @@ from bench.common import (
 )
 from runtime.store.rows import NewTask
 from runtime.store.store import Store
-from runtime.store.streams import StreamReader, follow
+from runtime.store.streams import follow
 from tests.fake_ollama import FakeOllama
 
 #: The resume measure: calls cut off at once, their pieces, and the stream's window.
@@ -147,7 +147,7 @@ def reconnect_931(pieces: int, server: str | None) -> dict[str, Any]:
 
         def finish() -> None:
             dropping.thread.join(120)
-            whole = [e.id for e in follow(StreamReader(store.engine), root)]
+            whole = [e.id for e in follow(store.streams, root)]
             ids = dropping.ids
             got.update({"reconnects": dropping.reconnects, "gaps": len(set(whole) - set(ids)),
                         "duplicates": len(ids) - len(set(ids)), "events": len(ids),

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from runtime.errors import BadInput
 from runtime.store.rows import IdempotencyConflict, NotFound
 from runtime.store.steering import SteeringRefused
-from runtime.store.streams import Position, StreamEvent, StreamReader, follow
+from runtime.store.streams import Position, StreamEvent, follow
 
 #: Seconds an HTTP request may take before the client gives up on it.
 HTTP_TIMEOUT_SECONDS = 30.0
@@ -238,7 +238,7 @@ class DatabaseTransport:
 
         """
         position = Position.parse(after)
-        reader = StreamReader(self.store.engine)
+        reader = self.store.streams
         if not reader.exists(root_id):
             raise NotFound(f"no tree with root {root_id}")
         yield from follow(reader, root_id, position, stop=stop)

@@ -22,7 +22,7 @@ import typer
 
 from runtime.cli.common import EXIT_FAILED, JsonOpt, TaskRef, err, fail, opened_store
 from runtime.cli.render import StreamPrinter
-from runtime.store.streams import Position, StreamReader
+from runtime.store.streams import Position
 from runtime.store.streams import follow as follow_stream
 
 
@@ -51,7 +51,7 @@ def follow(
     printer = StreamPrinter(_write_out)
     with opened_store() as store:
         rid = ref.resolve(store)
-        reader = StreamReader(store.engine)
+        reader = store.streams
         if not reader.exists(rid):
             fail(f"{rid} is not a root: follow a tree by its root's id")
         try:

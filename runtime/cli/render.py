@@ -14,7 +14,6 @@ from typing import Any
 
 from rich.text import Text
 from rich.tree import Tree
-from sqlalchemy.engine import Engine
 
 from runtime.store.streams import StreamEvent, StreamReader, follow
 
@@ -210,16 +209,16 @@ class LiveText:
     """A thread that prints a tree's stream (:class:`StreamPrinter`) while it runs.
 
     Args:
-        engine: the store's engine.
+        reader: the store's stream reader (``store.streams``).
         root_id: the tree's root.
         write: where the text goes.
         whole_lines: see :class:`StreamPrinter`; a live tree: no transition lines either.
 
     """
 
-    def __init__(self, engine: Engine, root_id: uuid.UUID, write: Callable[[str], None],
+    def __init__(self, reader: StreamReader, root_id: uuid.UUID, write: Callable[[str], None],
                  whole_lines: bool = False) -> None:
-        self.reader = StreamReader(engine)
+        self.reader = reader
         self.root_id = root_id
         self.printer = StreamPrinter(write, whole_lines, transitions=not whole_lines)
         self._stopped = threading.Event()

@@ -217,7 +217,7 @@ def drain(runtime: Any, root_id: Any, json_: bool, timeout: float,
                 live.update(render_tree(tree))
                 return str(tree["status"])
 
-            text = LiveText(runtime.store.engine, root_id, _printer_of(live.console),
+            text = LiveText(runtime.store.streams, root_id, _printer_of(live.console),
                             whole_lines=True).start()
             status = run_tree(runtime, root_id, timeout=timeout,
                               max_in_flight=max_in_flight, started=started, tick=redraw)
@@ -225,7 +225,7 @@ def drain(runtime: Any, root_id: Any, json_: bool, timeout: float,
         tree = current()
     else:
         printing = (None if json_ or quiet else
-                    LiveText(runtime.store.engine, root_id, _printer_of(err)).start())
+                    LiveText(runtime.store.streams, root_id, _printer_of(err)).start())
         status = run_tree(runtime, root_id, timeout=timeout, max_in_flight=max_in_flight,
                           started=started)
         if printing is not None:

@@ -118,7 +118,7 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 
 def add_stream_routes(app: FastAPI, store: Store) -> None:
     """Add ``GET /trees/{root_id}/stream`` on ``store``."""
-    reader = StreamReader(store.engine)
+    reader = store.streams
     executor = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="tree-stream")
     horizon = Horizon(reader)
 

@@ -27,7 +27,6 @@ from typing import Any
 import anyio
 from mcp.shared.exceptions import MCPError
 
-from runtime.store.call_text import newest_piece, running_text
 from runtime.store.rows import NotFound
 from runtime.store.store import Store
 from runtime.views import task_detail_json, tree_text
@@ -71,7 +70,7 @@ def read(store: Store, uri: str) -> str:
     try:
         if kind == "trees":
             tree = json.loads(tree_text(store, ident)[0])
-            tree["streaming"] = running_text(store, ident)
+            tree["streaming"] = store.call_text.running(ident)
             return json.dumps(tree, default=str)
         return json.dumps(task_detail_json(store, ident, model_calls=False), default=str)
     except NotFound as exc:
@@ -101,7 +100,7 @@ def text_version(store: Store, uri: str) -> tuple[int, int] | None:
     None for a task resource (its JSON has no text) and for a tree with no text yet.
     """
     kind, ident = parse_uri(uri)
-    return newest_piece(store, ident) if kind == "trees" else None
+    return store.call_text.newest(ident) if kind == "trees" else None
 
 
 #: Tells one subscriber that ``uri`` changed; raises when the subscriber has gone.

@@ -43,7 +43,7 @@ from runtime.mcp.tools import (
 from runtime.store.postgres.failover import DatabaseUnavailable
 from runtime.store.rows import TERMINAL_STATUSES
 from runtime.store.store import Store
-from runtime.store.streams import StreamReader, TreeStream
+from runtime.store.streams import TreeStream
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class _TextProgress:
     """
 
     def __init__(self, store: Store, root_id: uuid.UUID) -> None:
-        self.stream = TreeStream(StreamReader(store.engine), root_id)
+        self.stream = TreeStream(store.streams, root_id)
         self.agents: dict[str, str] = {}
         self.chars = 0
 

@@ -1,7 +1,8 @@
 """Streamed model-call text: pieces written to ``call_text`` in batches, fenced by lease.
 
-One statement (``call_text_write_many`` in ``call_text.sql``) writes a batch of pieces of
-many calls: each piece is keyed by ``(task, phase, call_index, attempt, offset)`` and
+A part of the store (``store.call_text``, :class:`CallText`). One statement
+(``call_text_write_many`` in ``call_text.sql``) writes a batch of pieces of many calls:
+each piece is keyed by ``(task, phase, call_index, attempt, offset)`` and
 written only under its task's current lease token; a piece already stored is not stored
 again (``NOT EXISTS``; the unique violation of a race is the writer's to write again). A
 stream's first piece comes without an attempt: the statement gives it the call's next
@@ -15,13 +16,16 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from runtime.jsoncodec import dumps_fast
+from runtime.store.database import Database
 from runtime.store.queries import load_queries
-from runtime.store.store import Store
+
+if TYPE_CHECKING:
+    from runtime.store.store import Store
 
 #: The statements of ``call_text.sql``.
 CALL_TEXT_QUERIES = load_queries(Path(__file__).with_name("call_text.sql"))
@@ -68,47 +72,63 @@ class PieceOutcome:
     ours: bool = False
 
 
+class CallText:
+    """Streamed text written in batches and read back: ``store.call_text``."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    def write(self, pieces: Sequence[TextPiece]) -> list[PieceOutcome]:
+        """Write ``pieces`` in one statement; one :class:`PieceOutcome` per piece, in order."""
+        if not pieces:
+            return []
+        batch = [{"n": n, "task_id": str(p.task_id), "token": str(p.lease_token),
+                  "phase": p.phase, "call_index": p.call_index, "attempt": p.attempt,
+                  "known": p.known, "offset": p.offset, "text": p.text}
+                 for n, p in enumerate(pieces)]
+        with self.database.transaction() as conn:
+            rows = conn.execute(_WRITE_MANY, {"batch": dumps_fast(batch)}).all()
+        found = {int(r.n): PieceOutcome(True, int(r.attempt), bool(r.ours)) for r in rows}
+        return [found.get(n, PieceOutcome(False)) for n in range(len(pieces))]
+
+    def cut_off(self, task_id: uuid.UUID, phase: str,
+                call_index: int) -> tuple[int, str] | None:
+        """``(attempt, text)`` of a call cut off mid-generation (no reply recorded), or None.
+
+        The text is the call's last attempt's pieces, put together; None when the call has
+        any ``model_calls`` row, no pieces, or pieces with a gap.
+        """
+        with self.database.connect() as conn:
+            row = conn.execute(_CUT_OFF, {"task_id": task_id, "phase": phase,
+                                          "call_index": call_index}).first()
+        return None if row is None else (int(row.attempt), str(row.text))
+
+    def newest(self, root_id: uuid.UUID) -> tuple[int, int] | None:
+        """``(txid, id)`` of the newest piece of a tree's text (None: no text yet; one row)."""
+        with self.database.connect() as conn:
+            row = conn.execute(_NEWEST, {"root_id": root_id}).first()
+        return None if row is None else (int(row.txid), int(row.id))
+
+    def running(self, root_id: uuid.UUID) -> list[dict[str, Any]]:
+        """The text so far of each running task's newest call in a tree, task by task.
+
+        Each ``{"task_id", "phase", "call", "attempt", "text"}``: the attempt of the task's
+        newest piece, put together (the MCP tree resource's ``streaming``).
+        """
+        with self.database.connect() as conn:
+            rows = conn.execute(_RUNNING, {"root_id": root_id}).all()
+        return [{"task_id": str(r.task_id), "phase": r.phase, "call": int(r.call_index),
+                 "attempt": int(r.attempt), "text": r.text or ""} for r in rows]
+
+
+# The engine's text writer (runtime/engine/text_writer.py) still calls these two by
+# module, with the store: they go when it calls ``store.call_text`` itself.
 def write_pieces(store: Store, pieces: Sequence[TextPiece]) -> list[PieceOutcome]:
-    """Write ``pieces`` in one statement; one :class:`PieceOutcome` per piece, in order."""
-    if not pieces:
-        return []
-    batch = [{"n": n, "task_id": str(p.task_id), "token": str(p.lease_token),
-              "phase": p.phase, "call_index": p.call_index, "attempt": p.attempt,
-              "known": p.known, "offset": p.offset, "text": p.text}
-             for n, p in enumerate(pieces)]
-    with store.database.transaction() as conn:
-        rows = conn.execute(_WRITE_MANY, {"batch": dumps_fast(batch)}).all()
-    found = {int(r.n): PieceOutcome(True, int(r.attempt), bool(r.ours)) for r in rows}
-    return [found.get(n, PieceOutcome(False)) for n in range(len(pieces))]
+    """:meth:`CallText.write` on ``store.call_text`` (the text writer's hook)."""
+    return store.call_text.write(pieces)
 
 
 def cut_off_text(store: Store, task_id: uuid.UUID, phase: str,
                  call_index: int) -> tuple[int, str] | None:
-    """``(attempt, text)`` of a call cut off mid-generation (no reply ever recorded), or None.
-
-    The text is the call's last attempt's pieces, put together; None when the call has
-    any ``model_calls`` row, no pieces, or pieces with a gap.
-    """
-    with store.engine.connect() as conn:
-        row = conn.execute(_CUT_OFF, {"task_id": task_id, "phase": phase,
-                                      "call_index": call_index}).first()
-    return None if row is None else (int(row.attempt), str(row.text))
-
-
-def newest_piece(store: Store, root_id: uuid.UUID) -> tuple[int, int] | None:
-    """``(txid, id)`` of the newest piece of a tree's text (None: no text yet; one row)."""
-    with store.engine.connect() as conn:
-        row = conn.execute(_NEWEST, {"root_id": root_id}).first()
-    return None if row is None else (int(row.txid), int(row.id))
-
-
-def running_text(store: Store, root_id: uuid.UUID) -> list[dict[str, Any]]:
-    """The text so far of each running task's newest call in a tree, task by task.
-
-    Each ``{"task_id", "phase", "call", "attempt", "text"}``: the attempt of the task's
-    newest piece, put together (the MCP tree resource's ``streaming``).
-    """
-    with store.engine.connect() as conn:
-        rows = conn.execute(_RUNNING, {"root_id": root_id}).all()
-    return [{"task_id": str(r.task_id), "phase": r.phase, "call": int(r.call_index),
-             "attempt": int(r.attempt), "text": r.text or ""} for r in rows]
+    """:meth:`CallText.cut_off` on ``store.call_text``."""
+    return store.call_text.cut_off(task_id, phase, call_index)

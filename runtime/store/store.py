@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Engine
 
+from runtime.store.call_text import CallText
 from runtime.store.claims import Claims
 from runtime.store.database import Database
 from runtime.store.experiments import Experiments
@@ -32,6 +33,7 @@ from runtime.store.schedules import Schedules
 from runtime.store.spend import Spend
 from runtime.store.steering import Steering
 from runtime.store.steps import Steps
+from runtime.store.streams import StreamReader
 from runtime.store.tasks import Tasks
 from runtime.store.transitions import Transitions
 from runtime.store.webhooks import Webhooks
@@ -73,7 +75,10 @@ class Store:
     (:class:`~runtime.store.schedules.Schedules`), ``store.experiments``
     (:class:`~runtime.store.experiments.Experiments`), ``store.webhooks``
     (:class:`~runtime.store.webhooks.Webhooks`), ``store.fires`` (the orchestrator's
-    fires, its lock, the events it counts; :class:`~runtime.store.fires.Fires`).
+    fires, its lock, the events it counts; :class:`~runtime.store.fires.Fires`),
+    ``store.call_text`` (model calls' text written as it streams;
+    :class:`~runtime.store.call_text.CallText`) and ``store.streams`` (a tree's stream
+    of text and transitions read; :class:`~runtime.store.streams.StreamReader`).
     """
 
     def __init__(self, engine: Engine) -> None:
@@ -106,6 +111,10 @@ class Store:
         self.hygiene = Hygiene(self.database, self.transitions)
         #: The orchestrator's fires, the fire lock, the event counts of a fire's rollup.
         self.fires = Fires(self.database)
+        #: Model calls' text written in pieces as it streams, and read back.
+        self.call_text = CallText(self.database)
+        #: A tree's stream read: its calls' text and its transitions, in one order.
+        self.streams = StreamReader(self.database)
 
     # ------------------------------------------------------------------ plumbing
     def ping(self) -> bool:

@@ -1,14 +1,16 @@
 """A tree's stream: its model calls' text as it grows and its tasks' transitions, gap-free.
 
-What ``GET /trees/{root_id}/stream``, ``orgchart follow`` and the client's
-``stream()`` read (docs/api.md, "The stream"). Two tables feed it: ``call_text`` (the
-pieces of each call's output, written by the model layer as they stream) and
-``task_events`` (the transitions). Both carry ``txid``, the writing transaction's id
-(migration 0017), and the stream is both merged in ``(txid, source, id)`` order
-(pieces before transitions of one transaction), read only below the snapshot's
-``xmin``: every transaction below it has finished, so no row can commit later before
-what was read, whatever the order transactions commit in. A reader that was shown event
-``X`` and comes back with ``X`` as its cursor gets every later event once.
+A part of the store (``store.streams``, :class:`StreamReader`), and the cursors over it
+(:class:`TreeStream`, :class:`Horizon`, :func:`follow`): what
+``GET /trees/{root_id}/stream``, ``orgchart follow`` and the client's ``stream()`` read
+(docs/api.md, "The stream"). Two tables feed it: ``call_text`` (the pieces of each
+call's output, written by the model layer as they stream) and ``task_events`` (the
+transitions). Both carry ``txid``, the writing transaction's id (migration 0017), and
+the stream is both merged in ``(txid, source, id)`` order (pieces before transitions of
+one transaction), read only below the snapshot's ``xmin``: every transaction below it
+has finished, so no row can commit later before what was read, whatever the order
+transactions commit in. A reader that was shown event ``X`` and comes back with ``X`` as
+its cursor gets every later event once.
 
 Event ids (:class:`Position`) say where in that order an event stands: ``<txid>.t<id>``
 for the piece ``call_text.id``, ``<txid>.s<id>`` for the ``superseded`` notice just
@@ -37,9 +39,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy.engine import Engine
-
 from runtime.errors import BadInput
+from runtime.store.database import Database
 from runtime.store.queries import TEXT as _TEXT
 from runtime.store.rows import TERMINAL_STATUSES
 
@@ -174,26 +175,26 @@ def _events_of(row: Any) -> list[StreamEvent]:
 
 
 class StreamReader:
-    """Reads a tree's stream from the database: :meth:`read` a page, :meth:`probe` cheaply.
+    """Reads a tree's stream: :meth:`read` a page, :meth:`probe` cheaply: ``store.streams``.
 
     Args:
-        engine: the store's engine (``Store.engine``).
+        database: the store's :class:`~runtime.store.database.Database`.
         page_rows: rows read at most per statement.
 
     """
 
-    def __init__(self, engine: Engine, page_rows: int = PAGE_ROWS) -> None:
-        self.engine = engine
+    def __init__(self, database: Database, page_rows: int = PAGE_ROWS) -> None:
+        self.database = database
         self.page_rows = page_rows
 
     def probe(self) -> int:
         """The snapshot's xmin now: while it stands still, nothing new is readable."""
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             return int(conn.execute(_TEXT["stream_horizon"]).scalar_one())
 
     def root_status(self, root_id: uuid.UUID) -> str | None:
         """The root's status now; None when ``root_id`` is no tree's root."""
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             row = conn.execute(_TEXT["stream_root_end"], {"root_id": root_id}).first()
         return None if row is None else str(row.status)
 
@@ -212,7 +213,7 @@ class StreamReader:
         tree's size), instead of each of the tree's tasks' on ``(task_id, id)``.
         """
         options = {"isolation_level": "REPEATABLE READ", "postgresql_readonly": True}
-        with self.engine.connect().execution_options(**options) as conn, conn.begin():
+        with self.database.connect().execution_options(**options) as conn, conn.begin():
             root = conn.execute(_TEXT["stream_root_end"], {"root_id": root_id}).first()
             if root is None:
                 return Page(ended=True, found=False)

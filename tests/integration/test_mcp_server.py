@@ -37,7 +37,7 @@ from runtime.config import load_settings
 from runtime.http.api import create_app
 from runtime.mcp.mount import mount
 from runtime.mcp.server import build_server
-from runtime.store.call_text import TextPiece, write_pieces
+from runtime.store.call_text import TextPiece
 from runtime.store.rows import NewTask
 from runtime.store.store import Store
 from runtime.wiring import Runtime, build_runtime
@@ -367,7 +367,7 @@ def test_a_subscribed_tree_updates_as_a_running_call_streams(
             transitions = store.reads.tree_changes(root["id"], 0)
             text = ""
             for n, word in enumerate(["Once ", "upon ", "a time"]):
-                outcome = write_pieces(store, [piece(1 if n else None, len(text), word)])
+                outcome = store.call_text.write([piece(1 if n else None, len(text), word)])
                 assert outcome[0].ours and outcome[0].attempt == 1
                 text += word
                 with anyio.fail_after(10):  # the watcher polls every 0.5 s

@@ -112,22 +112,22 @@ def test_the_stream_reads_text_and_transitions_then_ends(store: Store) -> None:
         offset += len(word)
     _cancel(store, root)
     _piece(store, root, " after the end", offset)  # a later transaction: never shown
-    events = list(follow(StreamReader(store.engine), root))
+    events = list(follow(store.streams, root))
     _ordered_once(events)
     assert _texts(events) == {(str(root), 0, 1): "".join(words)}
     transitions = [(e.data["from"], e.data["to"]) for e in events if e.kind == "transition"]
     assert transitions == [(None, "pending"), ("pending", "cancelled")]
     assert events[-1].kind == "transition" and events[-1].data["to"] == "cancelled"
     # A reader that comes back after the end gets nothing more, and ends at once.
-    assert list(follow(StreamReader(store.engine), root, events[-1].position)) == []
+    assert list(follow(store.streams, root, events[-1].position)) == []
     # ... and one that comes back from the middle gets exactly the rest.
-    rest = list(follow(StreamReader(store.engine), root, events[2].position))
+    rest = list(follow(store.streams, root, events[2].position))
     assert [e.id for e in rest] == [e.id for e in events[3:]]
 
 
 def test_two_writers_committing_out_of_id_order_lose_no_row(store: Store, db_url: str) -> None:
     root = _submit(store)
-    reader = StreamReader(store.engine)
+    reader = store.streams
     seen = [e for e in reader.read(root, START).events]
     cursor = seen[-1].position
     with psycopg.connect(libpq_url(db_url)) as first, psycopg.connect(libpq_url(db_url)) as second:
@@ -163,7 +163,7 @@ def test_a_read_from_the_last_horizon_loses_no_transition(store: Store, db_url: 
     xmin on (the ``(txid, id)`` index): one whose transaction was open across a read is
     still read, in order, and another tree's are not."""
     root, other = _submit(store), _submit(store)
-    reader = StreamReader(store.engine)
+    reader = store.streams
     first = reader.read(root, START)
     assert not first.full and first.xmin > 0
     cursor, seen = first.events[-1].position, first.xmin
@@ -192,7 +192,7 @@ def test_a_newer_attempt_supersedes_the_older_one(store: Store) -> None:
     _piece(store, root, " from a lost lease", 13)  # attempt 1, late: left out
     _piece(store, root, ".", 11, attempt=2)
     _cancel(store, root)
-    events = list(follow(StreamReader(store.engine), root))
+    events = list(follow(store.streams, root))
     _ordered_once(events)
     kinds = [e.kind for e in events]
     assert kinds == ["transition", "text", "text", "superseded", "text", "text", "transition"]
@@ -208,7 +208,7 @@ def test_the_stream_ends_after_the_roots_terminal_transition(runtime: Runtime) -
     root = _submit(runtime.store, "fanout")
     drain(runtime)
     assert runtime.store.reads.get(root)["status"] == "done"
-    events = list(follow(StreamReader(runtime.store.engine), root))
+    events = list(follow(runtime.store.streams, root))
     _ordered_once(events)
     last = [e for e in events if e.kind == "transition"][-1]
     assert last.data["task_id"] == str(root) and last.data["to"] == "done"
@@ -269,7 +269,7 @@ def test_the_sse_stream_resumes_with_last_event_id(runtime: Runtime) -> None:
     assert reconnects >= 7
     _ordered_once(events)
     assert _texts(events) == written
-    assert [e.id for e in events] == [e.id for e in follow(StreamReader(store.engine), root)]
+    assert [e.id for e in events] == [e.id for e in follow(store.streams, root)]
 
 
 def test_the_stream_refuses_a_missing_tree_and_a_bad_id(client: Any, runtime: Runtime) -> None:
@@ -465,7 +465,7 @@ def test_the_end_waits_for_a_root_event_written_under_an_older_txid(store: Store
         late.commit()                                   # the newer txid, the lower id
         early.execute(event, (root, "running", "done"))  # the older txid, the newest event
         early.commit()
-    events = list(follow(StreamReader(store.engine), root))
+    events = list(follow(store.streams, root))
     assert [(e.data["from"], e.data["to"]) for e in events] == [
         (None, "pending"), ("running", "done"), ("pending", "running")]
 
@@ -479,7 +479,7 @@ def test_an_escalated_root_ends_the_stream_and_a_retry_goes_on(store: Store) -> 
                                  "VALUES (:t, :a, :b)"), {"t": root, "a": before, "b": after})
 
     event("pending", "escalated")
-    reader = StreamReader(store.engine)
+    reader = store.streams
     first = list(follow(reader, root))
     assert [e.data["to"] for e in first] == ["pending", "escalated"]
     event("escalated", "pending")  # a person said retry
@@ -572,7 +572,7 @@ def test_the_http_client_resumes_a_cut_stream_with_last_event_id(runtime: Runtim
     assert proxy.cut == 4
     _ordered_once(events)
     assert _texts(events) == {(str(root), 0, 1): "".join(words)}
-    assert [e.id for e in events] == [e.id for e in follow(StreamReader(store.engine), root)]
+    assert [e.id for e in events] == [e.id for e in follow(store.streams, root)]
 
 
 def test_one_horizon_probe_serves_every_stream_of_the_process(store: Store) -> None:
@@ -585,7 +585,7 @@ def test_one_horizon_probe_serves_every_stream_of_the_process(store: Store) -> N
             Counting.probes += 1
             return super().probe()
 
-    horizon = Horizon(Counting(store.engine), poll_seconds=0.01)
+    horizon = Horizon(Counting(store.database), poll_seconds=0.01)
     for _ in range(10):  # ten streams
         horizon.subscribe()
     deadline = time.monotonic() + 10

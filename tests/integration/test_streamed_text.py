@@ -171,20 +171,20 @@ def test_a_redelivered_call_is_a_new_attempt_and_the_old_lease_is_refused(
 
 def test_a_write_is_not_stored_twice(store: Store) -> None:
     """The same piece written again (an in-doubt COMMIT retried) stays one row."""
-    from runtime.store.call_text import TextPiece, write_pieces
+    from runtime.store.call_text import TextPiece
 
     row = _claimed(store)
     token = row["lease_token"]
     first = TextPiece(row["id"], token, "run", 3, None, 0, 0, "hello ")
-    (a,) = write_pieces(store, [first])
-    (again,) = write_pieces(store, [first])  # the COMMIT had landed: same attempt, ours
+    (a,) = store.call_text.write([first])
+    (again,) = store.call_text.write([first])  # the COMMIT had landed: same attempt, ours
     assert (a.fenced, a.attempt, a.ours) == (True, 1, True)
     assert (again.fenced, again.attempt, again.ours) == (True, 1, True)
-    (b,) = write_pieces(store, [TextPiece(row["id"], token, "run", 3, 1, 1, 6, "world")])
-    (b2,) = write_pieces(store, [TextPiece(row["id"], token, "run", 3, 1, 1, 6, "world")])
+    (b,) = store.call_text.write([TextPiece(row["id"], token, "run", 3, 1, 1, 6, "world")])
+    (b2,) = store.call_text.write([TextPiece(row["id"], token, "run", 3, 1, 1, 6, "world")])
     assert b.ours and b2.ours
     # The call's next stream of this delivery gets the next attempt.
-    (c,) = write_pieces(store, [TextPiece(row["id"], token, "run", 3, None, 1, 0, "x")])
+    (c,) = store.call_text.write([TextPiece(row["id"], token, "run", 3, None, 1, 0, "x")])
     assert c.attempt == 2
     assert [(p["attempt"], p["offset"], p["text"]) for p in _pieces(store, row["id"])] == [
         (1, 0, "hello "), (1, 6, "world"), (2, 0, "x")]
