@@ -2,7 +2,7 @@
 
 A tool round of a model's tool loop records its step twice (``task_step_begin`` before
 the tool runs, ``task_step_finish`` after). Through the Store each write cost a thread
-hop, a pool checkout with its pre-ping (one more round trip) and SQLAlchemy's statement
+hop, a pool checkout (a ping when the connection was idle) and SQLAlchemy's statement
 handling: about 1.3 ms, against 0.2 ms for the statement itself. :class:`AsyncStepWriter`
 runs the same two statements (``runtime/store/queries.sql``) on psycopg
 ``AsyncConnection`` s of the caller's event loop, prepared by the server after a few
@@ -10,8 +10,8 @@ uses.
 
 - **Connections.** Each event loop gets its own small set (at most
   :data:`CONNECTIONS_PER_LOOP` at once; more steps in flight wait for one). A connection
-  idle for more than :data:`PING_AFTER_IDLE_SECONDS` is pinged before use (what the
-  Store's pre-ping does for every checkout), and a broken one is replaced.
+  idle for more than :data:`~runtime.store.postgres.engines.PING_IDLE_SECONDS` is
+  pinged before use (as the Store's pool does), and a broken one is replaced.
 - **Failures.** A statement that fails on a connection error (the server restarted, a
   failover) is run once more on a new connection. Both statements are safe to repeat:
   a repeated begin counts one more start (it may have run: the conservative side), and a
@@ -37,6 +37,7 @@ import psycopg
 from psycopg.rows import namedtuple_row
 
 from runtime.records import StepBegin, StepEnd, StepRecord
+from runtime.store.postgres.engines import PING_IDLE_SECONDS
 from runtime.store.postgres.urls import libpq_url
 from runtime.store.queries import QUERIES
 from runtime.store.steps import step_begin_params, step_end_params, step_record
@@ -45,8 +46,6 @@ log = logging.getLogger(__name__)
 
 #: Connections one event loop holds at most for step writes.
 CONNECTIONS_PER_LOOP = 4
-#: A connection unused for this long is pinged before its next statement.
-PING_AFTER_IDLE_SECONDS = 5.0
 
 
 def psycopg_sql(sql: str) -> str:
@@ -163,7 +162,7 @@ class AsyncStepWriter:
             conn, since = pool.free.pop()
             if conn.closed or conn.broken:
                 continue
-            if time.monotonic() - since < PING_AFTER_IDLE_SECONDS:
+            if time.monotonic() - since < PING_IDLE_SECONDS:
                 return conn
             try:
                 await conn.execute("SELECT 1")

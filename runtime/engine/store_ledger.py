@@ -25,6 +25,7 @@ from runtime.records import (
     StepEnd,
     StepRecord,
 )
+from runtime.store.call_replies import CallReplies
 from runtime.store.queries import QUERIES
 from runtime.store.store import Store
 
@@ -46,6 +47,8 @@ class StoreLedger(CallLedger):
         #: Steps' writes from coroutines: the loop's own async connections (no thread hop).
         self.step_writer = AsyncStepWriter(
             store.engine.url.render_as_string(hide_password=False))
+        #: The journal of replies the recorder process writes on arrival.
+        self.replies = CallReplies(store.engine)
 
     def pending_depth(self) -> int:
         """How many tasks are pending (the model layer caches it for routing)."""
@@ -92,14 +95,18 @@ class StoreLedger(CallLedger):
 
         With a ``counterpart`` (a fork's branch), the counterpart's reply when the task has
         none of its own. On the running loop's own connection: a re-run replays a call
-        per task, and through the Store each batch cost a thread hop, a pool checkout with
-        its pre-ping (a round trip) and SQLAlchemy's statement handling.
+        per task, and through the Store each batch cost a thread hop, a pool checkout and
+        SQLAlchemy's statement handling.
         """
         rows = await self.step_writer.fetch_all(
             _RECORDED_MANY, {"batch": dumps_fast(_lookups(lookups))})
         found = {int(r.n): r._asdict() for r in rows}
         return [RecordedCall.from_row(found[n]) if n in found else None
                 for n in range(len(lookups))]
+
+    async def aadopt_replies(self, tasks: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> int:
+        """Adopt the tasks' journaled replies never charged (in a thread: one transaction)."""
+        return await asyncio.to_thread(self.replies.adopt, tasks)
 
     def gate_calls(self, task_ids: Sequence[uuid.UUID]
                    ) -> tuple[dict[uuid.UUID, tuple[str | None, bool, uuid.UUID | None]],

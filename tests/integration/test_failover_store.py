@@ -205,3 +205,53 @@ def test_a_session_stuck_in_a_transaction_lets_its_locks_go(db_url: str) -> None
     finally:
         stuck.dispose()
         other.dispose()
+
+
+def _pooled_engine(db_url: str, idle_seconds: float) -> sa.Engine:
+    """One pooled connection, pinged at checkout once idle ``idle_seconds``."""
+    engine = sa.create_engine(urls.with_options(db_url, engines.DEFAULT_OPTIONS), pool_size=1,
+                              max_overflow=0)
+    return failover.install(engines.ping_when_idle(engine, idle_seconds))
+
+
+def _backend_pid(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
+
+
+def _kill_and_wait(db_url: str, pid: int) -> None:
+    _kill(db_url, pid)
+    with psycopg.connect(urls.libpq_url(db_url), autocommit=True) as admin:
+        deadline = time.monotonic() + 30
+        while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
+                            (pid,)).fetchone() is not None:
+            assert time.monotonic() < deadline, "the backend did not end"
+            time.sleep(0.02)
+
+
+def test_an_idle_connection_killed_in_the_pool_is_replaced_before_use(db_url: str) -> None:
+    # The server restarted while the connection sat in the pool: the checkout's ping finds
+    # it dead and connects again, so the first statement after the restart succeeds.
+    engine = _pooled_engine(db_url, idle_seconds=0.0)
+    try:
+        first = _backend_pid(engine)
+        _kill_and_wait(db_url, first)
+        assert _backend_pid(engine) != first
+    finally:
+        engine.dispose()
+
+
+def test_a_connection_in_steady_use_is_not_pinged(db_url: str) -> None:
+    # Checked in a moment ago: no ping at checkout (the round trip a busy worker saves on
+    # each transaction). A server gone since shows as a failover error on the statement,
+    # which discards the pool, and the next checkout connects again.
+    engine = _pooled_engine(db_url, idle_seconds=3600.0)
+    try:
+        first = _backend_pid(engine)
+        _kill_and_wait(db_url, first)
+        with pytest.raises(sa.exc.DBAPIError) as raised:
+            _backend_pid(engine)
+        assert failover.is_failover_error(raised.value)
+        assert _backend_pid(engine) != first
+    finally:
+        engine.dispose()
