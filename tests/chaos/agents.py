@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -39,11 +40,17 @@ async def _aspend(ctx: AgentContext, task: TaskView, what: str) -> int:
     return int(reply.prompt_tokens + reply.completion_tokens)
 
 
+#: Where each leaf (``spender``) appends ``<task id> <time.time()>`` when it wakes from
+#: its nap, right before its model call (set by the test): the sign a test waits on.
+WOKE_ENV = "CHAOS_WOKE_LOG"
+
+
 class Spender(Agent):
     """A leaf that naps ``sleep`` seconds, then makes one (offline) model call.
 
     ``async def``: a worker holds every leaf it can claim (up to ``max_in_flight``) at
-    once, so the kills and the server faults hit hundreds of tasks in flight.
+    once, so the kills and the server faults hit hundreds of tasks in flight. Awake, it
+    says so in the file :data:`WOKE_ENV` names, if any.
     """
 
     name = "spender"
@@ -52,6 +59,10 @@ class Spender(Agent):
 
     async def run(self, ctx: AgentContext, task: TaskView) -> Result:
         await asyncio.sleep(float(task.payload.get("sleep", 0)))
+        path = os.environ.get(WOKE_ENV)
+        if path:
+            with open(path, "a", encoding="utf-8") as log:
+                log.write(f"{task.id} {time.time()}\n")
         return Result({"tokens": await _aspend(ctx, task, "leaf")})
 
 

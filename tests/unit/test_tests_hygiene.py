@@ -54,17 +54,6 @@ WAIT_ALLOWED: dict[tuple[str, str], str] = {
     ("tests/chaos/agents.py", "asyncio.sleep(TOOL_SECONDS)"):
         "a chaos tool's work: the crash must land while a tool runs (the thing under "
         "test, not a wait)",
-    # Windows in which model calls must NOT come, while a worker process holds paused
-    # tasks it must keep (so it cannot be stopped to end its chances, as the cancel and
-    # partition tests do): the worker exposes no sign of a call sent but not yet recorded,
-    # nor of a call held at the gate (runtime/llm/gate.py). To go when it reports them.
-    ("tests/chaos/test_steering_chaos.py", "time.sleep(1.0)"):
-        "after a pause: calls already sent end and are recorded before the count "
-        "(chaos suite, worker processes)",
-    ("tests/chaos/test_steering_chaos.py",
-     "time.sleep(max(1.0, napping_since + PAUSE_NAP_SECONDS + 2.0 - time.monotonic()))"):
-        "the paused leaves wake from their nap (a length the test set) and their calls "
-        "meet the gate (chaos suite, worker processes)",
 }
 
 SLEEPS = {"sleep"}  # time.sleep, asyncio.sleep, anyio.sleep, a bare sleep
