@@ -101,12 +101,15 @@ class FireConfig:
     lock_key: int = FIRE_LOCK_KEY
 
     def __post_init__(self) -> None:
-        for name in ("barrier_poll_seconds", "replan_interval_seconds"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive (got {getattr(self, name)})")
-        for name in ("term_slack_seconds", "kill_grace_seconds", "min_worker_seconds"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} cannot be negative (got {getattr(self, name)})")
+        for name, value in (("barrier_poll_seconds", self.barrier_poll_seconds),
+                            ("replan_interval_seconds", self.replan_interval_seconds)):
+            if value <= 0:
+                raise ValueError(f"{name} must be positive (got {value})")
+        for name, value in (("term_slack_seconds", self.term_slack_seconds),
+                            ("kill_grace_seconds", self.kill_grace_seconds),
+                            ("min_worker_seconds", self.min_worker_seconds)):
+            if value < 0:
+                raise ValueError(f"{name} cannot be negative (got {value})")
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> FireConfig:
@@ -203,12 +206,16 @@ class Orchestrator:
             if not locked:
                 return self._refused(fire_id, FireResult(
                     "locked", "another fire is running; nothing done", fire_id))
-            recent = self.store.fires.count_since(dt.datetime.now(dt.UTC) - DAY)
+            recent = self.fires_in_a_day()
             if recent - (fire_id is not None) >= cfg.orchestrator.daily_cap:
                 return self._refused(fire_id, FireResult(
                     "capped", f"daily cap reached: {recent} fire(s) in the last 24 h, "
                               f"daily_cap = {cfg.orchestrator.daily_cap}; nothing done", fire_id))
             return self._fire(fire_id)
+
+    def fires_in_a_day(self) -> int:
+        """Fires started in the last 24 hours (what ``daily_cap`` caps)."""
+        return self.store.fires.count_since(dt.datetime.now(dt.UTC) - DAY)
 
     def _refused(self, fire_id: int | None, result: FireResult) -> FireResult:
         """Finish a scheduled fire's row with the reason it did not run."""
@@ -221,7 +228,7 @@ class Orchestrator:
         plan, unknown = self.decide()
         notes = [f"{n} task(s) queued for {mode!r}, which no loaded module registers"
                  for mode, n in unknown.items()]
-        recent = self.store.fires.count_since(dt.datetime.now(dt.UTC) - DAY)
+        recent = self.fires_in_a_day()
         if recent >= self.config.orchestrator.daily_cap:
             notes.append(f"a fire now would be refused: {recent} fire(s) in the last 24 h, "
                          f"daily_cap = {self.config.orchestrator.daily_cap}")
@@ -339,9 +346,7 @@ class Orchestrator:
         try:
             while True:
                 now = time.monotonic()
-                for proc in [p for p in procs if p.popen.poll() is not None]:
-                    procs.remove(proc)
-                    self._collect(proc)
+                for proc in self._collect_exited(procs):
                     claimed = int((proc.run.stats or {}).get("claimed") or 0)
                     if claimed > 0:
                         exhausted.clear()  # progress may have made work for any mode
@@ -373,7 +378,7 @@ class Orchestrator:
                         launched += 1
                 if not procs and (closing or launched == 0):
                     return
-                if self._stop.is_set():
+                if self._stop.is_set():  # a set event's wait returns at once: pace here
                     time.sleep(cfg.barrier_poll_seconds)
                 else:
                     self._stop.wait(cfg.barrier_poll_seconds)
@@ -447,12 +452,18 @@ class Orchestrator:
         """Wait for every worker still running, enforcing their clocks."""
         while procs:
             now = time.monotonic()
-            for proc in [p for p in procs if p.popen.poll() is not None]:
-                procs.remove(proc)
-                self._collect(proc)
+            self._collect_exited(procs)
             self._enforce_clocks(procs, now)
             if procs:
                 time.sleep(self.config.barrier_poll_seconds)
+
+    def _collect_exited(self, procs: list[_Proc]) -> list[_Proc]:
+        """Take the workers that exited out of ``procs``, collected; return them."""
+        exited = [p for p in procs if p.popen.poll() is not None]
+        for proc in exited:
+            procs.remove(proc)
+            self._collect(proc)
+        return exited
 
     def _collect(self, proc: _Proc) -> None:
         """Read an exited worker's JSON report and the tail of its stderr."""

@@ -26,14 +26,13 @@ import random
 import re
 import uuid
 from collections.abc import Mapping
+
+# The standard library's regex parser, the one way to sample a string for a ``pattern``:
+# private since 3.11 (``sre_parse`` is its deprecated public alias), there is no other.
+from re import _parser as _sre_parse  # type: ignore[attr-defined]
 from typing import Any
 
-from runtime.core.canonical import canonical_json_spaced
-
-try:  # Python 3.11+: the regex parser lives in re._parser (sre_parse is deprecated).
-    from re import _parser as _sre_parse  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - older interpreters
-    import sre_parse as _sre_parse
+from runtime.core.canonical import canonical_json, canonical_json_spaced
 
 #: Past this depth only required fields are filled and Optional fields become null.
 MAX_OPTIONAL_DEPTH = 4
@@ -425,4 +424,4 @@ def _fit(text: str, low: int, high: int | None) -> str:
 
 
 def _json_equal(a: Any, b: Any) -> bool:
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    return canonical_json(a) == canonical_json(b)
