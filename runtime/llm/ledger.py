@@ -111,6 +111,16 @@ class CallLedger(StepLedger, Protocol):
         """
         ...
 
+    async def aadopt_replies(self, tasks: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> int:
+        """Adopt the journaled replies of ``tasks`` (id, lease token) never charged.
+
+        The replies an earlier delivery's recorder journaled on arrival whose charge never
+        committed (the recorder died with the worker) become recorded, charged calls of
+        the task under the given lease, exactly once (:mod:`runtime.store.call_replies`);
+        returns how many.
+        """
+        ...
+
     def step_from_counterpart(self, begin: StepBegin,
                               counterpart: uuid.UUID) -> StepRecord | None:
         """A fork's branch task's step served from its counterpart's record, or None."""
@@ -200,6 +210,41 @@ class RecordReader:
         self._waiting: dict[asyncio.AbstractEventLoop,
                             list[tuple[RecordLookup, asyncio.Future[RecordedCall | None]]]] = {}
         self._reading: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
+        self._adopting: dict[asyncio.AbstractEventLoop,
+                             list[tuple[tuple[uuid.UUID, uuid.UUID], asyncio.Future[None]]]] = {}
+        self._adopters: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
+
+    async def adopt(self, task_id: uuid.UUID, lease_token: uuid.UUID) -> None:
+        """Adopt the task's journaled replies (:meth:`CallLedger.aadopt_replies`), batched.
+
+        The adoptions asked for while one is written share the next statement, as the
+        look-ups do (a restarted worker takes hundreds of tasks back at once).
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._adopting.setdefault(loop, []).append(((task_id, lease_token), future))
+        if loop not in self._adopters:
+            self._adopters[loop] = loop.create_task(self._adopt_batches(loop))
+        await future
+
+    async def _adopt_batches(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Write the waiting adoptions, batch after batch, until nobody waits."""
+        try:
+            await asyncio.sleep(0)  # the adoptions asked for in this turn of the loop join
+            while self._adopting.get(loop):
+                batch = self._adopting.pop(loop)
+                try:
+                    await self._ledger.aadopt_replies([task for task, _ in batch])
+                except Exception as exc:  # each caller sees the database's error
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for _, future in batch:
+                    if not future.done():
+                        future.set_result(None)
+        finally:
+            self._adopters.pop(loop, None)
 
     async def read(self, task_id: uuid.UUID, phase: str, position: str,
                    hashes: Sequence[str],

@@ -9,10 +9,18 @@ the task's outcome when the executor defers it: :class:`runtime.llm.call_records
 A record that no longer fits the call's schema is not served: the call is made again.
 A branch task's claim carries its counterpart's replies (``counterpart_calls``): with
 none of its own on record, its calls are matched against those without a look-up.
+
+A delivery that runs a task again (``delivery_count`` above 1) first adopts the replies
+its earlier deliveries' recorder journaled on arrival but never charged (the recorder
+died with the worker: :mod:`runtime.store.call_replies`), once per task and batched with
+the other tasks' adoptions, before its first look-up: those replies are then on record
+and served like any other.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
 from collections.abc import Sequence
 from decimal import Decimal
@@ -32,6 +40,8 @@ from runtime.llm.request import CallProgress, Request
 from runtime.llm.routing import Route, Routed
 from runtime.llm.tool_loop import recorded_tool_calls, round_note
 from runtime.records import RecordedCall
+
+log = logging.getLogger(__name__)
 
 
 class RecordedReplies:
@@ -67,8 +77,13 @@ class RecordedReplies:
         self.counterpart = counterpart if isinstance(counterpart, uuid.UUID) else None
         override = task_row.get("model_override")
         self.model_override = str(override) if override else None
+        # A delivery after the first adopts its predecessors' journaled replies, then
+        # looks up the record: the claim's recorded_calls does not see the journal.
+        self._adoption: asyncio.Future[None] | None = None
+        deliveries = task_row.get("delivery_count")
+        self._adopt = isinstance(deliveries, int) and deliveries > 1
         # No reply of this phase on record (the claim says): no look-up until one is made.
-        own = bool(task_row.get("recorded_calls", True))
+        own = bool(task_row.get("recorded_calls", True)) or self._adopt
         self._may_replay = own or self.counterpart is not None
         #: A branch task's counterpart's replies, read with the claim: with no reply of its
         #: own on record (a redelivery's own replies come first: the reader prefers them),
@@ -92,6 +107,8 @@ class RecordedReplies:
         llm = self._settings.llm
         if not (llm.durable and llm.record and self._may_replay):
             return None
+        if self._adopt:
+            await self._adopted()
         # Either route may have answered before: look for a reply to either model.
         models = ((self._served,) if self._served
                   else (self.model_override,) if self.model_override
@@ -111,6 +128,22 @@ class RecordedReplies:
         if not self._replays.hold(self._charger.rows, served, reply):  # not held: write now
             await self._charger.replayed(served, reply)
         return answered(served, reply, output, self._offline, replayed=True)
+
+
+    async def _adopted(self) -> None:
+        """Adopt this task's journaled replies once (its calls in flight all wait for it).
+
+        A failure is logged and the calls go on: a reply not adopted is asked again.
+        """
+        if self._adoption is None:
+            self._adoption = asyncio.ensure_future(
+                self._reader.adopt(self._task_id, self._charger.rows.lease_token))
+        try:
+            await asyncio.shield(self._adoption)
+        except Exception as exc:
+            log.warning("journaled replies not adopted", extra={
+                "task_id": str(self._task_id), "error": str(exc)})
+        self._adopt = False
 
 
 def claimed_record(rows: list[dict[str, Any]], request: Request,

@@ -382,6 +382,29 @@ class CallText(Base):
     )
 
 
+class CallReply(Base):
+    """A model reply as the recorder process parsed it, journaled before it is charged.
+
+    ``reply`` is the call's ``model_calls`` row as the charge writes it; ``lease_token``
+    the delivery that received it. A task that runs again adopts the replies of earlier
+    deliveries whose charge never committed (``runtime/store/call_replies.sql``).
+    Cascades with its task, so pruning a tree removes its journal (migration 0019).
+    """
+
+    __tablename__ = "call_replies"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    task_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False
+    )
+    lease_token: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
+    reply: Mapped[Any] = mapped_column(JSONB, nullable=False)
+    arrived_at: Mapped[dt.datetime] = mapped_column(TIMESTAMPTZ, nullable=False,
+                                                    server_default=_NOW)
+
+    __table_args__ = (Index("ix_call_replies_task_id", "task_id"),)
+
+
 class TaskStep(Base):
     """One durable step (``ctx.step``) or tool call of a task: recorded before and after.
 
