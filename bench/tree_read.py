@@ -20,7 +20,9 @@ autovacuum off there so no analyze runs behind the read): PostgreSQL has no stat
 for any of its rows, as for a new tree in a big table (issue 44; on PostgreSQL 15 this read
 took 3.5-5.3 s when the plan rested on statistics). ``tree_read_fresh_full_ms`` and
 ``tree_read_fresh_summary_ms`` are medians of ``repeats`` reads (``_first_ms``: the very
-first read of each shape; ``tree_read_fresh_analyzed`` says whether anything analyzed it),
+first read of each shape; ``tree_read_fresh_analyzed`` says whether anything analyzed it;
+``_db_cpu_ms`` and ``_py_cpu_ms``: CPU per read of the database's server backends and of
+this process, uvicorn and client, steadier than wall time on a shared machine),
 then ``tree_read_analyzed_*_ms``: the same reads after ``ANALYZE``, to compare.
 
     python -m bench.tree_read [--nodes 10101] [--repeats 7] [--write] [--fresh-only]
@@ -49,6 +51,7 @@ from bench.common import (
     median,
     ms,
     open_store,
+    proc_cpu_seconds,
     report,
     scratch_database,
     server_cpu_seconds,
@@ -293,10 +296,19 @@ def measure_fresh(url: str, nodes: int = 10_101, repeats: int = 7) -> dict[str, 
             for fields in ("full", "summary"):
                 path = f"/trees/{root}?fields={fields}"
                 first = http_get(address, path)[0]
+                db, py = database_cpu_seconds(url), time.process_time()
                 runs = [first] + [http_get(address, path)[0] for _ in range(repeats - 1)]
+                db_after, py_after = database_cpu_seconds(url), time.process_time()
                 figures[f"tree_read_fresh_{fields}_ms"] = ms(median(runs))
                 figures[f"tree_read_fresh_{fields}_first_ms"] = ms(first)
                 figures[f"tree_read_fresh_{fields}_max_ms"] = ms(max(runs))
+                # CPU per read, steadier than the wall time on a shared machine: the
+                # server backends of this database, and this process (uvicorn, client).
+                if db is not None and db_after is not None:
+                    figures[f"tree_read_fresh_{fields}_db_cpu_ms"] = ms(
+                        (db_after - db) / (repeats - 1))
+                figures[f"tree_read_fresh_{fields}_py_cpu_ms"] = ms(
+                    (py_after - py) / (repeats - 1))
             figures["tree_read_fresh_analyzed"] = analyzed(url)
             with connect(url) as conn:  # the same reads once statistics exist, to compare
                 conn.execute("ANALYZE tasks, model_calls, task_events, task_steps")
@@ -307,6 +319,21 @@ def measure_fresh(url: str, nodes: int = 10_101, repeats: int = 7) -> dict[str, 
     finally:
         store.dispose()
     return figures
+
+
+def database_cpu_seconds(url: str) -> float | None:
+    """CPU seconds used so far by the live server backends connected to ``url``'s database.
+
+    Only this database's sessions (the bench's own scratch database), not the whole
+    server's: other work on a shared server does not count. None for a remote server.
+    """
+    with connect(url) as conn:
+        pids = [row[0] for row in conn.execute(
+            "SELECT pid FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()")]
+    if not pids or not os.path.exists(f"/proc/{pids[0]}"):
+        return None
+    return sum(proc_cpu_seconds(pid, with_children=False) for pid in pids)
 
 
 def analyzed(url: str) -> bool:

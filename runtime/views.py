@@ -234,25 +234,36 @@ def assemble_tree(rows: list[tuple[Any, ...]], top: uuid.UUID) -> str | None:
     if top_id not in texts:
         return None
     # Depth-first without recursion (a chain of any depth), emitting fragments that are
-    # joined once at the end: a single allocation of the whole text.
+    # joined once at the end: a single allocation of the whole text. A stack item is a
+    # node with the text to put before it ("," between siblings), or a closing text; a
+    # leaf (most nodes) is closed at once.
     parts: list[str] = []
-    stack: list[str | tuple[str]] = [(top_id,)]
+    append = parts.append
+    stack: list[tuple[str, str] | str] = [("", top_id)]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            parts.append(item)
+            append(item)
             continue
-        node_id = item[0]
-        parts.append(texts[node_id][:-1])
-        parts.append(',"children":[')
+        before, node_id = item
         mine = kids.get(node_id)
-        stack.append("]}" if node_id != top_id else '],"totals":' + totals + "}")
+        if before:
+            append(before)
+        append(texts[node_id][:-1])
+        if node_id == top_id:
+            append(',"children":[')
+            stack.append('],"totals":' + totals + "}")
+        elif not mine:
+            append(',"children":[]}')
+            continue
+        else:
+            append(',"children":[')
+            stack.append("]}")
         if mine:
             mine.sort(reverse=True)
-            for n, (_, child) in enumerate(mine):
-                stack.append((child,))
-                if n < len(mine) - 1:
-                    stack.append(",")
+            last = len(mine) - 1
+            stack.extend([("," if n < last else "", child)
+                          for n, (_, child) in enumerate(mine)])
     return "".join(parts)
 
 

@@ -1677,35 +1677,36 @@ concat('{"id":"', n.id, '","parent_id":', COALESCE('"' || n.parent_id || '"', 'n
 -- fragment_task_served --
 -- Which backends served one task's model calls, over a row ``n`` of tasks, as
 -- a lateral join named ``s`` (CROSS JOIN LATERAL this fragment, for one task or every
--- task of a tree). Columns: ``lo`` and ``hi``, the first and last backend by
--- name (a call answered from the record counts as "replay"; NULL without calls), ``calls``,
--- and ``estimated``: a charged call was served by a backend that did not run the routed
--- model (offline, or a replay of a recorded run), so its cost is that model's configured
--- price, an estimate (budgets count it all the same). One probe of the task's calls
--- (ix_model_calls_task_id_attempt), and always exactly one row.
+-- task of a tree). Columns: ``served_by``, the task's calls per backend as JSON text
+-- ({"ollama": 1, "offline": 1}: keys in jsonb's order, shorter first, as the jsonb it
+-- was; a call answered from the record counts as "replay"; 'null' without calls), and ``estimated``: a charged call
+-- was served by a backend that did not run the routed model (offline, or a replay of a
+-- recorded run), so its cost is that model's configured price, an estimate (budgets count
+-- it all the same; NULL without calls). One probe of the task's calls
+-- (ix_model_calls_task_id_attempt), grouped by backend, and always exactly one row.
 -- Why a probe per task and not one GROUP BY over the tree's calls joined to its tasks:
 -- an aggregate cannot take the task as a parameter, so when PostgreSQL has no statistics
 -- for a new tree's rows (it takes each side for one row) its only nested loop re-ran the
 -- whole aggregate for every task: 51 million pairs and 3.5-5.3 s on a fresh 10,101-task
 -- tree (PostgreSQL 15), against 0.2 s after ANALYZE. A lateral aggregate has no other
--- plan than this index probe, whatever the statistics; it costs about 3-6 us a task.
-(SELECT min(m.served) AS lo, max(m.served) AS hi, count(*) AS calls,
-        bool_or(m.estimated) AS estimated
+-- plan than this index probe, whatever the statistics.
+-- One probe, not three: it was a min/max pass plus, for a task served by two backends
+-- (an offline call and a real one), a jsonb_object_agg that read the calls again once per
+-- use (the node's JSON and the totals' column): 3 probes and 12 buffers a task. Server
+-- CPU of task_tree_nodes on a fresh 10,101-task tree, full/summary: 312/184 ms, now
+-- 193/130 ms (PostgreSQL 15, a shared machine at load 5-7).
+(SELECT bool_or(g.estimated) AS estimated,
+        COALESCE('{' || string_agg(concat(to_json(g.served), ': ', g.calls), ', '
+                                   ORDER BY octet_length(g.served), g.served COLLATE "C")
+                 || '}', 'null') AS served_by
  FROM (SELECT CASE WHEN c.replayed THEN 'replay' ELSE c.backend END AS served,
-              c.cost_usd > 0 AND c.backend IN ('offline', 'replay') AS estimated
-       FROM model_calls c WHERE c.task_id = n.id) m)
+              count(*) AS calls,
+              bool_or(c.cost_usd > 0 AND c.backend IN ('offline', 'replay')) AS estimated
+       FROM model_calls c WHERE c.task_id = n.id GROUP BY 1) g)
 
 -- fragment_served_by_json --
--- A task's ``served_by`` as JSON text over its row ``s`` of fragment_task_served
--- and ``n`` of tasks: calls per backend ({"offline": 2}), 'null'
--- without calls. Written as text when one backend served every call (a jsonb_object_agg
--- per task tripled the read); a task served by several reads its calls again.
-CASE WHEN s.lo IS NULL THEN 'null'
-     WHEN s.lo = s.hi THEN concat('{', to_json(s.lo), ': ', s.calls, '}')
-     ELSE (SELECT jsonb_object_agg(x.served, x.calls)::text
-           FROM (SELECT CASE WHEN c.replayed THEN 'replay' ELSE c.backend END AS served,
-                        count(*) AS calls
-                 FROM model_calls c WHERE c.task_id = n.id GROUP BY 1) x) END
+-- A task's ``served_by`` as JSON text, from its row ``s`` of fragment_task_served.
+s.served_by
 
 -- fragment_tree_node_row --
 -- One row of a tree read over a row ``n`` of tasks: the narrow keys the caller sorts by,

@@ -95,15 +95,7 @@ class Reads:
                 rows = self._tree_part(None, params, 0, parts)
                 for other in others:
                     rows += other.result()
-        # Node rows are (id, parent_id, depth, created_at, json_text, status, own_tokens,
-        # own_usd, duration_seconds, served_by as JSON text, cost_estimated); the totals
-        # are summed here, column by column.
-        totals = {"tasks": len(rows), "by_status": dict(Counter(r[5] for r in rows)),
-                  "spent_tokens": sum(r[6] or 0 for r in rows),
-                  "spent_usd": f"{sum((r[7] or Decimal(0) for r in rows), Decimal(0)):.8f}",
-                  "duration_seconds": round(sum(r[8] or 0.0 for r in rows), 6),
-                  **served_totals((_served(r[9]), r[10], r[7]) for r in rows)}
-        return [(None, None, -1, None, json.dumps(totals), last_event_id), *rows]
+        return [(None, None, -1, None, json.dumps(_tree_totals(rows)), last_event_id), *rows]
 
     def _tree_part(self, conn: Connection | None, params: dict[str, Any], part: int,
                    parts: int) -> list[Any]:
@@ -270,6 +262,25 @@ class Reads:
                                {"before": None, "roots": list(roots)}).one()
         return int(row.trees), int(row.tasks)
 
+
+
+def _tree_totals(rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
+    """A tree read's ``totals`` from its node rows, summed column by column.
+
+    Node rows are (id, parent_id, depth, created_at, json_text, status, own_tokens,
+    own_usd, duration_seconds, served_by as JSON text, cost_estimated). A tree holds few
+    distinct ``served_by`` texts: they are counted first and each parsed once (a Counter
+    update per node was a quarter of the Python time of a 10,000-task read).
+    """
+    by_text = Counter(r[9] for r in rows)
+    served = [({k: v * n for k, v in by.items()}, False, 0)
+              for text, n in by_text.items() if (by := _served(text))]
+    estimated = sum((r[7] or Decimal(0) for r in rows if r[10]), Decimal(0))
+    return {"tasks": len(rows), "by_status": dict(Counter(r[5] for r in rows)),
+            "spent_tokens": sum(r[6] or 0 for r in rows),
+            "spent_usd": f"{sum((r[7] or Decimal(0) for r in rows), Decimal(0)):.8f}",
+            "duration_seconds": round(sum(r[8] or 0.0 for r in rows), 6),
+            **served_totals([*served, (None, True, estimated)])}
 
 
 @functools.lru_cache(maxsize=256)
