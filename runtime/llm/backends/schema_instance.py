@@ -353,7 +353,7 @@ class _Generator:
     def _sample(self, parsed: Any, groups: dict[int, str]) -> str:
         out: list[str] = []
         for op, av in parsed:
-            kind = getattr(op, "name", str(op))
+            kind = op.name
             if kind == "LITERAL":
                 out.append(chr(av))
             elif kind == "NOT_LITERAL":
@@ -363,7 +363,7 @@ class _Generator:
             elif kind == "IN":
                 out.append(self._char_in(av))
             elif kind == "CATEGORY":
-                out.append(_category_char(getattr(av, "name", str(av))))
+                out.append(_category_char(av.name))
             elif kind == "BRANCH":
                 out.append(self._sample(self.rng.choice(av[1]), groups))
             elif kind == "SUBPATTERN":
@@ -383,24 +383,24 @@ class _Generator:
         return "".join(out)
 
     def _char_in(self, items: list[Any]) -> str:
-        names = [getattr(op, "name", str(op)) for op, _ in items]
+        names = [op.name for op, _ in items]
         if names and names[0] == "NEGATE":
-            banned = {chr(av) for op, av in items if getattr(op, "name", "") == "LITERAL"}
+            banned = {chr(av) for op, av in items if op.name == "LITERAL"}
             for candidate in "aZ0 _-x.":
                 if candidate not in banned and not any(
-                    getattr(op, "name", "") == "RANGE" and av[0] <= ord(candidate) <= av[1]
+                    op.name == "RANGE" and av[0] <= ord(candidate) <= av[1]
                     for op, av in items
                 ):
                     return candidate
             return "~"
         op, av = self.rng.choice(items)
-        kind = getattr(op, "name", str(op))
+        kind = op.name
         if kind == "LITERAL":
             return chr(av)
         if kind == "RANGE":
             return chr(self.rng.randint(av[0], av[1]))
         if kind == "CATEGORY":
-            return _category_char(getattr(av, "name", str(av)))
+            return _category_char(av.name)
         return "a"
 
 
