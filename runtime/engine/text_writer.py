@@ -3,8 +3,8 @@
 Each request of a model call streams into a :class:`~runtime.llm.text_stream.TextStream`
 (the backends' pieces, buffered). The :class:`TextWriter`'s threads (lanes; a task's
 streams always in the same lane, as the charge writer's) take what the dirty streams have
-buffered and write it with one ``call_text_write_many`` (:func:`runtime.store.call_text.
-write_pieces`): one row per stream per batch, fenced by the task's lease token.
+buffered and write it with one ``call_text_write_many`` (:meth:`runtime.store.call_text.
+CallText.write`): one row per stream per batch, fenced by the task's lease token.
 
 When: a batch is written ``flush_seconds`` after the first stream of it became dirty, or
 at once when a stream has ``flush_chars`` buffered or its request ended (its reply is
@@ -34,11 +34,10 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
 
 from runtime.engine.threads import handoff_for
 from runtime.llm.text_stream import CallAttempts, TextSink, TextStream
-from runtime.store.call_text import PieceOutcome, TextPiece, cut_off_text, write_pieces
+from runtime.store.call_text import PieceOutcome, TextPiece
 from runtime.store.postgres import retry
 from runtime.store.store import Store
 
@@ -71,16 +70,13 @@ class TextWriter(TextSink):
     """
 
     def __init__(self, store: Store, flush_seconds: float = 0.1, flush_chars: int = 256,
-                 lanes: int = TEXT_LANES, batch_limit: int = TEXT_BATCH_LIMIT,
-                 write: Callable[[Store, list[TextPiece]], list[PieceOutcome]] = write_pieces
-                 ) -> None:
+                 lanes: int = TEXT_LANES, batch_limit: int = TEXT_BATCH_LIMIT) -> None:
         if lanes < 1:
             raise ValueError(f"a text writer needs at least one lane (got {lanes})")
         self.store = store
         self.flush_seconds = flush_seconds
         self.flush_chars = flush_chars
         self.batch_limit = batch_limit
-        self._write_pieces = write
         #: Batches and rows written, characters written (for benches and tests).
         self.batches = 0
         self.rows = 0
@@ -114,7 +110,7 @@ class TextWriter(TextSink):
 
     def cut_off(self, task_id: uuid.UUID, phase: str, call_index: int) -> tuple[int, str] | None:
         """``(attempt, text)`` of the call when it was cut off mid-generation (blocking read)."""
-        return cut_off_text(self.store, task_id, phase, call_index)
+        return self.store.call_text.cut_off(task_id, phase, call_index)
 
     def close(self) -> None:
         """Write what is queued, then stop the threads."""
@@ -211,6 +207,6 @@ class TextWriter(TextSink):
         return carry
 
     def _through_failover(self, pieces: list[TextPiece]) -> list[PieceOutcome]:
-        """:func:`write_pieces`, written again while the database fails over (idempotent)."""
-        return retry.retry(lambda: self._write_pieces(self.store, pieces),
+        """``store.call_text.write``, again while the database fails over (idempotent)."""
+        return retry.retry(lambda: self.store.call_text.write(pieces),
                            FAILOVER_RETRY_SECONDS, states=_RETRY_STATES)

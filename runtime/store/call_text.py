@@ -16,16 +16,13 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 
 from runtime.jsoncodec import dumps_fast
 from runtime.store.database import Database
 from runtime.store.queries import load_queries
-
-if TYPE_CHECKING:
-    from runtime.store.store import Store
 
 #: The statements of ``call_text.sql``.
 CALL_TEXT_QUERIES = load_queries(Path(__file__).with_name("call_text.sql"))
@@ -119,16 +116,3 @@ class CallText:
             rows = conn.execute(_RUNNING, {"root_id": root_id}).all()
         return [{"task_id": str(r.task_id), "phase": r.phase, "call": int(r.call_index),
                  "attempt": int(r.attempt), "text": r.text or ""} for r in rows]
-
-
-# The engine's text writer (runtime/engine/text_writer.py) still calls these two by
-# module, with the store: they go when it calls ``store.call_text`` itself.
-def write_pieces(store: Store, pieces: Sequence[TextPiece]) -> list[PieceOutcome]:
-    """:meth:`CallText.write` on ``store.call_text`` (the text writer's hook)."""
-    return store.call_text.write(pieces)
-
-
-def cut_off_text(store: Store, task_id: uuid.UUID, phase: str,
-                 call_index: int) -> tuple[int, str] | None:
-    """:meth:`CallText.cut_off` on ``store.call_text``."""
-    return store.call_text.cut_off(task_id, phase, call_index)
