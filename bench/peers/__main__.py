@@ -16,6 +16,9 @@ if __name__ == "__main__":
     parser.add_argument("--no-crash", action="store_true")
     parser.add_argument("--only", default="", help="comma-separated runtime labels")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--server", default=None,
+                        help="a PostgreSQL URL to make the scratch databases on (default: "
+                             "a private embedded server)")
     a = parser.parse_args()
-    main(a.leads, a.writers, a.delay, a.depth, a.chain_delay, crash=not a.no_crash,
-         only=tuple(x for x in a.only.split(",") if x), as_json=a.json)
+    main(a.leads, a.writers, a.delay, a.depth, a.chain_delay, server=a.server,
+         crash=not a.no_crash, only=tuple(x for x in a.only.split(",") if x), as_json=a.json)
