@@ -78,7 +78,20 @@ RUNTIMES = (
 )
 #: The SQL that counts the writers' answers a runtime holds durably (read after a kill).
 #: A durable answer: a paid call's row (a successor's replays of it are not counted again).
-DURABLE = {"orgchart": "SELECT count(*) FROM model_calls WHERE NOT replayed"}
+#: orgchart's durable answers: its paid calls on record, and the replies its recorder
+#: journaled on arrival whose charge had not committed (the next delivery adopts them:
+#: runtime/store/call_replies.py).
+DURABLE = {"orgchart": """
+    SELECT (SELECT count(*) FROM model_calls WHERE NOT replayed)
+         + (SELECT count(*) FROM call_replies r
+            WHERE NOT EXISTS (
+                SELECT 1 FROM model_calls m
+                WHERE m.task_id = r.task_id AND NOT m.replayed
+                  AND m.attempt = CAST(r.reply->>'attempt' AS int)
+                  AND m.call_index = CAST(r.reply->>'call_index' AS int)
+                  AND m.call_try = CAST(r.reply->>'call_try' AS int)
+                  AND m.attempt_kind = r.reply->>'attempt_kind'
+                  AND m.phase = r.reply->>'phase'))"""}
 
 
 def installed(runtime: str) -> bool:

@@ -5,28 +5,43 @@
 the reasons are in :mod:`runtime.llm.recorder`. It does nothing else: no agents, no
 claims. Its event loop reads the worker's requests, makes each one with the backend the
 request names (built once per kind and arguments), and the moment a reply is parsed its
-``model_calls`` row is queued to this process's :class:`~runtime.engine.charges.ChargeWriter`
-(the row the worker would have written: :func:`runtime.llm.call_records.arrived_row`,
-fenced by the task's lease token), before the reply is checked or sent back.
+``model_calls`` row (the row the worker would have written:
+:func:`runtime.llm.call_records.arrived_row`) is queued to the :class:`Journal`, before
+the reply is checked or sent back. The journal writes the replies that arrived together
+with one INSERT into ``call_replies`` and commits at once (nothing else locked: the
+reply is durable), then queues their charges to this process's
+:class:`~runtime.engine.charges.ChargeWriter` (fenced by the task's lease token; a
+charge updates the task and waits for its tree's clock). A task's next delivery adopts
+a journaled reply whose charge never committed (:mod:`runtime.store.call_replies`).
+
+``RECORDER_TRACE_DIR`` (a directory; for ``python -m bench.recorder_lag`` only) makes
+the process log each journal batch and charge batch with its replies' arrival times,
+and its loop's late wake-ups.
 
 It ends when the worker closes the socket, or dies: the calls in flight get up to
-:data:`GRACE_SECONDS` to finish and be recorded, then are cancelled; the charge writer
-writes what it holds, and the process exits.
+:data:`GRACE_SECONDS` to finish and be recorded, then are cancelled; the journal and the
+charge writer write what they hold, and the process exits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import os
 import pickle
+import queue
 import socket
 import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
-from runtime.engine.charges import ChargeWriter
+from runtime.engine.charges import CHARGE_LANES, ChargeWriter
+from runtime.engine.recorder_trace import TracedWriter, trace_key
 from runtime.llm.arrival import ON_ARRIVAL, Recorded
 from runtime.llm.backends.ollama import OllamaBackend
 from runtime.llm.call_records import arrived_row
@@ -34,6 +49,8 @@ from runtime.llm.gate import REQUEST_SENT
 from runtime.llm.recorder import CallSpec, Channel, Hello
 from runtime.llm.reply import ModelReply, ModelRequestError
 from runtime.llm.text_stream import CONTINUE_FROM, ON_TEXT
+from runtime.records import ModelCharge
+from runtime.store.call_replies import CallReplies
 from runtime.store.postgres.engines import create_db_engine
 from runtime.store.store import Store
 
@@ -53,6 +70,8 @@ class RecorderServer:
     def __init__(self) -> None:
         self.channel = Channel(self._received)
         self._charges: ChargeWriter | None = None
+        self._journal: Journal | None = None
+        self._probe: asyncio.Future[None] | None = None
         self._engine: Engine | None = None
         self._backends: dict[tuple[str, tuple[Any, ...]], OllamaBackend] = {}
         self._calls: dict[int, asyncio.Task[None]] = {}
@@ -65,9 +84,24 @@ class RecorderServer:
 
     def _received(self, message: Any) -> None:
         if isinstance(message, Hello):  # the first message: where rows are recorded
-            self._engine = create_db_engine(message.database_url, pool_size=2,
+            self._engine = create_db_engine(message.database_url, pool_size=CHARGE_LANES,
                                             statement_timeout_ms=message.statement_timeout_ms)
-            self._charges = ChargeWriter(Store(self._engine))
+            loop = asyncio.get_running_loop()
+            self._journal = Journal(CallReplies(create_db_engine(
+                message.database_url, pool_size=1,
+                statement_timeout_ms=message.statement_timeout_ms)),
+                lambda rows: loop.call_soon_threadsafe(self._charge, rows))
+            # Connected now, not by the first reply of a burst (a connection's start-up
+            # and the dialect's first queries took tens of milliseconds on its path).
+            threading.Thread(target=_warm, args=(self._engine, CHARGE_LANES),
+                             daemon=True, name="warm").start()
+            trace = os.environ.get("RECORDER_TRACE_DIR")
+            if trace:  # measuring (bench/recorder_lag.py)
+                self._charges = traced = TracedWriter(Store(self._engine), trace)
+                self._journal.traced = traced.journaled
+                self._probe = asyncio.ensure_future(traced.probe())
+            else:
+                self._charges = ChargeWriter(Store(self._engine))
         elif message[0] == "call":
             self.start(message[1], message[2])
         elif message[0] == "cancel":
@@ -93,15 +127,18 @@ class RecorderServer:
         backend = self._backends.get(spec.backend)
         if backend is None:
             backend = self._backends[spec.backend] = BACKENDS[spec.backend[0]](spec.backend[1])
-        loop = asyncio.get_running_loop()
 
         sent: list[ModelReply] = []
 
         def arrived(reply: ModelReply, recorded: Recorded | None = None) -> None:
             assert self._charges is not None  # (Hello comes first)
+            if isinstance(self._charges, TracedWriter):
+                self._charges.arrived[trace_key(spec.row)] = time.time()
             row = arrived_row(spec.row, reply, spec.price, keep_text=spec.keep_text)
-            written = self._charges.enqueue(row, loop)
-            written.add_done_callback(lambda f: self._written(call_id, f))
+            if self._journal is not None:  # durable first; charged once journaled
+                self._journal.put(row, call_id)
+            else:
+                self._charge([(row, call_id)])
             self.send(("arrived", call_id, reply, row))
             sent.append(reply)
 
@@ -120,6 +157,14 @@ class RecorderServer:
             self.send(("error", call_id, portable(exc)))
         else:  # (None: the reply that arrived, sent already)
             self.send(("done", call_id, None if sent and sent[0] is reply else reply))
+
+    def _charge(self, rows: list[tuple[ModelCharge, int]]) -> None:
+        """Queue the charges of replies journaled (on the loop); each call told when written."""
+        assert self._charges is not None
+        loop = asyncio.get_running_loop()
+        for row, call_id in rows:
+            written = self._charges.enqueue(row, loop)
+            written.add_done_callback(functools.partial(self._written, call_id))
 
     def _written(self, call_id: int, future: asyncio.Future[bool]) -> None:
         if future.cancelled():
@@ -145,11 +190,103 @@ class RecorderServer:
             await asyncio.gather(*late, return_exceptions=True)
         for backend in self._backends.values():
             await backend.aclose()
+        if self._journal is not None:
+            await asyncio.to_thread(self._journal.close)
+            await asyncio.sleep(0)  # its last batch's charges are queued (_charge)
         if self._charges is not None:
             await asyncio.to_thread(self._charges.close)  # writes what it holds
         self.channel.close()
         if self._engine is not None:
             self._engine.dispose()
+
+
+class Journal:
+    """A thread that journals the replies queued to it (:class:`CallReplies`), in batches.
+
+    What arrived while its last INSERT was in flight is the next one: a burst of replies
+    is a few statements, each committed at once, nothing locked but the rows' own. Then
+    the batch goes to ``then`` (the replies' charges: they update the tasks and wait for
+    their tree's clock, so they come after, not beside, the write that makes a reply
+    durable). A batch that fails is logged and charged all the same: the charges record
+    the replies as before.
+    """
+
+    def __init__(self, replies: CallReplies,
+                 then: Callable[[list[tuple[ModelCharge, int]]], object]) -> None:
+        self.replies = replies
+        self._then = then
+        self._queue: queue.SimpleQueue[tuple[ModelCharge, int] | None] = queue.SimpleQueue()
+        self._conn: Connection | None = None
+        #: Told of each batch written (start, end, rows): ``RECORDER_TRACE_DIR``'s trace.
+        self.traced: Callable[[float, float, list[ModelCharge]], None] | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="journal")
+        self._thread.start()
+
+    def put(self, row: ModelCharge, call_id: int) -> None:
+        """Queue one reply's row, of the recorder's call ``call_id`` (from any thread)."""
+        self._queue.put((row, call_id))
+
+    def close(self) -> None:
+        """Journal what is queued, then stop the thread (and drop its engine)."""
+        self._queue.put(None)
+        self._thread.join()
+        self.replies.engine.dispose()
+
+    def _run(self) -> None:
+        try:  # connected before the first reply comes
+            self._conn = self.replies.engine.connect()
+        except Exception as exc:
+            log.warning("the journal's connection failed", extra={"error": str(exc)})
+        closing = False
+        while not closing:
+            first = self._queue.get()
+            batch = [] if first is None else [first]
+            closing = first is None
+            while not closing:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    closing = True
+                else:
+                    batch.append(item)
+            if batch:
+                self._write(batch)
+        if self._conn is not None:
+            self._conn.close()
+
+    def _write(self, batch: list[tuple[ModelCharge, int]]) -> None:
+        started = time.time()
+        rows = [row for row, _ in batch]
+        try:  # on a connection of its own, kept (no pool check-out per batch)
+            if self._conn is None or self._conn.invalidated or self._conn.closed:
+                self._conn = self.replies.engine.connect()
+            self.replies.journal(rows, self._conn)
+        except Exception as exc:  # the charges follow: they record the replies as before
+            log.warning("a batch of replies was not journaled",
+                        extra={"size": len(batch), "error": str(exc)})
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+        try:
+            self._then(batch)
+        except RuntimeError:  # the loop is closed: the process ends
+            log.warning("replies journaled after the recorder's loop ended were not charged",
+                        extra={"size": len(batch)})
+        if self.traced is not None:
+            self.traced(started, time.time(), rows)
+
+
+def _warm(engine: Engine, connections: int) -> None:
+    """Open ``connections`` of ``engine``'s pool now (the charge writer's lanes use them)."""
+    try:
+        held = [engine.connect() for _ in range(connections)]
+    except Exception as exc:  # the lanes connect when they need to
+        log.warning("the charge writer's connections failed", extra={"error": str(exc)})
+        return
+    for conn in held:
+        conn.close()
 
 
 def portable(exc: BaseException) -> BaseException:

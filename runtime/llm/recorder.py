@@ -7,9 +7,10 @@ ten of the answers already sent (issue 44, docs/performance.md). So the requests
 backend that talks to a server (:meth:`~runtime.llm.reply.Backend.recorder_spec`: Ollama)
 are made by the *recorder process* (:mod:`runtime.engine.recorder_process`), a child of
 the worker with its own interpreter lock and nothing else to do: it sends the request,
-reads the reply the moment its bytes arrive, queues its ``model_calls`` row to its own
-charge writer (group-committed, fenced by the task's lease as in the worker), and tells
-the worker. The worker's stages (slots, the start gate, validation, repair, the budget)
+reads the reply the moment its bytes arrive, journals its ``model_calls`` row
+(``call_replies``: one INSERT per batch of replies, committed at once), queues the row to
+its own charge writer (group-committed, fenced by the task's lease as in the worker),
+and tells the worker. The worker's stages (slots, the start gate, validation, repair, the budget)
 stay where they were; the reply reaches them with its row and the future of its write
 (:data:`runtime.llm.arrival.Recorded`).
 
@@ -33,6 +34,8 @@ When the worker dies (SIGKILL, OOM), the socket closes: the recorder lets the ca
 flight finish for up to :data:`runtime.engine.recorder_process.GRACE_SECONDS`, records
 their answers (the task's next delivery replays them instead of paying again; a row whose
 lease was taken back meanwhile is refused by the fence), writes what is queued and exits.
+When both die (the process group killed), a reply journaled whose charge had not
+committed is adopted by the task's next delivery (:mod:`runtime.store.call_replies`).
 When the recorder dies, the worker's calls in flight fail as retryable and the next call
 starts a new one.
 """

@@ -86,6 +86,20 @@ def _calls(store: Store) -> sa.Row[tuple[int, int, int]]:
                         FROM model_calls m WHERE m.task_id = t.id)) AS mischarged""")).one()
 
 
+def _journal_only(store: Store) -> int:
+    """Replies journaled on arrival whose charge has not committed (the next delivery's)."""
+    with store.engine.connect() as conn:
+        return int(conn.execute(sa.text("""
+            SELECT count(*) FROM call_replies r
+            WHERE NOT EXISTS (
+                SELECT 1 FROM model_calls m
+                WHERE m.task_id = r.task_id AND NOT m.replayed
+                  AND m.attempt = CAST(r.reply->>'attempt' AS int)
+                  AND m.call_index = CAST(r.reply->>'call_index' AS int)
+                  AND m.call_try = CAST(r.reply->>'call_try' AS int)
+                  AND m.phase = r.reply->>'phase')""")).scalar_one())
+
+
 def _what_became_of(store: Store, fake_ollama: FakeOllama, keys: list[str],
                     kill_requested: float) -> str:
     """Each request asked for again: when the server saw and answered it, and its rows."""
@@ -152,7 +166,7 @@ def _kill_in_a_burst(store: Store, fake_ollama: FakeOllama, fleet: Fleet, tasks:
     assert fleet.recorder is not None
     fleet.recorder.fault("kill", "the dead worker's requests still held by the server",
                          kill_requested, kill_requested + CALL_SECONDS + spread)
-    at_kill = _calls(store)
+    at_kill, journaled = _calls(store), _journal_only(store)
     fleet.start()
     wait_until(lambda: unfinished(store) == 0, 120,
                f"every task to finish; now {dict(status_counts(store))}")
@@ -162,12 +176,15 @@ def _kill_in_a_burst(store: Store, fake_ollama: FakeOllama, fleet: Fleet, tasks:
     end = _calls(store)
     print(f"\nat the kill: {len(burst.before)} answers sent {margin * 1000:.0f} ms or more "
           f"before it ({MARGIN_SECONDS * 1000:.0f} ms + the slowest durable commit, "
-          f"{commit * 1000:.1f} ms), {at_kill.paid} calls recorded; asked again after it: "
+          f"{commit * 1000:.1f} ms), {at_kill.paid} calls recorded and {journaled} "
+          "journaled only; asked again after it: "
           f"{len(burst.asked_again(fake_ollama, margin))} of those, "
           f"{len(burst.asked_again(fake_ollama, 0.0))} of all sent before it; "
           f"{end.replayed} replayed, {fake_ollama.received} requests for {end.paid} paid calls")
     assert status_counts(store) == {"done": tasks}
-    assert len(burst.before) >= tasks // 4, "the kill came before the burst"
+    # (A sixth: at 2.4 answers a millisecond, the answers of the margin before the kill
+    # are a good part of the half that triggers it.)
+    assert len(burst.before) >= tasks // 6, "the kill came before the burst"
     assert end.mischarged == 0
     assert not fleet.unexpected_exits()
     # The database against the contract, with the kill in the history.
@@ -187,8 +204,10 @@ def test_no_answer_that_arrived_before_a_sigkill_is_asked_for_again(
         make_fleet: Callable[[list[str]], Fleet]) -> None:
     fleet = make_fleet(["--agents-module", "tests.chaos.agents", "--agents", "spender,judge",
                         "--lease-seconds", str(LEASE_SECONDS)])
-    # The worker and its recorder process die together: what counts is how soon a reply
-    # is on record after it arrived.
+    # The worker and its recorder process die together (a container's or a unit's stop):
+    # what counts is how soon a reply is on record after it arrived. The recorder
+    # journals each reply at once (call_replies), then charges it; the new worker adopts
+    # the journaled replies whose charge never committed and replays them.
     burst = _kill_in_a_burst(store, fake_ollama, fleet, TASKS, SPREAD_SECONDS, group=True)
     # The issue's goal (<= 2%): at this burst's pace the answers are recorded as they come.
     # A failure says what became of each answer asked for again (its times and its rows).
