@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import re
 import uuid
 from collections import Counter
@@ -210,27 +211,29 @@ def _not_a_root(store: Store, root_id: uuid.UUID) -> NotFound:
     return NotFound(f"task {root_id} is not a root; its tree is {task['root_id']}")
 
 
-_NEVER = dt.datetime.max.replace(tzinfo=dt.UTC)
+_NEVER = math.inf
 
 
 def assemble_tree(rows: list[tuple[Any, ...]], top: uuid.UUID) -> str | None:
     """Nest node JSON texts from ``store.reads.tree_json_rows`` under ``top``, as one JSON text.
 
-    The database built every node (and the totals); this only splices each node's
-    children, in creation order, into its text, without parsing anything.
+    The database built every node (and the totals), each left open (no closing brace);
+    this only appends each node's children, in creation order, and closes it, without
+    parsing or copying any node's text until the one join at the end.
     """
     top_id = str(top)
     totals = ""
     texts: dict[str, str] = {}
     kids: dict[str, list[tuple[Any, str]]] = {}
-    for row in rows:  # (id, parent_id, depth, created_at, json_text, ...)
+    for row in rows:  # (id, parent_id, depth, created_at as epoch seconds, json_text, ...)
         node_id, parent_id, created, text = row[0], row[1], row[3], row[4]
         if node_id is None:
             totals = text
             continue
         texts[node_id] = text
         if node_id != top_id:  # PostgreSQL sorts a NULL created_at last
-            kids.setdefault(parent_id, []).append((created or _NEVER, node_id))
+            kids.setdefault(parent_id, []).append(
+                (_NEVER if created is None else created, node_id))
     if top_id not in texts:
         return None
     # Depth-first without recursion (a chain of any depth), emitting fragments that are
@@ -249,7 +252,7 @@ def assemble_tree(rows: list[tuple[Any, ...]], top: uuid.UUID) -> str | None:
         mine = kids.get(node_id)
         if before:
             append(before)
-        append(texts[node_id][:-1])
+        append(texts[node_id])
         if node_id == top_id:
             append(',"children":[')
             stack.append('],"totals":' + totals + "}")

@@ -68,7 +68,9 @@ class Reads:
         Returns the totals row first, ``(None, None, -1, None, totals_json,
         last_event_id)`` (the newest ``task_events`` id, read before the nodes: a change
         feed followed from it misses nothing), then one row per node, ``(id, parent_id,
-        depth, created_at, json_text, ...)`` (more columns follow: the totals' sources).
+        depth, created_at, json_text, ...)``: ``created_at`` in seconds since the epoch,
+        ``json_text`` without its closing brace (``views.assemble_tree`` closes it after
+        the children); more columns follow, the totals' sources.
         ``under`` limits it to that task's subtree, ``depth`` to that many levels below
         the top. A tree of :data:`PARALLEL_TREE_NODES` tasks or more is read in
         :data:`TREE_READ_PARTS` parts on as many connections at once (building ten
