@@ -7,12 +7,15 @@ claims. Its event loop reads the worker's requests, makes each one with the back
 request names (built once per kind and arguments), and the moment a reply is parsed its
 ``model_calls`` row (the row the worker would have written:
 :func:`runtime.llm.call_records.arrived_row`) is queued to the :class:`Journal`, before
-the reply is checked or sent back. The journal writes the replies that arrived together
-with one INSERT into ``call_replies`` and commits at once (nothing else locked: the
-reply is durable), then queues their charges to this process's
-:class:`~runtime.engine.charges.ChargeWriter` (fenced by the task's lease token; a
-charge updates the task and waits for its tree's clock). A task's next delivery adopts
-a journaled reply whose charge never committed (:mod:`runtime.store.call_replies`).
+the reply is checked. The journal writes the replies that arrived together with one
+INSERT into ``call_replies`` and commits at once (nothing else locked: the reply is
+durable); then, on the loop, each reply goes to the worker (``arrived``, then ``done``)
+and its charge to this process's :class:`~runtime.engine.charges.ChargeWriter` (fenced
+by the task's lease token; a charge updates the task and waits for its tree's clock).
+So the worker handles no reply that is not on record, and in a burst the worker's work
+(validation, the agent, its transitions) does not take the host's CPU from the replies
+still to be read and journaled. A task's next delivery adopts a journaled reply whose
+charge never committed (:mod:`runtime.store.call_replies`).
 
 ``RECORDER_TRACE_DIR`` (a directory; for ``python -m bench.recorder_lag`` only) makes
 the process log each journal batch and charge batch with its replies' arrival times,
@@ -75,6 +78,8 @@ class RecorderServer:
         self._engine: Engine | None = None
         self._backends: dict[tuple[str, tuple[Any, ...]], OllamaBackend] = {}
         self._calls: dict[int, asyncio.Task[None]] = {}
+        #: Per call whose reply is being journaled: tells the worker of it (then).
+        self._tell: dict[int, Callable[[], None]] = {}
         #: The worker said it stops: no grace for its calls in flight.
         self._stopping = False
 
@@ -129,18 +134,26 @@ class RecorderServer:
             backend = self._backends[spec.backend] = BACKENDS[spec.backend[0]](spec.backend[1])
 
         sent: list[ModelReply] = []
+        #: Done once the worker was told of the reply (after its journal's commit).
+        told = asyncio.get_running_loop().create_future()
 
         def arrived(reply: ModelReply, recorded: Recorded | None = None) -> None:
             assert self._charges is not None  # (Hello comes first)
             if isinstance(self._charges, TracedWriter):
                 self._charges.arrived[trace_key(spec.row)] = time.time()
             row = arrived_row(spec.row, reply, spec.price, keep_text=spec.keep_text)
-            if self._journal is not None:  # durable first; charged once journaled
+            sent.append(reply)
+
+            def tell() -> None:
+                self.send(("arrived", call_id, reply, row))
+                if not told.done():
+                    told.set_result(None)
+
+            self._tell[call_id] = tell
+            if self._journal is not None:  # durable first; then handed on and charged
                 self._journal.put(row, call_id)
             else:
                 self._charge([(row, call_id)])
-            self.send(("arrived", call_id, reply, row))
-            sent.append(reply)
 
         ON_ARRIVAL.set(arrived)  # (this task's own context)
         REQUEST_SENT.set(lambda: self.send(("sent", call_id)))
@@ -152,10 +165,15 @@ class RecorderServer:
                                         spec.max_tokens, route=spec.route, think=spec.think,
                                         **tools)
         except asyncio.CancelledError:
+            self._tell.pop(call_id, None)
             raise
         except Exception as exc:
+            if sent:  # (a reply that does not fit: the worker has its row first)
+                await told
             self.send(("error", call_id, portable(exc)))
         else:  # (None: the reply that arrived, sent already)
+            if sent:
+                await told
             self.send(("done", call_id, None if sent and sent[0] is reply else reply))
 
     def _charge(self, rows: list[tuple[ModelCharge, int]]) -> None:
@@ -163,6 +181,9 @@ class RecorderServer:
         assert self._charges is not None
         loop = asyncio.get_running_loop()
         for row, call_id in rows:
+            tell = self._tell.pop(call_id, None)
+            if tell is not None:  # the worker gets the reply once it is durable
+                tell()
             written = self._charges.enqueue(row, loop)
             written.add_done_callback(functools.partial(self._written, call_id))
 

@@ -8,11 +8,11 @@ backend that talks to a server (:meth:`~runtime.llm.reply.Backend.recorder_spec`
 are made by the *recorder process* (:mod:`runtime.engine.recorder_process`), a child of
 the worker with its own interpreter lock and nothing else to do: it sends the request,
 reads the reply the moment its bytes arrive, journals its ``model_calls`` row
-(``call_replies``: one INSERT per batch of replies, committed at once), queues the row to
-its own charge writer (group-committed, fenced by the task's lease as in the worker),
-and tells the worker. The worker's stages (slots, the start gate, validation, repair, the budget)
-stay where they were; the reply reaches them with its row and the future of its write
-(:data:`runtime.llm.arrival.Recorded`).
+(``call_replies``: one INSERT per batch of replies, committed at once), then tells the
+worker and queues the row to its own charge writer (group-committed, fenced by the
+task's lease as in the worker). The worker's stages (slots, the start gate, validation,
+repair, the budget) stay where they were; the reply reaches them with its row and the
+future of its write (:data:`runtime.llm.arrival.Recorded`).
 
 The worker's side is :class:`Recorder`, used on the model layer's reply loop
 (:mod:`runtime.llm.reply_loop`). Messages are pickled, each after its length (4 bytes),
@@ -23,8 +23,8 @@ over a socket pair; the child is the worker's own program, so pickle trusts no s
   are cancelled at once; only a socket closed without it is a worker's death);
 - recorder to worker, per call: ``("sent", id)`` once the request's bytes are written (the
   start gate's hook), ``("text", id, str)`` as a streamed reply grows, ``("arrived", id,
-  reply, row)`` when its row is queued, ``("done", id, reply)`` (None: the reply that
-  arrived) or ``("error", id, exc)``,
+  reply, row)`` when its row is journaled (and its charge queued), ``("done", id,
+  reply)`` (None: the reply that arrived) or ``("error", id, exc)``, after ``arrived``,
   and ``("written", id, ok)`` when the row's batch committed (True) or was refused (False:
   the lease was gone), or the error that failed it; ``("log", 0, level, text)``: its own
   warnings, logged by the worker (the recorder's standard streams are closed, so that a
