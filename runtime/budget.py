@@ -28,6 +28,7 @@ each stated here once and referenced from the code and SQL that apply them:
 5. **Charge** (SQL ``task_charge_running``, ``task_charge_running_many``): a request is
    charged to its own task only (``own_*`` and ``spent_*``), with :func:`call_cost`.
 6. **Roll up** (:func:`unrolled`, :func:`sum_by_parent`; SQL ``task_roll_up_children``,
+   or ``task_finish_running`` for the children a run's outcome ends, then
    ``task_add_children_spend``): when a child reaches a terminal status, what it spent
    since its last roll-up is added to its parent, in the transaction that locks the
    parent for fan-in. So a parent's ``spent_*`` includes its ended children's.

@@ -361,7 +361,10 @@ t.route_reason, t.model, t.verdict, t.forked_from, t.model_override, t.tenant
 -- The token comes out too: the UPDATE joins its input on (id, token), so a batch holding
 -- two outcomes of one task (a late delivery's and the current one's, from a worker that
 -- claimed the task again) applies the current one only, never the late one in its place.
-SELECT t.id, t.status, i.token FROM tasks t JOIN input i ON i.id = t.id
+-- rolled_tokens and rolled_usd as locked: task_finish_running rolls an ending child's
+-- spend up with its move and returns what it added (its spend less these).
+SELECT t.id, t.status, i.token, t.rolled_tokens, t.rolled_usd
+FROM tasks t JOIN input i ON i.id = t.id
 WHERE t.lease_token = i.token
 ORDER BY t.depth DESC, t.id
 FOR UPDATE OF t
@@ -372,20 +375,19 @@ FOR UPDATE OF t
 -- like it: a delivery that never ends writes none, and the next one replays them again.
 -- Followed by ``FROM <the updated rows> u`` and fragment_replays_lateral.
 INSERT INTO model_calls (task_id, root_id, attempt, call_index, backend, route, model,
-                         prompt, response, prompt_tokens, completion_tokens,
-                         duration_seconds, cost_usd, error, phase, position,
-                         request_hash, attempt_kind, call_try, replayed, thinking,
-                         tool_calls, created_at)
+    prompt, response, prompt_tokens, completion_tokens, duration_seconds, cost_usd, error,
+    phase, position, request_hash, attempt_kind, call_try, replayed, thinking, tool_calls,
+    created_at)
 SELECT u.id, u.root_id, r.attempt, r.call_index, r.backend, r.route, r.model, r.prompt,
-       r.response, 0, 0, 0, 0, NULL, r.phase, r.position, r.request_hash, 'call', 0,
-       true, r.thinking, r.tool_calls, COALESCE(r.at, now())
+    r.response, 0, 0, 0, 0, NULL, r.phase, r.position, r.request_hash, 'call', 0,
+    true, r.thinking, r.tool_calls, COALESCE(r.at, now())
 
 -- fragment_replays_lateral --
 -- The rows of ``u.replays`` (see fragment_replays_insert).
 CROSS JOIN LATERAL jsonb_to_recordset(u.replays) AS r(
-         attempt int, call_index int, backend text, route text, model text, prompt text,
-         response text, phase text, position text, request_hash text, thinking text,
-         tool_calls jsonb, at timestamptz)
+    attempt int, call_index int, backend text, route text, model text, prompt text,
+    response text, phase text, position text, request_hash text, thinking text,
+    tool_calls jsonb, at timestamptz)
 
 -- task_finish_running --
 -- Move leased running tasks to judging, failed, escalated or back to pending (a retry
@@ -397,11 +399,16 @@ CROSS JOIN LATERAL jsonb_to_recordset(u.replays) AS r(
 -- The batch arrives as one JSON array (one json.dumps on the client, one parse here).
 -- Its rows are locked first, deepest first, then by id (fragment_lock_batch): the order
 -- of a cancel, so a batch and a cancel of the same siblings never deadlock.
+-- A child that ends (a terminal status) is rolled up by the same row version (budget rule
+-- 6, as task_roll_up_children would, in the next statement, as a second version of the
+-- row): rolled_* become its spend, and rolled_tokens/rolled_usd returned are what its
+-- parent gets (its spend since the last roll-up), added by task_add_children_spend.
 WITH input AS (
-    SELECT * FROM jsonb_to_recordset(CAST(:batch AS jsonb))
+    -- ends: it reaches a terminal status
+    SELECT *, to_status IN ('done', 'failed', 'escalated', 'cancelled') AS ends
+    FROM jsonb_to_recordset(CAST(:batch AS jsonb))
         AS i(id uuid, token uuid, to_status text, result jsonb, error text,
-             delay double precision, detail text, verdict jsonb, stamp jsonb,
-             skips_judging boolean)
+        delay double precision, detail text, verdict jsonb, stamp jsonb, skips_judging boolean)
 ), locked AS MATERIALIZED (
     {fragment_lock_batch}
 ), upd AS (
@@ -412,32 +419,29 @@ WITH input AS (
         verdict = COALESCE(i.verdict, t.verdict),
         -- What ran (the agent's version, the prompts it rendered, merged over phases).
         agent_version = COALESCE(i.stamp->>'version', t.agent_version),
-        prompt_hashes = CASE WHEN i.stamp IS NULL THEN t.prompt_hashes
-                             ELSE COALESCE(t.prompt_hashes, '{}') || COALESCE(i.stamp->'prompts', '{}')
-                        END,
+        prompt_hashes = CASE WHEN i.stamp IS NULL THEN t.prompt_hashes ELSE
+            COALESCE(t.prompt_hashes, '{}') || COALESCE(i.stamp->'prompts', '{}') END,
         -- A task that only replayed calls shows the route and model of its last one.
         route = COALESCE(t.route, i.stamp->'replays'->-1->>'route'),
         route_reason = COALESCE(t.route_reason, i.stamp->'replays'->-1->>'route_reason'),
         model = COALESCE(t.model, i.stamp->'replays'->-1->>'model'),
-        lease_owner = NULL,
-        lease_token = NULL,
-        lease_expires_at = NULL,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         delivery_count = CASE WHEN i.to_status = 'pending' THEN t.delivery_count ELSE 0 END,
         retry_count = t.retry_count + CASE WHEN i.to_status = 'pending' THEN 1 ELSE 0 END,
         available_at = CASE WHEN i.to_status = 'pending'
-                            THEN now() + make_interval(secs => i.delay)
-                            ELSE t.available_at END,
-        duration_seconds = t.duration_seconds
-                           + extract(epoch FROM clock_timestamp() - t.claimed_at),
-        completed_at = CASE WHEN i.to_status IN ('done', 'failed', 'escalated', 'cancelled')
-                            THEN now() ELSE t.completed_at END,
+            THEN now() + make_interval(secs => i.delay) ELSE t.available_at END,
+        duration_seconds = t.duration_seconds + extract(epoch FROM clock_timestamp() - t.claimed_at),
+        completed_at = CASE WHEN i.ends THEN now() ELSE t.completed_at END,
+        rolled_tokens = CASE WHEN i.ends THEN t.spent_tokens ELSE t.rolled_tokens END,
+        rolled_usd = CASE WHEN i.ends THEN t.spent_usd ELSE t.rolled_usd END,
         updated_at = now()
     FROM input i JOIN locked l ON l.id = i.id AND l.token = i.token
     -- the guard: fragment_lock_batch
     WHERE t.id = l.id AND l.status = 'running'
-    RETURNING t.id, t.parent_id, t.status, t.to_agent, i.detail,
-              i.verdict IS NOT NULL AND i.skips_judging IS NOT TRUE AS judged,
-              t.root_id, i.stamp->'replays' AS replays, i.token
+    RETURNING t.id, t.parent_id, t.status, t.to_agent, i.detail, t.root_id, i.token,
+        i.verdict IS NOT NULL AND i.skips_judging IS NOT TRUE AS judged,
+        i.stamp->'replays' AS replays,
+        t.rolled_tokens - l.rolled_tokens AS tokens, t.rolled_usd - l.rolled_usd AS usd
 ), replays AS (
     -- The calls this delivery served from the record, written with its outcome.
     {fragment_replays_insert}
@@ -447,22 +451,21 @@ WITH input AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail, lease_token)
     -- lease_token: the token it held (the audit's promise 7 is per delivery).
     SELECT id, from_status, to_status, :worker, detail, token
-    FROM (
-        SELECT id, 'running' AS from_status,
-               CASE WHEN judged THEN 'judging' ELSE status END AS to_status,
-               CASE WHEN judged THEN 'result ready for judging' ELSE detail END AS detail,
-               1 AS step, token
+    FROM (SELECT id, 'running' AS from_status,
+            CASE WHEN judged THEN 'judging' ELSE status END AS to_status,
+            CASE WHEN judged THEN 'result ready for judging' ELSE detail END AS detail,
+            1 AS step, token
         FROM upd
         UNION ALL
-        SELECT id, 'judging', status, detail, 2, token FROM upd WHERE judged
-    ) e
+        SELECT id, 'judging', status, detail, 2, token FROM upd WHERE judged) e
     ORDER BY id, step
 ), notify AS (
     SELECT pg_notify('{tasks_channel}', CASE WHEN s = 'judging' THEN 'judge' ELSE a END)
     FROM (SELECT DISTINCT status AS s, to_agent AS a FROM upd
-          WHERE status IN ('judging', 'pending')) d
+        WHERE status IN ('judging', 'pending')) d
 )
-SELECT id, parent_id, status, (SELECT count(*) FROM notify) AS notified FROM upd;
+SELECT id, parent_id, status, tokens, usd, (SELECT count(*) FROM notify) AS notified
+FROM upd;
 
 -- task_finish_judging --
 -- Record the judge's verdict and move leased judging tasks to done, failed or escalated.

@@ -111,9 +111,14 @@ class Transitions:
             rows = conn.execute(_TEXT[query], {"batch": dumps_fast(batch),
                                                "worker": worker}).all()
             done.applied = [r.id for r in rows]
-            done.parents_ready = self.children_ended(
-                conn, [r for r in rows if r.status in TERMINAL_STATUSES], worker,
-                handoff, got)
+            ended = [r for r in rows if r.status in TERMINAL_STATUSES]
+            # task_finish_running rolled its ended children up itself (one row version
+            # each, not two) and returns what each adds to its parent.
+            rolled = ([(r.parent_id, r.tokens, r.usd) for r in ended
+                       if r.parent_id is not None and (r.tokens or r.usd)]
+                      if query == "task_finish_running" else None)
+            done.parents_ready = self.children_ended(conn, ended, worker, handoff, got,
+                                                     rolled)
         if handoff is not None:
             handoff.took(got)  # committed: they are this worker's now
         self._log_stale(outcomes, done)
@@ -121,14 +126,19 @@ class Transitions:
 
     def children_ended(self, conn: Connection, ended: Sequence[Any], worker: str,
                         handoff: Handoff | None = None,
-                        got: list[TaskRow] | None = None) -> list[uuid.UUID]:
+                        got: list[TaskRow] | None = None,
+                        rolled: Sequence[tuple[uuid.UUID, int, Any]] | None = None,
+                        ) -> list[uuid.UUID]:
         """Children reached a terminal status: roll their spend up, then fan in.
 
         ``ended`` are rows with ``id`` and ``parent_id``; runs in the caller's transaction.
+        ``rolled``: when the statement that ended them also rolled them up (marked their
+        spend rolled), what each adds to its parent, ``(parent_id, tokens, usd)``: only
+        added to the parents, no roll-up statement.
         """
         return self._fan_in(conn, {r.parent_id for r in ended if r.parent_id is not None},
                             worker, ended_children=[r.id for r in ended],
-                            handoff=handoff, got=got)
+                            handoff=handoff, got=got, rolled=rolled)
 
     @staticmethod
     def roll_up(conn: Connection, child_ids: Sequence[uuid.UUID]) -> None:
@@ -138,9 +148,18 @@ class Transitions:
         :func:`~runtime.budget.sum_by_parent` adds them up, one update per parent.
         """
         rolled = conn.execute(_TEXT["task_roll_up_children"], {"ids": list(child_ids)}).all()
+        Transitions.add_children_spend(conn, [(r.parent_id, r.tokens, r.usd) for r in rolled])
+
+    @staticmethod
+    def add_children_spend(conn: Connection,
+                           rolled: Sequence[tuple[uuid.UUID, int, Any]]) -> None:
+        """Add rolled-up spend ``(parent_id, tokens, usd)`` to the (locked) parents.
+
+        One update per parent (:func:`~runtime.budget.sum_by_parent`); budget rule 6.
+        """
         if not rolled:
             return
-        totals = sum_by_parent((r.parent_id, r.tokens, r.usd) for r in rolled)
+        totals = sum_by_parent(rolled)
         ids = sorted(totals)
         conn.execute(_TEXT["task_add_children_spend"],
                      {"ids": ids, "tokens": [totals[i][0] for i in ids],
@@ -148,8 +167,13 @@ class Transitions:
 
     def _fan_in(self, conn: Connection, parent_ids: set[uuid.UUID], worker: str,
                 ended_children: Sequence[uuid.UUID] = (), handoff: Handoff | None = None,
-                got: list[TaskRow] | None = None) -> list[uuid.UUID]:
+                got: list[TaskRow] | None = None,
+                rolled: Sequence[tuple[uuid.UUID, int, Any]] | None = None,
+                ) -> list[uuid.UUID]:
         """Lock the parents, roll up their ended children's spend, flip the ready ones.
+
+        ``rolled``: the ended children's spend already rolled up (see
+        :meth:`children_ended`), added to the parents without a roll-up statement.
 
         The parents are locked deepest first, then by id; the ready ones are handed up to
         ``handoff``'s worker if its next claim could take them, and added to ``got`` (the
@@ -161,7 +185,9 @@ class Transitions:
             return []
         ids = sorted(parent_ids)
         conn.execute(_TEXT["task_lock_parents"], {"ids": ids})
-        if ended_children:
+        if rolled is not None:
+            self.add_children_spend(conn, rolled)
+        elif ended_children:
             self.roll_up(conn, ended_children)
         offer = (handoff if handoff is not None and got is not None and handoff.offered()
                  and handoff.room > len(got) else None)
