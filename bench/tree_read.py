@@ -27,7 +27,9 @@ then ``tree_read_analyzed_*_ms``: the same reads after ``ANALYZE``, to compare.
 
     python -m bench.tree_read [--nodes 10101] [--repeats 7] [--write] [--fresh-only]
 
-``--write`` merges the figures into ``bench/results/latest.json`` (keeping the others).
+``--write`` merges the figures into ``bench/results/latest.json`` (keeping the others), with
+when and at which load average they were measured (``tree_read_fresh_measured_at`` and
+``tree_read_fresh_load_average_at_end`` for a ``--fresh-only`` run, else ``tree_...``).
 """
 
 from __future__ import annotations
@@ -362,8 +364,9 @@ def main(nodes: int = 10_101, repeats: int = 7, server: str | None = None,
         latest = json.loads(path.read_text()) if path.exists() else {}
         latest.pop("tree_json_dumps_ms", None)  # the old path's, no longer measured
         latest.update(figures)
-        latest["tree_measured_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        latest["tree_load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        stamp = "tree_read_fresh" if fresh_only else "tree"  # the figures this run wrote
+        latest[f"{stamp}_measured_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        latest[f"{stamp}_load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         path.write_text(json.dumps(latest, indent=2) + "\n")
     return report(f"tree read ({nodes} nodes: views.tree_text, JSON built in the database)",
                   figures)
