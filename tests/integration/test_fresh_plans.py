@@ -32,6 +32,9 @@ MIDS = 100
 #: Rows a plan may handle per task of the tree (each task's own row, its events, its calls,
 #: the aggregates over them): a plan that pairs tasks with tasks handles thousands.
 ROWS_PER_TASK = 40
+#: Reads that say who served each task (fragment_task_served): they read a task's calls in
+#: one place of the plan (a task served by two backends was read three times: 3 probes).
+SERVED_ONCE = ("task_tree_nodes", "task_subtree_nodes", "task_list_tree")
 
 #: A finished tree of :data:`NODES` tasks, written in one statement, each task with two
 #: model calls (one offline, charged) and its three transitions.
@@ -99,7 +102,7 @@ def explain(store: Store, name: str, analyze: bool, **params: Any) -> dict[str, 
     """The top plan node of the named statement (EXPLAIN in JSON, run when ``analyze``)."""
     options = "ANALYZE, FORMAT JSON" if analyze else "FORMAT JSON"
     with store.engine.connect() as conn:
-        raw = conn.execute(sa.text(f"EXPLAIN ({options}) {TEXT[name].text}"), params).scalar()
+        raw = conn.execute(sa.text(f"EXPLAIN ({options}) {TEXT[name].text}"), params).scalar_one()
     return raw[0]["Plan"]
 
 
@@ -156,6 +159,9 @@ def assert_linear_plans(store: Store, root: uuid.UUID) -> None:
         filtered = [n["Join Filter"] for n in nodes_of(shape)
                     if n["Node Type"] == "Nested Loop" and "Join Filter" in n]
         assert not filtered, f"{case}: a nested loop pairs rows through a filter: {filtered}"
+        if name in SERVED_ONCE:
+            scans = [n for n in nodes_of(shape) if n.get("Relation Name") == "model_calls"]
+            assert len(scans) == 1, f"{case} reads model_calls in {len(scans)} places"
         handled = rows_handled(explain(store, name, analyze=True, **params))
         assert handled <= ROWS_PER_TASK * NODES, f"{case} handled {handled} rows"
 
