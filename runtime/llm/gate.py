@@ -47,6 +47,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from runtime.core.dberrors import one_line
 from runtime.errors import LeaseLost
 
 log = logging.getLogger(__name__)
@@ -302,6 +303,9 @@ class CallGate:
             except asyncio.CancelledError:
                 wave.release()  # the loop is ending: never leave the locks held
                 raise
+            except Exception as exc:  # (a task of its own: nobody else would hear of it)
+                log.warning("model-call gate: a wave's read could not be ended "
+                            f"({one_line(exc)}); its locks end with its session")
 
 
 def _nothing() -> None:
