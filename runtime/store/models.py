@@ -181,8 +181,9 @@ class Task(Base):
             "budget_tokens >= 0 AND budget_seconds >= 0 AND budget_usd >= 0",
             name="budgets_not_negative",
         ),
-        # The seed's two indexes, with the seed's names.
-        Index("idx_tasks_status_agent", "status", "to_agent", "priority"),
+        # The seed's tree index, with the seed's name. Its (status, to_agent, priority)
+        # index is gone (migration 0020): each read by status has a partial index below,
+        # which a plan on rows without statistics cannot mistake for a cheaper one.
         Index("idx_tasks_root", "root_id"),
         # Claiming reads only claimable rows: millions of finished rows never enter it.
         # Ordered like the claim (priority, fair_at) so a worker serving several
@@ -215,6 +216,11 @@ class Task(Base):
         # doctor read this small index, never the table.
         Index("ix_tasks_inbox", "created_at",
               postgresql_where=text(INBOX_WHERE)),
+        # The escalation inbox (migration 0020): escalated tasks only. No index over
+        # several statuses: on rows without statistics the planner took one for any of
+        # them (the fan-in walked every open task through one, once per parent).
+        Index("ix_tasks_escalated", "completed_at", "created_at",
+              postgresql_where=text("status = 'escalated'")),
         # The watchdog walks running rows by deadline and stops at the first one not due.
         Index("ix_tasks_running_deadline", "deadline_at",
               postgresql_where=text("status = 'running'")),

@@ -1794,13 +1794,27 @@ FROM tasks n CROSS JOIN LATERAL {fragment_task_served} s
 WHERE n.id = ANY(CAST(:ids AS uuid[])) ORDER BY n.depth, n.created_at, n.id;
 
 -- metrics_live_tasks --
--- Unfinished tasks by status and agent, with the oldest claimable one's creation time
--- (index range scans on status: finished rows, however many, are never read).
+-- Unfinished tasks by status and agent, with the oldest claimable one's creation time.
+-- Each live status is read through its own partial index (claimable, running, waiting,
+-- unleased judging; leased judging among the leased): finished rows, however many, are
+-- never read, and no index over all statuses is needed (migration 0020).
 SELECT status, to_agent AS agent, count(*) AS n,
        min(created_at) FILTER (WHERE status IN ('pending', 'ready_to_aggregate')
                                AND available_at <= now()) AS oldest_claimable
-FROM tasks
-WHERE status IN ('pending', 'running', 'waiting', 'ready_to_aggregate', 'judging')
+FROM (
+    SELECT status, to_agent, created_at, available_at FROM tasks
+    WHERE status IN ('pending', 'ready_to_aggregate')
+    UNION ALL
+    SELECT status, to_agent, created_at, available_at FROM tasks WHERE status = 'running'
+    UNION ALL
+    SELECT status, to_agent, created_at, available_at FROM tasks WHERE status = 'waiting'
+    UNION ALL
+    SELECT status, to_agent, created_at, available_at FROM tasks
+    WHERE status = 'judging' AND lease_token IS NULL
+    UNION ALL
+    SELECT status, to_agent, created_at, available_at FROM tasks
+    WHERE lease_token IS NOT NULL AND status = 'judging'
+) live
 GROUP BY status, to_agent;
 
 -- metrics_leases_by_owner --

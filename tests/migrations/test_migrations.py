@@ -50,7 +50,7 @@ def test_tasks_has_the_seed_columns_with_their_types_and_defaults(db_url: str) -
             "SELECT column_name, data_type, column_default, is_nullable "
             "FROM information_schema.columns WHERE table_name = 'tasks' ORDER BY ordinal_position"
         ).fetchall()
-        indexes = dict(conn.execute(
+        indexes: dict[str, str] = dict(conn.execute(
             "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'tasks'"
         ).fetchall())
     assert [(c[0], c[1]) for c in cols[:20]] == SEED_COLUMNS
@@ -64,7 +64,8 @@ def test_tasks_has_the_seed_columns_with_their_types_and_defaults(db_url: str) -
     assert defaults["created_at"] == "now()"
     nullable = {c[0]: c[3] for c in cols}
     assert nullable["to_agent"] == nullable["type"] == nullable["payload"] == "NO"
-    assert "(status, to_agent, priority)" in indexes["idx_tasks_status_agent"]
+    assert "idx_tasks_status_agent" not in indexes  # migration 0020
+    assert "WHERE (status = 'escalated'::text)" in indexes["ix_tasks_escalated"]
     assert "(root_id)" in indexes["idx_tasks_root"]
     assert "WHERE" in indexes["ix_tasks_claimable"]
 
