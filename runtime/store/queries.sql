@@ -508,12 +508,15 @@ FOR UPDATE;
 -- parent: marks it rolled and returns the difference per child (a child retried by its
 -- parent's aggregate rolls up only what it spent since). The parents are then updated by
 -- task_add_children_spend in the same transaction. Budget rule 6 (runtime/budget.py).
+-- Roots are left out by COALESCE, not by "parent_id IS NOT NULL": that test matches the
+-- predicate of ix_tasks_parent_id_status, whose walk (every child in the table, filtered
+-- by id) looked free when the statistics knew few children (test_fresh_plans).
 UPDATE tasks c
 SET rolled_tokens = c.spent_tokens, rolled_usd = c.spent_usd
 FROM (
     SELECT id, rolled_tokens, rolled_usd FROM tasks
     WHERE id = ANY(CAST(:ids AS uuid[]))
-      AND parent_id IS NOT NULL
+      AND COALESCE(parent_id, id) <> id
       AND status IN ('done', 'failed', 'escalated', 'cancelled')
       AND (spent_tokens <> rolled_tokens OR spent_usd <> rolled_usd)
 ) old
@@ -533,6 +536,8 @@ RETURNING p.id;
 
 -- task_flip_ready_parents --
 -- Fan-in at once: the given waiting parents whose children are all terminal become ready.
+-- OFFSET 0 keeps NOT EXISTS a probe of ix_tasks_parent_id_status per parent: as an anti
+-- join, statistics that knew few children let it walk every child once per parent.
 WITH upd AS (
     UPDATE tasks p
     SET status = 'ready_to_aggregate', delivery_count = 0, updated_at = now()
@@ -540,7 +545,8 @@ WITH upd AS (
       AND p.status = 'waiting'
       AND NOT EXISTS (
           SELECT 1 FROM tasks c
-          WHERE c.parent_id = p.id AND c.status NOT IN ('done', 'failed', 'escalated', 'cancelled'))
+          WHERE c.parent_id = p.id AND c.status NOT IN ('done', 'failed', 'escalated', 'cancelled')
+          OFFSET 0)
     RETURNING p.id, p.to_agent
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)
@@ -625,20 +631,23 @@ FROM (SELECT DISTINCT to_agent AS a FROM tasks
 -- task_sweep_ready_parents --
 -- The fan-in sweeper (seed 003): every waiting parent whose children are all terminal
 -- becomes ready_to_aggregate, set-based, in one statement. The safety net behind the flip.
+-- A probe per parent (OFFSET 0, as task_flip_ready_parents), and the update finds the
+-- ready parents by id (= ANY): a join to ``ready`` was planned as a nested loop pairing
+-- every waiting row with every ready one when the statistics knew no waiting rows.
 WITH ready AS (
     SELECT p.id
     FROM tasks p
     WHERE p.status = 'waiting'
       AND NOT EXISTS (
           SELECT 1 FROM tasks c
-          WHERE c.parent_id = p.id AND c.status NOT IN ('done', 'failed', 'escalated', 'cancelled'))
+          WHERE c.parent_id = p.id AND c.status NOT IN ('done', 'failed', 'escalated', 'cancelled')
+          OFFSET 0)
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), upd AS (
     UPDATE tasks t
     SET status = 'ready_to_aggregate', delivery_count = 0, updated_at = now()
-    FROM ready r
-    WHERE t.id = r.id AND t.status = 'waiting'
+    WHERE t.id = ANY(ARRAY(SELECT id FROM ready)) AND t.status = 'waiting'
     RETURNING t.id, t.to_agent
 ), ev AS (
     INSERT INTO task_events (task_id, from_status, to_status, worker, detail)

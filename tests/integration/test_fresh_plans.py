@@ -192,3 +192,116 @@ def test_a_fresh_tree_among_analyzed_ones_is_read_without_pairing_rows(
     assert_linear_plans(quiet_store, root)
     text, _ = tree_text(quiet_store, root)
     assert json.loads(text)["totals"]["tasks"] == NODES
+
+
+# -- the claim, fan-in, roll-up, reaper and metrics statements on a fresh tree -----------
+
+#: A running tree of 931 tasks: a root and :data:`LEADS` leads waiting, their writers
+#: pending, running (some with an expired lease) or done; the first ten leads' writers
+#: all done (ready for the fan-in).
+LEADS = 30
+BUILD_RUNNING_TREE = """
+WITH root AS (
+    INSERT INTO tasks (id, root_id, to_agent, type, payload, status, depth)
+    VALUES (:root, :root, 'ceo', 'goal', '{}', 'waiting', 0) RETURNING id
+), leads AS (
+    INSERT INTO tasks (id, parent_id, root_id, to_agent, type, payload, status, depth,
+                       idempotency_key)
+    SELECT gen_random_uuid(), r.id, r.id, 'lead', 'task', '{}', 'waiting', 1, 'lead-' || m
+    FROM root r, generate_series(1, :leads) AS m
+    RETURNING id, root_id, idempotency_key
+), writers AS (
+    SELECT l, CASE WHEN l % :leads < 10 THEN 'done'
+                   ELSE (ARRAY['pending', 'running', 'done'])[l % 3 + 1] END AS status
+    FROM generate_series(1, :writers) AS l
+)
+INSERT INTO tasks (id, parent_id, root_id, to_agent, type, payload, status, depth,
+                   idempotency_key, lease_owner, lease_token, lease_expires_at, claimed_at,
+                   spent_tokens, completed_at)
+SELECT gen_random_uuid(), m.id, m.root_id, 'writer', 'task', '{}', w.status, 2,
+       'writer-' || w.l,
+       CASE WHEN w.status = 'running' THEN 'w-1' END,
+       CASE WHEN w.status = 'running' THEN gen_random_uuid() END,
+       CASE WHEN w.status = 'running'
+            THEN now() + CASE WHEN w.l % 2 = 0 THEN interval '-5 s' ELSE interval '30 s' END
+       END,
+       CASE WHEN w.status = 'running' THEN now() - interval '10 s' END,
+       CASE WHEN w.status = 'done' THEN 5 ELSE 0 END,
+       CASE WHEN w.status = 'done' THEN now() END
+FROM writers w JOIN leads m ON m.idempotency_key = 'lead-' || (w.l % :leads + 1)
+"""
+#: Rows a statement's plan may handle per task it is given (the task, its children).
+ROWS_PER_ID = 40
+
+
+def build_running_tree(store: Store, writers: int = 900) -> tuple[list[Any], list[Any]]:
+    """Write one running tree (no ANALYZE); return its leads' ids and its done writers'."""
+    root = uuid.uuid4()
+    with store.database.transaction() as conn:
+        conn.execute(sa.text(BUILD_RUNNING_TREE),
+                     {"root": root, "leads": LEADS, "writers": writers})
+        leads = list(conn.execute(sa.text(
+            "SELECT id FROM tasks WHERE parent_id = :r"), {"r": root}).scalars())
+        done = list(conn.execute(sa.text(
+            "SELECT id FROM tasks WHERE root_id = :r AND depth = 2 AND status = 'done' "
+            "LIMIT 30"), {"r": root}).scalars())
+    return leads, done
+
+
+def fan_in_and_claims(leads: list[Any], done: list[Any]) -> dict[str, tuple[dict[str, Any], int]]:
+    """The hot statements with their parameters and a bound on the rows they may handle."""
+    claim = {"agents": ["writer"], "worker": "w-2", "lease_seconds": 30.0, "limit": 16,
+             "dry_tenants": []}
+    near = (LEADS + 1) * ROWS_PER_ID  # the waiting parents and their children
+    return {
+        "task_flip_ready_parents": ({"ids": leads, "worker": "w-2", "quiet_agents": []}, near),
+        "task_sweep_ready_parents": ({"worker": "w-2", "limit": 1000}, near),
+        "task_roll_up_children": ({"ids": done}, len(done) * ROWS_PER_ID),
+        "task_claim_available": (claim, 931 * ROWS_PER_ID),
+        "task_claim_capped": ({**claim, "cap_tenants": ["capped"], "caps": [2]},
+                              931 * ROWS_PER_ID),
+        "task_reap_expired": ({"worker": "w-2", "limit": 1000, "max_delivery": 5,
+                               "poison_why": ""}, 931 * ROWS_PER_ID),
+        "metrics_live_tasks": ({}, 931 * ROWS_PER_ID),
+    }
+
+
+def assert_hot_plans(store: Store, leads: list[Any], done: list[Any], big: bool) -> None:
+    """No plan pairs rows through a join filter, reads the status index, or (``big``: in a
+    table much larger than the tree) all of ``tasks``; each handles rows within its bound."""
+    for name, (params, bound) in fan_in_and_claims(leads, done).items():
+        plan = explain(store, name, analyze=True, **params)  # rolled back on close
+        nodes = list(nodes_of(plan))
+        filtered = [n["Join Filter"] for n in nodes
+                    if n["Node Type"] == "Nested Loop" and "Join Filter" in n]
+        assert not filtered, f"{name}: a nested loop pairs rows through a filter: {filtered}"
+        seq = [n for n in nodes if n["Node Type"] == "Seq Scan"
+               and n.get("Relation Name") == "tasks"]
+        assert not (big and seq), f"{name} reads all of tasks"
+        status_index = [n for n in nodes if n.get("Index Name") == "idx_tasks_status_agent"]
+        assert not status_index, f"{name} reads the status index (dropped by migration 0020)"
+        handled = rows_handled(plan)
+        assert handled <= bound, f"{name} handled {handled} rows (at most {bound})"
+
+
+def test_a_fresh_running_tree_among_analyzed_roots_keeps_its_fan_in_probes(
+        quiet_store: Store) -> None:
+    # Statistics that know only roots, all done (a queue of one-task goals): a child, a
+    # waiting parent, a pending task look like about one row to the planner. The fan-in
+    # then walked every child once per parent, and the roll-up filtered every child by id.
+    with quiet_store.database.transaction() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO tasks (id, root_id, to_agent, type, payload, status, completed_at) "
+            "SELECT u, u, 'writer', 'work', '{}', 'done', now() "
+            "FROM (SELECT gen_random_uuid() AS u FROM generate_series(1, 20000)) s"))
+    with quiet_store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.execute(sa.text("ANALYZE tasks"))
+    leads, done = build_running_tree(quiet_store)
+    assert_hot_plans(quiet_store, leads, done, big=True)
+
+
+def test_a_fresh_running_tree_in_a_fresh_database_keeps_its_fan_in_probes(
+        quiet_store: Store) -> None:
+    # A table of one tree: reading all of it may be the cheapest plan, pairing rows not.
+    leads, done = build_running_tree(quiet_store)
+    assert_hot_plans(quiet_store, leads, done, big=False)
