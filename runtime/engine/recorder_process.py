@@ -346,7 +346,10 @@ class _ToWorker(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.server is not None:
-            self.server.send(("log", 0, record.levelno, record.getMessage()))
+            try:  # (from any thread: the channel hands it to its loop)
+                self.server.send(("log", 0, record.levelno, record.getMessage()))
+            except RuntimeError:  # the loop has ended: nobody is left to tell
+                self.handleError(record)
 
 
 _TO_WORKER = _ToWorker()

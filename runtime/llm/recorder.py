@@ -84,7 +84,9 @@ class Channel(asyncio.Protocol):
 
     What one turn of the loop sends goes in one write (a burst of replies is a few
     system calls, not one per message); what arrives is cut into messages in
-    ``data_received`` and handed to ``on_message`` in order.
+    ``data_received`` and handed to ``on_message`` in order. It belongs to the loop that
+    made it: a message sent from another thread (a warning logged by a writer thread) is
+    handed to that loop first.
     """
 
     def __init__(self, on_message: Callable[[Any], None]) -> None:
@@ -92,6 +94,8 @@ class Channel(asyncio.Protocol):
         self._buffer = bytearray()
         self._out: list[bytes] = []
         self._transport: asyncio.Transport | None = None
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         #: Done once the other side closed the socket (or this side did).
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -127,12 +131,19 @@ class Channel(asyncio.Protocol):
         return self._transport is not None and not self._transport.is_closing()
 
     def send(self, message: object) -> None:
-        """Send ``message`` with the others of this turn of the loop (dropped once closed)."""
+        """Send ``message`` with the others of this turn of the loop (dropped once closed).
+
+        From another thread than the loop's, the loop sends it (raises RuntimeError once
+        the loop is closed).
+        """
+        if threading.get_ident() != self._loop_thread:
+            self._loop.call_soon_threadsafe(self.send, message)
+            return
         if not self.is_open:
             return
         self._out.append(framed(message))
         if len(self._out) == 1:
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         if self._out and self._transport is not None:
