@@ -22,7 +22,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -30,26 +29,13 @@ from sqlalchemy.engine import Connection, Engine
 from runtime.jsoncodec import dumps_fast
 from runtime.records import ModelCharge
 from runtime.store.queries import load_queries
+from runtime.store.spend import charge_record
 
 #: The statements of ``call_replies.sql``.
 CALL_REPLIES_QUERIES = load_queries(Path(__file__).with_name("call_replies.sql"))
 _JOURNAL = sa.text(CALL_REPLIES_QUERIES["call_replies_journal"])
 _FENCE = sa.text(CALL_REPLIES_QUERIES["call_replies_fence"])
 _ADOPT = sa.text(CALL_REPLIES_QUERIES["call_replies_adopt"])
-
-
-def journal_record(c: ModelCharge) -> dict[str, Any]:
-    """``c`` as the journal keeps it: the input row of ``task_charge_running_many``."""
-    return {"id": str(c.task_id), "token": str(c.lease_token),
-            "tokens": c.prompt_tokens + c.completion_tokens, "usd": str(c.cost_usd),
-            "route": c.route, "route_reason": c.route_reason, "model": c.model,
-            "attempt": c.attempt, "call_index": c.call_index, "backend": c.backend,
-            "prompt": c.prompt, "response": c.response, "prompt_tokens": c.prompt_tokens,
-            "completion_tokens": c.completion_tokens,
-            "duration_seconds": c.duration_seconds, "error": c.error, "phase": c.phase,
-            "position": c.position, "request_hash": c.request_hash,
-            "attempt_kind": c.attempt_kind, "call_try": c.call_try, "replayed": c.replayed,
-            "thinking": c.thinking, "tool_calls": c.tool_calls}
 
 
 class CallReplies:
@@ -75,7 +61,7 @@ class CallReplies:
         """
         if not charges:
             return 0
-        params = {"batch": dumps_fast([journal_record(c) for c in charges])}
+        params = {"batch": dumps_fast([charge_record(c) for c in charges])}
         try:
             if conn is None:
                 with self.engine.begin() as own:

@@ -31,6 +31,20 @@ log = logging.getLogger(__name__)
 MAX_ROLL_UP_LEVELS = 100
 
 
+
+def charge_record(c: ModelCharge) -> dict[str, Any]:
+    """``c`` as one input row of ``task_charge_running_many`` (as the journal keeps it)."""
+    return {"id": str(c.task_id), "token": str(c.lease_token),
+            "tokens": c.prompt_tokens + c.completion_tokens, "usd": str(c.cost_usd),
+            "route": c.route, "route_reason": c.route_reason, "model": c.model,
+            "attempt": c.attempt, "call_index": c.call_index, "backend": c.backend,
+            "prompt": c.prompt, "response": c.response, "prompt_tokens": c.prompt_tokens,
+            "completion_tokens": c.completion_tokens,
+            "duration_seconds": c.duration_seconds, "error": c.error, "phase": c.phase,
+            "position": c.position, "request_hash": c.request_hash,
+            "attempt_kind": c.attempt_kind, "call_try": c.call_try, "replayed": c.replayed,
+            "thinking": c.thinking, "tool_calls": c.tool_calls}
+
 class Spend:
     """Charging model calls (one at a time or batched) and reading a tree's live spend.
 
@@ -98,19 +112,7 @@ class Spend:
         """
         if not charges:
             return []
-        batch = [
-            {"n": n, "id": str(c.task_id), "token": str(c.lease_token),
-             "tokens": c.prompt_tokens + c.completion_tokens, "usd": str(c.cost_usd),
-             "route": c.route, "route_reason": c.route_reason, "model": c.model,
-             "attempt": c.attempt, "call_index": c.call_index, "backend": c.backend,
-             "prompt": c.prompt, "response": c.response, "prompt_tokens": c.prompt_tokens,
-             "completion_tokens": c.completion_tokens,
-             "duration_seconds": c.duration_seconds, "error": c.error, "phase": c.phase,
-             "position": c.position, "request_hash": c.request_hash,
-             "attempt_kind": c.attempt_kind, "call_try": c.call_try, "replayed": c.replayed,
-             "thinking": c.thinking, "tool_calls": c.tool_calls}
-            for n, c in enumerate(charges)
-        ]
+        batch = [{"n": n, **charge_record(c)} for n, c in enumerate(charges)]
         try:
             with self.database.transaction() as conn:
                 rows = conn.execute(_TEXT["task_charge_running_many"],
