@@ -305,12 +305,14 @@ def measure_fresh(url: str, nodes: int = 10_101, repeats: int = 7) -> dict[str, 
                 figures[f"tree_read_fresh_{fields}_first_ms"] = ms(first)
                 figures[f"tree_read_fresh_{fields}_max_ms"] = ms(max(runs))
                 # CPU per read, steadier than the wall time on a shared machine: the
-                # server backends of this database, and this process (uvicorn, client).
-                if db is not None and db_after is not None:
+                # server backends of this database, and this process (uvicorn, client),
+                # over the reads after the first (none when there is only the first).
+                if repeats > 1 and db is not None and db_after is not None:
                     figures[f"tree_read_fresh_{fields}_db_cpu_ms"] = ms(
                         (db_after - db) / (repeats - 1))
-                figures[f"tree_read_fresh_{fields}_py_cpu_ms"] = ms(
-                    (py_after - py) / (repeats - 1))
+                if repeats > 1:
+                    figures[f"tree_read_fresh_{fields}_py_cpu_ms"] = ms(
+                        (py_after - py) / (repeats - 1))
             figures["tree_read_fresh_analyzed"] = analyzed(url)
             with connect(url) as conn:  # the same reads once statistics exist, to compare
                 conn.execute("ANALYZE tasks, model_calls, task_events, task_steps")
